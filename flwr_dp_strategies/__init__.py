@@ -1,0 +1,12 @@
+"""flwr-dp-strategies: differentially private strategies, client mods and a privacy ledger for Flower.
+
+``flwr_dp_strategies.privacy`` is the Flower-free privacy core (mechanisms,
+DpEvents, accountants, :class:`~flwr_dp_strategies.privacy.PrivacyLedger`).
+``flwr_dp_strategies.strategy`` holds the Message-API strategies.
+"""
+
+from .privacy import PrivacyLedger
+
+__version__ = "0.1.0"
+
+__all__ = ["PrivacyLedger", "__version__"]

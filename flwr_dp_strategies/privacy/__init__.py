@@ -1,0 +1,55 @@
+"""Privacy core: mechanisms, DpEvents, accountants and the privacy ledger.
+
+Nothing here imports Flower, so the core can be tested and reused alone.
+Every mechanism returns a :class:`Release` (output + dp-accounting DpEvent);
+:class:`PrivacyLedger` composes the events per client and for the federation.
+"""
+
+from .accountants import LedgerPldAccountant, LedgerRdpAccountant
+from .bounds import amplify_by_subsampling, basic_composition, strong_composition, textbook_bounds
+from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent, event_from_dict, event_to_dict
+from .exponential import exponential_mechanism, gumbel_top_k
+from .gaussian import classical_gaussian_sigma, gaussian_mechanism, gaussian_sigma
+from .laplace import laplace_mechanism, laplace_scale
+from .ledger import PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport, privacy_metrics
+from .randomized_response import (
+    binary_randomized_response,
+    flip_probability,
+    kary_randomized_response,
+    keep_probability,
+    rr_event,
+)
+from .release import Release
+from .rng import resolve_rng
+
+__all__ = [
+    "ApproxDpEvent",
+    "ExponentialMechanismDpEvent",
+    "LedgerPldAccountant",
+    "LedgerRdpAccountant",
+    "PrivacyBudgetExceeded",
+    "PrivacyLedger",
+    "PrivacyReport",
+    "PureDpEvent",
+    "Release",
+    "amplify_by_subsampling",
+    "basic_composition",
+    "binary_randomized_response",
+    "classical_gaussian_sigma",
+    "event_from_dict",
+    "event_to_dict",
+    "exponential_mechanism",
+    "flip_probability",
+    "gaussian_mechanism",
+    "gaussian_sigma",
+    "gumbel_top_k",
+    "kary_randomized_response",
+    "keep_probability",
+    "laplace_mechanism",
+    "laplace_scale",
+    "privacy_metrics",
+    "resolve_rng",
+    "rr_event",
+    "strong_composition",
+    "textbook_bounds",
+]

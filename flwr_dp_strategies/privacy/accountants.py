@@ -1,0 +1,97 @@
+"""dp-accounting's RDP and PLD accountants, taught this package's extra events.
+
+The subclasses only add cases to ``_maybe_compose`` (the extension point of
+``dp_accounting.PrivacyAccountant``); every native event is composed by
+dp-accounting itself.
+
+RDP (Mironov 2017), per order α:
+
+* ``ExponentialMechanismDpEvent(ε)``: ε-bounded-range ⇒ ε²/8-zCDP (Cesar &
+  Rogers 2021) and ε-DP ⇒ D_α ≤ ε, so RDP(α) = min(ε, α·ε²/8).
+* ``PureDpEvent(ε)`` and ``DiscreteLaplaceDpEvent`` (ε = parameter·sensitivity):
+  ε-DP ⇒ ε²/2-zCDP (Bun & Steinke 2016, Prop. 3.3), so RDP(α) = min(ε, α·ε²/2).
+* ``ApproxDpEvent(ε, δ)``: RDP cannot express δ > 0; these are kept aside and
+  added by basic composition: ε_total = ε_RDP(δ − Σδᵢ) + Σεᵢ.
+
+PLD (Meiser & Mohammadi 2018; Doroshenko et al. 2022), pessimistic estimates:
+
+* ``ExponentialMechanismDpEvent`` / ``PureDpEvent``: the PLD of an (ε, 0)
+  mechanism (``from_privacy_parameters``), i.e. binary randomized response,
+  which dominates every ε-DP mechanism (Kairouz, Oh & Viswanath 2015). This is
+  looser than the bounded-range PLD that dp-accounting's main branch has.
+* ``ApproxDpEvent(ε, δ)``: the pessimistic (ε, δ) PLD (mass δ at +∞).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.pld import common as pld_common
+from dp_accounting.privacy_accountant import NeighboringRelation
+from dp_accounting.pld import pld_privacy_accountant
+from dp_accounting.pld import privacy_loss_distribution as pld_lib
+from dp_accounting.rdp import rdp_privacy_accountant
+
+from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
+
+
+
+def pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
+    """ε of an event known only as pure ε-DP (EM, Pure, discrete Laplace), else None."""
+    if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent)):
+        return float(event.epsilon)
+    if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
+        return float(event.noise_parameter) * float(event.sensitivity)
+    return None
+
+
+class LedgerRdpAccountant(rdp_privacy_accountant.RdpAccountant):
+    """RdpAccountant that also composes EM, pure-ε, discrete-Laplace and (ε, δ) events."""
+
+    def __init__(self, orders=None, neighboring_relation: NeighboringRelation = NeighboringRelation.ADD_OR_REMOVE_ONE):
+        super().__init__(orders, neighboring_relation)
+        self.approx_epsilon = 0.0
+        self.approx_delta = 0.0
+
+    def _maybe_compose(self, event, count, do_compose):
+        eps = pure_epsilon(event)
+        if eps is not None:
+            if do_compose:
+                factor = 8.0 if isinstance(event, ExponentialMechanismDpEvent) else 2.0
+                self._rdp += count * np.minimum(eps, self._orders * eps * eps / factor)
+            return None
+        if isinstance(event, ApproxDpEvent):
+            if do_compose:
+                self.approx_epsilon += count * float(event.epsilon)
+                self.approx_delta += count * float(event.delta)
+            return None
+        return super()._maybe_compose(event, count, do_compose)
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return epsilon_from_rdp(self._orders, self._rdp, target_delta, self.approx_epsilon, self.approx_delta)
+
+
+def epsilon_from_rdp(orders, rdp, delta: float, approx_epsilon: float = 0.0, approx_delta: float = 0.0) -> float:
+    """ε at δ from an RDP curve (Balle et al. 2020 conversion, as dp-accounting), plus (ε, δ) events."""
+    if approx_delta >= delta:
+        return float("inf")
+    if not np.any(rdp):
+        return float(approx_epsilon)
+    eps, _ = rdp_privacy_accountant.compute_epsilon(orders, rdp, delta - approx_delta)
+    return float(eps) + float(approx_epsilon)
+
+
+class LedgerPldAccountant(pld_privacy_accountant.PLDAccountant):
+    """PLDAccountant that also composes EM, pure-ε and (ε, δ) events."""
+
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent)):
+            if do_compose:
+                delta = float(event.delta) if isinstance(event, ApproxDpEvent) else 0.0
+                params = pld_common.DifferentialPrivacyParameters(float(event.epsilon), delta)
+                pld = pld_lib.from_privacy_parameters(params, self._value_discretization_interval)
+                self._pld = self._pld.compose(pld.self_compose(count) if count > 1 else pld)
+            return None
+        return super()._maybe_compose(event, count, do_compose)

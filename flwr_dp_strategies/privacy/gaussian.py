@@ -1,0 +1,69 @@
+"""Vector Gaussian mechanism (L2 sensitivity).
+
+Math: releasing f(D) + N(0, σ²I) where f has L2 sensitivity Δ₂ is described by
+``GaussianDpEvent(noise_multiplier=z)``, z = σ/Δ₂. Its Rényi DP is α/(2z²)
+(Mironov 2017, Prop. 7) and its exact (ε, δ) curve is the analytic Gaussian of
+Balle & Wang 2018, Thm 8: δ(ε) = Φ(1/(2z) − εz) − e^ε·Φ(−1/(2z) − εz).
+
+Calibration: :func:`gaussian_sigma` returns the smallest σ for a target (ε, δ)
+from that exact curve (dp-accounting's ``get_sigma_gaussian``), valid for every
+ε > 0. The classical σ = Δ₂·√(2 ln(1.25/δ))/ε (Dwork & Roth Thm A.1, used by
+Flower's ``LocalDpMod`` and the DP-SGD seed's eq. (1)) holds only for ε < 1; it
+is offered as :func:`classical_gaussian_sigma` for comparison and rejects ε ≥ 1.
+
+Floating-point caveat: noise comes from numpy's ``Generator.normal`` in float64.
+**This does not resist floating-point attacks** on Gaussian samplers (Jin,
+McMurtry, Rubinstein, Ohrimenko, IEEE S&P 2022); the released ε assumes exact
+real-valued Gaussian noise.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting import gaussian_mechanism as _analytic
+
+from .release import Release
+from .rng import RngLike, resolve_rng
+from .validation import as_finite_array, check_delta, check_epsilon, check_positive, check_sensitivity
+
+
+def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest σ making one Gaussian release (ε, δ)-DP (analytic Gaussian, Balle & Wang 2018)."""
+    eps = check_epsilon(epsilon)
+    dlt = check_delta(delta)
+    return check_sensitivity(sensitivity) * float(_analytic.get_sigma_gaussian(eps, dlt))
+
+
+def classical_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """σ = Δ₂·√(2 ln(1.25/δ))/ε (Dwork & Roth Thm A.1); valid only for ε in (0, 1)."""
+    eps = check_epsilon(epsilon)
+    if eps >= 1.0:
+        raise ValueError(f"epsilon must be in (0, 1) for the classical Gaussian bound, got {epsilon}")
+    dlt = check_delta(delta)
+    return check_sensitivity(sensitivity) * math.sqrt(2.0 * math.log(1.25 / dlt)) / eps
+
+
+def gaussian_mechanism(
+    values: object,
+    *,
+    noise_multiplier: float,
+    sensitivity: float = 1.0,
+    rng: RngLike = None,
+) -> Release[np.ndarray]:
+    """Add N(0, (z·Δ₂)²) noise to every coordinate of ``values``.
+
+    Args:
+        values: real array (any shape); NaN/inf rejected.
+        noise_multiplier: z = σ/Δ₂ in (0, inf) (use :func:`gaussian_sigma` / Δ₂ for a target (ε, δ)).
+        sensitivity: L2 sensitivity Δ₂ in (0, inf).
+        rng: None (OS entropy), an int seed or a numpy Generator.
+    """
+    x = as_finite_array("values", values)
+    z = check_positive("noise_multiplier", noise_multiplier)
+    sigma = z * check_sensitivity(sensitivity)
+    gen = resolve_rng(rng)
+    noisy = x + gen.normal(0.0, sigma, size=x.shape)
+    return Release(noisy, dp_event.GaussianDpEvent(noise_multiplier=z))

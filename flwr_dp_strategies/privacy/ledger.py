@@ -1,0 +1,392 @@
+"""The privacy ledger: what each client's data went through, and the ε it cost.
+
+Model. Every release is a dp-accounting ``DpEvent`` recorded for a round and
+either for one client (node id: local mechanisms, client-level selection,
+per-client DP-SGD) or for the federation (central mechanisms, e.g. noise on the
+aggregate, which touch every client's data). The privacy loss of client c is the
+adaptive composition of the central events and c's own events; the ledger
+reports it per client and as the worst case over clients.
+
+Accounting. For a composition the ledger asks both dp-accounting accountants
+(:mod:`.accountants`) and reports the smaller ε, never the larger: each is a
+valid upper bound, so their minimum is too.
+
+* RDP (Mironov 2017) with the Balle et al. 2020 conversion; RDP curves are
+  cached per distinct event and summed per client (Σ count·curve), so 1 000
+  clients × 1 000 rounds cost one curve per event type.
+* PLD (pessimistic, Doroshenko et al. 2022), computed once per distinct
+  composition (clients with the same multiset of events share it) with a
+  discretisation interval of max(1e-4, 1e-4·ε_RDP), which keeps its cost
+  bounded when ε is large and stays a valid (pessimistic) bound.
+
+The worst case over clients only computes PLD for compositions whose RDP ε
+exceeds the best worst case found so far (min(RDP, PLD) ≤ RDP).
+
+Neighbouring relation. One per ledger (``add_or_remove_one`` for central DP,
+``replace_one`` for local DP and label DP, where randomized response is only
+defined under replacement). Events the accountants cannot handle under that
+relation are refused at record time.
+
+Budget. With ``max_epsilon``, :meth:`PrivacyLedger.would_exceed` tells a
+strategy *before* a release whether it would push any client above the budget,
+so the run can stop cleanly with the budget intact.
+
+Persistence. :meth:`PrivacyLedger.to_json` / :meth:`from_json` (and
+:meth:`save` / :meth:`load`, atomic) keep every event, client and round, so a
+restarted server continues the same ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+from dp_accounting import dp_event
+from dp_accounting.privacy_accountant import NeighboringRelation
+
+from . import bounds
+from .accountants import LedgerPldAccountant, LedgerRdpAccountant, epsilon_from_rdp
+from .events import event_from_dict, event_key, event_to_dict
+from .release import Release
+from .validation import check_delta, check_int, check_positive
+
+ClientId = Union[int, str]
+Signature = tuple[tuple[str, int], ...]
+
+_RELATIONS = {
+    "add_or_remove_one": NeighboringRelation.ADD_OR_REMOVE_ONE,
+    "replace_one": NeighboringRelation.REPLACE_ONE,
+}
+_METHODS = ("best", "rdp", "pld")
+LEDGER_FORMAT = 1
+
+
+class PrivacyBudgetExceeded(RuntimeError):
+    """Raised by :meth:`PrivacyLedger.check_budget` when a release would exceed ``max_epsilon``."""
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """ε at δ for one client (or the worst client), with both accountants' values."""
+
+    epsilon: float
+    delta: float
+    method: str
+    epsilon_rdp: float
+    epsilon_pld: float
+    client: Optional[str]
+    num_clients: int
+
+
+class PrivacyLedger:
+    """Per-client and central record of DP releases with RDP/PLD accounting.
+
+    Args:
+        target_delta: δ in (0, 1) at which ε is reported.
+        neighboring_relation: ``"add_or_remove_one"`` or ``"replace_one"``.
+        max_epsilon: optional budget in (0, inf); see :meth:`would_exceed`.
+        accounting: ``"best"`` (min of RDP and PLD), ``"rdp"`` or ``"pld"``.
+    """
+
+    def __init__(
+        self,
+        target_delta: float = 1e-5,
+        *,
+        neighboring_relation: str = "add_or_remove_one",
+        max_epsilon: Optional[float] = None,
+        accounting: str = "best",
+    ) -> None:
+        self.target_delta = check_delta(target_delta, "target_delta")
+        if neighboring_relation not in _RELATIONS:
+            raise ValueError(f"neighboring_relation must be one of {sorted(_RELATIONS)}, got {neighboring_relation!r}")
+        self.neighboring_relation = neighboring_relation
+        self.max_epsilon = None if max_epsilon is None else check_positive("max_epsilon", max_epsilon)
+        if accounting not in _METHODS:
+            raise ValueError(f"accounting must be one of {_METHODS}, got {accounting!r}")
+        self.accounting = accounting
+        self._events: dict[str, dp_event.DpEvent] = {}
+        self._key_cache: dict[dp_event.DpEvent, str] = {}
+        self._central: dict[str, list[int]] = {}
+        self._clients: dict[str, dict[str, list[int]]] = {}
+        self._labels: dict[str, str] = {}
+        self._rdp_cache: dict[str, Optional[tuple[np.ndarray, float, float]]] = {}
+        self._result_cache: dict[tuple[Signature, float, str], tuple[float, float]] = {}
+
+    # ------------------------------------------------------------------ record
+    def record(
+        self,
+        event: Union[dp_event.DpEvent, Release],
+        *,
+        server_round: int,
+        client: Optional[ClientId] = None,
+        label: str = "",
+    ) -> None:
+        """Record that ``event`` was released in ``server_round`` (for ``client``, or centrally if None)."""
+        if isinstance(event, Release):
+            event = event.event
+        rnd = check_int("server_round", server_round, minimum=0)
+        key = self._register(event)
+        if label:
+            self._labels.setdefault(key, label)
+        target = self._central if client is None else self._clients.setdefault(str(client), {})
+        target.setdefault(key, []).append(rnd)
+
+    def record_clients(self, event: dp_event.DpEvent, *, server_round: int, clients: Iterable[ClientId], label: str = "") -> None:
+        """Record the same event for every client in ``clients`` (one call per round, not per client)."""
+        rnd = check_int("server_round", server_round, minimum=0)
+        key = self._register(event)
+        if label:
+            self._labels.setdefault(key, label)
+        for client in clients:
+            self._clients.setdefault(str(client), {}).setdefault(key, []).append(rnd)
+
+    def _register(self, event: dp_event.DpEvent) -> str:
+        if not isinstance(event, dp_event.DpEvent):
+            raise ValueError(f"event must be a dp_accounting DpEvent or a Release, got {type(event).__name__}")
+        key = self._key_cache.get(event)
+        if key is None:
+            key = self._key_cache[event] = event_key(event)
+        if key not in self._events:
+            relation = _RELATIONS[self.neighboring_relation]
+            if not (LedgerRdpAccountant(neighboring_relation=relation).supports(event)
+                    or LedgerPldAccountant(neighboring_relation=relation).supports(event)):
+                raise ValueError(
+                    f"event {type(event).__name__} cannot be accounted under neighboring_relation="
+                    f"{self.neighboring_relation!r} (randomized response needs 'replace_one')"
+                )
+            self._events[key] = event
+        return key
+
+    # ------------------------------------------------------------------ query
+    @property
+    def clients(self) -> list[str]:
+        """Ids of the clients that have events."""
+        return list(self._clients)
+
+    def rounds(self, client: Optional[ClientId] = None) -> list[int]:
+        """Sorted rounds in which ``client`` (or the federation, if None) had a release."""
+        source = self._central if client is None else self._clients.get(str(client), {})
+        return sorted({r for rounds in source.values() for r in rounds})
+
+    def events(self, client: Optional[ClientId] = None) -> list[tuple[int, dp_event.DpEvent, str]]:
+        """(round, event, label) of ``client``'s own events (central ones if None), by round."""
+        source = self._central if client is None else self._clients.get(str(client), {})
+        rows = [(r, self._events[k], self._labels.get(k, "")) for k, rs in source.items() for r in rs]
+        return sorted(rows, key=lambda row: row[0])
+
+    def _signature(self, client: Optional[str], extra: Sequence[dp_event.DpEvent] = ()) -> Signature:
+        counts: Counter[str] = Counter({k: len(r) for k, r in self._central.items()})
+        if client is not None:
+            counts.update({k: len(r) for k, r in self._clients.get(client, {}).items()})
+        for event in extra:
+            counts[self._register(event)] += 1
+        return tuple(sorted(counts.items()))
+
+    def _rdp_of(self, signature: Signature) -> tuple[float, float]:
+        """(ε_RDP at the target δ, ε of (ε, δ) events) for a composition."""
+        relation = _RELATIONS[self.neighboring_relation]
+        probe = LedgerRdpAccountant(neighboring_relation=relation)
+        total = np.zeros_like(probe.orders, dtype=np.float64)
+        approx_eps = approx_delta = 0.0
+        for key, count in signature:
+            part = self._rdp_part(key)
+            if part is None:
+                return float("inf"), 0.0
+            curve, event_eps, event_delta = part
+            total += count * curve
+            approx_eps += count * event_eps
+            approx_delta += count * event_delta
+        return epsilon_from_rdp(probe.orders, total, self.target_delta, approx_eps, approx_delta), approx_eps
+
+    def _rdp_part(self, key: str) -> Optional[tuple[np.ndarray, float, float]]:
+        """(RDP curve, Σε, Σδ of its (ε, δ) parts) of one event, cached; None if RDP cannot account it."""
+        if key not in self._rdp_cache:
+            acc = LedgerRdpAccountant(neighboring_relation=_RELATIONS[self.neighboring_relation])
+            event = self._events[key]
+            if acc.supports(event):
+                acc.compose(event)
+                self._rdp_cache[key] = (acc.rdp, acc.approx_epsilon, acc.approx_delta)
+            else:
+                self._rdp_cache[key] = None
+        return self._rdp_cache[key]
+
+    def _pld_of(self, signature: Signature, rdp_epsilon: float) -> float:
+        relation = _RELATIONS[self.neighboring_relation]
+        interval = 1e-4 if not math.isfinite(rdp_epsilon) else max(1e-4, 1e-4 * rdp_epsilon)
+        acc = LedgerPldAccountant(neighboring_relation=relation, value_discretization_interval=interval)
+        for key, count in signature:
+            event = self._events[key]
+            if not acc.supports(event):
+                return float("inf")
+            acc.compose(event, count)
+        return float(acc.get_epsilon(self.target_delta))
+
+    def _evaluate(self, signature: Signature, method: str, prune_below: float = -1.0) -> tuple[float, float]:
+        """(ε_RDP, ε_PLD) of a composition; PLD skipped (inf) when not asked or when pruned."""
+        if not signature:
+            return 0.0, 0.0
+        cache_key = (signature, self.target_delta, method)
+        if cache_key in self._result_cache:
+            return self._result_cache[cache_key]
+        eps_rdp = self._rdp_of(signature)[0] if method in ("best", "rdp") else float("inf")
+        eps_pld = float("inf")
+        if method == "pld" or (method == "best" and eps_rdp > prune_below):
+            eps_pld = self._pld_of(signature, eps_rdp)
+        if method == "best" and eps_rdp <= prune_below:
+            return eps_rdp, eps_pld  # not cached: PLD was skipped
+        self._result_cache[cache_key] = (eps_rdp, eps_pld)
+        return eps_rdp, eps_pld
+
+    def report(self, client: Optional[ClientId] = None, *, method: Optional[str] = None) -> PrivacyReport:
+        """ε at ``target_delta`` of one client's data (central events included), or of the worst client."""
+        method = self._method(method)
+        if client is not None:
+            rdp, pld = self._evaluate(self._signature(str(client)), method)
+            return self._make_report(rdp, pld, method, str(client))
+        return self._worst(method)
+
+    def epsilon(self, client: Optional[ClientId] = None, *, method: Optional[str] = None) -> float:
+        """Shorthand for ``report(client).epsilon`` (worst client when ``client`` is None)."""
+        return self.report(client, method=method).epsilon
+
+    def _worst(self, method: str, extra: Optional[Mapping[str, Sequence[dp_event.DpEvent]]] = None,
+               extra_central: Sequence[dp_event.DpEvent] = ()) -> PrivacyReport:
+        extra = extra or {}
+        names = set(self._clients) | set(extra)
+        by_signature: dict[Signature, Optional[str]] = {}
+        for name in sorted(names) or [None]:
+            planned = list(extra_central) + (list(extra.get(name, ())) if name is not None else [])
+            by_signature.setdefault(self._signature(name, planned), name)
+        if method == "best":  # visit likely-worst compositions first so PLD can be pruned
+            order = sorted(by_signature, key=lambda sig: -self._evaluate(sig, "rdp")[0])
+        else:
+            order = list(by_signature)
+        best: Optional[PrivacyReport] = None
+        for sig in order:
+            rdp, pld = self._evaluate(sig, method, prune_below=-1.0 if best is None else best.epsilon)
+            report = self._make_report(rdp, pld, method, by_signature[sig])
+            if best is None or report.epsilon > best.epsilon:
+                best = report
+        assert best is not None
+        return best
+
+    def _make_report(self, rdp: float, pld: float, method: str, client: Optional[str]) -> PrivacyReport:
+        eps = {"rdp": rdp, "pld": pld, "best": min(rdp, pld)}[method]
+        return PrivacyReport(eps, self.target_delta, method, rdp, pld, client, len(self._clients))
+
+    def _method(self, method: Optional[str]) -> str:
+        method = method or self.accounting
+        if method not in _METHODS:
+            raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+        return method
+
+    # ------------------------------------------------------------------ budget
+    def would_exceed(
+        self,
+        client_events: Optional[Mapping[ClientId, Sequence[dp_event.DpEvent]]] = None,
+        central_events: Sequence[dp_event.DpEvent] = (),
+    ) -> bool:
+        """Whether recording these planned events would put any client above ``max_epsilon``.
+
+        Nothing is recorded. Always False without a budget.
+        """
+        if self.max_epsilon is None:
+            return False
+        extra = {str(c): list(evs) for c, evs in (client_events or {}).items()}
+        return self._worst(self._method(None), extra, list(central_events)).epsilon > self.max_epsilon
+
+    def check_budget(
+        self,
+        client_events: Optional[Mapping[ClientId, Sequence[dp_event.DpEvent]]] = None,
+        central_events: Sequence[dp_event.DpEvent] = (),
+    ) -> None:
+        """Raise :class:`PrivacyBudgetExceeded` if :meth:`would_exceed` says so."""
+        if self.would_exceed(client_events, central_events):
+            raise PrivacyBudgetExceeded(
+                f"the planned release would exceed max_epsilon={self.max_epsilon} at delta={self.target_delta} "
+                f"(spent so far: epsilon={self.epsilon():.4g})"
+            )
+
+    # ------------------------------------------------------------------ comparison
+    def textbook_bounds(self, client: Optional[ClientId] = None) -> dict[str, tuple[float, float]]:
+        """Basic and strong composition of the same events, for comparison (see :mod:`.bounds`)."""
+        if client is None:
+            client = self._worst(self._method(None)).client
+        signature = self._signature(None if client is None else str(client))
+        events = [(self._events[k], c) for k, c in signature]
+        return bounds.textbook_bounds(events, self.target_delta)
+
+    # ------------------------------------------------------------------ metrics
+    def metrics(self, prefix: str = "privacy/") -> dict[str, float]:
+        """Round metrics: worst-client ε and δ (plus both accountants' values and the client count)."""
+        rep = self.report()
+        out = {
+            f"{prefix}epsilon": float(rep.epsilon),
+            f"{prefix}delta": float(rep.delta),
+            f"{prefix}epsilon-rdp": float(rep.epsilon_rdp),
+            f"{prefix}clients": float(rep.num_clients),
+        }
+        if math.isfinite(rep.epsilon_pld):
+            out[f"{prefix}epsilon-pld"] = float(rep.epsilon_pld)
+        if self.max_epsilon is not None:
+            out[f"{prefix}max-epsilon"] = float(self.max_epsilon)
+        return out
+
+    # ------------------------------------------------------------------ persistence
+    def to_json(self) -> str:
+        """Serialise the whole ledger (configuration, events, clients, rounds)."""
+        return json.dumps({
+            "format": LEDGER_FORMAT,
+            "target_delta": self.target_delta,
+            "neighboring_relation": self.neighboring_relation,
+            "max_epsilon": self.max_epsilon,
+            "accounting": self.accounting,
+            "events": {k: event_to_dict(e) for k, e in self._events.items()},
+            "labels": self._labels,
+            "central": self._central,
+            "clients": self._clients,
+        })
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrivacyLedger":
+        """Restore a ledger written by :meth:`to_json`."""
+        data = json.loads(text)
+        if data.get("format") != LEDGER_FORMAT:
+            raise ValueError(f"unsupported ledger format {data.get('format')!r}, expected {LEDGER_FORMAT}")
+        ledger = cls(data["target_delta"], neighboring_relation=data["neighboring_relation"],
+                     max_epsilon=data["max_epsilon"], accounting=data["accounting"])
+        keymap = {old: ledger._register(event_from_dict(ev)) for old, ev in data["events"].items()}
+        ledger._labels = {keymap[k]: v for k, v in data["labels"].items()}
+        ledger._central = {keymap[k]: [int(r) for r in v] for k, v in data["central"].items()}
+        ledger._clients = {c: {keymap[k]: [int(r) for r in v] for k, v in evs.items()} for c, evs in data["clients"].items()}
+        return ledger
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Write the ledger to ``path`` atomically (temp file + rename)."""
+        path = os.fspath(path)
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ledger-", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            handle.write(self.to_json())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "PrivacyLedger":
+        """Read a ledger saved with :meth:`save`."""
+        with open(path) as handle:
+            return cls.from_json(handle.read())
+
+
+def privacy_metrics(ledger: PrivacyLedger) -> dict[str, float]:
+    """The helper every strategy calls: ``privacy/epsilon`` and ``privacy/delta`` (worst client so far)."""
+    return ledger.metrics()
+
+
+__all__ = ["PrivacyLedger", "PrivacyReport", "PrivacyBudgetExceeded", "privacy_metrics"]

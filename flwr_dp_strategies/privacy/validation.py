@@ -1,0 +1,81 @@
+"""Parameter validation shared by every mechanism and accountant.
+
+Every check raises :class:`ValueError` that names the parameter and its
+allowed domain, so a misconfigured run fails before anything is released.
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import numpy as np
+
+
+def _as_real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (Real, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must be a real number, got nan")
+    return value
+
+
+def check_positive(name: str, value: object, *, allow_inf: bool = False) -> float:
+    """Return ``value`` as float if it lies in (0, inf) (or (0, inf] with ``allow_inf``)."""
+    v = _as_real(name, value)
+    if v <= 0 or (math.isinf(v) and not allow_inf):
+        domain = "(0, inf]" if allow_inf else "(0, inf)"
+        raise ValueError(f"{name} must be in {domain}, got {value!r}")
+    return v
+
+
+def check_epsilon(value: object, name: str = "epsilon") -> float:
+    """ε must lie in (0, inf)."""
+    return check_positive(name, value)
+
+
+def check_delta(value: object, name: str = "delta") -> float:
+    """δ must lie in the open interval (0, 1)."""
+    v = _as_real(name, value)
+    if not 0.0 < v < 1.0:
+        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
+    return v
+
+
+def check_sensitivity(value: object, name: str = "sensitivity") -> float:
+    """A sensitivity must lie in (0, inf)."""
+    return check_positive(name, value)
+
+
+def check_probability(name: str, value: object, *, low_open: bool = False, high_open: bool = False) -> float:
+    """A probability in [0, 1], with optionally open ends."""
+    v = _as_real(name, value)
+    lo_ok = v > 0.0 if low_open else v >= 0.0
+    hi_ok = v < 1.0 if high_open else v <= 1.0
+    if not (lo_ok and hi_ok):
+        domain = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
+        raise ValueError(f"{name} must be in {domain}, got {value!r}")
+    return v
+
+
+def check_int(name: str, value: object, *, minimum: int) -> int:
+    """An integer ≥ ``minimum`` (bool rejected)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer in [{minimum}, inf), got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer in [{minimum}, inf), got {value!r}")
+    return int(value)
+
+
+def as_finite_array(name: str, values: object) -> np.ndarray:
+    """Return ``values`` as a float64 array; reject non-numeric dtypes, NaN and inf."""
+    arr = np.asarray(values)
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{name} must be a real-valued (integer or float) array, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.bool_):
+        raise ValueError(f"{name} must be a real-valued (integer or float) array, got dtype bool")
+    arr = arr.astype(np.float64, copy=False)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must contain only finite values (no NaN or inf)")
+    return arr
