@@ -235,7 +235,7 @@ class PrivacyLedger:
         cache_key = (signature, self.target_delta, method)
         if cache_key in self._result_cache:
             return self._result_cache[cache_key]
-        eps_rdp = self._rdp_of(signature)[0] if method in ("best", "rdp") else float("inf")
+        eps_rdp = self._rdp_of(signature)[0]  # cheap; also sets the PLD discretisation
         eps_pld = float("inf")
         if method == "pld" or (method == "best" and eps_rdp > prune_below):
             eps_pld = self._pld_of(signature, eps_rdp)

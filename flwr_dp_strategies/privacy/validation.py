@@ -12,20 +12,20 @@ from numbers import Real
 import numpy as np
 
 
-def _as_real(name: str, value: object) -> float:
+def _as_real(name: str, value: object, domain: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (Real, np.floating, np.integer)):
-        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+        raise ValueError(f"{name} must be a real number in {domain}, got {value!r} ({type(value).__name__})")
     value = float(value)
     if math.isnan(value):
-        raise ValueError(f"{name} must be a real number, got nan")
+        raise ValueError(f"{name} must be in {domain}, got nan")
     return value
 
 
 def check_positive(name: str, value: object, *, allow_inf: bool = False) -> float:
     """Return ``value`` as float if it lies in (0, inf) (or (0, inf] with ``allow_inf``)."""
-    v = _as_real(name, value)
+    domain = "(0, inf]" if allow_inf else "(0, inf)"
+    v = _as_real(name, value, domain)
     if v <= 0 or (math.isinf(v) and not allow_inf):
-        domain = "(0, inf]" if allow_inf else "(0, inf)"
         raise ValueError(f"{name} must be in {domain}, got {value!r}")
     return v
 
@@ -37,7 +37,7 @@ def check_epsilon(value: object, name: str = "epsilon") -> float:
 
 def check_delta(value: object, name: str = "delta") -> float:
     """δ must lie in the open interval (0, 1)."""
-    v = _as_real(name, value)
+    v = _as_real(name, value, "(0, 1)")
     if not 0.0 < v < 1.0:
         raise ValueError(f"{name} must be in (0, 1), got {value!r}")
     return v
@@ -50,11 +50,11 @@ def check_sensitivity(value: object, name: str = "sensitivity") -> float:
 
 def check_probability(name: str, value: object, *, low_open: bool = False, high_open: bool = False) -> float:
     """A probability in [0, 1], with optionally open ends."""
-    v = _as_real(name, value)
+    domain = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
+    v = _as_real(name, value, domain)
     lo_ok = v > 0.0 if low_open else v >= 0.0
     hi_ok = v < 1.0 if high_open else v <= 1.0
     if not (lo_ok and hi_ok):
-        domain = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
         raise ValueError(f"{name} must be in {domain}, got {value!r}")
     return v
 
