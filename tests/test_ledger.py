@@ -183,3 +183,19 @@ def test_ledger_rejects_bad_records():
         ledger.record(LAP, server_round=-1)
     with pytest.raises(ValueError, match="DpEvent"):
         ledger.record("laplace", server_round=1)
+
+
+def test_shuffle_amplified_release_in_the_ledger():
+    from flwr_dp_strategies.privacy import shuffle_amplified_epsilon, shuffle_amplified_event
+
+    event = shuffle_amplified_event(1.0, 1000, 1e-6)
+    eps = shuffle_amplified_epsilon(1.0, 1000, 1e-6)
+    assert event.epsilon == eps and event.delta == 1e-6 and eps < 1.0
+    ledger = PrivacyLedger(1e-5)
+    ledger.record(event, server_round=1)
+    # One (ε, 1e-6) release reported at δ = 1e-5: never more than ε.
+    assert ledger.epsilon() <= eps + 1e-3
+    # Ten of them compose (basic in RDP, PLD pessimistic) to at most 10ε.
+    for r in range(2, 11):
+        ledger.record(event, server_round=r)
+    assert ledger.epsilon() <= 10 * eps + 1e-3

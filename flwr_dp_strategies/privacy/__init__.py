@@ -20,6 +20,7 @@ from .randomized_response import (
     rr_event,
 )
 from .release import Release
+from .shuffle import shuffle_amplified_epsilon, shuffle_amplified_event
 from .rng import resolve_rng
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "privacy_metrics",
     "resolve_rng",
     "rr_event",
+    "shuffle_amplified_epsilon",
+    "shuffle_amplified_event",
     "strong_composition",
     "textbook_bounds",
 ]

@@ -31,10 +31,12 @@ This module is pure numpy / scipy / math; it imports nothing from flwr.
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import numpy as np
 from scipy import stats
+
+from .events import ApproxDpEvent
+from .validation import check_delta, check_int, check_nonnegative, check_positive
 
 __all__ = [
     "fmt_closed_form_valid",
@@ -42,6 +44,7 @@ __all__ = [
     "fmt_numerical_delta",
     "fmt_numerical_epsilon",
     "shuffle_amplified_epsilon",
+    "shuffle_amplified_event",
     "SHUFFLE_METHODS",
 ]
 
@@ -53,43 +56,20 @@ _WINDOW_SDS = 12.0
 _WINDOW_PAD = 30.0
 
 
-# ---------------------------------------------------------------- validation
-
-
-def _real(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (Real, np.floating, np.integer)):
-        raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    v = float(value)
-    if math.isnan(v):
-        raise ValueError(f"{name} must be a real number, got nan")
-    return v
-
-
 def _check_epsilon0(value: object, name: str = "epsilon0") -> float:
-    v = _real(name, value)
-    if not 0.0 < v < math.inf:
-        raise ValueError(f"{name} must be in (0, inf), got {value!r}")
-    return v
+    return check_positive(name, value)
 
 
 def _check_epsilon(value: object) -> float:
-    v = _real("epsilon", value)
-    if not 0.0 <= v < math.inf:
-        raise ValueError(f"epsilon must be in [0, inf), got {value!r}")
-    return v
+    return check_nonnegative("epsilon", value)
 
 
 def _check_delta(value: object) -> float:
-    v = _real("delta", value)
-    if not 0.0 < v < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {value!r}")
-    return v
+    return check_delta(value)
 
 
 def _check_n(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"n must be an integer in [1, inf), got {value!r}")
-    return int(value)
+    return check_int("n", value, minimum=1)
 
 
 # --------------------------------------------------------------- closed form
@@ -266,9 +246,7 @@ def fmt_numerical_epsilon(epsilon0: float, n: int, delta: float, tol: float = 1e
     eps0 = _check_epsilon0(epsilon0)
     n_ = _check_n(n)
     dlt = _check_delta(delta)
-    tol_ = _real("tol", tol)
-    if not 0.0 < tol_ < math.inf:
-        raise ValueError(f"tol must be in (0, inf), got {tol!r}")
+    tol_ = check_positive("tol", tol)
     window = _c_window(n_, math.exp(-eps0))
     if _numerical_delta(0.0, eps0, window) <= dlt:
         return 0.0
@@ -304,3 +282,16 @@ def shuffle_amplified_epsilon(epsilon0: float, n: int, delta: float, method: str
     if method == "best" and fmt_closed_form_valid(eps0, n_, dlt):
         best = min(best, fmt_closed_form_epsilon(eps0, n_, dlt))
     return best
+
+
+def shuffle_amplified_event(epsilon0: float, n: int, delta: float, method: str = "best") -> ApproxDpEvent:
+    """The ledger event of one user's report in a shuffled batch of n ε₀-LDP reports.
+
+    The shuffler's output is (ε, δ)-DP with ε = :func:`shuffle_amplified_epsilon`;
+    record it as a central event when the shuffler is trusted (its trust
+    assumption is the caller's to document), and the client's ε₀-LDP release as
+    that client's own event when it is not. ε = 0 (possible for huge n) is
+    recorded as 1e-9 because ApproxDpEvent needs ε > 0.
+    """
+    eps = shuffle_amplified_epsilon(epsilon0, n, delta, method)
+    return ApproxDpEvent(epsilon=max(eps, 1e-9), delta=delta)

@@ -30,6 +30,14 @@ def check_positive(name: str, value: object, *, allow_inf: bool = False) -> floa
     return v
 
 
+def check_nonnegative(name: str, value: object) -> float:
+    """Return ``value`` as float if it lies in [0, inf)."""
+    v = _as_real(name, value, "[0, inf)")
+    if v < 0 or math.isinf(v):
+        raise ValueError(f"{name} must be in [0, inf), got {value!r}")
+    return v
+
+
 def check_epsilon(value: object, name: str = "epsilon") -> float:
     """ε must lie in (0, inf)."""
     return check_positive(name, value)

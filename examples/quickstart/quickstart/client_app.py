@@ -1,0 +1,58 @@
+"""ClientApp: local SGD on the client's IID shard of sklearn digits.
+
+Every hyperparameter comes from the server's ConfigRecord (so the ClientApp needs
+no run config, which ``run_simulation`` leaves empty); the partition comes from
+``node_config`` (``partition-id``, ``num-partitions``: filled by the simulation
+engine, or ``--node-config`` for a deployed SuperNode).
+
+Replies carry exactly one ArrayRecord and one MetricRecord with the same keys on
+every client, including ``num-examples`` and ``unit-weight`` (= 1.0, the weight
+FedAvg uses under central DP so that all clients weigh the same).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from . import task
+
+app = ClientApp()
+
+
+def _partition(context: Context) -> tuple[int, int]:
+    """(partition id, number of partitions) of this node."""
+    return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+
+
+def _load_model(msg: Message) -> tuple:
+    """The global model from the message, and the message's ConfigRecord."""
+    config = msg.content["config"]
+    model = task.build_model(str(config["model"]))
+    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+    return model, config
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train the received model for ``local-epochs`` epochs on the local shard."""
+    model, config = _load_model(msg)
+    partition_id, num_partitions = _partition(context)
+    x, y = task.load_partition(partition_id, num_partitions, "train")
+    seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
+    loss = task.train(model, x, y, epochs=int(config["local-epochs"]), lr=float(config["lr"]),
+                      batch_size=int(config["batch-size"]), seed=seed)
+    metrics = MetricRecord({"train-loss": loss, "num-examples": len(y), "unit-weight": 1.0})
+    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Evaluate the received model on the client's shard of the test split."""
+    model, _ = _load_model(msg)
+    partition_id, num_partitions = _partition(context)
+    x, y = task.load_partition(partition_id, num_partitions, "test")
+    loss, accuracy = task.test(model, x, y)
+    metrics = MetricRecord({"eval-loss": loss, "eval-acc": accuracy, "num-examples": len(y), "unit-weight": 1.0})
+    return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

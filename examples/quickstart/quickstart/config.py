@@ -1,0 +1,47 @@
+"""Run configuration with defaults, for `flwr run` and for `run_simulation` (whose run config is empty).
+
+Precedence (later wins): :data:`DEFAULTS` < JSON in the ``QUICKSTART_RUN_CONFIG``
+environment variable (set by ``run_demo.py``) < ``context.run_config`` (filled
+by ``flwr run`` from pyproject.toml and ``--run-config``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from flwr.app import Context
+
+ENV_VAR = "QUICKSTART_RUN_CONFIG"
+MECHANISMS = ("central-dp", "none")
+
+# Keep in sync with [tool.flwr.app.config] in pyproject.toml (a test checks it).
+DEFAULTS: dict[str, Any] = {
+    "num-server-rounds": 5,
+    "num-partitions": 10,
+    "mechanism": "central-dp",
+    "noise-multiplier": 0.5,
+    "clipping-norm": 1.0,
+    "target-delta": 1e-5,
+    "max-epsilon": 0.0,
+    "ledger-path": "",
+    "model": "logreg",
+    "local-epochs": 3,
+    "lr": 0.2,
+    "batch-size": 32,
+    "fraction-evaluate": 1.0,
+    "seed": 42,
+    "results-dir": "results",
+}
+
+
+def resolve_run_config(context: Context | None = None) -> dict[str, Any]:
+    """DEFAULTS, overridden by the environment variable, overridden by the app's run config."""
+    config = dict(DEFAULTS)
+    config.update(json.loads(os.environ.get(ENV_VAR, "") or "{}"))
+    if context is not None:
+        config.update(context.run_config)
+    if config["mechanism"] not in MECHANISMS:
+        raise ValueError(f"mechanism must be one of {MECHANISMS}, got {config['mechanism']!r}")
+    return config

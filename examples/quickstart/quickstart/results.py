@@ -1,0 +1,127 @@
+"""Per-round log (central test accuracy and epsilon), results JSON and plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.app import ArrayRecord, MetricRecord
+
+from flwr_dp_strategies.privacy import PrivacyLedger
+
+from . import task
+
+RESULTS_JSON = "results.json"
+RESULTS_PNG = "results.png"
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON-safe float: None for missing or non-finite values."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def format_row(row: dict[str, Any], delta: float | None) -> str:
+    """``round r  accuracy 0.xxx  epsilon y.yy (delta 1e-05)``."""
+    if row["epsilon"] is None:
+        privacy = "epsilon inf (no DP)"
+    else:
+        privacy = f"epsilon {row['epsilon']:.2f} (delta {delta:g})"
+    suffix = "" if row["released"] else "  [budget exhausted: no release]"
+    return f"round {row['round']}  accuracy {row['accuracy']:.3f}  {privacy}{suffix}"
+
+
+@dataclass
+class RoundLog:
+    """``evaluate_fn`` for ``Strategy.start``: central test accuracy, plus ε from the ledger, per round."""
+
+    model_kind: str
+    ledger: PrivacyLedger | None = None
+    initial_accuracy: float | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    _seen_events: int = 0
+
+    def __post_init__(self) -> None:
+        self._seen_events = len(self.ledger.events()) if self.ledger is not None else 0
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """Evaluate the global model on the central test split; log and print round >= 1."""
+        model = task.build_model(self.model_kind)
+        model.load_state_dict(arrays.to_torch_state_dict())
+        _, _, x_test, y_test = task.load_data()
+        loss, accuracy = task.test(model, x_test, y_test)
+        if server_round == 0:
+            self.initial_accuracy = accuracy
+        else:
+            row = {"round": server_round, "accuracy": accuracy, "loss": loss, **self._privacy()}
+            self.rows.append(row)
+            print(format_row(row, self.delta), flush=True)
+        return MetricRecord({"accuracy": accuracy, "loss": loss})
+
+    @property
+    def delta(self) -> float | None:
+        """The ledger's δ (None without DP)."""
+        return None if self.ledger is None else self.ledger.target_delta
+
+    def _privacy(self) -> dict[str, Any]:
+        """ε so far, and whether this round released a model (a new ledger event)."""
+        if self.ledger is None:
+            return {"epsilon": None, "released": True}
+        events = len(self.ledger.events())
+        released, self._seen_events = events > self._seen_events, events
+        return {"epsilon": _finite(self.ledger.epsilon()), "released": released}
+
+
+def privacy_summary(ledger: PrivacyLedger | None, config: dict[str, Any]) -> dict[str, Any] | None:
+    """What the final ε means, for the results JSON."""
+    if ledger is None:
+        return None
+    report = ledger.report()
+    return {
+        "epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
+        "epsilon_rdp": _finite(report.epsilon_rdp), "epsilon_pld": _finite(report.epsilon_pld),
+        "neighboring_relation": ledger.neighboring_relation, "unit": "client (user-level: one client's whole data)",
+        "noise_multiplier": float(config["noise-multiplier"]), "clipping_norm": float(config["clipping-norm"]),
+        "clients_per_round": int(config["num-partitions"]), "sampling_amplification": False,
+        "max_epsilon": ledger.max_epsilon, "releases": len(ledger.events()),
+    }
+
+
+def write_results(log: RoundLog, config: dict[str, Any], results_dir: str) -> str:
+    """Write results.json and results.png into ``results_dir``; return the JSON path."""
+    os.makedirs(results_dir, exist_ok=True)
+    data = {
+        "mechanism": config["mechanism"], "config": config, "initial_accuracy": log.initial_accuracy,
+        "rounds": log.rows, "privacy": privacy_summary(log.ledger, config),
+    }
+    path = os.path.join(results_dir, RESULTS_JSON)
+    with open(path, "w") as handle:
+        json.dump(data, handle, indent=2)
+    plot_results(data, os.path.join(results_dir, RESULTS_PNG))
+    return path
+
+
+def plot_results(data: dict[str, Any], path: str) -> None:
+    """Accuracy and ε against the round (matplotlib Agg, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [0] + [row["round"] for row in data["rounds"]]
+    accuracy = [data["initial_accuracy"]] + [row["accuracy"] for row in data["rounds"]]
+    fig, (ax_acc, ax_eps) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_acc.plot(rounds, accuracy, marker="o")
+    ax_acc.set(xlabel="round", ylabel="central test accuracy", title=f"accuracy ({data['mechanism']})", ylim=(0, 1))
+    if data["privacy"] is None:
+        ax_eps.text(0.5, 0.5, "no DP: epsilon = inf", ha="center", va="center", transform=ax_eps.transAxes)
+    else:
+        eps = [0.0] + [row["epsilon"] for row in data["rounds"]]
+        ax_eps.plot(rounds, eps, marker="o", color="tab:red")
+        ax_eps.set(ylabel="epsilon (user-level)")
+    ax_eps.set(xlabel="round", title=f"privacy spent (delta={data['config']['target-delta']:g})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

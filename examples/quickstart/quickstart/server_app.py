@@ -1,0 +1,83 @@
+"""ServerApp: FedAvg, wrapped in AccountedServerSideFixedClipping when mechanism = "central-dp".
+
+Prints one line per round (``round r  accuracy 0.xxx  epsilon y.yy (delta 1e-05)``)
+and writes ``results.json`` and ``results.png`` to the ``results-dir`` run config.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, Strategy
+
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping
+
+from . import task
+from .config import resolve_run_config
+from .results import RoundLog, write_results
+
+app = ServerApp()
+
+
+def build_fedavg(config: dict[str, Any]) -> FedAvg:
+    """FedAvg over all ``num-partitions`` clients; equal weights (``unit-weight``) under central DP."""
+    clients = int(config["num-partitions"])
+    fraction_evaluate = float(config["fraction-evaluate"])
+    return FedAvg(
+        fraction_train=1.0,
+        fraction_evaluate=fraction_evaluate,
+        min_train_nodes=clients,
+        min_evaluate_nodes=max(1, int(clients * fraction_evaluate)) if fraction_evaluate > 0 else 0,
+        min_available_nodes=clients,
+        weighted_by_key="unit-weight" if config["mechanism"] == "central-dp" else "num-examples",
+    )
+
+
+def build_strategy(config: dict[str, Any]) -> Strategy:
+    """Plain FedAvg (``none``) or FedAvg with accounted server-side fixed clipping (``central-dp``)."""
+    fedavg = build_fedavg(config)
+    if config["mechanism"] == "none":
+        return fedavg
+    max_epsilon = float(config["max-epsilon"])
+    ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None)
+    return AccountedServerSideFixedClipping(
+        fedavg,
+        noise_multiplier=float(config["noise-multiplier"]),
+        clipping_norm=float(config["clipping-norm"]),
+        num_sampled_clients=int(config["num-partitions"]),
+        ledger=ledger,
+        ledger_path=str(config["ledger-path"]) or None,
+    )
+
+
+def client_config(config: dict[str, Any]) -> ConfigRecord:
+    """Hyperparameters the ClientApp reads from each train/evaluate message."""
+    return ConfigRecord({
+        "model": str(config["model"]), "local-epochs": int(config["local-epochs"]), "lr": float(config["lr"]),
+        "batch-size": int(config["batch-size"]), "seed": int(config["seed"]),
+    })
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the rounds, print the per-round line, write the results."""
+    config = resolve_run_config(context)
+    strategy = build_strategy(config)
+    torch.manual_seed(int(config["seed"]))
+    model = task.build_model(str(config["model"]))
+    log = RoundLog(str(config["model"]), getattr(strategy, "ledger", None))
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=int(config["num-server-rounds"]),
+        train_config=client_config(config),
+        evaluate_config=client_config(config),
+        evaluate_fn=log,
+    )
+    path = write_results(log, config, os.path.abspath(str(config["results-dir"])))
+    print(f"results written to {path}", flush=True)

@@ -1,0 +1,14 @@
+"""Message-API strategies (Flower 1.41+) whose releases are accounted by a PrivacyLedger.
+
+* :class:`AccountedServerSideFixedClipping` - Flower's server-side fixed-clipping
+  central DP wrapper, with every released aggregate recorded as a Gaussian
+  event, ``privacy/epsilon`` and ``privacy/delta`` in each round's train
+  metrics, a clean stop at ``max_epsilon`` and a persistent ledger.
+* :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
+  every accounted strategy uses to publish the ledger's figures.
+"""
+
+from .accounted_fixed_clipping import AccountedServerSideFixedClipping
+from .metrics import privacy_metric_record, with_privacy_metrics
+
+__all__ = ["AccountedServerSideFixedClipping", "privacy_metric_record", "with_privacy_metrics"]

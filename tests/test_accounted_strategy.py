@@ -1,0 +1,210 @@
+"""AccountedServerSideFixedClipping on real Flower Messages, without a running app."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.dp_event import GaussianDpEvent
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAdam, FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping, privacy_metric_record
+
+M = 4  # clients per round
+Z = 0.8
+C = 1.0
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    """Messages need a run/node/task id; set one as a ServerApp would, then restore."""
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+class FakeGrid:
+    """The part of Grid that FedAvg.configure_train uses."""
+
+    def __init__(self, num_nodes: int) -> None:
+        self.node_ids = list(range(101, 101 + num_nodes))
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+
+def make_strategy(ledger: PrivacyLedger | None = None, **kwargs) -> AccountedServerSideFixedClipping:
+    fedavg = FedAvg(min_train_nodes=M, min_available_nodes=M, min_evaluate_nodes=M)
+    return AccountedServerSideFixedClipping(fedavg, Z, C, M, ledger=ledger, **kwargs)
+
+
+def run_round(strategy, server_round: int, current: np.ndarray, updates: list[np.ndarray],
+              weights: list[float] | None = None):
+    """configure_train -> one reply per message (model = current + update) -> aggregate_train."""
+    grid = FakeGrid(M)
+    messages = list(strategy.configure_train(server_round, ArrayRecord([current]), ConfigRecord(), grid))
+    if not messages:
+        return messages, strategy.aggregate_train(server_round, [])
+    weights = weights or [10.0] * len(updates)
+    replies = [
+        Message(RecordDict({"arrays": ArrayRecord([current + update]),
+                            "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5})}), reply_to=msg)
+        for msg, update, w in zip(messages, updates, weights)
+    ]
+    return messages, strategy.aggregate_train(server_round, replies)
+
+
+def small_updates(d: int = 50) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.normal(0.0, 1.0, d) for _ in range(M)]
+
+
+def test_three_rounds_record_three_central_gaussian_events():
+    strategy = make_strategy()
+    current = np.zeros(50)
+    epsilons = []
+    for rnd in (1, 2, 3):
+        messages, (arrays, metrics) = run_round(strategy, rnd, current, small_updates())
+        assert len(messages) == M and arrays is not None
+        assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
+        assert metrics["privacy/delta"] == pytest.approx(1e-5)
+        assert metrics["train-loss"] == pytest.approx(0.5)  # client metrics kept
+        epsilons.append(metrics["privacy/epsilon"])
+        current = arrays.to_numpy_ndarrays()[0]
+    events = strategy.ledger.events()
+    assert [r for r, _, _ in events] == [1, 2, 3]
+    assert all(isinstance(e, GaussianDpEvent) and e.noise_multiplier == pytest.approx(Z) for _, e, _ in events)
+    assert strategy.ledger.clients == []  # central events only
+    assert epsilons[0] < epsilons[1] < epsilons[2]
+    assert all(math.isfinite(e) for e in epsilons)
+
+
+def test_metric_values_are_floats_and_match_helper():
+    ledger = PrivacyLedger(1e-5)
+    ledger.record(GaussianDpEvent(1.0), server_round=1)
+    record = privacy_metric_record(ledger)
+    assert all(type(v) is float for v in record.values())
+    assert record["privacy/epsilon"] == pytest.approx(ledger.epsilon())
+
+
+def test_budget_below_one_round_sends_nothing():
+    one_round = PrivacyLedger(1e-5)
+    one_round.record(GaussianDpEvent(Z), server_round=1)
+    strategy = make_strategy(PrivacyLedger(1e-5, max_epsilon=0.5 * one_round.epsilon()))
+    messages, (arrays, metrics) = run_round(strategy, 1, np.zeros(50), small_updates())
+    assert messages == [] and arrays is None and metrics is None
+    assert strategy.budget_exhausted
+    assert list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(50)]), ConfigRecord(), FakeGrid(M))) == []
+    assert strategy.ledger.events() == []
+
+
+def test_budget_stops_after_the_last_affordable_round():
+    two_rounds = PrivacyLedger(1e-5)
+    for rnd in (1, 2):
+        two_rounds.record(GaussianDpEvent(Z), server_round=rnd)
+    strategy = make_strategy(PrivacyLedger(1e-5, max_epsilon=two_rounds.epsilon() * 1.01))
+    released = [run_round(strategy, rnd, np.zeros(50), small_updates())[1][0] is not None for rnd in (1, 2, 3, 4)]
+    assert released == [True, True, False, False]
+    assert len(strategy.ledger.events()) == 2
+    assert strategy.ledger.epsilon() <= strategy.ledger.max_epsilon
+
+
+def test_noise_std_is_z_c_over_m():
+    """Identical in-norm updates: the mean is known, the residual is the noise N(0, (zC/m)^2)."""
+    d = 20_000
+    update = np.full(d, 0.5 * C / math.sqrt(d))  # norm C/2: not clipped
+    strategy = make_strategy()
+    np.random.seed(12345)  # Flower draws its noise from np.random
+    _, (arrays, _) = run_round(strategy, 1, np.zeros(d), [update] * M)
+    residual = arrays.to_numpy_ndarrays()[0] - update
+    sigma = Z * C / M
+    assert abs(residual.std() - sigma) <= 3 * sigma / math.sqrt(2 * d)
+    assert abs(residual.mean()) <= 4 * sigma / math.sqrt(d)
+
+
+def test_updates_are_clipped_to_c():
+    d = 20_000
+    big = np.full(d, 10.0 * C / math.sqrt(d))  # norm 10C -> clipped to C
+    strategy = make_strategy()
+    np.random.seed(1)
+    _, (arrays, _) = run_round(strategy, 1, np.zeros(d), [big] * M)
+    mean = arrays.to_numpy_ndarrays()[0].mean()
+    assert mean == pytest.approx(C / math.sqrt(d), abs=4 * (Z * C / M) / math.sqrt(d))
+
+
+def test_missing_reply_records_the_smaller_effective_noise_multiplier():
+    strategy = make_strategy()
+    grid = FakeGrid(M)
+    current = np.zeros(50)
+    messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), grid))
+    replies = [Message(RecordDict({"arrays": ArrayRecord([current + u]),
+                                   "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
+               for m, u in zip(messages[:-1], small_updates())]  # one client never answers
+    arrays, _ = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    (_, event, _), = strategy.ledger.events()
+    assert event.noise_multiplier == pytest.approx(Z * (M - 1) / M)
+
+
+def test_unequal_weights_record_the_smaller_effective_noise_multiplier():
+    strategy = make_strategy()
+    weights = [10.0, 10.0, 10.0, 30.0]
+    run_round(strategy, 1, np.zeros(50), small_updates(), weights=weights)
+    (_, event, _), = strategy.ledger.events()
+    assert event.noise_multiplier == pytest.approx(Z * sum(weights) / (M * max(weights)))
+
+
+def test_replace_one_halves_the_recorded_noise_multiplier():
+    strategy = make_strategy(PrivacyLedger(1e-5, neighboring_relation="replace_one"))
+    run_round(strategy, 1, np.zeros(50), small_updates())
+    (_, event, _), = strategy.ledger.events()
+    assert event.noise_multiplier == pytest.approx(Z / 2)
+
+
+def test_ledger_path_persists_and_restores(tmp_path):
+    path = tmp_path / "ledger.json"
+    first = make_strategy(ledger_path=str(path))
+    for rnd in (1, 2):
+        run_round(first, rnd, np.zeros(50), small_updates())
+    assert path.exists()
+    eps_two = first.ledger.epsilon()
+
+    restored = make_strategy(ledger_path=str(path))  # e.g. the server restarted
+    assert restored.ledger.epsilon() == pytest.approx(eps_two)
+    assert restored.round_offset == 2
+    _, (_, metrics) = run_round(restored, 1, np.zeros(50), small_updates())
+    assert restored.ledger.rounds() == [1, 2, 3]
+    assert metrics["privacy/epsilon"] > eps_two
+    assert PrivacyLedger.load(path).epsilon() == pytest.approx(metrics["privacy/epsilon"])
+
+
+def test_client_errors_release_nothing_and_record_nothing():
+    from flwr.app import Error
+
+    strategy = make_strategy()
+    current = np.zeros(50)
+    messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(M)))
+    replies = [Message(Error(code=1, reason="boom"), reply_to=messages[0])] + [
+        Message(RecordDict({"arrays": ArrayRecord([current + u]),
+                            "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
+        for m, u in zip(messages[1:], small_updates())
+    ]
+    assert strategy.aggregate_train(1, replies) == (None, None)
+    assert strategy.ledger.events() == []
+
+
+def test_rejects_unaccountable_setups():
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        AccountedServerSideFixedClipping(FedAvg(), 0.0, C, M)
+    with pytest.raises(ValueError, match="FedAvg"):
+        AccountedServerSideFixedClipping(FedAdam(), Z, C, M)
+
+
+def test_default_ledger():
+    strategy = AccountedServerSideFixedClipping(FedAvg(), Z, C, M)
+    assert strategy.ledger.target_delta == 1e-5 and strategy.ledger.max_epsilon is None
