@@ -199,3 +199,14 @@ def test_shuffle_amplified_release_in_the_ledger():
     for r in range(2, 11):
         ledger.record(event, server_round=r)
     assert ledger.epsilon() <= 10 * eps + 1e-3
+
+
+def test_epsilon_at_a_given_delta():
+    ledger = PrivacyLedger(1e-5)
+    for r in range(20):
+        ledger.record(GAUSS, server_round=r, client=1)
+    loose, tight = ledger.epsilon(delta=1e-3), ledger.epsilon(delta=1e-8)
+    assert loose < ledger.epsilon() < tight
+    assert ledger.report(1, delta=1e-3).delta == 1e-3
+    with pytest.raises(ValueError, match="delta"):
+        ledger.epsilon(delta=2.0)

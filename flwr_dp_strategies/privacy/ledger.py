@@ -189,8 +189,8 @@ class PrivacyLedger:
             counts[self._register(event)] += 1
         return tuple(sorted(counts.items()))
 
-    def _rdp_of(self, signature: Signature) -> tuple[float, float]:
-        """(ε_RDP at the target δ, ε of (ε, δ) events) for a composition."""
+    def _rdp_of(self, signature: Signature, delta: float) -> tuple[float, float]:
+        """(ε_RDP at δ, ε of (ε, δ) events) for a composition."""
         relation = _RELATIONS[self.neighboring_relation]
         probe = LedgerRdpAccountant(neighboring_relation=relation)
         total = np.zeros_like(probe.orders, dtype=np.float64)
@@ -203,7 +203,7 @@ class PrivacyLedger:
             total += count * curve
             approx_eps += count * event_eps
             approx_delta += count * event_delta
-        return epsilon_from_rdp(probe.orders, total, self.target_delta, approx_eps, approx_delta), approx_eps
+        return epsilon_from_rdp(probe.orders, total, delta, approx_eps, approx_delta), approx_eps
 
     def _rdp_part(self, key: str) -> Optional[tuple[np.ndarray, float, float]]:
         """(RDP curve, Σε, Σδ of its (ε, δ) parts) of one event, cached; None if RDP cannot account it."""
@@ -217,7 +217,7 @@ class PrivacyLedger:
                 self._rdp_cache[key] = None
         return self._rdp_cache[key]
 
-    def _pld_of(self, signature: Signature, rdp_epsilon: float) -> float:
+    def _pld_of(self, signature: Signature, rdp_epsilon: float, delta: float) -> float:
         relation = _RELATIONS[self.neighboring_relation]
         interval = 1e-4 if not math.isfinite(rdp_epsilon) else max(1e-4, 1e-4 * rdp_epsilon)
         acc = LedgerPldAccountant(neighboring_relation=relation, value_discretization_interval=interval)
@@ -226,37 +226,43 @@ class PrivacyLedger:
             if not acc.supports(event):
                 return float("inf")
             acc.compose(event, count)
-        return float(acc.get_epsilon(self.target_delta))
+        return float(acc.get_epsilon(delta))
 
-    def _evaluate(self, signature: Signature, method: str, prune_below: float = -1.0) -> tuple[float, float]:
+    def _evaluate(self, signature: Signature, method: str, delta: float, prune_below: float = -1.0) -> tuple[float, float]:
         """(ε_RDP, ε_PLD) of a composition; PLD skipped (inf) when not asked or when pruned."""
         if not signature:
             return 0.0, 0.0
-        cache_key = (signature, self.target_delta, method)
+        cache_key = (signature, delta, method)
         if cache_key in self._result_cache:
             return self._result_cache[cache_key]
-        eps_rdp = self._rdp_of(signature)[0]  # cheap; also sets the PLD discretisation
+        eps_rdp = self._rdp_of(signature, delta)[0]  # cheap; also sets the PLD discretisation
         eps_pld = float("inf")
         if method == "pld" or (method == "best" and eps_rdp > prune_below):
-            eps_pld = self._pld_of(signature, eps_rdp)
+            eps_pld = self._pld_of(signature, eps_rdp, delta)
         if method == "best" and eps_rdp <= prune_below:
             return eps_rdp, eps_pld  # not cached: PLD was skipped
         self._result_cache[cache_key] = (eps_rdp, eps_pld)
         return eps_rdp, eps_pld
 
-    def report(self, client: Optional[ClientId] = None, *, method: Optional[str] = None) -> PrivacyReport:
-        """ε at ``target_delta`` of one client's data (central events included), or of the worst client."""
+    def report(
+        self, client: Optional[ClientId] = None, *, delta: Optional[float] = None, method: Optional[str] = None
+    ) -> PrivacyReport:
+        """ε at ``delta`` (default ``target_delta``) of one client's data (central events included),
+        or of the worst client when ``client`` is None."""
         method = self._method(method)
+        dlt = self.target_delta if delta is None else check_delta(delta)
         if client is not None:
-            rdp, pld = self._evaluate(self._signature(str(client)), method)
-            return self._make_report(rdp, pld, method, str(client))
-        return self._worst(method)
+            rdp, pld = self._evaluate(self._signature(str(client)), method, dlt)
+            return self._make_report(rdp, pld, method, dlt, str(client))
+        return self._worst(method, dlt)
 
-    def epsilon(self, client: Optional[ClientId] = None, *, method: Optional[str] = None) -> float:
-        """Shorthand for ``report(client).epsilon`` (worst client when ``client`` is None)."""
-        return self.report(client, method=method).epsilon
+    def epsilon(
+        self, client: Optional[ClientId] = None, *, delta: Optional[float] = None, method: Optional[str] = None
+    ) -> float:
+        """Shorthand for ``report(client, delta=delta).epsilon`` (worst client when ``client`` is None)."""
+        return self.report(client, delta=delta, method=method).epsilon
 
-    def _worst(self, method: str, extra: Optional[Mapping[str, Sequence[dp_event.DpEvent]]] = None,
+    def _worst(self, method: str, delta: float, extra: Optional[Mapping[str, Sequence[dp_event.DpEvent]]] = None,
                extra_central: Sequence[dp_event.DpEvent] = ()) -> PrivacyReport:
         extra = extra or {}
         names = set(self._clients) | set(extra)
@@ -265,21 +271,21 @@ class PrivacyLedger:
             planned = list(extra_central) + (list(extra.get(name, ())) if name is not None else [])
             by_signature.setdefault(self._signature(name, planned), name)
         if method == "best":  # visit likely-worst compositions first so PLD can be pruned
-            order = sorted(by_signature, key=lambda sig: -self._evaluate(sig, "rdp")[0])
+            order = sorted(by_signature, key=lambda sig: -self._evaluate(sig, "rdp", delta)[0])
         else:
             order = list(by_signature)
         best: Optional[PrivacyReport] = None
         for sig in order:
-            rdp, pld = self._evaluate(sig, method, prune_below=-1.0 if best is None else best.epsilon)
-            report = self._make_report(rdp, pld, method, by_signature[sig])
+            rdp, pld = self._evaluate(sig, method, delta, prune_below=-1.0 if best is None else best.epsilon)
+            report = self._make_report(rdp, pld, method, delta, by_signature[sig])
             if best is None or report.epsilon > best.epsilon:
                 best = report
         assert best is not None
         return best
 
-    def _make_report(self, rdp: float, pld: float, method: str, client: Optional[str]) -> PrivacyReport:
+    def _make_report(self, rdp: float, pld: float, method: str, delta: float, client: Optional[str]) -> PrivacyReport:
         eps = {"rdp": rdp, "pld": pld, "best": min(rdp, pld)}[method]
-        return PrivacyReport(eps, self.target_delta, method, rdp, pld, client, len(self._clients))
+        return PrivacyReport(eps, delta, method, rdp, pld, client, len(self._clients))
 
     def _method(self, method: Optional[str]) -> str:
         method = method or self.accounting
@@ -300,7 +306,8 @@ class PrivacyLedger:
         if self.max_epsilon is None:
             return False
         extra = {str(c): list(evs) for c, evs in (client_events or {}).items()}
-        return self._worst(self._method(None), extra, list(central_events)).epsilon > self.max_epsilon
+        worst = self._worst(self._method(None), self.target_delta, extra, list(central_events))
+        return worst.epsilon > self.max_epsilon
 
     def check_budget(
         self,
@@ -318,7 +325,7 @@ class PrivacyLedger:
     def textbook_bounds(self, client: Optional[ClientId] = None) -> dict[str, tuple[float, float]]:
         """Basic and strong composition of the same events, for comparison (see :mod:`.bounds`)."""
         if client is None:
-            client = self._worst(self._method(None)).client
+            client = self._worst(self._method(None), self.target_delta).client
         signature = self._signature(None if client is None else str(client))
         events = [(self._events[k], c) for k, c in signature]
         return bounds.textbook_bounds(events, self.target_delta)
