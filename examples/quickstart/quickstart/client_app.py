@@ -12,8 +12,9 @@ FedAvg uses under central DP so that all clients weigh the same).
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from . import task
 
@@ -25,7 +26,7 @@ def _partition(context: Context) -> tuple[int, int]:
     return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
 
 
-def _load_model(msg: Message) -> tuple:
+def _load_model(msg: Message) -> tuple[nn.Module, ConfigRecord]:
     """The global model from the message, and the message's ConfigRecord."""
     config = msg.content["config"]
     model = task.build_model(str(config["model"]))
