@@ -15,7 +15,12 @@ Why each round is a Gaussian mechanism with noise multiplier ``z`` (user-level D
 Neighbouring datasets differ by adding or removing *one client's whole data*
 (``add_or_remove_one``); the set of participating clients, their weights and the
 denominator are treated as public and fixed (the "fixed-denominator" estimator of
-McMahan et al. 2018). Removing client k replaces its contribution
+McMahan et al. 2018). Precisely, the proof below is for the *zero-out* relation
+(Kairouz et al. 2021): client k's clipped update is replaced by 0 while the weights
+stay as they were. FedAvg's data-dependent denominator Σn over the replies that
+arrived is not covered by it (a truly removed client also changes the others'
+weights, which can up to double the sensitivity); Flower's own accountant makes the
+same assumption. Use ``replace_one`` on the ledger for the conservative 2× figure. Removing client k replaces its contribution
 :math:`a_k \bar\Delta_k` by 0, so the L2 sensitivity of the released mean is
 
 .. math::  S = C \cdot \max_k a_k = C \max_k n_k / \textstyle\sum_j n_j ,
