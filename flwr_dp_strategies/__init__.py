@@ -5,8 +5,17 @@ DpEvents, accountants, :class:`~flwr_dp_strategies.privacy.PrivacyLedger`).
 ``flwr_dp_strategies.strategy`` holds the Message-API strategies.
 """
 
+from .declarations import declare_release, read_declarations
 from .privacy import PrivacyLedger
+from .strategy import AccountedFedAvg, AccountedServerSideFixedClipping
 
 __version__ = "0.1.0"
 
-__all__ = ["PrivacyLedger", "__version__"]
+__all__ = [
+    "AccountedFedAvg",
+    "AccountedServerSideFixedClipping",
+    "PrivacyLedger",
+    "__version__",
+    "declare_release",
+    "read_declarations",
+]

@@ -150,7 +150,10 @@ class PrivacyLedger:
     def _register(self, event: dp_event.DpEvent) -> str:
         if not isinstance(event, dp_event.DpEvent):
             raise ValueError(f"event must be a dp_accounting DpEvent or a Release, got {type(event).__name__}")
-        key = self._key_cache.get(event)
+        try:
+            key = self._key_cache.get(event)
+        except TypeError:  # events holding lists (ComposedDpEvent) are not hashable
+            key = event_key(event)
         if key is None:
             key = self._key_cache[event] = event_key(event)
         if key not in self._events:
@@ -163,6 +166,26 @@ class PrivacyLedger:
                 )
             self._events[key] = event
         return key
+
+    def check_accountable(self, event: dp_event.DpEvent) -> None:
+        """Raise ``ValueError`` unless ``event`` can be accounted (RDP curve computable, no NaN).
+
+        Used on events declared by clients: a malformed event is rejected before it is
+        booked, so it can never break a later ε query. The event's RDP curve is cached.
+        """
+        try:
+            key = self._register(event)
+        except (TypeError, AttributeError) as err:
+            raise ValueError(f"event {type(event).__name__} cannot be accounted: {err}") from err
+        try:
+            part = self._rdp_part(key)
+            if part is not None and (np.isnan(part[0]).any() or not math.isfinite(part[1] + part[2])):
+                raise ValueError("its RDP curve is not a number")
+        except Exception as err:  # noqa: BLE001 - any failure means the event is unusable
+            if not any(key in source for source in (self._central, *self._clients.values())):
+                self._events.pop(key, None)
+                self._rdp_cache.pop(key, None)
+            raise ValueError(f"event {type(event).__name__} cannot be accounted: {err}") from err
 
     # ------------------------------------------------------------------ query
     @property

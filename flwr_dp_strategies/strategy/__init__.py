@@ -4,11 +4,16 @@
   central DP wrapper, with every released aggregate recorded as a Gaussian
   event, ``privacy/epsilon`` and ``privacy/delta`` in each round's train
   metrics, a clean stop at ``max_epsilon`` and a persistent ledger.
+* :class:`AccountedFedAvg` - FedAvg that screens replies (malformed ones are
+  rejected and counted, the round goes on) and books what clients declare they
+  released (client mods), publishing per-round ε.
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 """
 
+from .accounted_fedavg import AccountedFedAvg
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
+from .client_accounting import ClientAccountingMixin
 from .metrics import privacy_metric_record, with_privacy_metrics
 
-__all__ = ["AccountedServerSideFixedClipping", "privacy_metric_record", "with_privacy_metrics"]
+__all__ = ["AccountedFedAvg", "AccountedServerSideFixedClipping", "ClientAccountingMixin", "privacy_metric_record", "with_privacy_metrics"]

@@ -68,6 +68,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from flwr.supercore.privacy_accounting import PrivacyAccountant
 
 from ..privacy import PrivacyLedger
+from .client_accounting import resolve_ledger
 from .metrics import with_privacy_metrics
 
 EVENT_LABEL = "central-gaussian/server-side-fixed-clipping"
@@ -115,7 +116,7 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
         _check_accountable(strategy, noise_multiplier)
         self.ledger_path = None if ledger_path is None else os.fspath(ledger_path)
-        self.ledger = _resolve_ledger(ledger, self.ledger_path)
+        self.ledger = resolve_ledger(ledger, self.ledger_path)
         self.round_offset = max(self.ledger.rounds(), default=0)
         self.budget_exhausted = False
         self._skipped_rounds: set[int] = set()
@@ -240,18 +241,6 @@ def _check_accountable(strategy: Strategy, noise_multiplier: float) -> None:
             "AccountedServerSideFixedClipping needs a FedAvg whose aggregate_train is not overridden "
             f"(got {type(strategy).__name__}): the sensitivity C·max(a_k) holds for the weighted mean only."
         )
-
-
-def _resolve_ledger(ledger: PrivacyLedger | None, ledger_path: str | None) -> PrivacyLedger:
-    """Restore from ``ledger_path`` if it exists, else use ``ledger`` or a new ``PrivacyLedger(1e-5)``."""
-    if ledger_path is not None and os.path.exists(ledger_path):
-        restored = PrivacyLedger.load(ledger_path)
-        log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g after %d central releases",
-            ledger_path, restored.epsilon(), restored.target_delta, len(restored.events()))
-        if ledger is not None:
-            log(WARNING, "Both ledger and an existing ledger_path were given; the restored ledger is used.")
-        return restored
-    return ledger if ledger is not None else PrivacyLedger(1e-5)
 
 
 __all__ = ["AccountedServerSideFixedClipping", "EVENT_LABEL"]

@@ -1,0 +1,163 @@
+"""The accounting base every strategy of this package shares: screen, book, publish.
+
+:class:`ClientAccountingMixin` gives a Message-API strategy
+
+* a :class:`~flwr_dp_strategies.privacy.PrivacyLedger` (restored from and saved
+  to ``ledger_path`` when given, so a restarted ServerApp loses nothing);
+* reply screening (:mod:`.reply_screening`): malformed replies are dropped and
+  counted under ``rejected/<reason>`` in the round's metrics, the round goes on;
+* booking of what clients declare they released (:mod:`flwr_dp_strategies.declarations`)
+  under the replying node id, each event checked with
+  :meth:`PrivacyLedger.check_accountable` first (an unreadable or unaccountable
+  declaration rejects the reply: it was computed by a client whose release we
+  cannot account, so it is not aggregated);
+* the ledger's figures (``privacy/epsilon``, ``privacy/delta``, ...) in every
+  round's train and evaluate metrics, and per node
+  (``privacy/epsilon/node-<id>``) with ``per_client_metrics=True``.
+
+Composition: a client's declared events of every round are composed in the ledger
+(RDP and PLD, adaptively); the federation's ``privacy/epsilon`` is the worst
+client's ε, as client datasets are disjoint (parallel composition).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Optional
+
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+
+from ..declarations import MalformedDeclaration, read_declarations
+from ..privacy import PrivacyLedger
+from ..privacy.validation import check_int
+from .metrics import with_privacy_metrics
+from .reply_screening import REJECTION_REASONS
+
+ContentCheck = Callable[[RecordDict], Optional[str]]
+
+
+class ClientAccountingMixin:
+    """Ledger, reply screening and client declarations for a Message-API strategy."""
+
+    ledger: PrivacyLedger
+    ledger_path: Optional[str]
+    per_client_metrics: bool
+    max_reply_bytes: Optional[int]
+
+    def _init_accounting(
+        self,
+        ledger: Optional[PrivacyLedger],
+        ledger_path: Optional[str],
+        per_client_metrics: bool,
+        max_reply_bytes: Optional[int],
+    ) -> None:
+        self.ledger = resolve_ledger(ledger, ledger_path)
+        self.ledger_path = ledger_path
+        self.per_client_metrics = bool(per_client_metrics)
+        self.max_reply_bytes = None if max_reply_bytes is None else check_int(
+            "max_reply_bytes", max_reply_bytes, minimum=1)
+
+    def screen_and_book(
+        self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None
+    ) -> tuple[list[Message], Counter[str]]:
+        """The replies to aggregate, and the count of rejected ones per reason.
+
+        Every readable declaration is booked, also for a reply that is then
+        rejected for its content: the client did release it to us. ``check(content)``
+        returns a rejection reason or None. The ledger is saved if ``ledger_path``.
+        """
+        rejected: Counter[str] = Counter()
+        screened: list[Message] = []
+        booked = False
+        for reply in replies:
+            if reply.has_error():
+                self._reject(server_round, reply, "error", rejected)
+                continue
+            reason, declarations = self._declared(reply)
+            for declaration in declarations:
+                self.ledger.record(declaration.event, server_round=server_round,
+                                   client=reply.metadata.src_node_id, label=declaration.label)
+                booked = True
+            if reason is None and check is not None:
+                reason = check(reply.content)
+            if reason is None:
+                screened.append(reply)
+            else:
+                self._reject(server_round, reply, reason, rejected)
+        if booked:
+            self.save_ledger()
+        return _same_metric_keys(screened, server_round, rejected), rejected
+
+    @staticmethod
+    def _reject(server_round: int, reply: Message, reason: str, rejected: Counter[str]) -> None:
+        rejected[reason] += 1
+        if reason != "error":
+            log(WARNING, "Round %d: reply from node %s rejected (%s)",
+                server_round, reply.metadata.src_node_id, reason)
+
+    def _declared(self, reply: Message) -> tuple[Optional[str], list]:
+        try:
+            declarations = read_declarations(reply.content)
+            for declaration in declarations:
+                self.ledger.check_accountable(declaration.event)
+        except (MalformedDeclaration, ValueError) as err:
+            log(WARNING, "Privacy declaration of node %s rejected: %s", reply.metadata.src_node_id, err)
+            return "declaration", []
+        return None, declarations
+
+    def round_metrics(self, metrics: Optional[MetricRecord], rejected: Counter[str]) -> MetricRecord:
+        """``metrics`` plus ``rejected/<reason>`` counts (all reasons, zeros included) and the ledger's figures."""
+        merged = with_privacy_metrics(metrics, self.ledger)
+        for reason in REJECTION_REASONS:
+            merged[f"rejected/{reason}"] = float(rejected.get(reason, 0))
+        if self.per_client_metrics:
+            for client in self.ledger.clients:
+                merged[f"privacy/epsilon/node-{client}"] = float(self.ledger.epsilon(client))
+        return merged
+
+    def save_ledger(self) -> None:
+        """Persist the ledger to ``ledger_path`` (atomic), if configured."""
+        if self.ledger_path is not None:
+            self.ledger.save(self.ledger_path)
+
+
+def _same_metric_keys(replies: list[Message], server_round: int, rejected: Counter[str]) -> list[Message]:
+    """Keep the replies whose MetricRecord keys are the most common key set (FedAvg needs them equal).
+
+    Replies are screened to hold exactly one MetricRecord before this is called,
+    or hold none (then nothing is compared).
+    """
+    def keys(reply: Message) -> frozenset[str]:
+        records = list(reply.content.metric_records.values())
+        return frozenset(records[0].keys()) if records else frozenset()
+
+    if not replies:
+        return []
+    counts = Counter(keys(reply) for reply in replies)
+    majority = max(counts, key=lambda k: (counts[k], len(k)))
+    kept = []
+    for reply in replies:
+        if keys(reply) == majority:
+            kept.append(reply)
+        else:
+            ClientAccountingMixin._reject(server_round, reply, "metrics", rejected)
+    return kept
+
+
+def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str]) -> PrivacyLedger:
+    """Restore from ``ledger_path`` if it exists, else use ``ledger`` or a new ``PrivacyLedger(1e-5)``."""
+    if ledger_path is not None and os.path.exists(ledger_path):
+        restored = PrivacyLedger.load(ledger_path)
+        log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g, %d clients",
+            ledger_path, restored.epsilon(), restored.target_delta, len(restored.clients))
+        if ledger is not None:
+            log(WARNING, "Both ledger and an existing ledger_path were given; the restored ledger is used.")
+        return restored
+    return ledger if ledger is not None else PrivacyLedger(1e-5)
+
+
+__all__ = ["ClientAccountingMixin", "resolve_ledger"]

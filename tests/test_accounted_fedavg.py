@@ -1,0 +1,181 @@
+"""AccountedFedAvg: booking client declarations, screening malformed replies, per-round ε."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from flwr_dp_strategies import AccountedFedAvg, declare_release, read_declarations
+from flwr_dp_strategies.declarations import PRIVACY_RECORD, MalformedDeclaration
+from flwr_dp_strategies.privacy import PrivacyLedger
+
+N = 4
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+class FakeGrid:
+    def __init__(self, num_nodes: int) -> None:
+        self.node_ids = list(range(101, 101 + num_nodes))
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+
+def reply_to(msg: Message, arrays: list[np.ndarray], *, weight: float = 10.0, event=None,
+             metrics: dict | None = None) -> Message:
+    content = RecordDict({"arrays": ArrayRecord(arrays),
+                          "metrics": MetricRecord(metrics or {"num-examples": weight, "loss": 0.5})})
+    if event is not None:
+        declare_release(content, event, label="test")
+    return Message(content, reply_to=msg)
+
+
+def configure(strategy: AccountedFedAvg, server_round: int, current: list[np.ndarray]) -> list[Message]:
+    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), FakeGrid(N)))
+
+
+def make() -> AccountedFedAvg:
+    return AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N)
+
+
+def test_declarations_round_trip_and_append():
+    content = RecordDict()
+    declare_release(content, GaussianDpEvent(1.5), label="a")
+    declare_release(content, LaplaceDpEvent(0.5), label="b")
+    got = read_declarations(content)
+    assert [d.label for d in got] == ["a", "b"]
+    assert got[0].event == GaussianDpEvent(1.5) and got[1].event == LaplaceDpEvent(0.5)
+    assert read_declarations(RecordDict()) == []
+
+
+@pytest.mark.parametrize("entries", [
+    ["not json"],
+    [json.dumps({"event": {"type": "os.system", "x": 1}})],
+    [json.dumps({"label": "no event"})],
+    ["x" * 5000],
+    [json.dumps({"event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}})] * 65,
+])
+def test_malformed_declarations_raise(entries):
+    content = RecordDict({PRIVACY_RECORD: ConfigRecord({"events": entries})})
+    with pytest.raises(MalformedDeclaration):
+        read_declarations(content)
+
+
+def test_declared_events_are_booked_per_node_and_composed_over_rounds():
+    strategy = make()
+    current = [np.zeros(3), np.zeros((2, 2))]
+    eps = []
+    for rnd in (1, 2, 3):
+        msgs = configure(strategy, rnd, current)
+        replies = [reply_to(m, [current[0] + 1, current[1] + 1], event=GaussianDpEvent(2.0)) for m in msgs]
+        arrays, metrics = strategy.aggregate_train(rnd, replies)
+        assert arrays is not None
+        eps.append(metrics["privacy/epsilon"])
+        current = arrays.to_numpy_ndarrays()
+    assert set(strategy.ledger.clients) == {str(i) for i in range(101, 101 + N)}
+    expected = PrivacyLedger(1e-5)
+    for rnd in (1, 2, 3):
+        expected.record(GaussianDpEvent(2.0), server_round=rnd, client="x")
+    assert eps[-1] == pytest.approx(expected.epsilon(), rel=1e-9)
+    assert eps[0] < eps[1] < eps[2]
+    assert metrics["privacy/clients"] == N
+
+
+def test_malformed_replies_are_rejected_counted_and_the_round_goes_on():
+    strategy = make()
+    current = [np.zeros(3), np.zeros((2, 2))]
+    msgs = configure(strategy, 1, current)
+    good = [np.ones(3), np.ones((2, 2))]
+    bad_decl = reply_to(msgs[3], good)
+    bad_decl.content[PRIVACY_RECORD] = ConfigRecord({"events": ["{broken"]})
+    replies = [
+        reply_to(msgs[0], good),
+        reply_to(msgs[1], [np.array([np.nan, 1, 1]), np.ones((2, 2))]),  # NaN
+        reply_to(msgs[2], [np.ones(4), np.ones((2, 2))]),  # wrong shape
+        bad_decl,
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.ones(3))
+    assert metrics["rejected/non-finite"] == 1
+    assert metrics["rejected/shape"] == 1
+    assert metrics["rejected/declaration"] == 1
+    assert metrics["rejected/keys"] == 0
+
+
+def test_wrong_keys_weights_and_metric_sets_are_rejected():
+    strategy = make()
+    current = [np.zeros(3)]
+    msgs = configure(strategy, 1, current)
+    wrong_keys = Message(RecordDict({"arrays": ArrayRecord({"other": ArrayRecord([np.ones(3)])["0"]}),
+                                     "metrics": MetricRecord({"num-examples": 1.0, "loss": 0.1})}), reply_to=msgs[1])
+    replies = [
+        reply_to(msgs[0], [np.ones(3)]),
+        wrong_keys,
+        reply_to(msgs[2], [np.ones(3)], weight=-1.0),
+        reply_to(msgs[3], [np.ones(3)], metrics={"num-examples": 5.0, "extra": 1.0}),
+    ]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    assert (metrics["rejected/keys"], metrics["rejected/weight"], metrics["rejected/metrics"]) == (1, 1, 1)
+
+
+def test_a_rejected_reply_still_has_its_release_booked():
+    """The client did send its noisy release: its ε counts even if the reply is not aggregated."""
+    strategy = make()
+    msgs = configure(strategy, 1, [np.zeros(3)])
+    replies = [reply_to(m, [np.full(3, np.inf)], event=LaplaceDpEvent(1.0)) for m in msgs]
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is None
+    assert metrics["rejected/non-finite"] == N
+    assert len(strategy.ledger.clients) == N
+    assert metrics["privacy/epsilon"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_unaccountable_event_is_rejected_and_does_not_break_the_ledger():
+    strategy = make()
+    msgs = configure(strategy, 1, [np.zeros(3)])
+    replies = [reply_to(m, [np.ones(3)], event=GaussianDpEvent(1.0)) for m in msgs[:3]]
+    replies.append(reply_to(msgs[3], [np.ones(3)], event=GaussianDpEvent(float("nan"))))
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["rejected/declaration"] == 1
+    assert np.isfinite(strategy.ledger.epsilon())
+    assert len(strategy.ledger.clients) == 3  # the NaN declaration was not booked
+
+
+def test_ledger_path_persists_and_restores(tmp_path):
+    path = str(tmp_path / "ledger.json")
+    strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, ledger_path=path)
+    msgs = configure(strategy, 1, [np.zeros(3)])
+    strategy.aggregate_train(1, [reply_to(m, [np.ones(3)], event=LaplaceDpEvent(0.5)) for m in msgs])
+    restarted = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, ledger_path=path)
+    assert restarted.ledger.epsilon() == pytest.approx(strategy.ledger.epsilon())
+    assert restarted.ledger.clients == strategy.ledger.clients
+
+
+def test_per_client_metrics_and_evaluate_declarations():
+    strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N,
+                               per_client_metrics=True)
+    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
+    replies = []
+    for m in msgs:
+        scale = float(m.metadata.dst_node_id - 100)  # nodes 101..104 -> Laplace scale 1..4
+        content = RecordDict({"metrics": MetricRecord({"num-examples": 5.0, "accuracy": 0.5})})
+        declare_release(content, LaplaceDpEvent(scale), label="eval")  # ε = 1/scale
+        replies.append(Message(content, reply_to=m))
+    metrics = strategy.aggregate_evaluate(1, replies)
+    assert metrics["accuracy"] == pytest.approx(0.5)
+    assert metrics["privacy/epsilon/node-101"] == pytest.approx(1.0, rel=1e-3)
+    assert metrics["privacy/epsilon/node-104"] == pytest.approx(0.25, rel=1e-3)
+    assert metrics["privacy/epsilon"] == pytest.approx(1.0, rel=1e-3)
