@@ -7,13 +7,20 @@ DpEvents, accountants, :class:`~flwr_dp_strategies.privacy.PrivacyLedger`).
 
 from .declarations import declare_release, read_declarations
 from .privacy import PrivacyLedger
-from .strategy import AccountedFedAvg, AccountedServerSideFixedClipping
+from .strategy import (
+    AccountedFedAvg,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+    ClusterEvaluation,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccountedFedAvg",
+    "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
+    "ClusterEvaluation",
     "PrivacyLedger",
     "__version__",
     "declare_release",

@@ -7,3 +7,27 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def task_identity():
+    """Messages need a run/node/task id; set one as a ServerApp would, then restore."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+class FakeGrid:
+    """The part of a Flower Grid that strategies' configure_* use: node ids 101, 102, ..."""
+
+    def __init__(self, num_nodes: int) -> None:
+        self.node_ids = list(range(101, 101 + num_nodes))
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)

@@ -8,29 +8,15 @@ import numpy as np
 import pytest
 from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 from flwr_dp_strategies import AccountedFedAvg, declare_release, read_declarations
 from flwr_dp_strategies.declarations import PRIVACY_RECORD, MalformedDeclaration
 from flwr_dp_strategies.privacy import PrivacyLedger
 
+from conftest import FakeGrid
+
 N = 4
-
-
-@pytest.fixture(autouse=True)
-def task_identity():
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
-
-
-class FakeGrid:
-    def __init__(self, num_nodes: int) -> None:
-        self.node_ids = list(range(101, 101 + num_nodes))
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def reply_to(msg: Message, arrays: list[np.ndarray], *, weight: float = 10.0, event=None,

@@ -117,6 +117,7 @@ class PrivacyLedger:
         self._clients: dict[str, dict[str, list[int]]] = {}
         self._labels: dict[str, str] = {}
         self._rdp_cache: dict[str, Optional[tuple[np.ndarray, float, float]]] = {}
+        self._pld_cache: dict[tuple[str, float], object] = {}
         self._result_cache: dict[tuple[Signature, float, str], tuple[float, float]] = {}
 
     # ------------------------------------------------------------------ record
@@ -241,15 +242,34 @@ class PrivacyLedger:
         return self._rdp_cache[key]
 
     def _pld_of(self, signature: Signature, rdp_epsilon: float, delta: float) -> float:
-        relation = _RELATIONS[self.neighboring_relation]
-        interval = 1e-4 if not math.isfinite(rdp_epsilon) else max(1e-4, 1e-4 * rdp_epsilon)
-        acc = LedgerPldAccountant(neighboring_relation=relation, value_discretization_interval=interval)
-        for key, count in signature:
+        """ε at δ of the composition by PLD: cached per-event PLDs, self-composed by FFT."""
+        interval = _pld_interval(rdp_epsilon)
+        try:
+            total = None
+            for key, count in signature:
+                base = self._pld_base(key, interval)
+                if base is None:
+                    return float("inf")
+                part = base.self_compose(count) if count > 1 else base
+                total = part if total is None else total.compose(part)
+            return float(total.get_epsilon_for_delta(delta)) if total is not None else 0.0
+        except (OverflowError, FloatingPointError, ValueError):
+            # PLD discretisation overflows for (near) noiseless events; RDP still answers.
+            return float("inf")
+
+    def _pld_base(self, key: str, interval: float):
+        """The PLD of one event at a discretisation interval (cached); None if PLD cannot account it."""
+        cache_key = (key, interval)
+        if cache_key not in self._pld_cache:
+            acc = LedgerPldAccountant(neighboring_relation=_RELATIONS[self.neighboring_relation],
+                                      value_discretization_interval=interval)
             event = self._events[key]
             if not acc.supports(event):
-                return float("inf")
-            acc.compose(event, count)
-        return float(acc.get_epsilon(delta))
+                self._pld_cache[cache_key] = None
+            else:
+                acc.compose(event)
+                self._pld_cache[cache_key] = None if acc._contains_non_dp_event else acc._pld
+        return self._pld_cache[cache_key]
 
     def _evaluate(self, signature: Signature, method: str, delta: float, prune_below: float = -1.0) -> tuple[float, float]:
         """(ε_RDP, ε_PLD) of a composition; PLD skipped (inf) when not asked or when pruned."""
@@ -412,6 +432,16 @@ class PrivacyLedger:
         """Read a ledger saved with :meth:`save`."""
         with open(path) as handle:
             return cls.from_json(handle.read())
+
+
+def _pld_interval(rdp_epsilon: float) -> float:
+    """PLD discretisation interval: ≈ 1e-4·max(1, ε_RDP), rounded up to a power of two (cacheable).
+
+    Any interval gives a valid (pessimistic) ε; a coarser one for large ε keeps
+    the PLD support small, the power of two lets per-event PLDs be reused.
+    """
+    target = 1e-4 if not math.isfinite(rdp_epsilon) else max(1e-4, 1e-4 * rdp_epsilon)
+    return 2.0 ** math.ceil(math.log2(target))
 
 
 def privacy_metrics(ledger: PrivacyLedger) -> dict[str, float]:

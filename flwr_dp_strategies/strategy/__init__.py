@@ -7,6 +7,12 @@
 * :class:`AccountedFedAvg` - FedAvg that screens replies (malformed ones are
   rejected and counted, the round goes on) and books what clients declare they
   released (client mods), publishing per-round ε.
+* :class:`AccountedPoissonFixedClipping` - Flower's server-side fixed clipping
+  with Poisson client sampling and a fixed denominator, accounted with
+  amplification by sampling (which Flower's accountant refuses).
+* :class:`ClusterEvaluation` - wraps any strategy; scores the clients'
+  (Laplace-protected) inference results with silhouette / Calinski-Harabasz /
+  Davies-Bouldin every evaluate round (seed 000).
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 """
@@ -14,6 +20,14 @@
 from .accounted_fedavg import AccountedFedAvg
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
+from .cluster_evaluation import ClusterEvaluation
+from .poisson_fixed_clipping import AccountedPoissonFixedClipping
 from .metrics import privacy_metric_record, with_privacy_metrics
 
-__all__ = ["AccountedFedAvg", "AccountedServerSideFixedClipping", "ClientAccountingMixin", "privacy_metric_record", "with_privacy_metrics"]
+__all__ = [
+    "AccountedFedAvg",
+    "AccountedPoissonFixedClipping",
+    "AccountedServerSideFixedClipping",
+    "ClientAccountingMixin",
+    "ClusterEvaluation",
+    "privacy_metric_record", "with_privacy_metrics"]

@@ -31,7 +31,7 @@ from typing import Optional
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from ..declarations import MalformedDeclaration, read_declarations
+from ..declarations import PRIVACY_RECORD, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_int
 from .metrics import with_privacy_metrics
@@ -67,7 +67,9 @@ class ClientAccountingMixin:
         """The replies to aggregate, and the count of rejected ones per reason.
 
         Every readable declaration is booked, also for a reply that is then
-        rejected for its content: the client did release it to us. ``check(content)``
+        rejected for its content: the client did release it to us. Declarations
+        are consumed (removed from the reply), so a wrapped accounting strategy
+        that sees the same reply does not book them twice. ``check(content)``
         returns a rejection reason or None. The ledger is saved if ``ledger_path``.
         """
         rejected: Counter[str] = Counter()
@@ -78,6 +80,7 @@ class ClientAccountingMixin:
                 self._reject(server_round, reply, "error", rejected)
                 continue
             reason, declarations = self._declared(reply)
+            reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
             for declaration in declarations:
                 self.ledger.record(declaration.event, server_round=server_round,
                                    client=reply.metadata.src_node_id, label=declaration.label)

@@ -1,0 +1,183 @@
+r"""Local Laplace protection of inference results (seed 000; MindSpore ``LAPLACE`` eval).
+
+What a client releases. After evaluation the ClientApp returns, in its reply, an
+ArrayRecord (key ``"inference"`` by default) holding its inference result: one or
+more probability vectors :math:`x \in \Delta^{k-1} = \{x \ge 0, \sum_c x_c = 1\}`,
+e.g. the mean softmax output over its evaluation samples (as MindSpore's
+``DirectClassifierResult``). :class:`LaplaceInferenceMod` replaces each vector by
+
+.. math::  \tilde x = x + (L_1, \dots, L_k), \qquad L_c \overset{iid}{\sim} \mathrm{Lap}(b),\ b = \Delta_1/\varepsilon .
+
+Sensitivity (local DP, the whole vector is the client's input). For any two
+probability vectors :math:`\lVert x - y\rVert_1 \le \lVert x\rVert_1 + \lVert y\rVert_1 = 2`,
+with equality for disjoint supports, e.g. :math:`e_1` and :math:`e_2`. So
+:math:`\Delta_1 = 2` (the default) and the release is ε-LDP (Dwork & Roth 2014,
+Thm 3.6): for every output z, :math:`p(z|x)/p(z|y) \le e^{\varepsilon\lVert x-y\rVert_1/\Delta_1} \le e^\varepsilon`.
+
+The seed's proof states :math:`\lVert X - Y\rVert_1 \le 1` for two vectors summing to 1;
+that is false (the bound is 2), so MindSpore's scale :math:`b = 1/\varepsilon` gives
+:math:`2\varepsilon`-LDP, not ε. ``seed_calibration=True`` reproduces MindSpore's noise
+(:math:`b = 1/\varepsilon_\text{configured}`) and the ledger then records the ε the
+release really has, :math:`2\varepsilon_\text{configured}`. ``m`` vectors in one reply
+are ``m`` Laplace releases composed (``SelfComposedDpEvent``).
+
+Domain check. The bound 2 holds only on the simplex, so the mod refuses (raises,
+and Flower sends an error reply: nothing leaves the client) any vector with a
+negative entry below ``-tolerance`` or a sum off 1 by more than ``tolerance``;
+within the tolerance the vector is projected (clipped at 0, renormalised) before
+the noise. Unlike MindSpore, which uploads the *un-noised* data whenever its eval map
+does not hold exactly one entry, the mod never lets an expected inference result
+leave without noise: a missing or malformed record is an error, not a pass-through.
+
+Server-driven ε (MindSpore's ``laplace_eval_eps``). With ``epsilon=None`` the mod
+uses the ``laplace-eval-eps`` the server put in the evaluate config when
+``privacy-eval-type`` is ``LAPLACE``; with ``NOT_ENCRYPT`` it sends the result
+unprotected and declares nothing (that is not DP). A client-set ``epsilon`` always
+applies; if the server asks for a smaller ε the smaller one is used.
+
+Randomness: OS entropy by default (``rng=None``); ``secure=True`` uses the
+grid-snapped discrete Laplace of :func:`flwr_dp_strategies.privacy.laplace_mechanism`.
+"""
+
+from __future__ import annotations
+
+import math
+from logging import WARNING
+from typing import Optional
+
+import numpy as np
+from dp_accounting import dp_event
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.logger import log
+
+from flwr_dp_strategies.declarations import declare_release
+from flwr_dp_strategies.privacy import laplace_mechanism
+from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
+from flwr_dp_strategies.privacy.validation import check_epsilon, check_positive, check_sensitivity
+
+PROBABILITY_SIMPLEX_L1_DIAMETER = 2.0
+SEED_SENSITIVITY = 1.0
+EVENT_LABEL = "local-laplace/inference-results"
+CONFIG_PRIVACY_EVAL_TYPE = "privacy-eval-type"
+CONFIG_LAPLACE_EVAL_EPS = "laplace-eval-eps"
+
+
+def laplace_eval_epsilon(noise_bound: float = 1e-5, probability: float = 0.9, *, sensitivity: float = 1.0) -> float:
+    r"""The ε at which Laplace(Δ₁/ε) noise satisfies :math:`P(|L| < t) = p` (seed 000).
+
+    :math:`P(|L| < t) = 1 - e^{-t/b}`, so :math:`b = t/\ln(1/(1-p))` and
+    :math:`\varepsilon = \Delta_1 \ln(1/(1-p))/t`. With the seed's ``sensitivity=1``
+    and its t = 1e-5, p = 0.9: ε = ln(10)/1e-5 ≈ 230 258.5 (MindSpore rounds to
+    230 260). The same noise on probability vectors is 2ε-LDP (see the module
+    docstring): pass ``sensitivity=2`` for the ε to give :class:`LaplaceInferenceMod`.
+    """
+    t = check_positive("noise_bound", noise_bound)
+    if not 0.0 < probability < 1.0:
+        raise ValueError(f"probability must be in (0, 1), got {probability}")
+    return check_sensitivity(sensitivity) * math.log(1.0 / (1.0 - probability)) / t
+
+
+class LaplaceInferenceMod:
+    """Flower mod: Laplace noise on the inference results of evaluate replies (ε-LDP per vector).
+
+    Args:
+        epsilon: the true LDP ε of one vector's release, in (0, inf); None: use the
+            server's ``laplace-eval-eps`` (see module docstring).
+        sensitivity: L1 diameter Δ₁ of the vectors, default 2 (probability vectors).
+        seed_calibration: MindSpore's noise b = 1/ε; the ledger records 2ε.
+        key: the reply ArrayRecord holding the inference results.
+        tolerance: accepted deviation from the simplex before projection.
+        rng: None (OS entropy), a seed or a numpy Generator.
+        secure: floating-point-safe discrete Laplace sampler.
+    """
+
+    def __init__(
+        self,
+        epsilon: Optional[float] = None,
+        sensitivity: float = PROBABILITY_SIMPLEX_L1_DIAMETER,
+        *,
+        seed_calibration: bool = False,
+        key: str = "inference",
+        tolerance: float = 1e-4,
+        rng: RngLike = None,
+        secure: bool = False,
+    ) -> None:
+        self.epsilon = None if epsilon is None else check_epsilon(epsilon)
+        self.sensitivity = check_sensitivity(sensitivity)
+        self.seed_calibration = bool(seed_calibration)
+        self.key = key
+        self.tolerance = check_positive("tolerance", tolerance)
+        self.rng = resolve_rng(rng)
+        self.secure = bool(secure)
+
+    def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        if msg.metadata.message_type.split(".")[0] != "evaluate":
+            return call_next(msg, context)
+        epsilon = self._epsilon_for(msg)
+        reply = call_next(msg, context)
+        if epsilon is None or reply.has_error():
+            return reply
+        record = reply.content.array_records.get(self.key)
+        if record is None:
+            raise ValueError(f"LaplaceInferenceMod: the evaluate reply has no ArrayRecord {self.key!r}; "
+                             "refusing to send un-noised inference results")
+        noisy, event = self.protect(record, epsilon)
+        reply.content[self.key] = noisy
+        declare_release(reply.content, event, label=EVENT_LABEL)
+        return reply
+
+    def _epsilon_for(self, msg: Message) -> Optional[float]:
+        """The ε to apply: the client's, the server's LAPLACE ε, or the smaller of the two."""
+        config = next(iter(msg.content.config_records.values()), {})
+        mode = str(config.get(CONFIG_PRIVACY_EVAL_TYPE, "")).upper()
+        server_eps = config.get(CONFIG_LAPLACE_EVAL_EPS) if mode == "LAPLACE" else None
+        if server_eps is not None:
+            server_eps = check_epsilon(float(server_eps), CONFIG_LAPLACE_EVAL_EPS)
+        if self.epsilon is None:
+            if mode not in ("LAPLACE", "NOT_ENCRYPT"):
+                raise ValueError("LaplaceInferenceMod(epsilon=None) needs the server's privacy-eval-type "
+                                 "(LAPLACE with laplace-eval-eps, or NOT_ENCRYPT) in the evaluate config")
+            return server_eps
+        return self.epsilon if server_eps is None else min(self.epsilon, server_eps)
+
+    def protect(self, record: ArrayRecord, epsilon: float) -> tuple[ArrayRecord, dp_event.DpEvent]:
+        """Noisy copy of ``record`` (same keys and shapes) and the event of its release."""
+        noisy: dict[str, np.ndarray] = {}
+        events: list[dp_event.DpEvent] = []
+        for name, array in record.items():
+            vectors = self._on_simplex(name, array.numpy())
+            release = self._noise(vectors, epsilon)
+            original = array.numpy()
+            dtype = original.dtype if original.dtype.kind == "f" else np.float64
+            noisy[name] = release.value.reshape(original.shape).astype(dtype)
+            events.append(dp_event.SelfComposedDpEvent(release.event, vectors.shape[0]))
+        event = events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
+        return ArrayRecord({name: Array(value) for name, value in noisy.items()}), event
+
+    def _noise(self, vectors: np.ndarray, epsilon: float):
+        """Per-vector ε-LDP release; the seed calibration adds b = 1/ε and declares its true ε."""
+        if self.seed_calibration:
+            true_epsilon = epsilon * self.sensitivity / SEED_SENSITIVITY
+            if true_epsilon != epsilon:
+                log(WARNING, "seed_calibration: noise b = 1/%g as MindSpore; the release is %g-LDP "
+                    "on vectors of L1 diameter %g", epsilon, true_epsilon, self.sensitivity)
+            epsilon = true_epsilon
+        return laplace_mechanism(vectors, epsilon=epsilon, sensitivity=self.sensitivity, rng=self.rng,
+                                 secure=self.secure, value_bound=1.0 if self.secure else None)
+
+    def _on_simplex(self, name: str, values: np.ndarray) -> np.ndarray:
+        """Rows of ``values`` as probability vectors (tiny deviations projected); raises otherwise."""
+        x = np.asarray(values, dtype=np.float64)
+        if x.ndim not in (1, 2) or x.shape[-1] < 2 or not np.isfinite(x).all():
+            raise ValueError(f"inference result {name!r} must be finite probability vectors "
+                             f"(shape (k,) or (m, k), k >= 2), got shape {x.shape}")
+        x = x.reshape(-1, x.shape[-1])
+        if x.min() < -self.tolerance or np.abs(x.sum(axis=1) - 1.0).max() > self.tolerance:
+            raise ValueError(f"inference result {name!r} is not a probability vector (entries >= 0 summing "
+                             f"to 1 within {self.tolerance}); its L1 sensitivity would not be bounded")
+        x = np.clip(x, 0.0, None)
+        return x / x.sum(axis=1, keepdims=True)
+
+
+__all__ = ["LaplaceInferenceMod", "laplace_eval_epsilon"]

@@ -1,0 +1,176 @@
+"""Cluster-score evaluation of (Laplace-protected) client inference results (seed 000).
+
+:class:`ClusterEvaluation` wraps any Message-API strategy (training and the
+wrapped strategy's own evaluation are unchanged) and adds MindSpore's
+unsupervised evaluation to every evaluate round:
+
+1. ``configure_evaluate`` tells clients the privacy mode through the evaluate
+   config: ``privacy-eval-type`` (``NOT_ENCRYPT`` | ``LAPLACE``), ``laplace-eval-eps``
+   and ``eval-type``; :class:`client_mods.LaplaceInferenceMod` reads them.
+2. ``aggregate_evaluate`` screens each reply's inference result (ArrayRecord
+   ``inference_key``, all its arrays concatenated to one point, as MindSpore does):
+   missing (``inference-missing``), NaN/inf (``non-finite``) or of another length
+   than most replies (``shape``) is rejected and counted; Laplace declarations are
+   booked in the ledger per node.
+3. Up to ``cluster_client_num`` accepted points are scored with scikit-learn on
+   labels = argmax (:func:`flwr_dp_strategies.cluster_scores.cluster_scores`):
+   ``cluster/silhouette``, ``cluster/calinski-harabasz``, ``cluster/davies-bouldin``,
+   ``cluster/points``, ``cluster/labels``, and ``unsupervised-eval`` = the
+   configured ``eval-type``'s score (MindSpore's metric).
+
+The server's scores are post-processing of the clients' ε-LDP releases, so they
+spend nothing more. Run-config keys (mirroring the seed's yaml) are read by
+:meth:`ClusterEvaluation.from_run_config`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
+from ..privacy import PrivacyLedger
+from ..privacy.validation import check_epsilon, check_int
+from .client_accounting import ClientAccountingMixin
+
+PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
+RUN_CONFIG_KEYS = {
+    "privacy-eval-type": "privacy_eval_type",
+    "laplace-eval-eps": "laplace_eval_eps",
+    "cluster-client-num": "cluster_client_num",
+    "eval-type": "eval_type",
+}
+
+
+class ClusterEvaluation(ClientAccountingMixin, Strategy):
+    """Wrap ``strategy``; score the clients' inference results by clustering every evaluate round.
+
+    Args:
+        strategy: any Message-API strategy (FedAvg, AccountedFedAvg, ...).
+        eval_type: ``SILHOUETTE_SCORE`` | ``CALINSKI_HARABASZ_SCORE`` |
+            ``DAVIES_BOULDIN_SCORE`` | ``NOT_EVAL`` (no scoring).
+        privacy_eval_type: ``LAPLACE`` (clients add noise) or ``NOT_ENCRYPT``.
+        laplace_eval_eps: ε in (0, inf) sent to clients in LAPLACE mode.
+        cluster_client_num: at most this many points are scored per round (>= 3).
+        inference_key: ArrayRecord key of the inference result in replies.
+        ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`;
+            by default the wrapped strategy's ledger if it has one.
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        *,
+        eval_type: str = "SILHOUETTE_SCORE",
+        privacy_eval_type: str = "LAPLACE",
+        laplace_eval_eps: float = 230260.0,
+        cluster_client_num: int = 1000,
+        inference_key: str = "inference",
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+    ) -> None:
+        self.strategy = strategy
+        self.eval_type = "NOT_EVAL" if str(eval_type).upper() == "NOT_EVAL" else check_eval_type(eval_type)
+        self.privacy_eval_type = str(privacy_eval_type).upper()
+        if self.privacy_eval_type not in PRIVACY_EVAL_TYPES:
+            raise ValueError(f"privacy_eval_type must be one of {PRIVACY_EVAL_TYPES}, got {privacy_eval_type!r}")
+        self.laplace_eval_eps = check_epsilon(laplace_eval_eps, "laplace_eval_eps")
+        self.cluster_client_num = check_int("cluster_client_num", cluster_client_num, minimum=3)
+        self.inference_key = inference_key
+        inner_ledger = getattr(strategy, "ledger", None)
+        self._init_accounting(ledger if ledger is not None else inner_ledger, ledger_path, per_client_metrics, None)
+        self.scores_history: list[dict[str, float]] = []
+
+    @classmethod
+    def from_run_config(cls, strategy: Strategy, run_config: Mapping[str, Any], **kwargs: Any) -> "ClusterEvaluation":
+        """Build from the seed's run-config keys (``privacy-eval-type``, ``laplace-eval-eps``, ...)."""
+        options = {attr: run_config[key] for key, attr in RUN_CONFIG_KEYS.items() if key in run_config}
+        if "cluster_client_num" in options:
+            options["cluster_client_num"] = int(options["cluster_client_num"])
+        if "laplace_eval_eps" in options:
+            options["laplace_eval_eps"] = float(options["laplace_eval_eps"])
+        return cls(strategy, **{**options, **kwargs})
+
+    # ------------------------------------------------------------------ training: delegated
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The wrapped strategy's training configuration."""
+        return self.strategy.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """The wrapped strategy's training aggregation."""
+        return self.strategy.aggregate_train(server_round, replies)
+
+    # ------------------------------------------------------------------ evaluation
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """The wrapped strategy's evaluate messages, with the privacy mode in their config."""
+        config["privacy-eval-type"] = self.privacy_eval_type
+        config["laplace-eval-eps"] = float(self.laplace_eval_eps)
+        config["eval-type"] = self.eval_type
+        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        """Screen and book the replies, score the inference results, then the wrapped evaluation."""
+        replies = list(replies)
+        length = self._majority_length(replies)
+        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, length))
+        metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
+        merged = self.round_metrics(metrics, rejected)
+        merged["rejected/inference-missing"] = float(rejected.get("inference-missing", 0))
+        if self.eval_type != "NOT_EVAL":
+            for key, value in self._score(accepted).items():
+                merged[key] = value
+        return merged
+
+    def _point(self, content: RecordDict) -> Optional[np.ndarray]:
+        record = content.array_records.get(self.inference_key)
+        if record is None or len(record) == 0:
+            return None
+        return np.concatenate([np.asarray(arr.numpy(), dtype=np.float64).ravel() for arr in record.values()])
+
+    def _majority_length(self, replies: list[Message]) -> Optional[int]:
+        lengths: Counter[int] = Counter()
+        for reply in replies:
+            if not reply.has_error() and (record := reply.content.array_records.get(self.inference_key)):
+                lengths[sum(int(np.prod(arr.shape)) for arr in record.values())] += 1
+        return max(lengths, key=lambda k: (lengths[k], -k)) if lengths else None
+
+    def _check(self, content: RecordDict, length: Optional[int]) -> Optional[str]:
+        try:
+            point = self._point(content)
+        except Exception:  # noqa: BLE001 - undecodable arrays are malformed
+            return "shape"
+        if point is None:
+            return "inference-missing"
+        if point.size != length:
+            return "shape"
+        return None if np.isfinite(point).all() else "non-finite"
+
+    def _score(self, accepted: list[Message]) -> dict[str, float]:
+        points = [self._point(reply.content) for reply in accepted[: self.cluster_client_num]]
+        x = np.stack(points) if points else np.zeros((0, 1))
+        scores = cluster_scores(x)
+        self.scores_history.append(scores)
+        out = {f"cluster/{name}": value for name, value in scores.items()}
+        out["unsupervised-eval"] = scores[METRIC_NAMES[self.eval_type]]
+        return out
+
+    def summary(self) -> None:
+        """The wrapped strategy's summary."""
+        self.strategy.summary()
+
+    def __repr__(self) -> str:
+        return (f"ClusterEvaluation({self.strategy!r}, eval_type={self.eval_type}, "
+                f"privacy_eval_type={self.privacy_eval_type}, laplace_eval_eps={self.laplace_eval_eps})")
+
+
+__all__ = ["ClusterEvaluation", "EVAL_TYPES", "PRIVACY_EVAL_TYPES", "RUN_CONFIG_KEYS"]

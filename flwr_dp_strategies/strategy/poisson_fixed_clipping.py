@@ -1,0 +1,182 @@
+r"""Central (user-level) DP-FedAvg with Poisson client sampling, accounted with amplification.
+
+Flower's server-side fixed-clipping wrapper samples a fixed number of clients and
+divides by the weights that arrived; its accountant therefore refuses client
+sampling (``NO_AMPLIFICATION`` only). This wrapper keeps Flower's clipping and
+noise (it subclasses ``DifferentialPrivacyServerSideFixedClipping``) and changes
+the two things amplification by sampling needs (McMahan et al. 2018, "Learning
+differentially private recurrent language models", the fixed-denominator
+estimator):
+
+* **Poisson sampling**: in every round each of the ``N`` connected nodes is
+  asked to train independently with probability :math:`q = m/N`, ``m`` =
+  ``clients_per_round`` (the expected number), from a generator seeded from OS
+  entropy; the sample is never resampled or topped up.
+* **Fixed denominator**: the released model is
+
+  .. math:: \tilde w = w + \frac1m \sum_{i \in S} \bar\Delta_i + \mathcal N\!\big(0, (zC/m)^2 I\big),
+            \qquad \bar\Delta_i = \Delta_i \min(1, C/\lVert\Delta_i\rVert_2),
+
+  with the sum streamed in place. Adding or removing one client changes the
+  sum by at most C, so the sensitivity is C/m whatever the sample size, and the
+  noise multiplier is exactly ``z``. An empty sample releases :math:`w` + noise.
+
+Per round the ledger records ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
+for the federation (every client is a potential participant), under the
+add-or-remove-one-client relation; rounds compose adaptively (RDP/PLD). Weights
+are uniform (client example counts are not used: weighting by them would make
+the sensitivity data dependent). ``q`` is fixed from the first round's node
+count ``N`` (or ``num_clients``). The guarantee needs only that each client's
+inclusion probability is q and the denominator is m, so nodes joining or leaving
+later do not weaken it (they change only the expected number of participants).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Optional
+
+import numpy as np
+from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+from ..privacy import PrivacyLedger, gaussian_mechanism
+from ..privacy.rng import RngLike, resolve_rng
+from ..privacy.validation import check_int, check_positive
+from .client_accounting import ClientAccountingMixin
+from .reply_screening import array_spec, screen_train_content
+
+EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
+
+
+class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacyServerSideFixedClipping):
+    """Flower's server-side fixed clipping with Poisson client sampling and a fixed denominator.
+
+    Args:
+        strategy: a FedAvg (its config/metrics handling and evaluation are used).
+        noise_multiplier: z in (0, inf).
+        clipping_norm: C in (0, inf).
+        clients_per_round: m, the expected number of clients per round (>= 1).
+        num_clients: N (default: the nodes connected at round 1); q = m/N.
+        ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`.
+        rng: sampling and noise generator (default: OS entropy).
+    """
+
+    def __init__(
+        self,
+        strategy: FedAvg,
+        noise_multiplier: float,
+        clipping_norm: float,
+        clients_per_round: int,
+        *,
+        num_clients: Optional[int] = None,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        rng: RngLike = None,
+    ) -> None:
+        if not isinstance(strategy, FedAvg):
+            raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+        check_positive("noise_multiplier", noise_multiplier)
+        check_positive("clipping_norm", clipping_norm)
+        m = check_int("clients_per_round", clients_per_round, minimum=1)
+        super().__init__(strategy, noise_multiplier, clipping_norm, m)
+        self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None)
+        self.rng = resolve_rng(rng)
+        self.budget_exhausted = False
+
+    @property
+    def sampling_rate(self) -> Optional[float]:
+        """q = m/N (None until N is known)."""
+        return None if self.num_clients is None else self.num_sampled_clients / self.num_clients
+
+    def round_event(self) -> PoissonSampledDpEvent:
+        """The event of one round: Poisson(q)-sampled Gaussian with noise multiplier z."""
+        return PoissonSampledDpEvent(self.sampling_rate, GaussianDpEvent(self.noise_multiplier))
+
+    # ------------------------------------------------------------------ train
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Poisson-sample the nodes (rate q) and send them the model; nothing once the budget is spent."""
+        nodes = sorted(grid.get_node_ids())
+        if self.num_clients is None:
+            self.num_clients = check_int("num_clients", len(nodes), minimum=self.num_sampled_clients)
+        self.current_arrays = arrays
+        self._spec = array_spec(arrays)
+        if self.ledger.would_exceed(central_events=[self.round_event()]):
+            self._stop(server_round)
+            return []
+        chosen = [n for n, keep in zip(nodes, self.rng.random(len(nodes)) < self.sampling_rate) if keep]
+        log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(chosen),
+            self.sampling_rate, len(nodes))
+        config["server-round"] = server_round
+        content = RecordDict({self.strategy.arrayrecord_key: arrays, self.strategy.configrecord_key: config})
+        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in chosen]
+
+    def _stop(self, server_round: int) -> None:
+        if not self.budget_exhausted:
+            log(WARNING, "Privacy budget: round %d would exceed max_epsilon=%s; no further training.",
+                server_round, self.ledger.max_epsilon)
+        self.budget_exhausted = True
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Clip, sum in place, divide by m, add N(0, (zC/m)²), record the sampled-Gaussian event."""
+        if self.budget_exhausted:
+            return None, None
+        accepted, rejected = self.screen_and_book(
+            server_round, replies,
+            lambda c: screen_train_content(c, self._spec, self.strategy.weighted_by_key))
+        current = self.current_arrays.to_numpy_ndarrays()
+        total = self._clipped_sum(current, accepted)
+        release = gaussian_mechanism(total / self.num_sampled_clients, noise_multiplier=self.noise_multiplier,
+                                     sensitivity=self.clipping_norm / self.num_sampled_clients, rng=self.rng)
+        self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL)
+        self.save_ledger()
+        arrays = _unflatten(current, release.value, list(self.current_arrays.keys()))
+        metrics = self.strategy.train_metrics_aggr_fn([r.content for r in accepted], self.strategy.weighted_by_key) \
+            if accepted else MetricRecord()
+        merged = self.round_metrics(metrics, rejected)
+        merged["dp/participants"] = float(len(accepted))
+        return arrays, merged
+
+    def _clipped_sum(self, current: list[np.ndarray], replies: list[Message]) -> np.ndarray:
+        """Σ_i Δ_i·min(1, C/‖Δ_i‖₂) over the replies, accumulated in one flat buffer."""
+        flat_current = np.concatenate([a.ravel().astype(np.float64) for a in current])
+        total = np.zeros_like(flat_current)
+        update = np.empty_like(flat_current)
+        for reply in replies:
+            arrays = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()
+            np.concatenate([a.ravel() for a in arrays], out=update, casting="unsafe")
+            update -= flat_current
+            norm = float(np.linalg.norm(update))
+            if norm > self.clipping_norm:
+                update *= self.clipping_norm / norm
+            total += update
+        return total
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """The wrapped strategy's evaluation; nothing once the budget is spent."""
+        return [] if self.budget_exhausted else self.strategy.configure_evaluate(server_round, arrays, config, grid)
+
+    def __repr__(self) -> str:
+        return (f"AccountedPoissonFixedClipping(z={self.noise_multiplier}, C={self.clipping_norm}, "
+                f"m={self.num_sampled_clients}, q={self.sampling_rate})")
+
+
+def _unflatten(current: list[np.ndarray], flat_update: np.ndarray, keys: list[str]) -> ArrayRecord:
+    out, start = {}, 0
+    for key, array in zip(keys, current):
+        part = flat_update[start:start + array.size].reshape(array.shape)
+        out[key] = Array(np.asarray(array + part, dtype=array.dtype))
+        start += array.size
+    return ArrayRecord(out)
+
+
+__all__ = ["AccountedPoissonFixedClipping", "EVENT_LABEL"]
