@@ -1,7 +1,8 @@
 """Run the quickstart ServerApp and ClientApp in-process (Flower simulation, Ray backend).
 
     python examples/quickstart/run_demo.py [--rounds 5] [--num-clients 10]
-        [--noise-multiplier 0.5] [--mechanism central-dp|none] [--results-dir DIR]
+        [--noise-multiplier 0.5] [--mechanism central-dp|central-dp-poisson|local-dp|none]
+        [--results-dir DIR]
 
 ``flwr.simulation.run_simulation`` gives the apps an empty run config, so the
 settings travel as JSON in the ``QUICKSTART_RUN_CONFIG`` environment variable
@@ -39,6 +40,14 @@ def _make_importable() -> None:
         os.environ.setdefault(key, value)
 
 
+SCOPE = {
+    "central-dp": "central DP, every client every round (no sampling amplification)",
+    "central-dp-poisson": "central DP, Poisson client sampling (amplified)",
+    "local-dp": "local DP per client (worst client)",
+    "none": "",
+}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (defaults: those of quickstart/config.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -47,7 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise-multiplier", type=float, default=0.5, help="z; noise std on the mean is z*C/clients")
     parser.add_argument("--clipping-norm", type=float, default=1.0, help="C, L2 bound on each client update")
     parser.add_argument("--max-epsilon", type=float, default=0.0, help="privacy budget (0: none)")
-    parser.add_argument("--mechanism", choices=("central-dp", "none"), default="central-dp")
+    parser.add_argument("--mechanism", choices=("central-dp", "central-dp-poisson", "local-dp", "none"),
+                        default="central-dp")
+    parser.add_argument("--clients-per-round", type=int, default=5, help="central-dp-poisson: expected m")
+    parser.add_argument("--local-noise-multiplier", type=float, default=0.05, help="local-dp: z (std z*2C)")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     return parser.parse_args(argv)
 
@@ -61,6 +73,8 @@ def settings_from(args: argparse.Namespace) -> dict[str, Any]:
         "clipping-norm": args.clipping_norm,
         "max-epsilon": args.max_epsilon,
         "mechanism": args.mechanism,
+        "clients-per-round": args.clients_per_round,
+        "local-noise-multiplier": args.local_noise_multiplier,
         "results-dir": os.path.abspath(args.results_dir),
     }
 
@@ -103,7 +117,7 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(f"{row['round']:>5}  {row['accuracy']:>8.3f}  {eps:>8}{note}")
     if privacy is not None:
         lines.append(f"epsilon: user-level ({privacy['neighboring_relation']}, one client's whole data), "
-                     f"delta={privacy['delta']:g}, {privacy['method']} of RDP/PLD, no sampling amplification")
+                     f"delta={privacy['delta']:g}, {privacy['method']} of RDP/PLD, {SCOPE[results['mechanism']]}")
     return "\n".join(lines)
 
 

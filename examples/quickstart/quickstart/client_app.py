@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 from torch import nn
+
+from client_mods import LocalUpdateNoiseMod
 
 from . import task
 
@@ -34,7 +37,16 @@ def _load_model(msg: Message) -> tuple[nn.Module, ConfigRecord]:
     return model, config
 
 
-@app.train()
+def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Apply :class:`LocalUpdateNoiseMod` (C and z from the server's config) when mechanism = local-dp."""
+    config = msg.content["config"]
+    if config.get("mechanism") != "local-dp":
+        return call_next(msg, context)
+    mod = LocalUpdateNoiseMod(float(config["clipping-norm"]), float(config["local-noise-multiplier"]))
+    return mod(msg, context, call_next)
+
+
+@app.train(mods=[local_dp_when_asked])
 def train(msg: Message, context: Context) -> Message:
     """Train the received model for ``local-epochs`` epochs on the local shard."""
     model, config = _load_model(msg)

@@ -14,7 +14,7 @@ from typing import Any
 from flwr.app import Context
 
 ENV_VAR = "QUICKSTART_RUN_CONFIG"
-MECHANISMS = ("central-dp", "none")
+MECHANISMS = ("central-dp", "central-dp-poisson", "local-dp", "none")
 
 # Keep in sync with [tool.flwr.app.config] in pyproject.toml (a test checks it).
 DEFAULTS: dict[str, Any] = {
@@ -23,6 +23,8 @@ DEFAULTS: dict[str, Any] = {
     "mechanism": "central-dp",
     "noise-multiplier": 0.5,
     "clipping-norm": 1.0,
+    "clients-per-round": 5,
+    "local-noise-multiplier": 0.05,
     "target-delta": 1e-5,
     "max-epsilon": 0.0,
     "ledger-path": "",

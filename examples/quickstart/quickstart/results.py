@@ -44,7 +44,7 @@ class RoundLog:
     _seen_events: int = 0
 
     def __post_init__(self) -> None:
-        self._seen_events = len(self.ledger.events()) if self.ledger is not None else 0
+        self._seen_events = _count_events(self.ledger) if self.ledger is not None else 0
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Evaluate the global model on the central test split; log and print round >= 1."""
@@ -69,9 +69,14 @@ class RoundLog:
         """ε so far, and whether this round released a model (a new ledger event)."""
         if self.ledger is None:
             return {"epsilon": None, "released": True}
-        events = len(self.ledger.events())
+        events = _count_events(self.ledger)
         released, self._seen_events = events > self._seen_events, events
         return {"epsilon": _finite(self.ledger.epsilon()), "released": released}
+
+
+def _count_events(ledger: PrivacyLedger) -> int:
+    """Central events plus every client's declared events."""
+    return len(ledger.events()) + sum(len(ledger.events(client)) for client in ledger.clients)
 
 
 def privacy_summary(ledger: PrivacyLedger | None, config: dict[str, Any]) -> dict[str, Any] | None:

@@ -1,4 +1,9 @@
-"""ServerApp: FedAvg, wrapped in AccountedServerSideFixedClipping when mechanism = "central-dp".
+"""ServerApp: FedAvg, or one of the accounted DP strategies, chosen by the ``mechanism`` run config.
+
+* ``central-dp``: AccountedServerSideFixedClipping (Flower's wrapper, every client every round);
+* ``central-dp-poisson``: AccountedPoissonFixedClipping (Poisson client sampling, amplified ε);
+* ``local-dp``: AccountedFedAvg; the clients' LocalUpdateNoiseMod declares each noisy update;
+* ``none``: plain FedAvg.
 
 Prints one line per round (``round r  accuracy 0.xxx  epsilon y.yy (delta 1e-05)``)
 and writes ``results.json`` and ``results.png`` to the ``results-dir`` run config.
@@ -15,7 +20,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping
+from flwr_dp_strategies.strategy import (
+    AccountedFedAvg,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+)
 
 from . import task
 from .config import resolve_run_config
@@ -34,25 +43,27 @@ def build_fedavg(config: dict[str, Any]) -> FedAvg:
         min_train_nodes=clients,
         min_evaluate_nodes=max(1, int(clients * fraction_evaluate)) if fraction_evaluate > 0 else 0,
         min_available_nodes=clients,
-        weighted_by_key="unit-weight" if config["mechanism"] == "central-dp" else "num-examples",
+        weighted_by_key="unit-weight" if config["mechanism"].startswith("central-dp") else "num-examples",
     )
 
 
 def build_strategy(config: dict[str, Any]) -> Strategy:
-    """Plain FedAvg (``none``) or FedAvg with accounted server-side fixed clipping (``central-dp``)."""
-    fedavg = build_fedavg(config)
-    if config["mechanism"] == "none":
-        return fedavg
+    """The strategy of ``config["mechanism"]`` (see the module docstring)."""
+    mechanism = config["mechanism"]
+    if mechanism == "none":
+        return build_fedavg(config)
     max_epsilon = float(config["max-epsilon"])
     ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None)
-    return AccountedServerSideFixedClipping(
-        fedavg,
-        noise_multiplier=float(config["noise-multiplier"]),
-        clipping_norm=float(config["clipping-norm"]),
-        num_sampled_clients=int(config["num-partitions"]),
-        ledger=ledger,
-        ledger_path=str(config["ledger-path"]) or None,
-    )
+    ledger_path = str(config["ledger-path"]) or None
+    if mechanism == "local-dp":
+        clients = int(config["num-partitions"])
+        return AccountedFedAvg(min_train_nodes=clients, min_available_nodes=clients,
+                               min_evaluate_nodes=clients, fraction_evaluate=float(config["fraction-evaluate"]),
+                               ledger=ledger, ledger_path=ledger_path)
+    central = AccountedPoissonFixedClipping if mechanism == "central-dp-poisson" else AccountedServerSideFixedClipping
+    clients = int(config["clients-per-round"] if mechanism == "central-dp-poisson" else config["num-partitions"])
+    return central(build_fedavg(config), float(config["noise-multiplier"]), float(config["clipping-norm"]),
+                   clients, ledger=ledger, ledger_path=ledger_path)
 
 
 def client_config(config: dict[str, Any]) -> ConfigRecord:
@@ -60,6 +71,8 @@ def client_config(config: dict[str, Any]) -> ConfigRecord:
     return ConfigRecord({
         "model": str(config["model"]), "local-epochs": int(config["local-epochs"]), "lr": float(config["lr"]),
         "batch-size": int(config["batch-size"]), "seed": int(config["seed"]),
+        "mechanism": str(config["mechanism"]), "clipping-norm": float(config["clipping-norm"]),
+        "local-noise-multiplier": float(config["local-noise-multiplier"]),
     })
 
 
