@@ -13,9 +13,37 @@ Mods (act on a message):
   :func:`laplace_eval_epsilon` - the seed's ε for a target noise magnitude.
 * :class:`LocalUpdateNoiseMod` - clip + analytic-Gaussian noise on model
   updates in train replies (local DP, LDP-FL).
+
+Data wrappers (act on local data):
+
+* :class:`LabelDP` - randomized-response label DP on a batch of labels
+  (binary, one-hot or integer; numpy or torch), seed 003;
+* :class:`LabelDPDataset`, :func:`private_labels`, :func:`declare_label_release`
+  - randomise a client's labels once, keep them in ``context.state`` and declare
+  the release exactly once (ledger with ``neighboring_relation="replace_one"``).
 """
 
+from .label_dp import LabelDP
+from .label_dp_data import (
+    LABEL_DP_DECLARATION,
+    LabelDPDataset,
+    declare_label_release,
+    is_label_release_declared,
+    label_release_event,
+    private_labels,
+)
 from .laplace_inference import LaplaceInferenceMod, laplace_eval_epsilon
 from .local_update_noise import LocalUpdateNoiseMod
 
-__all__ = ["LaplaceInferenceMod", "LocalUpdateNoiseMod", "laplace_eval_epsilon"]
+__all__ = [
+    "LABEL_DP_DECLARATION",
+    "LabelDP",
+    "LabelDPDataset",
+    "LaplaceInferenceMod",
+    "LocalUpdateNoiseMod",
+    "declare_label_release",
+    "is_label_release_declared",
+    "label_release_event",
+    "laplace_eval_epsilon",
+    "private_labels",
+]

@@ -13,33 +13,11 @@ At the end a table of accuracy and epsilon per round is printed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-OFFLINE_ENV = {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_DISABLE_USAGE_STATS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "HF_DATASETS_OFFLINE": "1",
-}
-
-
-def _make_importable() -> None:
-    """Let this process and the Ray workers ``import quickstart`` from a plain checkout."""
-    if HERE not in sys.path:
-        sys.path.insert(0, HERE)
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if HERE not in paths:
-        os.environ["PYTHONPATH"] = os.pathsep.join([HERE, *paths])
-    for key, value in OFFLINE_ENV.items():
-        os.environ.setdefault(key, value)
-
-
 SCOPE = {
     "central-dp": "central DP, every client every round (no sampling amplification)",
     "central-dp-poisson": "central DP, Poisson client sampling (amplified)",
@@ -80,30 +58,18 @@ def settings_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def simulate(settings: dict[str, Any]) -> dict[str, Any]:
-    """Run the apps with ``run_simulation`` and return the results JSON they wrote."""
-    _make_importable()
-    from flwr.simulation import run_simulation
+    """Run the apps in-process (settings via ``QUICKSTART_RUN_CONFIG``) and return their results JSON."""
+    from flwr_dp_strategies.simulation import prepare_process, run_in_process
 
+    prepare_process([HERE])
+    from quickstart.client_app import app as client_app
     from quickstart.config import ENV_VAR
     from quickstart.results import RESULTS_JSON
-
-    os.environ[ENV_VAR] = json.dumps(settings)
-    path = os.path.join(settings["results-dir"], RESULTS_JSON)
-    if os.path.exists(path):
-        os.remove(path)
-    from quickstart.client_app import app as client_app
     from quickstart.server_app import app as server_app
 
-    run_simulation(
-        server_app=server_app,
-        client_app=client_app,
-        num_supernodes=int(settings["num-partitions"]),
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-    )
-    if not os.path.exists(path):
-        raise RuntimeError(f"the ServerApp did not write {path}; see the Flower log above")
-    with open(path) as handle:
-        return json.load(handle)
+    return run_in_process(server_app, client_app, num_supernodes=int(settings["num-partitions"]),
+                          settings=settings, env_var=ENV_VAR,
+                          results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
 
 
 def format_table(results: dict[str, Any]) -> str:

@@ -33,7 +33,8 @@ from .validation import check_epsilon, check_int
 def flip_probability(epsilon: float) -> float:
     """f = 1/(1 + e^ε), computed stably for large ε."""
     eps = check_epsilon(epsilon)
-    return float(1.0 / (1.0 + math.exp(eps))) if eps < 700 else 0.0
+    tail = math.exp(-eps)  # 1/(1 + e^ε) = e^−ε/(1 + e^−ε): no overflow; exact until e^−ε underflows (ε > 745)
+    return tail / (1.0 + tail)
 
 
 def keep_probability(epsilon: float, num_classes: int) -> float:

@@ -5,7 +5,10 @@ Drop-in for :class:`flwr.serverapp.strategy.FedAvg` (same arguments, plus
 Use it with the client mods of :mod:`client_mods` (local update noise, Laplace
 inference protection, label DP, DP-SGD): each declares its releases in the
 reply, and this strategy books them per node and publishes the ε spent in every
-round's metrics. It adds no noise itself; the aggregate is FedAvg's weighted
+round's metrics. Label DP (randomized response) is defined under the
+replace-one relation only: give ``ledger=PrivacyLedger(neighboring_relation="replace_one")``
+(with the default add/remove ledger such declarations are rejected with an
+error in the log). It adds no noise itself; the aggregate is FedAvg's weighted
 mean of the accepted replies (post-processing of what the clients released).
 
 What it checks and reports: see :mod:`.reply_screening` and

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable
-from logging import INFO, WARNING
+from logging import ERROR, INFO, WARNING
 from typing import Optional
 
 from flwr.app import Message, MetricRecord, RecordDict
@@ -108,7 +108,13 @@ class ClientAccountingMixin:
             for declaration in declarations:
                 self.ledger.check_accountable(declaration.event)
         except (MalformedDeclaration, ValueError) as err:
-            log(WARNING, "Privacy declaration of node %s rejected: %s", reply.metadata.src_node_id, err)
+            if "neighboring_relation" in str(err):
+                log(ERROR, "Node %s declared a release this ledger cannot account under neighboring_relation=%r: "
+                    "%s. Label DP / randomized response is accounted only by a ledger built with "
+                    "PrivacyLedger(neighboring_relation='replace_one'); the reply is rejected.",
+                    reply.metadata.src_node_id, self.ledger.neighboring_relation, err)
+            else:
+                log(WARNING, "Privacy declaration of node %s rejected: %s", reply.metadata.src_node_id, err)
             return "declaration", []
         return None, declarations
 

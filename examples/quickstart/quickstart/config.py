@@ -7,11 +7,11 @@ by ``flwr run`` from pyproject.toml and ``--run-config``).
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 from flwr.app import Context
+
+from flwr_dp_strategies.simulation import resolve_run_config as resolve
 
 ENV_VAR = "QUICKSTART_RUN_CONFIG"
 MECHANISMS = ("central-dp", "central-dp-poisson", "local-dp", "none")
@@ -40,10 +40,7 @@ DEFAULTS: dict[str, Any] = {
 
 def resolve_run_config(context: Context | None = None) -> dict[str, Any]:
     """DEFAULTS, overridden by the environment variable, overridden by the app's run config."""
-    config = dict(DEFAULTS)
-    config.update(json.loads(os.environ.get(ENV_VAR, "") or "{}"))
-    if context is not None:
-        config.update(context.run_config)
+    config = resolve(DEFAULTS, ENV_VAR, None if context is None else context.run_config)
     if config["mechanism"] not in MECHANISMS:
         raise ValueError(f"mechanism must be one of {MECHANISMS}, got {config['mechanism']!r}")
     return config
