@@ -21,6 +21,14 @@ Data wrappers (act on local data):
 * :class:`LabelDPDataset`, :func:`private_labels`, :func:`declare_label_release`
   - randomise a client's labels once, keep them in ``context.state`` and declare
   the release exactly once (ledger with ``neighboring_relation="replace_one"``).
+
+Trainers (act on local data):
+
+* :class:`DpSgdTrainer` - DP-SGD on Opacus (per-sample clipping, Poisson
+  sampling, noise multiplier or target ε calibrated once for the whole run,
+  virtual steps, per-layer clipping) whose accountant persists across rounds in
+  ``context.state``; :func:`dp_sgd_train_reply` is the ``@app.train`` glue.
+  Imported lazily (Opacus takes seconds to import and reconfigures logging).
 """
 
 from .label_dp import LabelDP
@@ -35,7 +43,31 @@ from .label_dp_data import (
 from .laplace_inference import LaplaceInferenceMod, laplace_eval_epsilon
 from .local_update_noise import LocalUpdateNoiseMod
 
+_DP_SGD_NAMES = (
+    "DpSgdBudgetExhausted",
+    "DpSgdRound",
+    "DpSgdTrainer",
+    "EPSILON_METRIC",
+    "ROUND_EPSILON_METRIC",
+    "STATE_KEY",
+    "choose_grad_sample_mode",
+    "combined_noise_multiplier",
+    "dp_sgd_event",
+    "dp_sgd_train_reply",
+)
+
+
+def __getattr__(name: str):
+    """Import :mod:`client_mods.dp_sgd` (and Opacus) only when one of its names is used."""
+    if name in _DP_SGD_NAMES:
+        from . import dp_sgd
+
+        return getattr(dp_sgd, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
+    *_DP_SGD_NAMES,
     "LABEL_DP_DECLARATION",
     "LabelDP",
     "LabelDPDataset",

@@ -1,0 +1,1 @@
+"""dp-sgd-opacus: DP-SGD clients (Opacus) with cumulative, server-side accounted epsilon."""

@@ -1,0 +1,402 @@
+"""DP-SGD client trainer (client_mods.dp_sgd): accounting across rounds, clipping, noise, keys, errors.
+
+Tolerances
+* Ledger vs Opacus: both are RDP accountants of the same Sampled Gaussian events
+  with the same Balle et al. 2020 conversion; they differ only in the grid of
+  orders (dp-accounting adds 11 and 128..1024 and drops fractional orders whose
+  series does not converge) and in the numerics of fractional orders. Measured
+  gap: < 0.1 %; the tests allow 1 %. The ledger's reported ε (min of RDP and PLD)
+  may be lower (PLD is 5-40 % tighter here), never higher than RDP.
+* Noise: the sample std of d i.i.d. Gaussians has relative standard error
+  1/sqrt(2d) (0.5 % for d = 20 000); the tests allow 5 standard errors (2.5 %),
+  so a noise multiplier 10 % off (20 standard errors) fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tomllib
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting import dp_event
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.task_identity import TaskIdentity
+from opacus.accountants.utils import get_noise_multiplier
+from torch import nn
+
+from client_mods.dp_sgd import (
+    EPSILON_METRIC,
+    ROUND_EPSILON_METRIC,
+    STATE_KEY,
+    DpSgdBudgetExhausted,
+    DpSgdTrainer,
+    choose_grad_sample_mode,
+    combined_noise_multiplier,
+    dp_sgd_event,
+    dp_sgd_train_reply,
+    history_delta,
+    load_history,
+)
+from flwr_dp_strategies.declarations import PRIVACY_RECORD, declare_release, read_declarations
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.strategy import AccountedFedAvg
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dp-sgd"
+DELTA = 1e-5
+RDP_TOLERANCE = 0.01
+
+
+def mlp(features: int = 8, hidden: int = 6, classes: int = 3) -> nn.Module:
+    return nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+
+def toy_data(n: int = 64, features: int = 8, classes: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, features, generator=generator), torch.randint(0, classes, (n,), generator=generator)
+
+
+def rebuilt(state: RecordDict) -> RecordDict:
+    """A new RecordDict holding copies of ``state``'s records, as a rebuilt ClientApp would get."""
+    return RecordDict({key: ConfigRecord(dict(record)) for key, record in state.config_records.items()})
+
+
+def flat(state_dict: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([value.flatten() for value in state_dict.values()])
+
+
+# ---------------------------------------------------------------------- (i) accounting across rounds
+@pytest.mark.parametrize("grad_sample_mode", ["hooks", "ghost"])
+def test_declared_events_compose_to_opacus_cumulative_epsilon(grad_sample_mode):
+    x, y = toy_data()
+    weights = mlp().state_dict()
+    ledger, state = PrivacyLedger(DELTA), RecordDict()
+    opacus_eps, round_only, ledger_eps = [], [], []
+    for server_round in (1, 2, 3, 4):
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.1, batch_size=16, local_epochs=1,
+                               grad_sample_mode=grad_sample_mode, seed=server_round)  # rebuilt every round
+        state = rebuilt(state)
+        result = trainer.train_round(weights, (x, y), state)
+        weights = result.state_dict
+        reply = RecordDict()
+        declare_release(reply, result.event, label="dp-sgd/opacus")
+        for declaration in read_declarations(reply):  # what the server reads
+            ledger.record(declaration.event, server_round=server_round, client=7, label=declaration.label)
+        report = ledger.report(7)
+        opacus_eps.append(result.epsilon)
+        round_only.append(result.epsilon_round_only)
+        ledger_eps.append(report.epsilon)
+        assert report.epsilon_rdp == pytest.approx(result.epsilon, rel=RDP_TOLERANCE)
+        assert report.epsilon <= result.epsilon * (1 + RDP_TOLERANCE)
+        assert result.event == dp_event.SelfComposedDpEvent(
+            dp_event.PoissonSampledDpEvent(0.25, dp_event.GaussianDpEvent(1.1)), 4)
+        assert result.rounds == server_round and result.steps == 4 and result.sample_rate == 0.25
+    assert all(b > a for a, b in zip(opacus_eps, opacus_eps[1:]))  # cumulative: grows with rounds
+    assert all(b > a for a, b in zip(ledger_eps, ledger_eps[1:]))
+    assert round_only == pytest.approx([opacus_eps[0]] * 4)  # what a fresh engine per round reports
+    assert opacus_eps[-1] > 1.5 * round_only[-1]
+    history, _ = load_history(state)
+    assert history == [(1.1, 0.25, 16)]  # Opacus' own history, merged over the 4 rounds
+
+
+def test_history_delta_splits_merged_entries():
+    assert history_delta([], [(1.0, 0.1, 5)]) == [(1.0, 0.1, 5)]
+    assert history_delta([(1.0, 0.1, 5)], [(1.0, 0.1, 9)]) == [(1.0, 0.1, 4)]
+    assert history_delta([(1.0, 0.1, 5)], [(1.0, 0.1, 5), (2.0, 0.1, 3)]) == [(2.0, 0.1, 3)]
+    with pytest.raises(RuntimeError):
+        history_delta([(1.0, 0.1, 5)], [(1.5, 0.1, 9)])
+    two = dp_sgd_event([(1.0, 0.1, 4), (2.0, 0.2, 3)])
+    assert isinstance(two, dp_event.ComposedDpEvent) and len(two.events) == 2
+
+
+# ---------------------------------------------------------------------- (ii) target epsilon
+def test_target_epsilon_calibrated_once_for_the_planned_rounds():
+    x, y = toy_data()
+    target, planned = 3.0, 3
+    weights, state, ledger = mlp().state_dict(), RecordDict(), PrivacyLedger(DELTA)
+    zs = []
+    for server_round in range(1, planned + 1):
+        trainer = DpSgdTrainer(mlp, target_epsilon=target, planned_rounds=planned, batch_size=16, seed=1)
+        state = rebuilt(state)
+        result = trainer.train_round(weights, (x, y), state)
+        weights = result.state_dict
+        ledger.record(result.event, server_round=server_round, client=1)
+        zs.append(result.noise_multiplier)
+    assert len(set(zs)) == 1  # calibrated on the first round only
+    with warnings.catch_warnings():  # the bisection passes through z where an edge order is optimal
+        warnings.filterwarnings("ignore", message="Optimal order is the")
+        per_round_z = get_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=0.25, steps=4,
+                                           accountant="rdp")
+    assert zs[0] > per_round_z * 1.2  # calibrating per round would spend the budget every round
+    assert ledger.epsilon(1) <= target
+    assert ledger.epsilon(1, method="rdp") == pytest.approx(target, rel=0.02)
+    assert target - 0.011 <= result.epsilon <= target  # Opacus' bisection stops within 0.01 below
+    trainer = DpSgdTrainer(mlp, target_epsilon=target, planned_rounds=planned, batch_size=16, seed=1)
+    before = dict(state[STATE_KEY])
+    with pytest.raises(DpSgdBudgetExhausted):
+        trainer.train_round(weights, (x, y), state)
+    assert dict(state[STATE_KEY]) == before  # nothing trained, nothing recorded
+    other = DpSgdTrainer(mlp, target_epsilon=2 * target, planned_rounds=planned, batch_size=16)
+    with pytest.raises(ValueError, match="target_epsilon"):
+        other.train_round(weights, (x, y), state)
+
+
+# ---------------------------------------------------------------------- (iii) per-sample clipping
+def one_outlier_step(mode: str, clipping: str = "flat", max_grad_norm=0.5):
+    """One DP-SGD step (q = 1, lr = 1, z tiny) on a single example whose gradient norm is ~1e4."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Linear(16, 8), nn.Linear(8, 4))
+    x = torch.full((1, 16), 1e3)
+    with torch.no_grad():
+        y = model(x).argmin(dim=1)  # the least likely class: the loss gradient is far from zero
+    loss = nn.functional.cross_entropy(model(x), y)
+    grad_norm = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))]).norm()
+    trainer = DpSgdTrainer(model, noise_multiplier=1e-6, lr=1.0, batch_size=1, max_grad_norm=max_grad_norm,
+                           clipping=clipping, grad_sample_mode=mode, seed=0)
+    result = trainer.train_round(model.state_dict(), (x, y))
+    deltas = {k: result.state_dict[k] - v for k, v in model.state_dict().items()}
+    return float(grad_norm), deltas
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # z = 1e-6: epsilon is huge
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "functorch"])
+def test_each_example_contributes_at_most_the_clipping_norm(mode):
+    grad_norm, deltas = one_outlier_step(mode)
+    assert grad_norm > 1000 * 0.5  # without clipping the step would be this long
+    step = float(flat(deltas).norm())
+    assert step == pytest.approx(0.5, rel=1e-3)  # clipped to C = 0.5 (noise std 5e-7 per coordinate)
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")
+def test_per_layer_clipping_bounds_each_parameter_tensor():
+    bounds = [0.1, 0.02, 0.3, 0.04]
+    grad_norm, deltas = one_outlier_step("hooks", clipping="per_layer", max_grad_norm=bounds)
+    assert grad_norm > 1000
+    norms = [float(d.norm()) for d in deltas.values()]
+    assert norms == pytest.approx(bounds, rel=1e-3)
+    # per-layer accounting: noise std z*||C|| on every tensor -> combined z* = z
+    sigma = 1.3 * math.sqrt(sum(c * c for c in bounds))
+    assert combined_noise_multiplier([sigma] * 4, bounds) == pytest.approx(1.3)
+    assert combined_noise_multiplier([2.0, 2.0], [1.0, 1.0]) == pytest.approx(2 / math.sqrt(2))
+
+
+# ---------------------------------------------------------------------- (iv) noise scale
+@pytest.mark.parametrize("mode,physical", [("hooks", None), ("hooks", 16), ("ghost", None)])
+def test_noise_std_is_z_times_c_over_batch_size(mode, physical):
+    z, clip, batch = 1.3, 0.7, 64
+    model = nn.Linear(200, 100, bias=False)
+    nn.init.zeros_(model.weight)
+    x, y = torch.zeros(batch, 200), torch.zeros(batch, dtype=torch.long)  # zero input: zero gradient
+    trainer = DpSgdTrainer(model, noise_multiplier=z, lr=1.0, batch_size=batch, max_grad_norm=clip,
+                           max_physical_batch_size=physical, grad_sample_mode=mode, seed=11)
+    result = trainer.train_round(model.state_dict(), (x, y))
+    assert result.steps == 1 and result.sample_rate == 1.0
+    step = result.state_dict["weight"].flatten().double()
+    d = step.numel()
+    expected = z * clip / batch  # noise N(0, (zC)^2) on the sum, divided by the expected batch size
+    tolerance = 5 / math.sqrt(2 * d)
+    assert abs(float(step.std()) / expected - 1) < tolerance
+    assert abs(float(step.std()) / (1.1 * expected) - 1) > tolerance  # a z 10 % off would be caught
+    assert abs(float(step.mean())) < 5 * expected / math.sqrt(d)
+
+
+def test_randomness_from_os_entropy_unless_seeded():
+    x, y = toy_data()
+    model = mlp()
+    runs = {seed: [flat(DpSgdTrainer(model, noise_multiplier=1.0, batch_size=16, seed=seed)
+                        .train_round(model.state_dict(), (x, y)).state_dict) for _ in range(2)]
+            for seed in (None, 5)}
+    assert not torch.equal(runs[None][0], runs[None][1])
+    assert torch.equal(runs[5][0], runs[5][1])
+
+
+# ---------------------------------------------------------------------- (v) keys, hooks, rounds
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_keys_unchanged_and_consecutive_rounds_reuse_the_model(mode):
+    model = mlp()
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = DpSgdTrainer(model, noise_multiplier=1.0, batch_size=16, grad_sample_mode=mode, seed=2)
+    x, y = toy_data()
+    weights = model.state_dict()
+    for _ in range(2):  # #608: a second round must not wrap an already wrapped module
+        result = trainer.train_round(ArrayRecord(weights), (x, y))
+        assert list(result.state_dict) == list(model.state_dict())  # no "_module." prefix (#435)
+        assert not torch.equal(flat(result.state_dict), flat(weights))
+        weights = result.state_dict
+    assert trainer.epsilon() == pytest.approx(result.epsilon)
+    assert all(torch.equal(original[k], v) for k, v in model.state_dict().items())  # template untouched
+    assert not model._forward_hooks and not any(hasattr(p, "grad_sample") for p in model.parameters())
+    prefixed = {f"_module.{k}": v for k, v in weights.items()}
+    with pytest.raises(ValueError, match="weights must have exactly the model's keys"):
+        trainer.train_round(prefixed, (x, y))
+
+
+def test_grad_sample_mode_default_rule():
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
+    assert choose_grad_sample_mode(mlp()) == "ghost"
+    assert choose_grad_sample_mode(conv) == "hooks"
+    assert choose_grad_sample_mode(mlp(), clipping="per_layer") == "hooks"
+    assert DpSgdTrainer(mlp, noise_multiplier=1.0, clipping="per_layer").grad_sample_mode == "hooks"
+
+
+# ---------------------------------------------------------------------- (vi) errors
+@pytest.mark.parametrize("kwargs,name", [
+    ({}, "noise_multiplier"),
+    ({"noise_multiplier": 0.0}, "noise_multiplier"),
+    ({"noise_multiplier": -1.0}, "noise_multiplier"),
+    ({"noise_multiplier": 1.0, "target_epsilon": 2.0}, "noise_multiplier and target_epsilon"),
+    ({"target_epsilon": 2.0}, "planned_rounds"),
+    ({"target_epsilon": -2.0, "planned_rounds": 3}, "target_epsilon"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "max_grad_norm"),
+    ({"noise_multiplier": 1.0, "max_grad_norm": [1.0, 1.0]}, "max_grad_norm"),
+    ({"noise_multiplier": 1.0, "clipping": "per_layer", "max_grad_norm": [1.0, 1.0, 1.0]}, "max_grad_norm"),
+    ({"noise_multiplier": 1.0, "clipping": "per_layer", "max_grad_norm": [1.0, 1.0, -1.0, 1.0]}, r"max_grad_norm\[2\]"),
+    ({"noise_multiplier": 1.0, "clipping": "adaptive"}, "clipping"),
+    ({"noise_multiplier": 1.0, "grad_sample_mode": "ew"}, "grad_sample_mode"),
+    ({"noise_multiplier": 1.0, "clipping": "per_layer", "grad_sample_mode": "ghost"}, "grad_sample_mode"),
+    ({"noise_multiplier": 1.0, "batch_size": 0}, "batch_size"),
+    ({"noise_multiplier": 1.0, "max_physical_batch_size": 0}, "max_physical_batch_size"),
+    ({"noise_multiplier": 1.0, "local_epochs": 0}, "local_epochs"),
+    ({"noise_multiplier": 1.0, "target_delta": 1.0}, "target_delta"),
+    ({"noise_multiplier": 1.0, "lr": 0.0}, "lr"),
+    ({"noise_multiplier": 1.0, "momentum": 1.0}, "momentum"),
+    ({"noise_multiplier": 1.0, "accountant": "gdp"}, "accountant"),
+    ({"noise_multiplier": 1.0, "seed": -1}, "seed"),
+    ({"noise_multiplier": 1.0, "device": "tpu:7"}, "device"),
+    ({"noise_multiplier": 1.0, "criterion": nn.CrossEntropyLoss(reduction="sum")}, "reduction"),
+])
+def test_bad_arguments_raise_value_error_naming_the_parameter(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        DpSgdTrainer(mlp, **kwargs)
+
+
+def test_bad_model_and_data_raise_value_error():
+    with pytest.raises(ValueError, match="ModuleValidator.fix"):
+        DpSgdTrainer(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="model"):
+        DpSgdTrainer("not a model", noise_multiplier=1.0)  # type: ignore[arg-type]
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="dataset"):
+        trainer.train_round(mlp().state_dict(), (torch.zeros(0, 8), torch.zeros(0, dtype=torch.long)))
+    with pytest.raises(ValueError, match="same length"):
+        trainer.train_round(mlp().state_dict(), (torch.zeros(3, 8), torch.zeros(2, dtype=torch.long)))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA"):
+            DpSgdTrainer(mlp, noise_multiplier=1.0, device="cuda")
+    with pytest.raises(ValueError, match="seed"):
+        DpSgdTrainer(mlp, noise_multiplier=1.0, secure_mode=True, seed=3)
+    if importlib.util.find_spec("torchcsprng") is None:
+        with pytest.raises(ImportError, match="torchcsprng"):
+            DpSgdTrainer(mlp, noise_multiplier=1.0, secure_mode=True)
+    with pytest.warns(UserWarning, match="heuristic"):
+        DpSgdTrainer(mlp, noise_multiplier=1.0, poisson_sampling=False)
+
+
+# ---------------------------------------------------------------------- (vii) CUDA
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_round_on_cuda():
+    x, y = toy_data()
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=4)
+    assert trainer.device.type == "cuda"  # device=None picks CUDA when available
+    result = trainer.train_round(mlp().state_dict(), (x, y))
+    assert all(v.device.type == "cpu" for v in result.state_dict.values())
+    assert result.epsilon > 0 and torch.isfinite(flat(result.state_dict)).all()
+
+
+# ---------------------------------------------------------------------- Flower glue, in process
+@pytest.fixture
+def task_identity():
+    """Messages need a run/node/task id; set one as a ServerApp would, then restore."""
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+class FakeGrid:
+    """The part of Grid that FedAvg.configure_train uses."""
+
+    def __init__(self, node_ids: list[int]) -> None:
+        self.node_ids = node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+
+def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
+    nodes = [11, 12]
+    data = {node: toy_data(n=48 + 16 * i, seed=i) for i, node in enumerate(nodes)}
+    states = {node: RecordDict() for node in nodes}
+    strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2, fraction_evaluate=0.0,
+                               ledger=PrivacyLedger(DELTA), per_client_metrics=True)
+    arrays = ArrayRecord(mlp().state_dict())
+    for server_round in (1, 2):
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), FakeGrid(nodes)))
+        replies = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            context = Context(run_id=1, node_id=node, node_config={}, state=states[node], run_config={})
+            trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=node)
+            reply = dp_sgd_train_reply(msg, context, trainer, data[node], num_threads=None)
+            assert list(reply.content["arrays"].keys()) == list(arrays.keys())
+            assert PRIVACY_RECORD in reply.content
+            assert set(reply.content["metrics"]) >= {"num-examples", EPSILON_METRIC, ROUND_EPSILON_METRIC}
+            replies.append(reply)
+        arrays, metrics = strategy.aggregate_train(server_round, replies)
+        assert arrays is not None and metrics["rejected/declaration"] == 0.0
+    opacus = {r.metadata.src_node_id: float(r.content["metrics"][EPSILON_METRIC]) for r in replies}
+    for node in nodes:
+        assert float(metrics[f"privacy/epsilon/node-{node}"]) <= opacus[node] * (1 + RDP_TOLERANCE)
+        assert strategy.ledger.epsilon(node, method="rdp") == pytest.approx(opacus[node], rel=RDP_TOLERANCE)
+    assert float(metrics["privacy/epsilon"]) == pytest.approx(strategy.ledger.epsilon())
+    assert isinstance(strategy, FedAvg)
+
+
+# ---------------------------------------------------------------------- (viii) the example app
+def test_example_pyproject_matches_code_defaults():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        from dpsgd_app.config import DEFAULTS
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    with open(EXAMPLE / "pyproject.toml", "rb") as handle:
+        pyproject = tomllib.load(handle)
+    assert pyproject["tool"]["flwr"]["app"]["config"] == DEFAULTS
+    assert pyproject["tool"]["flwr"]["app"]["components"] == {
+        "serverapp": "dpsgd_app.server_app:app", "clientapp": "dpsgd_app.client_app:app"}
+
+
+@pytest.mark.integration
+def test_example_two_rounds_three_clients(tmp_path):
+    args = ["--rounds", "2", "--num-clients", "3", "--results-dir", str(tmp_path), "--client-cpus", "2"]
+    code = "import sys, run_demo; run_demo.main(sys.argv[1:])"
+    env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=EXAMPLE, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (tmp_path / "results.png").stat().st_size > 0
+    rounds = results["rounds"]
+    assert [row["round"] for row in rounds] == [1, 2]
+    final = rounds[-1]
+    assert final["privacy_epsilon_metric"] == pytest.approx(final["epsilon_ledger"])
+    assert final["epsilon_ledger"] == pytest.approx(results["privacy"]["epsilon"])
+    assert final["epsilon_opacus_max"] == pytest.approx(max(final["epsilon_opacus_clients"]))
+    assert len(final["epsilon_opacus_clients"]) == 3
+    assert final["epsilon_ledger_rdp"] == pytest.approx(final["epsilon_opacus_max"], rel=RDP_TOLERANCE)
+    assert final["epsilon_ledger"] <= final["epsilon_opacus_max"] * (1 + RDP_TOLERANCE)
+    assert rounds[0]["epsilon_ledger"] < final["epsilon_ledger"]
+    assert final["epsilon_flower_example"] == pytest.approx(rounds[0]["epsilon_flower_example"])
+    assert final["epsilon_flower_example"] < final["epsilon_opacus_max"]
+    assert final["accuracy"] > 0.2  # 10 classes: chance is 0.1
+    assert len(results["privacy"]["per_client_epsilon"]) == 3
+    assert np.isfinite(final["epsilon_ledger"])
