@@ -124,6 +124,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import logging
 import math
 import secrets
 import warnings
@@ -136,7 +137,9 @@ import numpy as np
 import torch
 from dp_accounting import dp_event
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from opacus import PrivacyEngine
+
+_ROOT_HANDLERS = list(logging.getLogger().handlers)
+from opacus import PrivacyEngine  # noqa: E402  (Opacus calls logging.basicConfig on import)
 from opacus.accountants import RDPAccountant, create_accountant
 from opacus.accountants.analysis import rdp as rdp_analysis
 from opacus.accountants.utils import get_noise_multiplier
@@ -146,7 +149,12 @@ from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from flwr_dp_strategies.declarations import declare_release
+from flwr_dp_strategies.declarations import declare_release  # noqa: E402
+
+# Undo the root handler Opacus' import added: it made every Flower log line print twice.
+for _handler in logging.getLogger().handlers[:]:
+    if _handler not in _ROOT_HANDLERS:
+        logging.getLogger().removeHandler(_handler)
 from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_nonnegative, check_positive
 
 STATE_KEY = "dp-sgd/opacus"

@@ -80,7 +80,7 @@ from flwr_dp_strategies.privacy import (
     keep_probability,
     rr_event,
 )
-from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
+from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_epsilon, check_int
 
 LabelsT = TypeVar("LabelsT")
@@ -227,7 +227,7 @@ class LabelDP:
     def __init__(self, eps: float, *, num_classes: Optional[int] = None, rng: RngLike = None) -> None:
         self.eps = check_epsilon(eps, "eps")
         self.num_classes = None if num_classes is None else check_int("num_classes", num_classes, minimum=2)
-        self._rng = resolve_rng(rng)
+        self._rng = RngSource(rng)
 
     def __repr__(self) -> str:
         return f"LabelDP(eps={self.eps!r}, num_classes={self.num_classes!r})"
@@ -239,7 +239,7 @@ class LabelDP:
     def release(self, labels: LabelsT) -> Release[LabelsT]:
         """Randomised labels plus the DpEvent of *one* label's release (``rr_event(eps, k)``)."""
         arr = to_numpy(labels)
-        noisy, k = randomize(arr, self.eps, self.num_classes, self._rng)
+        noisy, k = randomize(arr, self.eps, self.num_classes, self._rng())
         return Release(like(noisy, labels), rr_event(self.eps, k))
 
     def _k(self, num_classes: Optional[int]) -> int:

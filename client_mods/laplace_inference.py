@@ -53,7 +53,7 @@ from flwr.common.logger import log
 
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import laplace_mechanism
-from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
+from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_epsilon, check_positive, check_sensitivity
 
 PROBABILITY_SIMPLEX_L1_DIAMETER = 2.0
@@ -108,7 +108,7 @@ class LaplaceInferenceMod:
         self.seed_calibration = bool(seed_calibration)
         self.key = key
         self.tolerance = check_positive("tolerance", tolerance)
-        self.rng = resolve_rng(rng)
+        self.rng = RngSource(rng)
         self.secure = bool(secure)
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -163,7 +163,7 @@ class LaplaceInferenceMod:
                 log(WARNING, "seed_calibration: noise b = 1/%g as MindSpore; the release is %g-LDP "
                     "on vectors of L1 diameter %g", epsilon, true_epsilon, self.sensitivity)
             epsilon = true_epsilon
-        return laplace_mechanism(vectors, epsilon=epsilon, sensitivity=self.sensitivity, rng=self.rng,
+        return laplace_mechanism(vectors, epsilon=epsilon, sensitivity=self.sensitivity, rng=self.rng(),
                                  secure=self.secure, value_bound=1.0 if self.secure else None)
 
     def _on_simplex(self, name: str, values: np.ndarray) -> np.ndarray:

@@ -42,7 +42,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import gaussian_mechanism, gaussian_sigma
 from flwr_dp_strategies.privacy.release import Release
-from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
+from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_positive, check_sensitivity
 
 EVENT_LABEL = "local-gaussian/update"
@@ -86,7 +86,7 @@ class LocalUpdateNoiseMod:
                 raise ValueError("delta in (0, 1) is required with epsilon")
             noise_multiplier = gaussian_sigma(epsilon, delta, self.sensitivity) / self.sensitivity
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
-        self.rng = resolve_rng(rng)
+        self.rng = RngSource(rng)
 
     @property
     def sigma(self) -> float:
@@ -100,7 +100,7 @@ class LocalUpdateNoiseMod:
         update = np.concatenate([(np.asarray(t, np.float64) - r).ravel() for r, t in zip(received, trained)])
         clipped, _ = clip_l2(update, self.clipping_norm)
         release = gaussian_mechanism(clipped, noise_multiplier=self.noise_multiplier,
-                                     sensitivity=self.sensitivity, rng=self.rng)
+                                     sensitivity=self.sensitivity, rng=self.rng())
         out, start = [], 0
         for r in received:
             out.append((r + release.value[start:start + r.size].reshape(r.shape)).astype(r.dtype))

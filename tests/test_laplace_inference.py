@@ -185,6 +185,8 @@ def test_cluster_client_num_caps_the_points_and_run_config_keys_are_read():
     assert strategy.privacy_eval_type == "NOT_ENCRYPT" and strategy.cluster_client_num == 4
     _, metrics = evaluate_round(strategy, list(clustered_points(n)))
     assert metrics["cluster/points"] == 4
+    assert metrics["privacy/epsilon"] == float("inf")  # un-noised results are booked as non-private
+    assert set(strategy.points_history[-1]) == set(range(101, 105))  # scored in node-id order
     with pytest.raises(ValueError, match="eval_type"):
         ClusterEvaluation(FedAvg(), eval_type="ACCURACY")
     with pytest.raises(ValueError, match="cluster_client_num"):
@@ -208,3 +210,18 @@ def test_end_to_end_mod_and_wrapper_book_each_release_once():
     # two rounds of one 10-LDP release each, booked once per round: basic composition gives 20
     assert metrics["privacy/epsilon"] == pytest.approx(20.0, rel=1e-3)
     assert len(strategy.ledger.clients) == n
+
+
+def test_pickled_copies_of_a_default_mod_draw_different_noise():
+    """Flower's simulation pickles the ClientApp (mods included) for every message: no shared stream."""
+    import pickle
+
+    mod = LaplaceInferenceMod(1.0)
+    vectors = np.full(8, 0.125)
+    outputs = [pickle.loads(pickle.dumps(mod))(evaluate_message(), context(), app_returning(vectors))
+               .content["inference"]["probs"].numpy() for _ in range(3)]
+    assert not np.array_equal(outputs[0], outputs[1]) and not np.array_equal(outputs[1], outputs[2])
+    seeded = LaplaceInferenceMod(1.0, rng=7)  # an explicit seed is reproducible, by request
+    first, second = (pickle.loads(pickle.dumps(seeded))(evaluate_message(), context(), app_returning(vectors))
+                     .content["inference"]["probs"].numpy() for _ in range(2))
+    np.testing.assert_array_equal(first, second)

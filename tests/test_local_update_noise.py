@@ -109,3 +109,17 @@ def test_rounds_compose_per_client_in_accounted_fedavg():
         expected.record(GaussianDpEvent(z), server_round=rnd, client="x")
     assert metrics["privacy/epsilon"] == pytest.approx(expected.epsilon(), rel=1e-9)
     assert all(strategy.ledger.rounds(c) == [1, 2, 3, 4] for c in strategy.ledger.clients)
+
+
+def test_pickled_copies_of_a_default_mod_draw_different_noise():
+    import pickle
+
+    from client_mods import LabelDP
+
+    mod = LocalUpdateNoiseMod(1.0, 1.0)
+    outs = [released(pickle.loads(pickle.dumps(mod)), [np.zeros(16)], [np.zeros(16)])[0][0] for _ in range(2)]
+    assert not np.array_equal(outs[0], outs[1])
+    label_dp = LabelDP(0.5, num_classes=10)
+    labels = np.arange(200) % 10
+    a, b = (pickle.loads(pickle.dumps(label_dp))(labels) for _ in range(2))
+    assert not np.array_equal(a, b)

@@ -47,6 +47,24 @@ def pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
     return None
 
 
+def basic_pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
+    """ε of an event that is pure ε-DP as a whole (Laplace ε = 1/b, EM, Pure, discrete Laplace,
+    and self-/compositions of these, by basic composition), else None.
+
+    A sum of pure ε is a valid (ε, 0) bound; the ledger takes it when it beats the
+    RDP conversion (e.g. one Laplace release: exactly ε instead of ε + 0.003).
+    """
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        return 1.0 / float(event.noise_multiplier) if event.noise_multiplier > 0 else None
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        inner = basic_pure_epsilon(event.event)
+        return None if inner is None else inner * int(event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [basic_pure_epsilon(e) for e in event.events]
+        return None if any(p is None for p in parts) else float(sum(parts))
+    return pure_epsilon(event)
+
+
 class LedgerRdpAccountant(rdp_privacy_accountant.RdpAccountant):
     """RdpAccountant that also composes EM, pure-ε, discrete-Laplace and (ε, δ) events."""
 

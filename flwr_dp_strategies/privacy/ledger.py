@@ -52,7 +52,7 @@ from dp_accounting import dp_event
 from dp_accounting.privacy_accountant import NeighboringRelation
 
 from . import bounds
-from .accountants import LedgerPldAccountant, LedgerRdpAccountant, epsilon_from_rdp
+from .accountants import LedgerPldAccountant, LedgerRdpAccountant, basic_pure_epsilon, epsilon_from_rdp
 from .events import event_from_dict, event_key, event_to_dict
 from .release import Release
 from .validation import check_delta, check_int, check_positive
@@ -227,7 +227,18 @@ class PrivacyLedger:
             total += count * curve
             approx_eps += count * event_eps
             approx_delta += count * event_delta
-        return epsilon_from_rdp(probe.orders, total, delta, approx_eps, approx_delta), approx_eps
+        eps = epsilon_from_rdp(probe.orders, total, delta, approx_eps, approx_delta)
+        return min(eps, self._basic_pure(signature)), approx_eps
+
+    def _basic_pure(self, signature: Signature) -> float:
+        """Σ count·ε when every event is pure ε-DP (a valid (ε, 0) bound), else inf."""
+        total = 0.0
+        for key, count in signature:
+            eps = basic_pure_epsilon(self._events[key])
+            if eps is None:
+                return float("inf")
+            total += count * eps
+        return total
 
     def _rdp_part(self, key: str) -> Optional[tuple[np.ndarray, float, float]]:
         """(RDP curve, Σε, Σδ of its (ε, δ) parts) of one event, cached; None if RDP cannot account it."""

@@ -34,3 +34,21 @@ def resolve_rng(rng: RngLike = None) -> np.random.Generator:
             raise ValueError(f"rng seed must be an integer in [0, inf), got {rng}")
         return np.random.default_rng(int(rng))
     raise ValueError(f"rng must be None, a non-negative int seed or a numpy.random.Generator, got {type(rng).__name__}")
+
+
+class RngSource:
+    """The randomness of a long-lived mechanism object (a mod, a data wrapper, a strategy).
+
+    ``rng=None`` gives a **fresh** OS-entropy generator at every call, so copies of
+    the object never replay one stream: Flower's simulation pickles the ClientApp
+    (mods included) to its workers for every message, and a generator drawn once
+    in ``__init__`` would give every client the same noise in every round. An
+    ``int`` seed or a Generator gives that one reproducible stream (copies of the
+    object then replay it: use explicit seeds for tests and benchmarks only).
+    """
+
+    def __init__(self, rng: RngLike = None) -> None:
+        self._fixed = None if rng is None else resolve_rng(rng)
+
+    def __call__(self) -> np.random.Generator:
+        return self._fixed if self._fixed is not None else resolve_rng(None)

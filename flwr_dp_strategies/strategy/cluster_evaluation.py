@@ -19,7 +19,11 @@ unsupervised evaluation to every evaluate round:
    configured ``eval-type``'s score (MindSpore's metric).
 
 The server's scores are post-processing of the clients' ε-LDP releases, so they
-spend nothing more. Run-config keys (mirroring the seed's yaml) are read by
+spend nothing more. An inference result that arrives *without* a declared
+release (``NOT_ENCRYPT``, or a client without the mod) is booked as a
+``NonPrivateDpEvent``: that client's ε is reported as infinite, never as 0.
+Points are scored in node-id order (at most ``cluster_client_num``) and kept in
+``points_history`` (one ``{node_id: point}`` per round) with ``scores_history``. Run-config keys (mirroring the seed's yaml) are read by
 :meth:`ClusterEvaluation.from_run_config`.
 """
 
@@ -30,16 +34,19 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
 import numpy as np
+from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from ..declarations import PRIVACY_RECORD
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
 from .client_accounting import ClientAccountingMixin
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
+UNPROTECTED_LABEL = "inference-results/unprotected"
 RUN_CONFIG_KEYS = {
     "privacy-eval-type": "privacy_eval_type",
     "laplace-eval-eps": "laplace_eval_eps",
@@ -87,6 +94,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         inner_ledger = getattr(strategy, "ledger", None)
         self._init_accounting(ledger if ledger is not None else inner_ledger, ledger_path, per_client_metrics, None)
         self.scores_history: list[dict[str, float]] = []
+        self.points_history: list[dict[int, np.ndarray]] = []
 
     @classmethod
     def from_run_config(cls, strategy: Strategy, run_config: Mapping[str, Any], **kwargs: Any) -> "ClusterEvaluation":
@@ -113,6 +121,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """The wrapped strategy's evaluate messages, with the privacy mode in their config."""
+        config = ConfigRecord(dict(config))
         config["privacy-eval-type"] = self.privacy_eval_type
         config["laplace-eval-eps"] = float(self.laplace_eval_eps)
         config["eval-type"] = self.eval_type
@@ -122,7 +131,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         """Screen and book the replies, score the inference results, then the wrapped evaluation."""
         replies = list(replies)
         length = self._majority_length(replies)
+        undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, length))
+        self._book_unprotected(server_round, [r for r in accepted if id(r) in undeclared])
         metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
         merged = self.round_metrics(metrics, rejected)
         merged["rejected/inference-missing"] = float(rejected.get("inference-missing", 0))
@@ -130,6 +141,14 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             for key, value in self._score(accepted).items():
                 merged[key] = value
         return merged
+
+    def _book_unprotected(self, server_round: int, replies: list[Message]) -> None:
+        """An inference result sent without a declared release is not DP: book it as such (ε = inf)."""
+        for reply in replies:
+            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=reply.metadata.src_node_id,
+                               label=UNPROTECTED_LABEL)
+        if replies:
+            self.save_ledger()
 
     def _point(self, content: RecordDict) -> Optional[np.ndarray]:
         record = content.array_records.get(self.inference_key)
@@ -156,8 +175,10 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         return None if np.isfinite(point).all() else "non-finite"
 
     def _score(self, accepted: list[Message]) -> dict[str, float]:
-        points = [self._point(reply.content) for reply in accepted[: self.cluster_client_num]]
-        x = np.stack(points) if points else np.zeros((0, 1))
+        chosen = sorted(accepted, key=lambda r: r.metadata.src_node_id)[: self.cluster_client_num]
+        points = {r.metadata.src_node_id: self._point(r.content) for r in chosen}
+        self.points_history.append(points)
+        x = np.stack(list(points.values())) if points else np.zeros((0, 1))
         scores = cluster_scores(x)
         self.scores_history.append(scores)
         out = {f"cluster/{name}": value for name, value in scores.items()}

@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
 from ..privacy import PrivacyLedger, gaussian_mechanism
-from ..privacy.rng import RngLike, resolve_rng
+from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import array_spec, screen_train_content
@@ -87,7 +87,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         super().__init__(strategy, noise_multiplier, clipping_norm, m)
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None)
-        self.rng = resolve_rng(rng)
+        self.rng = RngSource(rng)
         self.budget_exhausted = False
 
     @property
@@ -111,7 +111,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         if self.ledger.would_exceed(central_events=[self.round_event()]):
             self._stop(server_round)
             return []
-        chosen = [n for n, keep in zip(nodes, self.rng.random(len(nodes)) < self.sampling_rate) if keep]
+        chosen = [n for n, keep in zip(nodes, self.rng().random(len(nodes)) < self.sampling_rate) if keep]
         log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(chosen),
             self.sampling_rate, len(nodes))
         config["server-round"] = server_round
@@ -135,7 +135,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         current = self.current_arrays.to_numpy_ndarrays()
         total = self._clipped_sum(current, accepted)
         release = gaussian_mechanism(total / self.num_sampled_clients, noise_multiplier=self.noise_multiplier,
-                                     sensitivity=self.clipping_norm / self.num_sampled_clients, rng=self.rng)
+                                     sensitivity=self.clipping_norm / self.num_sampled_clients, rng=self.rng())
         self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL)
         self.save_ledger()
         arrays = _unflatten(current, release.value, list(self.current_arrays.keys()))

@@ -1,0 +1,1 @@
+"""laplace-eval: Laplace-protected client inference results scored by clustering (seed 000)."""
