@@ -9,8 +9,8 @@ import pytest
 from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 
+from conftest import FakeGrid
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping, privacy_metric_record
 
@@ -19,23 +19,7 @@ Z = 0.8
 C = 1.0
 
 
-@pytest.fixture(autouse=True)
-def task_identity():
-    """Messages need a run/node/task id; set one as a ServerApp would, then restore."""
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
-
-
-class FakeGrid:
-    """The part of Grid that FedAvg.configure_train uses."""
-
-    def __init__(self, num_nodes: int) -> None:
-        self.node_ids = list(range(101, 101 + num_nodes))
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
+pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def make_strategy(ledger: PrivacyLedger | None = None, **kwargs) -> AccountedServerSideFixedClipping:

@@ -30,7 +30,6 @@ import torch
 from dp_accounting import dp_event
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.task_identity import TaskIdentity
 from opacus.accountants.utils import get_noise_multiplier
 from torch import nn
 
@@ -313,15 +312,6 @@ def test_one_round_on_cuda():
 
 
 # ---------------------------------------------------------------------- Flower glue, in process
-@pytest.fixture
-def task_identity():
-    """Messages need a run/node/task id; set one as a ServerApp would, then restore."""
-    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
-
-
 class FakeGrid:
     """The part of Grid that FedAvg.configure_train uses."""
 

@@ -19,72 +19,44 @@ so the trainer's ``grad_sample_mode="auto"`` picks ghost clipping).
 
 from __future__ import annotations
 
-import gzip
 import os
 from functools import lru_cache
-from pathlib import Path
 
 import datasets
 import numpy as np
-import torch
 from flwr_datasets.partitioner import IidPartitioner
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
+
+from flwr_dp_strategies.datasets import load_digits_split, load_mnist, shared_data_dir
+from flwr_dp_strategies.training import evaluate_classifier as test
 
 SPLIT_SEED = 42
 NUM_CLASSES = 10
 DATASETS = ("digits", "mnist")
 MNIST_ENV = "DPSGD_MNIST_DIR"
-MNIST_FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
 
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 def default_mnist_dir() -> str:
-    """``$DPSGD_MNIST_DIR``, else ``<repo>/../shared/data/mnist`` of a plain checkout."""
-    return os.environ.get(MNIST_ENV) or str(Path(__file__).resolve().parents[3].parent / "shared" / "data" / "mnist")
-
-
-def read_idx(path: str) -> np.ndarray:
-    """An IDX file (gzip'ed or not): magic 2051 = uint8 images (n, rows, cols), 2049 = uint8 labels (n,)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as handle:
-        data = handle.read()
-    magic = int.from_bytes(data[0:4], "big")
-    if magic not in (2049, 2051):
-        raise ValueError(f"{path} is not an IDX label (2049) or image (2051) file (magic {magic})")
-    ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    """``$DPSGD_MNIST_DIR``, else ``../shared/data/mnist`` next to the checkout."""
+    return os.environ.get(MNIST_ENV) or shared_data_dir("mnist")
 
 
 @lru_cache(maxsize=2)
 def load_data(dataset: str = "digits", data_dir: str = "") -> Split:
-    """(X_train, y_train, X_test, y_test): float32 features, int64 labels."""
+    """(X_train, y_train, X_test, y_test): float32 features, int64 labels (MNIST standardised)."""
     if dataset == "digits":
-        features, labels = load_digits(return_X_y=True)
-        features = (features / 16.0).astype(np.float32)
-        x_tr, x_te, y_tr, y_te = train_test_split(
-            features, labels.astype(np.int64), test_size=0.25, random_state=SPLIT_SEED, stratify=labels)
-        return x_tr, y_tr, x_te, y_te
+        return load_digits_split(0.25, SPLIT_SEED)
     if dataset == "mnist":
-        return _load_mnist(data_dir or default_mnist_dir())
+        x_tr, y_tr, x_te, y_te = load_mnist(data_dir or default_mnist_dir())
+        return _standardise(x_tr), y_tr, _standardise(x_te), y_te
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
 
 
-def _load_mnist(data_dir: str) -> Split:
-    out = []
-    for split in ("train", "test"):
-        images_file, labels_file = (os.path.join(data_dir, name) for name in MNIST_FILES[split])
-        if not os.path.exists(images_file):
-            raise FileNotFoundError(f"MNIST file {images_file} not found; set data-dir (or ${MNIST_ENV})")
-        images = read_idx(images_file).reshape(-1, 28 * 28).astype(np.float32) / 255.0
-        out += [((images - 0.1307) / 0.3081).astype(np.float32), read_idx(labels_file).astype(np.int64)]
-    return out[0], out[1], out[2], out[3]
+def _standardise(images: np.ndarray) -> np.ndarray:
+    """MNIST's usual normalisation: mean 0.1307, std 0.3081."""
+    return ((images - 0.1307) / 0.3081).astype(np.float32)
 
 
 @lru_cache(maxsize=8)
@@ -116,12 +88,5 @@ def num_features(dataset: str) -> int:
     return {"digits": 64, "mnist": 784}[dataset]
 
 
-@torch.no_grad()
-def test(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on (x, y)."""
-    model.eval()
-    logits = model(torch.from_numpy(x))
-    targets = torch.from_numpy(y)
-    loss = float(nn.functional.cross_entropy(logits, targets))
-    accuracy = float((logits.argmax(dim=1) == targets).float().mean())
-    return loss, accuracy
+__all__ = ["DATASETS", "NUM_CLASSES", "SPLIT_SEED", "build_model", "default_mnist_dir", "load_data", "load_partition",
+           "num_features", "test"]

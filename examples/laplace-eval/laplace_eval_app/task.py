@@ -21,8 +21,6 @@ probability vector of length 10 (L1 sensitivity 2 between any two clients).
 
 from __future__ import annotations
 
-import gzip
-import os
 from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
@@ -32,51 +30,27 @@ import numpy as np
 import torch
 from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitioner
 from flwr_datasets.partitioner.partitioner import Partitioner
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
+
+from flwr_dp_strategies.datasets import load_digits_split, load_mnist
+from flwr_dp_strategies.training import train_sgd as train
 
 torch.set_num_threads(1)
 
 SPLIT_SEED = 42
 NUM_CLASSES = 10
 DATASETS = ("digits", "mnist")
-MNIST_FILES = {
-    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
-    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
-}
-
-
-def _read_idx(path: str, magic: int) -> np.ndarray:
-    """An IDX array (gzip'ed, big-endian header: magic, then one uint32 per dimension)."""
-    with gzip.open(path, "rb") as handle:
-        raw = handle.read()
-    found = int.from_bytes(raw[:4], "big")
-    if found != magic:
-        raise ValueError(f"{path}: IDX magic {found}, expected {magic}")
-    ndim = magic & 0xFF
-    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
-    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
 @lru_cache(maxsize=2)
 def load_data(dataset: str = "digits", data_dir: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(X_train, y_train, X_test, y_test): flat float32 features in [0, 1], int64 labels."""
     if dataset == "digits":
-        features, labels = load_digits(return_X_y=True)
-        features = (features / 16.0).astype(np.float32)
-        x_tr, x_te, y_tr, y_te = train_test_split(
-            features, labels.astype(np.int64), test_size=0.25, random_state=SPLIT_SEED, stratify=labels)
-        return x_tr, y_tr, x_te, y_te
+        return load_digits_split(0.25, SPLIT_SEED)
     if dataset == "mnist":
         if not data_dir:
             raise ValueError("dataset 'mnist' needs data-dir (the folder of the gzip'ed IDX files)")
-        out = []
-        for split in ("train", "test"):
-            images, labels = (os.path.join(data_dir, name) for name in MNIST_FILES[split])
-            x = _read_idx(images, 2051).reshape(-1, 28 * 28).astype(np.float32) / 255.0
-            out += [x, _read_idx(labels, 2049).astype(np.int64)]
-        return out[0], out[1], out[2], out[3]
+        return load_mnist(data_dir)
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
 
 
@@ -130,27 +104,6 @@ def build_model(kind: str = "logreg", features: int = 64) -> nn.Module:
     raise ValueError(f"model must be 'logreg' or 'mlp', got {kind!r}")
 
 
-def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float,
-          batch_size: int, seed: int) -> float:
-    """Minibatch SGD on cross-entropy; the mean training loss of the last epoch."""
-    generator = torch.Generator().manual_seed(seed)
-    inputs, targets = torch.from_numpy(x), torch.from_numpy(y)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    model.train()
-    losses: list[float] = []
-    for _ in range(epochs):
-        losses = []
-        order = torch.randperm(len(targets), generator=generator)
-        for start in range(0, len(targets), batch_size):
-            batch = order[start:start + batch_size]
-            optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(inputs[batch]), targets[batch])
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return float(np.mean(losses)) if losses else 0.0
-
-
 @torch.no_grad()
 def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float, np.ndarray]:
     """(mean cross-entropy, accuracy, mean softmax vector as float64 summing to 1) on (x, y)."""
@@ -161,3 +114,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     accuracy = float((logits.argmax(dim=1) == targets).double().mean())
     mean_softmax = torch.softmax(logits, dim=1).mean(dim=0).numpy()
     return loss, accuracy, mean_softmax / mean_softmax.sum()
+
+
+__all__ = ["DATASETS", "NUM_CLASSES", "SPLIT_SEED", "build_model", "evaluate", "load_data", "load_partition",
+           "num_features", "train"]

@@ -14,9 +14,11 @@ import datasets
 import numpy as np
 import torch
 from flwr_datasets.partitioner import IidPartitioner
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
+
+from flwr_dp_strategies.datasets import load_digits_split
+from flwr_dp_strategies.training import evaluate_classifier as test
+from flwr_dp_strategies.training import train_sgd as train
 
 torch.set_num_threads(1)
 
@@ -25,15 +27,9 @@ NUM_FEATURES = 64
 NUM_CLASSES = 10
 
 
-@lru_cache(maxsize=1)
 def load_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(X_train, y_train, X_test, y_test): float32 features in [0, 1], int64 labels."""
-    features, labels = load_digits(return_X_y=True)
-    features = (features / 16.0).astype(np.float32)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        features, labels.astype(np.int64), test_size=0.25, random_state=SPLIT_SEED, stratify=labels
-    )
-    return x_tr, y_tr, x_te, y_te
+    """(X_train, y_train, X_test, y_test): float32 features in [0, 1], int64 labels (digits, 75/25)."""
+    return load_digits_split(0.25, SPLIT_SEED)
 
 
 @lru_cache(maxsize=8)
@@ -61,33 +57,4 @@ def build_model(kind: str = "logreg") -> nn.Module:
     raise ValueError(f"model must be 'logreg' or 'mlp', got {kind!r}")
 
 
-def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float,
-          batch_size: int = 32, seed: int = 0) -> float:
-    """Plain minibatch SGD on cross-entropy; returns the mean training loss of the last epoch."""
-    generator = torch.Generator().manual_seed(seed)
-    inputs, targets = torch.from_numpy(x), torch.from_numpy(y)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    model.train()
-    losses: list[float] = []
-    for _ in range(epochs):
-        losses = []
-        order = torch.randperm(len(targets), generator=generator)
-        for start in range(0, len(targets), batch_size):
-            batch = order[start:start + batch_size]
-            optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(inputs[batch]), targets[batch])
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-    return float(np.mean(losses)) if losses else 0.0
-
-
-@torch.no_grad()
-def test(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on (x, y)."""
-    model.eval()
-    logits = model(torch.from_numpy(x))
-    targets = torch.from_numpy(y)
-    loss = float(nn.functional.cross_entropy(logits, targets))
-    accuracy = float((logits.argmax(dim=1) == targets).float().mean())
-    return loss, accuracy
+__all__ = ["NUM_CLASSES", "NUM_FEATURES", "SPLIT_SEED", "build_model", "load_data", "load_partition", "test", "train"]

@@ -1,0 +1,76 @@
+"""Local datasets for examples, benchmarks and tests: nothing is downloaded.
+
+* :func:`load_digits_split` - scikit-learn's embedded ``load_digits`` (1 797 8x8
+  images, 10 classes), pixels scaled to [0, 1], one fixed stratified split.
+* :func:`load_mnist` - MNIST from the official gzip'ed IDX files in a local folder
+  (e.g. ``../shared/data/mnist`` of a checkout, see :func:`shared_data_dir`).
+
+Every loader returns ``(x_train, y_train, x_test, y_test)``: flat float32 features
+in [0, 1] and int64 labels. Loaders are cached per argument tuple.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+DATA_DIR_ENV = "FLWR_DP_DATA_DIR"
+MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
+    "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+IDX_LABELS, IDX_IMAGES = 2049, 2051
+
+
+def shared_data_dir(name: str) -> str:
+    """``$FLWR_DP_DATA_DIR/<name>``, else ``../shared/data/<name>`` next to this checkout."""
+    root = os.environ.get(DATA_DIR_ENV) or str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    return os.path.join(root, name)
+
+
+@lru_cache(maxsize=4)
+def load_digits_split(test_size: float = 0.25, seed: int = 42) -> Split:
+    """scikit-learn digits, pixels / 16, stratified train/test split with ``seed``."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    features, labels = load_digits(return_X_y=True)
+    features = (features / 16.0).astype(np.float32)
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        features, labels.astype(np.int64), test_size=test_size, random_state=seed, stratify=labels)
+    return x_tr, y_tr, x_te, y_te
+
+
+def read_idx(path: str) -> np.ndarray:
+    """An IDX file (gzip'ed or not): magic 2051 = uint8 images (n, rows, cols), 2049 = uint8 labels (n,)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    magic = int.from_bytes(data[0:4], "big")
+    if magic not in (IDX_LABELS, IDX_IMAGES):
+        raise ValueError(f"{path} is not an IDX label (2049) or image (2051) file (magic {magic})")
+    ndim = data[3]
+    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+@lru_cache(maxsize=2)
+def load_mnist(data_dir: str = "") -> Split:
+    """MNIST (60 000 / 10 000) from ``data_dir`` (default :func:`shared_data_dir` ``("mnist")``), pixels / 255."""
+    folder = data_dir or shared_data_dir("mnist")
+    out: list[np.ndarray] = []
+    for split in ("train", "test"):
+        images_file, labels_file = (os.path.join(folder, name) for name in MNIST_FILES[split])
+        if not os.path.exists(images_file):
+            raise FileNotFoundError(f"MNIST file {images_file} not found; pass data_dir or set ${DATA_DIR_ENV}")
+        out += [read_idx(images_file).reshape(-1, 28 * 28).astype(np.float32) / 255.0,
+                read_idx(labels_file).astype(np.int64)]
+    return out[0], out[1], out[2], out[3]
+
+
+__all__ = ["DATA_DIR_ENV", "MNIST_FILES", "Split", "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]
