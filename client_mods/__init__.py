@@ -13,6 +13,8 @@ Mods (act on a message):
   :func:`laplace_eval_epsilon` - the seed's ε for a target noise magnitude.
 * :class:`LocalUpdateNoiseMod` - clip + analytic-Gaussian noise on model
   updates in train replies (local DP, LDP-FL).
+* :func:`signds_mod` - SignDS encoding of the train update (a few sorted
+  indices, a sign and a MagRR bit replace the weights), seed 004.
 
 Data wrappers (act on local data):
 
@@ -42,6 +44,7 @@ from .label_dp_data import (
 )
 from .laplace_inference import LaplaceInferenceMod, laplace_eval_epsilon
 from .local_update_noise import LocalUpdateNoiseMod
+from .signds_mod import signds_mod
 
 _DP_SGD_NAMES = (
     "DpSgdBudgetExhausted",
@@ -78,4 +81,5 @@ __all__ = [
     "label_release_event",
     "laplace_eval_epsilon",
     "private_labels",
+    "signds_mod",
 ]

@@ -12,6 +12,7 @@ from .strategy import (
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
     ClusterEvaluation,
+    SignDS,
 )
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ __all__ = [
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
     "ClusterEvaluation",
+    "SignDS",
     "PrivacyLedger",
     "__version__",
     "declare_release",

@@ -13,6 +13,9 @@
 * :class:`ClusterEvaluation` - wraps any strategy; scores the clients'
   (Laplace-protected) inference results with silhouette / Calinski-Harabasz /
   Davies-Bouldin every evaluate round (seed 000).
+* :class:`SignDS` - SignDS + MagRR (seed 004): clients upload a few sorted
+  indices, a sign and one randomized-response bit; the server rebuilds, averages
+  and tracks the step size.
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 """
@@ -22,6 +25,7 @@ from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
 from .poisson_fixed_clipping import AccountedPoissonFixedClipping
+from .signds import SignDS
 from .metrics import privacy_metric_record, with_privacy_metrics
 
 __all__ = [
@@ -30,4 +34,5 @@ __all__ = [
     "AccountedServerSideFixedClipping",
     "ClientAccountingMixin",
     "ClusterEvaluation",
+    "SignDS",
     "privacy_metric_record", "with_privacy_metrics"]

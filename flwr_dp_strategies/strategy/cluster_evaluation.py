@@ -136,7 +136,6 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self._book_unprotected(server_round, [r for r in accepted if id(r) in undeclared])
         metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
         merged = self.round_metrics(metrics, rejected)
-        merged["rejected/inference-missing"] = float(rejected.get("inference-missing", 0))
         if self.eval_type != "NOT_EVAL":
             for key, value in self._score(accepted).items():
                 merged[key] = value

@@ -31,6 +31,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 REJECTION_REASONS: tuple[str, ...] = (
     "error", "structure", "weight", "keys", "oversized", "shape", "non-finite", "declaration", "metrics",
+    "indices", "values", "inference-missing",
 )
 
 ArraySpec = Mapping[str, tuple[tuple[int, ...], str, int]]

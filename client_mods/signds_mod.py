@@ -1,0 +1,98 @@
+"""Flower mod: replace a train reply's weights by its SignDS upload (seed 004).
+
+Attach to train: ``@app.train(mods=[signds_mod])``. The train function returns the
+trained weights as usual; the mod
+
+1. reads the received global weights *before* training (one ArrayRecord; its key
+   order fixes the flattening, as MindSpore's ``updateFeatureName``);
+2. computes update = trained − received, flattened in that order;
+3. encodes it with :func:`flwr_dp_strategies.signds.encode_update`, using the
+   parameters, r_est and phase the server put in the train config
+   (:data:`CONFIG_KEYS`, set by :class:`flwr_dp_strategies.SignDS`);
+4. replaces the reply's ArrayRecord by ``indices`` (int64, sorted), ``sign`` and
+   ``b-hat`` (int64, one value each): no float of the update leaves the client;
+5. declares the round's release (``round_event(sign_eps, rr_epsilon)``).
+
+Evaluate and query messages pass through. Randomness: fresh OS entropy for every
+encoding (the ClientApp is pickled to simulation workers for every message).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp.typing import ClientAppCallable
+
+from flwr_dp_strategies.declarations import declare_release
+from flwr_dp_strategies.signds import MagRRConfig, encode_update, round_event
+
+EVENT_LABEL = "signds/indices+magrr-bit"
+CONFIG_KEYS = {
+    "sign_k": "signds-sign-k",
+    "sign_eps": "signds-sign-eps",
+    "sign_thr_ratio": "signds-sign-thr-ratio",
+    "sign_dim_out": "signds-sign-dim-out",
+    "max_dim_out": "signds-max-dim-out",
+    "r_est": "signds-r-est",
+    "is_reached": "signds-is-reached",
+    "rr_epsilon": "signds-rr-eps",
+    "growth_margin": "signds-growth-margin",
+    "shrink_margin": "signds-shrink-margin",
+}
+
+
+def signds_settings(config: ConfigRecord) -> dict:
+    """The encoder's keyword arguments from a train message's ConfigRecord; KeyError names a missing key."""
+    missing = [key for key in CONFIG_KEYS.values() if key not in config]
+    if missing:
+        raise KeyError(f"signds_mod: the train config lacks {missing}; use flwr_dp_strategies.SignDS on the server")
+    magrr = MagRRConfig(rr_epsilon=float(config[CONFIG_KEYS["rr_epsilon"]]),
+                        growth_margin=float(config[CONFIG_KEYS["growth_margin"]]),
+                        shrink_margin=float(config[CONFIG_KEYS["shrink_margin"]]))
+    return {
+        "sign_k": float(config[CONFIG_KEYS["sign_k"]]),
+        "sign_eps": float(config[CONFIG_KEYS["sign_eps"]]),
+        "sign_thr_ratio": float(config[CONFIG_KEYS["sign_thr_ratio"]]),
+        "sign_dim_out": int(config[CONFIG_KEYS["sign_dim_out"]]),
+        "max_dim_out": int(config[CONFIG_KEYS["max_dim_out"]]),
+        "r_est": float(config[CONFIG_KEYS["r_est"]]),
+        "is_reached": int(config[CONFIG_KEYS["is_reached"]]),
+        "magrr": magrr,
+    }
+
+
+def flat_update(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
+    """trained − received over the received record's keys, flattened and concatenated in that order."""
+    if list(trained.keys()) != list(received.keys()):
+        raise ValueError("signds_mod: the trained ArrayRecord must have the received keys, in order")
+    return np.concatenate([(np.asarray(trained[k].numpy(), np.float64) - received[k].numpy()).ravel()
+                           for k in received.keys()])
+
+
+def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Encode the train reply's update as a SignDS upload (see the module docstring)."""
+    if msg.metadata.message_type.split(".")[0] != "train":
+        return call_next(msg, context)
+    if len(msg.content.array_records) != 1 or len(msg.content.config_records) < 1:
+        raise ValueError("signds_mod expects one ArrayRecord and a ConfigRecord in the train message")
+    received = next(iter(msg.content.array_records.values()))
+    received = ArrayRecord({k: Array(received[k].numpy().copy()) for k in received.keys()})
+    settings = signds_settings(next(iter(msg.content.config_records.values())))
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    if len(reply.content.array_records) != 1:
+        raise ValueError("signds_mod expects exactly one ArrayRecord in the train reply")
+    name, trained = next(iter(reply.content.array_records.items()))
+    upload = encode_update(flat_update(received, trained), **settings)
+    reply.content[name] = ArrayRecord({
+        "indices": Array(upload.indices.astype(np.int64)),
+        "sign": Array(np.array([upload.sign], dtype=np.int64)),
+        "b-hat": Array(np.array([upload.b_hat], dtype=np.int64)),
+    })
+    declare_release(reply.content, round_event(settings["sign_eps"], settings["magrr"].rr_epsilon),
+                    label=EVENT_LABEL)
+    return reply
+
+
+__all__ = ["CONFIG_KEYS", "EVENT_LABEL", "flat_update", "signds_mod", "signds_settings"]

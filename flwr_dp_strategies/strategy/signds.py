@@ -1,0 +1,208 @@
+r"""SignDS with MagRR step-size tracking: a FedAvg whose clients upload a few indices and a sign.
+
+Per round (MindSpore spec §2–3):
+
+1. ``configure_train`` sends FedAvg's message plus the SignDS parameters and the
+   current MagRR state (``signds-r-est``, ``signds-is-reached``, ...) in the
+   train config; :func:`client_mods.signds_mod` encodes each update with them.
+2. ``aggregate_train`` screens every reply (rejected and counted, the round goes
+   on): exactly the ArrayRecord keys ``indices``, ``sign``, ``b-hat``; integer
+   indices, 1-D, between 1 and ``max_dim_out`` of them, in [0, d), strictly
+   increasing; sign ±1; b̂ ∈ {0, 1}; a positive finite weight.
+3. Rebuild and average: with :math:`g = ` ``step_ratio``·N·r_est (N the number of
+   clients asked this round), client i's dense update is :math:`g s_i 1_{J_i}` and
+   the new model is :math:`w + \sum_i n_i g s_i 1_{J_i} / \sum_i n_i`, summed in
+   place with ``np.add.at`` (no dense per-client vector is built).
+4. MagRR (:func:`flwr_dp_strategies.signds.update_state`) updates r_est and the
+   phase from the received b̂ for the next round, or falls back to
+   ``sign_global_lr`` if fewer than 5 % of N sent a bit.
+
+Privacy (local DP, per client and round): the index set is ε-LDP with ε =
+``sign_eps`` and b̂ is ε_rr-LDP (randomized response), composed in the ledger
+(relation ``replace_one``: any two updates are neighbours). The server books the
+clients' declarations, and ``round_event(sign_eps, rr_epsilon)`` itself for a
+valid upload that came without one (it knows what it asked for). MindSpore's
+default (ε = 100, ε_rr = 5) spends 105 per round.
+
+Round metrics: ``signds/r-est``, ``signds/is-reached``, ``signds/majority``,
+``signds/debiased-ones``, ``signds/fallback``, ``signds/step``,
+``signds/values-per-client``, ``signds/bytes-per-client``, ``signds/dense-values``,
+plus ``privacy/*`` and ``rejected/*``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Optional
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from ..declarations import PRIVACY_RECORD
+from ..privacy import PrivacyLedger
+from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
+from ..signds import update_state
+from ..privacy.validation import check_int
+from .client_accounting import ClientAccountingMixin
+from .reply_screening import check_weight
+
+UPLOAD_KEYS = ("indices", "sign", "b-hat")
+EVENT_LABEL = "signds/indices+magrr-bit"
+
+
+class SignDS(ClientAccountingMixin, FedAvg):
+    """SignDS + MagRR on Flower's FedAvg. Arguments: the SignDS parameters (domains as MindSpore),
+    ``max_dim_out`` (most indices a client may send), ``magrr`` (MagRR constants), the ledger
+    options of :class:`AccountedFedAvg`, and FedAvg's own keyword arguments."""
+
+    def __init__(
+        self,
+        sign_k: float = 0.01,
+        sign_eps: float = 100.0,
+        sign_thr_ratio: float = 0.6,
+        sign_global_lr: float = 0.1,
+        sign_dim_out: int = 0,
+        *,
+        max_dim_out: int = MAX_DIM_OUT,
+        magrr: MagRRConfig = MagRRConfig(),
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        **fedavg_kwargs: Any,
+    ) -> None:
+        super().__init__(**fedavg_kwargs)
+        self.params = SignDSParams(sign_k, sign_eps, sign_thr_ratio, sign_dim_out)
+        self.sign_global_lr = check_global_lr(sign_global_lr)
+        self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
+        self.magrr = magrr
+        self.state = MagRRState(r_est=magrr.initial_r_est)
+        ledger = ledger if ledger is not None else PrivacyLedger(1e-5, neighboring_relation="replace_one")
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None)
+        self._current: Optional[ArrayRecord] = None
+        self._asked = 0
+
+    # ------------------------------------------------------------------ configure
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """FedAvg's messages with the SignDS parameters and the MagRR state in the config."""
+        config = ConfigRecord(dict(config))
+        config.update(self.client_config())
+        self._current = arrays
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._asked = len(messages)
+        return messages
+
+    def client_config(self) -> dict[str, Any]:
+        """The train-config entries :func:`client_mods.signds_mod` reads."""
+        return {
+            "signds-sign-k": float(self.params.sign_k), "signds-sign-eps": float(self.params.sign_eps),
+            "signds-sign-thr-ratio": float(self.params.sign_thr_ratio),
+            "signds-sign-dim-out": int(self.params.sign_dim_out), "signds-max-dim-out": int(self.max_dim_out),
+            "signds-r-est": float(self.state.r_est), "signds-is-reached": int(self.state.is_reached),
+            "signds-rr-eps": float(self.magrr.rr_epsilon), "signds-growth-margin": float(self.magrr.growth_margin),
+            "signds-shrink-margin": float(self.magrr.shrink_margin),
+        }
+
+    # ------------------------------------------------------------------ aggregate
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Screen, book, rebuild the sign updates, average; then MagRR for the next round."""
+        if self._current is None:
+            return None, None
+        keys = list(self._current.keys())
+        current = [self._current[k].numpy() for k in keys]
+        d = int(sum(a.size for a in current))
+        replies = list(replies)
+        undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
+        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d))
+        self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
+        step = step_size(self.state.r_est, max(self._asked, 1), self.magrr)
+        arrays = self._rebuild(current, keys, accepted, step) if accepted else None
+        metrics = self.train_metrics_aggr_fn([r.content for r in accepted], self.weighted_by_key) \
+            if accepted else MetricRecord()
+        info = self._magrr_round(accepted)
+        merged = self.round_metrics(metrics, rejected)
+        for key, value in {**info, "step": step, "dense-values": float(d),
+                           **self._upload_sizes(accepted)}.items():
+            merged[f"signds/{key}"] = float(value)
+        return arrays, merged
+
+    def _check(self, content: RecordDict, d: int) -> Optional[str]:
+        """A reason to reject this upload, or None (see the module docstring)."""
+        if len(content.array_records) != 1:
+            return "structure"
+        reason = check_weight(content, self.weighted_by_key)
+        if reason is not None:
+            return reason
+        record = next(iter(content.array_records.values()))
+        if sorted(record.keys()) != sorted(UPLOAD_KEYS):
+            return "keys"
+        if len(record["indices"].data) > 8 * self.max_dim_out + 1024:
+            return "oversized"
+        try:
+            idx, sign, bit = (record[k].numpy() for k in UPLOAD_KEYS)
+        except Exception:  # noqa: BLE001 - an undecodable payload is malformed
+            return "shape"
+        return _check_upload(idx, sign, bit, d, self.max_dim_out)
+
+    def _book_undeclared(self, server_round: int, replies: list[Message]) -> None:
+        """A valid upload without a declaration still released what was asked: book it."""
+        event = round_event(self.params.sign_eps, self.magrr.rr_epsilon)
+        for reply in replies:
+            self.ledger.record(event, server_round=server_round, client=reply.metadata.src_node_id,
+                               label=EVENT_LABEL)
+        if replies:
+            self.save_ledger()
+
+    def _rebuild(self, current: list[np.ndarray], keys: list[str], accepted: list[Message],
+                 step: float) -> ArrayRecord:
+        """w + g·Σ n_i s_i 1_{J_i} / Σ n_i, accumulated sparsely into one flat buffer."""
+        total = np.zeros(sum(a.size for a in current), dtype=np.float64)
+        weight_sum = 0.0
+        for reply in accepted:
+            record = next(iter(reply.content.array_records.values()))
+            weight = float(next(iter(reply.content.metric_records.values()))[self.weighted_by_key])
+            np.add.at(total, record["indices"].numpy(), weight * float(record["sign"].numpy()[0]))
+            weight_sum += weight
+        total *= step / weight_sum
+        out, start = {}, 0
+        for key, array in zip(keys, current):
+            part = total[start:start + array.size].reshape(array.shape)
+            out[key] = Array(np.asarray(array + part, dtype=array.dtype))
+            start += array.size
+        return ArrayRecord(out)
+
+    def _magrr_round(self, accepted: list[Message]) -> dict[str, float]:
+        """Update r_est and the phase from this round's bits (for the next round)."""
+        bits = [int(next(iter(r.content.array_records.values()))["b-hat"].numpy()[0]) for r in accepted]
+        self.state, info = update_state(self.state, ones=sum(bits), total=len(bits),
+                                        expected_participants=float(max(self._asked, 1)),
+                                        global_lr=self.sign_global_lr, config=self.magrr)
+        return {**info, "r-est": self.state.r_est, "is-reached": float(self.state.is_reached)}
+
+    @staticmethod
+    def _upload_sizes(accepted: list[Message]) -> dict[str, float]:
+        if not accepted:
+            return {"values-per-client": 0.0, "bytes-per-client": 0.0}
+        records = [next(iter(r.content.array_records.values())) for r in accepted]
+        values = np.mean([sum(int(np.prod(a.shape)) for a in rec.values()) for rec in records])
+        nbytes = np.mean([sum(len(a.data) for a in rec.values()) for rec in records])
+        return {"values-per-client": float(values), "bytes-per-client": float(nbytes)}
+
+
+def _check_upload(idx: np.ndarray, sign: np.ndarray, bit: np.ndarray, d: int, max_dim_out: int) -> Optional[str]:
+    """Indices 1-D integers, 1..max_dim_out of them, in [0, d), strictly increasing; sign ±1; bit 0/1."""
+    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer) or not 1 <= idx.size <= max_dim_out:
+        return "shape"
+    if sign.shape != (1,) or bit.shape != (1,):
+        return "shape"
+    if idx[0] < 0 or idx[-1] >= d or np.any(np.diff(idx) <= 0):
+        return "indices"
+    if int(sign[0]) not in (1, -1) or int(bit[0]) not in (0, 1):
+        return "values"
+    return None
+
+
+__all__ = ["EVENT_LABEL", "SignDS", "UPLOAD_KEYS"]
