@@ -66,7 +66,7 @@ def encode_update(update: object, *, sign_k: float, sign_eps: float, sign_thr_ra
         raise ValueError(f"sign_k·d = {params.sign_k}·{d} < 1: the top-k set is empty")
     gen = resolve_rng(rng)
     sign = 1 if gen.random() < 0.5 else -1
-    top = np.argpartition(-sign * delta, k_top - 1)[:k_top]
+    top = _signed_top_k(delta, k_top, sign)
     h = min(output_dim(d, params, check_int("max_dim_out", max_dim_out, minimum=1)), d)
     nu, _ = optimal_threshold(d, k_top, h, params.sign_eps)
     v = min(sample_overlap(overlap_log_probabilities(d, k_top, h, nu, params.sign_eps), gen), k_top, h)
@@ -75,6 +75,14 @@ def encode_update(update: object, *, sign_k: float, sign_eps: float, sign_thr_ra
     bit = magnitude_bit(r, r_est, is_reached, magrr)
     b_hat = int(binary_randomized_response(np.array([bit]), epsilon=magrr.rr_epsilon, rng=gen).value[0])
     return SignDSUpload(indices=indices, sign=sign, b_hat=b_hat)
+
+
+def _signed_top_k(delta: np.ndarray, k_top: int, sign: int) -> np.ndarray:
+    """Indices of the K largest entries of sign·Δ (one ``argpartition``, no negated copy)."""
+    d = delta.size
+    if sign > 0:
+        return np.argpartition(delta, d - k_top)[d - k_top:]
+    return np.argpartition(delta, k_top - 1)[:k_top]
 
 
 def _choose_indices(top: np.ndarray, d: int, from_top: int, from_rest: int, gen: np.random.Generator) -> np.ndarray:
@@ -90,14 +98,15 @@ def _sample_complement(top: np.ndarray, d: int, count: int, gen: np.random.Gener
         return np.empty(0, np.int64)
     if d - top.size < count:
         raise ValueError(f"cannot choose {count} indices outside a top-k set of {top.size} among {d}")
-    in_top = np.zeros(d, dtype=bool)
-    in_top[top] = True
+    top_sorted = np.sort(top)
     picked: list[int] = []
     seen: set[int] = set()
     while len(picked) < count:
-        for idx in gen.integers(0, d, size=2 * (count - len(picked)) + 8):
+        candidates = gen.integers(0, d, size=2 * (count - len(picked)) + 8)
+        pos = np.minimum(np.searchsorted(top_sorted, candidates), top_sorted.size - 1)
+        for idx in candidates[top_sorted[pos] != candidates]:
             idx = int(idx)
-            if not in_top[idx] and idx not in seen:
+            if idx not in seen:
                 seen.add(idx)
                 picked.append(idx)
                 if len(picked) == count:
