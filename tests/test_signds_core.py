@@ -108,13 +108,20 @@ def test_magrr_bit_rule_and_rr_flip_rate():
     cfg = MagRRConfig()
     assert magnitude_bit(1.9e-5, 1e-5, 0, cfg) == 1 and magnitude_bit(2.1e-5, 1e-5, 0, cfg) == 0
     assert magnitude_bit(0.49e-5, 1e-5, 1, cfg) == 1 and magnitude_bit(0.51e-5, 1e-5, 1, cfg) == 0
-    # the RR bit: r far below r_est gives b = 1, flipped with 1/(1 + e^5)
-    update = np.full(2000, 1e-9)
-    bits = [encode_update(update, sign_k=0.01, sign_eps=1, r_est=1.0, is_reached=0, rng=s).b_hat
-            for s in range(3000)]
-    flips = bits.count(0)
-    p = 1 / (1 + math.exp(5))
-    assert stats.binomtest(flips, 3000, p).pvalue > 1e-3
+    # the RR bit: r far below r_est gives b = 1, flipped with 1/(1 + e^ε_rr); ε_rr ×0.9 / ×1.1 rejected
+    update = np.full(400, 1e-9)
+    config = MagRRConfig(rr_epsilon=1.0)
+    draws = 20_000
+    bits = [encode_update(update, sign_k=0.05, sign_eps=1, r_est=1.0, is_reached=0, rng=s, magrr=config).b_hat
+            for s in range(draws)]
+    flips = draws - sum(bits)
+
+    def flip(eps: float) -> float:
+        return 1 / (1 + math.exp(eps))
+
+    assert stats.binomtest(flips, draws, flip(1.0)).pvalue > 1e-3
+    assert stats.binomtest(flips, draws, flip(0.9)).pvalue < 1e-6
+    assert stats.binomtest(flips, draws, flip(1.1)).pvalue < 1e-6
 
 
 def test_magrr_server_debiasing_phases_and_fallback():
