@@ -44,7 +44,7 @@ from .label_dp_data import (
 )
 from .laplace_inference import LaplaceInferenceMod, laplace_eval_epsilon
 from .local_update_noise import LocalUpdateNoiseMod
-from .signds_mod import signds_mod
+from .signds_mod import make_signds_mod, signds_mod
 
 _DP_SGD_NAMES = (
     "DpSgdBudgetExhausted",
@@ -80,6 +80,7 @@ __all__ = [
     "is_label_release_declared",
     "label_release_event",
     "laplace_eval_epsilon",
+    "make_signds_mod",
     "private_labels",
     "signds_mod",
 ]

@@ -13,7 +13,9 @@ trained weights as usual; the mod
    ``b-hat`` (int64, one value each): no float of the update leaves the client;
 5. declares the round's release (``round_event(sign_eps, rr_epsilon)``).
 
-Evaluate and query messages pass through. Randomness: fresh OS entropy for every
+Evaluate and query messages pass through. The parameters (hence ε) come from the
+server; :func:`make_signds_mod` gives a mod that refuses a larger ``sign_eps``,
+``rr_eps`` or ``max_dim_out`` than the client's own caps. Randomness: fresh OS entropy for every
 encoding (the ClientApp is pickled to simulation workers for every message).
 """
 
@@ -69,6 +71,22 @@ def flat_update(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
                            for k in received.keys()])
 
 
+def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100):
+    """A :func:`signds_mod` that refuses (raises, so the reply is an error and nothing leaves)
+    when the server asks for more than the client's own caps: a client bounds its own ε."""
+    def capped_signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        if msg.metadata.message_type.split(".")[0] == "train":
+            settings = signds_settings(next(iter(msg.content.config_records.values())))
+            asked = {"sign_eps": (settings["sign_eps"], max_sign_eps),
+                     "rr_eps": (settings["magrr"].rr_epsilon, max_rr_eps),
+                     "max_dim_out": (settings["max_dim_out"], max_dim_out)}
+            for name, (value, cap) in asked.items():
+                if value > cap:
+                    raise ValueError(f"signds_mod: the server asks {name}={value}, above this client's cap {cap}")
+        return signds_mod(msg, context, call_next)
+    return capped_signds_mod
+
+
 def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Encode the train reply's update as a SignDS upload (see the module docstring)."""
     if msg.metadata.message_type.split(".")[0] != "train":
@@ -95,4 +113,4 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     return reply
 
 
-__all__ = ["CONFIG_KEYS", "EVENT_LABEL", "flat_update", "signds_mod", "signds_settings"]
+__all__ = ["CONFIG_KEYS", "EVENT_LABEL", "flat_update", "make_signds_mod", "signds_mod", "signds_settings"]

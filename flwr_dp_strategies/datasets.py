@@ -73,4 +73,28 @@ def load_mnist(data_dir: str = "") -> Split:
     return out[0], out[1], out[2], out[3]
 
 
-__all__ = ["DATA_DIR_ENV", "MNIST_FILES", "Split", "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
+
+
+def standardise_mnist(images: np.ndarray) -> np.ndarray:
+    """MNIST's usual normalisation of [0, 1] pixels: (x − 0.1307)/0.3081, float32."""
+    return ((images - MNIST_MEAN) / MNIST_STD).astype(np.float32)
+
+
+@lru_cache(maxsize=16)
+def iid_partition_indices(num_examples: int, num_partitions: int, seed: int = 42) -> tuple[np.ndarray, ...]:
+    """IID shards of a seeded permutation of range(num_examples), cut by flwr-datasets' IidPartitioner.
+
+    The partitioner sees only example indices, so large arrays (60 000 MNIST
+    images) are never copied into a ``datasets.Dataset``.
+    """
+    import datasets
+    from flwr_datasets.partitioner import IidPartitioner
+
+    order = np.random.default_rng(seed).permutation(num_examples)
+    partitioner = IidPartitioner(num_partitions=num_partitions)
+    partitioner.dataset = datasets.Dataset.from_dict({"idx": order.tolist()})
+    return tuple(np.asarray(partitioner.load_partition(p)["idx"], dtype=np.int64) for p in range(num_partitions))
+
+
+__all__ = ["DATA_DIR_ENV", "iid_partition_indices", "standardise_mnist", "MNIST_FILES", "Split", "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]

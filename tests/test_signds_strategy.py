@@ -148,3 +148,14 @@ def test_evaluate_passes_through_and_a_missing_config_fails_loudly():
 def test_strategy_parameter_domains(kwargs, name):
     with pytest.raises(ValueError, match=name):
         make(**kwargs)
+
+
+def test_capped_mod_refuses_a_server_asking_for_more_epsilon():
+    from client_mods import make_signds_mod
+
+    strategy = make(sign_k=0.05, sign_eps=10.0)
+    msgs = list(strategy.configure_train(1, ArrayRecord(model()), ConfigRecord(), FakeGrid(N)))
+    with pytest.raises(ValueError, match="sign_eps"):
+        make_signds_mod(max_sign_eps=5.0)(msgs[0], context(), trainer_adding(1e-3, 0))
+    reply = make_signds_mod(max_sign_eps=10.0)(msgs[0], context(), trainer_adding(1e-3, 0))
+    assert sorted(reply.content["arrays"].keys()) == ["b-hat", "indices", "sign"]

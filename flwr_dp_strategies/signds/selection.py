@@ -84,7 +84,7 @@ def expected_overlaps(log_w: np.ndarray, epsilon: float) -> np.ndarray:
 
 
 def optimal_threshold(d: int, k_top: int, h: int, epsilon: float) -> tuple[int, float]:
-    """(ν, E_ν[v]): the first local maximum of E_t[v] over t = 1..h (MindSpore ``calcOptThr``).
+    r"""(ν, E_ν[v]): the first local maximum of E_t[v] over t = 1..h (MindSpore ``calcOptThr``).
 
     Moving the term v = t out of the boosted set raises the mean iff t < E_t, so
     :math:`E_{t+1} > E_t \iff t < E_t`: E_t is unimodal and its first local maximum

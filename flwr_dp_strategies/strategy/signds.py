@@ -24,10 +24,21 @@ clients' declarations, and ``round_event(sign_eps, rr_epsilon)`` itself for a
 valid upload that came without one (it knows what it asked for). MindSpore's
 default (ε = 100, ε_rr = 5) spends 105 per round.
 
-Round metrics: ``signds/r-est``, ``signds/is-reached``, ``signds/majority``,
-``signds/debiased-ones``, ``signds/fallback``, ``signds/step``,
-``signds/values-per-client``, ``signds/bytes-per-client``, ``signds/dense-values``,
-plus ``privacy/*`` and ``rejected/*``.
+Round metrics: ``signds/r-est-used`` and ``signds/step`` (this round's),
+``signds/r-est`` and ``signds/is-reached`` (after MagRR: the next round's),
+``signds/majority``, ``signds/debiased-ones``, ``signds/fallback``,
+``signds/values-per-client``, ``signds/payload-bytes-per-client`` (the arrays),
+``signds/bytes-per-client`` (as serialised, .npy headers included),
+``signds/dense-values``, plus ``privacy/*`` and ``rejected/*``.
+
+Step size. As in MindSpore, ``sign_global_lr`` is used only by the fallback; the
+global step is ``magrr.step_ratio``·N·r_est. A vote moves a coordinate that is
+consistently in the top-k by about step_ratio·N·E[v]/(2K) times FedAvg's move
+(E[v] indices per client from the top-k set of size K): ≈ 1.5 for the seed's
+LeNet, but ≫ 1 for small models (137 for a 2 410-parameter MLP with the
+defaults), where MagRR's growth phase then feeds back and diverges. Lower
+``step_ratio`` / ``initial_r_est``, or fix ``sign_dim_out``, for small models
+(``examples/signds`` gives settings that match FedAvg within 1 point).
 """
 
 from __future__ import annotations
@@ -118,13 +129,14 @@ class SignDS(ClientAccountingMixin, FedAvg):
         undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d))
         self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
-        step = step_size(self.state.r_est, max(self._asked, 1), self.magrr)
+        r_est_used = self.state.r_est
+        step = step_size(r_est_used, max(self._asked, 1), self.magrr)
         arrays = self._rebuild(current, keys, accepted, step) if accepted else None
         metrics = self.train_metrics_aggr_fn([r.content for r in accepted], self.weighted_by_key) \
             if accepted else MetricRecord()
         info = self._magrr_round(accepted)
         merged = self.round_metrics(metrics, rejected)
-        for key, value in {**info, "step": step, "dense-values": float(d),
+        for key, value in {**info, "step": step, "r-est-used": r_est_used, "dense-values": float(d),
                            **self._upload_sizes(accepted)}.items():
             merged[f"signds/{key}"] = float(value)
         return arrays, merged
@@ -185,11 +197,13 @@ class SignDS(ClientAccountingMixin, FedAvg):
     @staticmethod
     def _upload_sizes(accepted: list[Message]) -> dict[str, float]:
         if not accepted:
-            return {"values-per-client": 0.0, "bytes-per-client": 0.0}
+            return {"values-per-client": 0.0, "bytes-per-client": 0.0, "payload-bytes-per-client": 0.0}
         records = [next(iter(r.content.array_records.values())) for r in accepted]
         values = np.mean([sum(int(np.prod(a.shape)) for a in rec.values()) for rec in records])
         nbytes = np.mean([sum(len(a.data) for a in rec.values()) for rec in records])
-        return {"values-per-client": float(values), "bytes-per-client": float(nbytes)}
+        payload = np.mean([sum(a.numpy().nbytes for a in rec.values()) for rec in records])
+        return {"values-per-client": float(values), "bytes-per-client": float(nbytes),
+                "payload-bytes-per-client": float(payload)}
 
 
 def _check_upload(idx: np.ndarray, sign: np.ndarray, bit: np.ndarray, d: int, max_dim_out: int) -> Optional[str]:

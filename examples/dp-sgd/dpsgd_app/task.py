@@ -22,12 +22,16 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
-import datasets
 import numpy as np
-from flwr_datasets.partitioner import IidPartitioner
 from torch import nn
 
-from flwr_dp_strategies.datasets import load_digits_split, load_mnist, shared_data_dir
+from flwr_dp_strategies.datasets import (
+    iid_partition_indices,
+    load_digits_split,
+    load_mnist,
+    shared_data_dir,
+    standardise_mnist,
+)
 from flwr_dp_strategies.training import evaluate_classifier as test
 
 SPLIT_SEED = 42
@@ -50,22 +54,8 @@ def load_data(dataset: str = "digits", data_dir: str = "") -> Split:
         return load_digits_split(0.25, SPLIT_SEED)
     if dataset == "mnist":
         x_tr, y_tr, x_te, y_te = load_mnist(data_dir or default_mnist_dir())
-        return _standardise(x_tr), y_tr, _standardise(x_te), y_te
+        return standardise_mnist(x_tr), y_tr, standardise_mnist(x_te), y_te
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
-
-
-def _standardise(images: np.ndarray) -> np.ndarray:
-    """MNIST's usual normalisation: mean 0.1307, std 0.3081."""
-    return ((images - 0.1307) / 0.3081).astype(np.float32)
-
-
-@lru_cache(maxsize=8)
-def _partition_indices(num_examples: int, num_partitions: int) -> tuple[np.ndarray, ...]:
-    """IID shards of a fixed permutation of range(num_examples), via IidPartitioner."""
-    order = np.random.default_rng(SPLIT_SEED).permutation(num_examples)
-    partitioner = IidPartitioner(num_partitions=num_partitions)
-    partitioner.dataset = datasets.Dataset.from_dict({"idx": order.tolist()})
-    return tuple(np.asarray(partitioner.load_partition(p)["idx"], dtype=np.int64) for p in range(num_partitions))
 
 
 def load_partition(partition_id: int, num_partitions: int, dataset: str = "digits",
@@ -74,7 +64,7 @@ def load_partition(partition_id: int, num_partitions: int, dataset: str = "digit
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
     x_tr, y_tr, _, _ = load_data(dataset, data_dir)
-    idx = _partition_indices(len(y_tr), num_partitions)[partition_id]
+    idx = iid_partition_indices(len(y_tr), num_partitions, SPLIT_SEED)[partition_id]
     return x_tr[idx], y_tr[idx]
 
 
