@@ -63,7 +63,7 @@ from dp_accounting import dp_event
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from torch.utils.data import Dataset, TensorDataset
 
-from flwr_dp_strategies.declarations import declare_release
+from flwr_dp_strategies.declarations import declare_release, read_declarations
 from flwr_dp_strategies.privacy import rr_event
 from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
 from flwr_dp_strategies.privacy.validation import check_epsilon, check_int
@@ -72,6 +72,7 @@ from .label_dp import like, randomize, to_numpy, validated_indices
 
 LabelsT = TypeVar("LabelsT")
 
+POST_PROCESSING_DECLARATION = "label-dp/post-processing"
 LABEL_DP_DECLARATION = "label-dp/randomized-response"
 DEFAULT_STATE_KEY = "label-dp"
 LABELS_FIELD = "noisy-labels"
@@ -222,7 +223,9 @@ def declare_label_release(context: Context, content: RecordDict, *, key: str = D
 
     Adds ``rr_event(eps, k)`` with label :data:`LABEL_DP_DECLARATION` via
     :func:`flwr_dp_strategies.declarations.declare_release` and marks it declared
-    in ``context.state``, so exactly one reply per node carries it.
+    in ``context.state``, so exactly one reply per node carries it. Later replies
+    declare a ``NoOpDpEvent`` ("post-processing of an already declared release"):
+    an accounting strategy books a train reply that declares nothing as non-private.
 
     Raises:
         ValueError: no label release in ``context.state`` (call :func:`private_labels` first).
@@ -231,6 +234,8 @@ def declare_label_release(context: Context, content: RecordDict, *, key: str = D
     if meta is None:
         raise ValueError(f"no label release under key={key!r} in context.state: call private_labels first")
     if bool(meta["declared"]):
+        if not any(d.label.startswith("label-dp/") for d in read_declarations(content)):
+            declare_release(content, dp_event.NoOpDpEvent(), label=POST_PROCESSING_DECLARATION)
         return False
     declare_release(content, rr_event(float(meta["epsilon"]), int(meta["num-classes"])), label=LABEL_DP_DECLARATION)
     meta["declared"] = True

@@ -11,6 +11,12 @@ replace-one relation only: give ``ledger=PrivacyLedger(neighboring_relation="rep
 error in the log). It adds no noise itself; the aggregate is FedAvg's weighted
 mean of the accepted replies (post-processing of what the clients released).
 
+A train reply that declares nothing is a non-private release of its update: it
+is booked as ``NonPrivateDpEvent`` and that client's ε is reported as infinite,
+never as 0 (a mechanism whose later replies are post-processing of an earlier
+release declares ``NoOpDpEvent``, as the label-DP wrapper does). Evaluate
+metrics are not accounted (as everywhere in this package).
+
 What it checks and reports: see :mod:`.reply_screening` and
 :mod:`.client_accounting`.
 """
@@ -20,13 +26,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ..declarations import PRIVACY_RECORD
 from ..privacy import PrivacyLedger
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import ArraySpec, array_spec, check_weight, screen_train_content
+
+
+NON_PRIVATE_LABEL = "update/undeclared (non-private)"
 
 
 class AccountedFedAvg(ClientAccountingMixin, FedAvg):
@@ -65,12 +76,23 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, book the declarations, then FedAvg over the accepted replies."""
+        replies = list(replies)
+        undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
         accepted, rejected = self.screen_and_book(
             server_round, replies,
             lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes),
         )
+        self._book_non_private(server_round, [r for r in accepted if id(r) in undeclared])
         arrays, metrics = super().aggregate_train(server_round, accepted) if accepted else (None, None)
         return arrays, self.round_metrics(metrics, rejected)
+
+    def _book_non_private(self, server_round: int, replies: list[Message]) -> None:
+        """A model update sent without any declared release is not DP: book it (ε = inf, never 0)."""
+        for reply in replies:
+            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=reply.metadata.src_node_id,
+                               label=NON_PRIVATE_LABEL)
+        if replies:
+            self.save_ledger()
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screen, book the declarations (e.g. Laplace-protected inference results), then FedAvg's metrics."""

@@ -9,9 +9,10 @@ unsupervised evaluation to every evaluate round:
    and ``eval-type``; :class:`client_mods.LaplaceInferenceMod` reads them.
 2. ``aggregate_evaluate`` screens each reply's inference result (ArrayRecord
    ``inference_key``, all its arrays concatenated to one point, as MindSpore does):
-   missing (``inference-missing``), NaN/inf (``non-finite``) or of another length
-   than most replies (``shape``) is rejected and counted; Laplace declarations are
-   booked in the ledger per node.
+   NaN/inf (``non-finite``) or of another length than most replies (``shape``) is
+   rejected and counted; a reply without one is kept for the wrapped strategy's
+   evaluation but not scored (``cluster/missing``), so an unchanged app keeps its
+   evaluation; Laplace declarations are booked in the ledger per node.
 3. Up to ``cluster_client_num`` accepted points are scored with scikit-learn on
    labels = argmax (:func:`flwr_dp_strategies.cluster_scores.cluster_scores`):
    ``cluster/silhouette``, ``cluster/calinski-harabasz``, ``cluster/davies-bouldin``,
@@ -133,11 +134,13 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         length = self._majority_length(replies)
         undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, length))
-        self._book_unprotected(server_round, [r for r in accepted if id(r) in undeclared])
+        with_points = [r for r in accepted if self.inference_key in r.content.array_records]
+        self._book_unprotected(server_round, [r for r in with_points if id(r) in undeclared])
         metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
         merged = self.round_metrics(metrics, rejected)
+        merged["cluster/missing"] = float(len(accepted) - len(with_points))
         if self.eval_type != "NOT_EVAL":
-            for key, value in self._score(accepted).items():
+            for key, value in self._score(with_points).items():
                 merged[key] = value
         return merged
 
@@ -168,7 +171,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         except Exception:  # noqa: BLE001 - undecodable arrays are malformed
             return "shape"
         if point is None:
-            return "inference-missing"
+            return None  # no inference result: evaluated by the wrapped strategy, not scored
         if point.size != length:
             return "shape"
         return None if np.isfinite(point).all() else "non-finite"

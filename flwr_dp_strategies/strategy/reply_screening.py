@@ -31,7 +31,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 
 REJECTION_REASONS: tuple[str, ...] = (
     "error", "structure", "weight", "keys", "oversized", "shape", "non-finite", "declaration", "metrics",
-    "indices", "values", "inference-missing",
+    "indices", "values",
 )
 
 ArraySpec = Mapping[str, tuple[tuple[int, ...], str, int]]

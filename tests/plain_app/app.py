@@ -1,0 +1,115 @@
+"""An ordinary Flower 1.41 app: softmax regression on sklearn digits, FedAvg in the ServerApp.
+
+The only line that changes per strategy is the one in :func:`make_strategy`
+(``DROP_IN`` maps a name to that one line). SignDS also needs its client mod,
+added to the ClientApp's train function: the one client-side line.
+The ServerApp runs every strategy named in ``PLAIN_APP_STRATEGIES`` for 2 rounds
+in one simulation and writes the final metrics to ``PLAIN_APP_OUT`` (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from client_mods import signds_mod
+from flwr_dp_strategies import (
+    AccountedFedAvg,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+    ClusterEvaluation,
+    SignDS,
+)
+from flwr_dp_strategies.datasets import iid_partition_indices, load_digits_split
+
+NODES = 4
+FEDAVG_ARGS = {"fraction_train": 1.0, "fraction_evaluate": 1.0, "min_train_nodes": NODES,
+               "min_evaluate_nodes": NODES, "min_available_nodes": NODES}
+
+DROP_IN = {
+    "FedAvg": lambda: FedAvg(**FEDAVG_ARGS),
+    "AccountedFedAvg": lambda: AccountedFedAvg(**FEDAVG_ARGS),
+    "AccountedServerSideFixedClipping": lambda: AccountedServerSideFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES),
+    "AccountedPoissonFixedClipping": lambda: AccountedPoissonFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, 2),
+    "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
+    "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
+}
+
+
+def make_strategy(name: str):
+    """The one line an app changes."""
+    return DROP_IN[name]()
+
+
+def _partition(context: Context) -> tuple[np.ndarray, np.ndarray]:
+    x, y, _, _ = load_digits_split()
+    idx = iid_partition_indices(len(y), int(context.node_config["num-partitions"]))[
+        int(context.node_config["partition-id"])]
+    return x[idx], y[idx]
+
+
+def _logits(weights: list[np.ndarray], x: np.ndarray) -> np.ndarray:
+    return x @ weights[0] + weights[1]
+
+
+def _sgd(weights: list[np.ndarray], x: np.ndarray, y: np.ndarray, lr: float = 0.5, steps: int = 20):
+    w, b = (a.astype(np.float64).copy() for a in weights)
+    onehot = np.eye(10)[y]
+    for _ in range(steps):
+        z = x @ w + b
+        p = np.exp(z - z.max(axis=1, keepdims=True))
+        p /= p.sum(axis=1, keepdims=True)
+        grad = (p - onehot) / len(y)
+        w -= lr * x.T @ grad
+        b -= lr * grad.sum(axis=0)
+    return [w.astype(np.float32), b.astype(np.float32)]
+
+
+app = ClientApp()
+
+
+def signds_when_asked(msg: Message, context: Context, call_next):
+    """Test glue: one ClientApp serves every strategy; a SignDS client would simply use ``mods=[signds_mod]``."""
+    config = next(iter(msg.content.config_records.values()), {})
+    return signds_mod(msg, context, call_next) if "signds-sign-k" in config else call_next(msg, context)
+
+
+@app.train(mods=[signds_when_asked])
+def train(msg: Message, context: Context) -> Message:
+    x, y = _partition(context)
+    weights = _sgd(msg.content["arrays"].to_numpy_ndarrays(), x, y)
+    return Message(RecordDict({"arrays": ArrayRecord(weights),
+                               "metrics": MetricRecord({"num-examples": len(y)})}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    x, y = _partition(context)
+    accuracy = float((_logits(msg.content["arrays"].to_numpy_ndarrays(), x).argmax(axis=1) == y).mean())
+    return Message(RecordDict({"metrics": MetricRecord({"accuracy": accuracy, "num-examples": len(y)})}),
+                   reply_to=msg)
+
+
+server = ServerApp()
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    out = {}
+    for name in os.environ["PLAIN_APP_STRATEGIES"].split(","):
+        strategy = make_strategy(name)
+        initial = ArrayRecord([np.zeros((64, 10), np.float32), np.zeros(10, np.float32)])
+        result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=2, train_config=ConfigRecord())
+        train = result.train_metrics_clientapp.get(2, {})
+        evaluate = result.evaluate_metrics_clientapp.get(2, {})
+        out[name] = {"train": {k: float(v) for k, v in dict(train).items() if isinstance(v, (int, float))},
+                     "evaluate": {k: float(v) for k, v in dict(evaluate).items() if isinstance(v, (int, float))},
+                     "changed": bool(np.abs(result.arrays.to_numpy_ndarrays()[0]).sum() > 0)}
+    with open(os.environ["PLAIN_APP_OUT"], "w") as handle:
+        json.dump(out, handle)

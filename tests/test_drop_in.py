@@ -1,0 +1,42 @@
+"""Drop-in: a plain Flower app with FedAvg, one line swapped for each of our strategies (one simulation)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.mark.integration
+def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
+    from flwr_dp_strategies.simulation import prepare_process
+
+    prepare_process([HERE])
+    from plain_app.app import DROP_IN, app, server
+
+    out = tmp_path / "metrics.json"
+    os.environ["PLAIN_APP_STRATEGIES"] = ",".join(DROP_IN)
+    os.environ["PLAIN_APP_OUT"] = str(out)
+    from flwr.simulation import run_simulation
+
+    run_simulation(server_app=server, client_app=app, num_supernodes=4,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    results = json.loads(out.read_text())
+    assert set(results) == set(DROP_IN)
+    for name, result in results.items():
+        assert result["changed"], name  # the model was trained and released
+        assert 0.0 <= result["evaluate"]["accuracy"] <= 1.0, name  # the app's own evaluation still runs
+        assert result["train"].get("rejected/error", 0.0) == 0.0, name
+    for name in ("AccountedServerSideFixedClipping", "AccountedPoissonFixedClipping", "SignDS"):
+        assert 0 < results[name]["train"]["privacy/epsilon"] < math.inf, name
+    for name in ("FedAvg", "AccountedFedAvg", "ClusterEvaluation"):  # no noise: same training as FedAvg
+        assert results[name]["evaluate"]["accuracy"] == pytest.approx(results["FedAvg"]["evaluate"]["accuracy"])
+        assert results[name]["evaluate"]["accuracy"] > 0.5
+    # plain clients declare nothing: their dense updates are booked as non-private, never as epsilon = 0
+    assert results["AccountedFedAvg"]["train"]["privacy/epsilon"] == math.inf
+    assert results["SignDS"]["train"]["signds/values-per-client"] <= 100
+    assert results["ClusterEvaluation"]["evaluate"]["cluster/missing"] == 4  # no inference results: not scored
