@@ -1,9 +1,11 @@
 """ServerApp: FedAvg training + MindSpore-style unsupervised evaluation of the clients' inference results.
 
-Strategy: ``ClusterEvaluation.from_run_config(AccountedFedAvg(...), config)``.
-``AccountedFedAvg`` trains (all ``num-partitions`` clients every round) and books
-the clients' Laplace declarations in a :class:`PrivacyLedger` (``replace_one``:
-local DP, one client's vector replaced by any other); ``ClusterEvaluation``
+Strategy: ``ClusterEvaluation.from_run_config(FedAvg(...), config, ledger=...)``.
+Plain ``FedAvg`` trains (all ``num-partitions`` clients every round; training is
+not private in this example, as in the seed: only the inference upload is
+protected); ``ClusterEvaluation`` books the clients' Laplace declarations in its
+:class:`PrivacyLedger` (``replace_one``: local DP, one client's vector replaced
+by any other), so ``privacy/epsilon`` is the ε of the inference releases; it
 sends the privacy mode (``privacy-eval-type``, ``laplace-eval-eps``) in the
 evaluate config, clusters the (noisy) mean softmax vectors by argmax and
 reports silhouette / Calinski-Harabasz / Davies-Bouldin.
@@ -34,9 +36,10 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.strategy import AccountedFedAvg, ClusterEvaluation
+from flwr_dp_strategies.strategy import ClusterEvaluation
 
 from . import task
 from .config import resolve_run_config
@@ -125,12 +128,13 @@ def format_row(row: dict[str, Any], mode: str) -> str:
 
 
 def build_strategy(config: dict[str, Any]) -> RecordingClusterEvaluation:
-    """AccountedFedAvg over all clients (replace-one LDP ledger), wrapped in the cluster evaluation."""
+    """Plain FedAvg over all clients, wrapped in the cluster evaluation (replace-one LDP ledger of the
+    inference releases; the training updates are not private here and not in this ledger)."""
     clients = int(config["num-partitions"])
     ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation="replace_one")
-    fedavg = AccountedFedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=clients,
-                             min_evaluate_nodes=clients, min_available_nodes=clients, ledger=ledger)
-    return RecordingClusterEvaluation.from_run_config(fedavg, config)
+    fedavg = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=clients,
+                    min_evaluate_nodes=clients, min_available_nodes=clients)
+    return RecordingClusterEvaluation.from_run_config(fedavg, config, ledger=ledger)
 
 
 CLIENT_KEYS = ("model", "local-epochs", "lr", "batch-size", "seed", "partitioner", "classes-per-partition",
