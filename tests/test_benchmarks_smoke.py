@@ -1,0 +1,51 @@
+"""Smoke test of the benchmark suite: every benchmark runs at a toy size (nothing is timed here)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+pytest.importorskip("matplotlib")
+
+from benchmarks import run as bench_run  # noqa: E402
+from benchmarks._common import ROW_KEYS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    assert bench_run.main(["--tiny", "--out", str(out)]) == 0
+    return out
+
+
+def test_run_writes_its_files(tiny_run):
+    for name in ("results.json", "results.md", "ratios.png"):
+        assert (tiny_run / name).stat().st_size > 0, name
+    result = json.loads((tiny_run / "results.json").read_text())
+    assert result["mode"] == "tiny"
+    for key in ("platform", "cpu_count", "numpy", "torch"):
+        assert result["machine"][key], key
+    assert (tiny_run / "results.md").read_text().count("\n|") >= len(result["rows"]) + 1
+
+
+def test_every_benchmark_returns_well_formed_rows(tiny_run):
+    rows = json.loads((tiny_run / "results.json").read_text())["rows"]
+    assert {r["benchmark"] for r in rows} == set(bench_run.BENCHMARKS)
+    for r in rows:
+        assert set(ROW_KEYS) <= set(r), r
+        assert r["metric"] in ("time_s", "bytes", "peak_bytes")
+        assert r["values"] and r["baseline_values"]
+        for v in (*r["values"], *r["baseline_values"], r["value"], r["baseline_value"], r["ratio"]):
+            assert math.isfinite(v) and v > 0, r
+        assert r["target"] and r["target_met"] in (True, False, None)
+    time_rows = [r for r in rows if r["metric"] == "time_s"]
+    assert {r["benchmark"] for r in time_rows} == set(bench_run.BENCHMARKS)
+    assert any(r["metric"] == "bytes" for r in rows) and any(r["metric"] == "peak_bytes" for r in rows)
