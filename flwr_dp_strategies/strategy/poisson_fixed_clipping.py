@@ -33,6 +33,7 @@ later do not weaken it (they change only the expected number of participants).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Optional
@@ -146,19 +147,19 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         return arrays, merged
 
     def _clipped_sum(self, current: list[np.ndarray], replies: list[Message]) -> np.ndarray:
-        """Σ_i Δ_i·min(1, C/‖Δ_i‖₂) over the replies, accumulated in one flat buffer."""
-        flat_current = np.concatenate([a.ravel().astype(np.float64) for a in current])
+        """Σ_i Δ_i·min(1, C/‖Δ_i‖₂) over the replies, streamed in place in float32 (two d-sized buffers)."""
+        flat_current = np.concatenate([a.ravel() for a in current]).astype(np.float32)
         total = np.zeros_like(flat_current)
         update = np.empty_like(flat_current)
         for reply in replies:
             arrays = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()
             np.concatenate([a.ravel() for a in arrays], out=update, casting="unsafe")
-            update -= flat_current
-            norm = float(np.linalg.norm(update))
+            np.subtract(update, flat_current, out=update)
+            norm = math.sqrt(float(np.dot(update, update)))
             if norm > self.clipping_norm:
-                update *= self.clipping_norm / norm
-            total += update
-        return total
+                update *= np.float32(self.clipping_norm / norm)
+            np.add(total, update, out=total)
+        return total.astype(np.float64)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
