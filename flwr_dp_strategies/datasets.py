@@ -97,4 +97,28 @@ def iid_partition_indices(num_examples: int, num_partitions: int, seed: int = 42
     return tuple(np.asarray(partitioner.load_partition(p)["idx"], dtype=np.int64) for p in range(num_partitions))
 
 
-__all__ = ["DATA_DIR_ENV", "iid_partition_indices", "standardise_mnist", "MNIST_FILES", "Split", "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]
+DATASETS = ("digits", "mnist")
+
+
+@lru_cache(maxsize=4)
+def load_dataset(dataset: str = "digits", data_dir: str = "", seed: int = 42) -> Split:
+    """``digits`` (75/25 split with ``seed``) or ``mnist`` from ``data_dir`` (standardised)."""
+    if dataset == "digits":
+        return load_digits_split(0.25, seed)
+    if dataset == "mnist":
+        x_tr, y_tr, x_te, y_te = load_mnist(data_dir)
+        return standardise_mnist(x_tr), y_tr, standardise_mnist(x_te), y_te
+    raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+
+
+def iid_client_shard(partition_id: int, num_partitions: int, dataset: str = "digits", data_dir: str = "",
+                     seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
+    """Client ``partition_id``'s IID shard of the train split of :func:`load_dataset`."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
+    x_tr, y_tr, _, _ = load_dataset(dataset, data_dir, seed)
+    idx = iid_partition_indices(len(y_tr), num_partitions, seed)[partition_id]
+    return x_tr[idx], y_tr[idx]
+
+
+__all__ = ["DATASETS", "DATA_DIR_ENV", "iid_client_shard", "iid_partition_indices", "load_dataset", "standardise_mnist", "MNIST_FILES", "Split", "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]

@@ -20,23 +20,15 @@ so the trainer's ``grad_sample_mode="auto"`` picks ghost clipping).
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 
 import numpy as np
 from torch import nn
 
-from flwr_dp_strategies.datasets import (
-    iid_partition_indices,
-    load_digits_split,
-    load_mnist,
-    shared_data_dir,
-    standardise_mnist,
-)
+from flwr_dp_strategies.datasets import DATASETS, iid_client_shard, load_dataset, shared_data_dir
 from flwr_dp_strategies.training import evaluate_classifier as test
 
 SPLIT_SEED = 42
 NUM_CLASSES = 10
-DATASETS = ("digits", "mnist")
 MNIST_ENV = "DPSGD_MNIST_DIR"
 
 Split = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -47,25 +39,16 @@ def default_mnist_dir() -> str:
     return os.environ.get(MNIST_ENV) or shared_data_dir("mnist")
 
 
-@lru_cache(maxsize=2)
 def load_data(dataset: str = "digits", data_dir: str = "") -> Split:
     """(X_train, y_train, X_test, y_test): float32 features, int64 labels (MNIST standardised)."""
-    if dataset == "digits":
-        return load_digits_split(0.25, SPLIT_SEED)
-    if dataset == "mnist":
-        x_tr, y_tr, x_te, y_te = load_mnist(data_dir or default_mnist_dir())
-        return standardise_mnist(x_tr), y_tr, standardise_mnist(x_te), y_te
-    raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
+    return load_dataset(dataset, data_dir or (default_mnist_dir() if dataset == "mnist" else ""), SPLIT_SEED)
 
 
 def load_partition(partition_id: int, num_partitions: int, dataset: str = "digits",
                    data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
     """Client ``partition_id``'s IID shard of the train split."""
-    if not 0 <= partition_id < num_partitions:
-        raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
-    x_tr, y_tr, _, _ = load_data(dataset, data_dir)
-    idx = iid_partition_indices(len(y_tr), num_partitions, SPLIT_SEED)[partition_id]
-    return x_tr[idx], y_tr[idx]
+    return iid_client_shard(partition_id, num_partitions, dataset,
+                            data_dir or (default_mnist_dir() if dataset == "mnist" else ""), SPLIT_SEED)
 
 
 def build_model(num_features: int, hidden: int = 32) -> nn.Module:
