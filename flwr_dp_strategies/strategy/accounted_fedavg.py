@@ -83,8 +83,19 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes),
         )
         self._book_non_private(server_round, [r for r in accepted if id(r) in undeclared])
-        arrays, metrics = super().aggregate_train(server_round, accepted) if accepted else (None, None)
+        arrays, metrics = self.aggregate_accepted(server_round, accepted) if accepted else (None, None)
         return arrays, self.round_metrics(metrics, rejected)
+
+    def aggregate_accepted(
+        self, server_round: int, replies: list[Message]
+    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Aggregate the screened, booked replies (non-empty): FedAvg's weighted mean.
+
+        The hook subclasses override to aggregate differently (layer shuffling,
+        divergence-based selection); screening and booking stay in
+        :meth:`aggregate_train`, so no subclass can skip them.
+        """
+        return FedAvg.aggregate_train(self, server_round, replies)
 
     def _book_non_private(self, server_round: int, replies: list[Message]) -> None:
         """A model update sent without any declared release is not DP: book it (ε = inf, never 0)."""
