@@ -6,12 +6,15 @@ DpEvents, accountants, :class:`~flwr_dp_strategies.privacy.PrivacyLedger`).
 """
 
 from .declarations import declare_release, read_declarations
+from .layer_shuffler import LayerShuffler
 from .privacy import PrivacyLedger
 from .strategy import (
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
     ClusterEvaluation,
+    MinDivergenceExpSampling,
+    ShuffleAmplifiedFedAvg,
     SignDS,
 )
 
@@ -22,6 +25,9 @@ __all__ = [
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
     "ClusterEvaluation",
+    "LayerShuffler",
+    "MinDivergenceExpSampling",
+    "ShuffleAmplifiedFedAvg",
     "SignDS",
     "PrivacyLedger",
     "__version__",

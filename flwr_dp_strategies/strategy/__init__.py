@@ -16,6 +16,13 @@
 * :class:`SignDS` - SignDS + MagRR (seed 004): clients upload a few sorted
   indices, a sign and one randomized-response bit; the server rebuilds, averages
   and tracks the step size.
+* :class:`MinDivergenceExpSampling` - DELM's ε-DP minimum-divergence exponential
+  sampling aggregation (seed 001 §5.3): per layer, the weighted mean of k replies
+  drawn by the exponential mechanism on their sign-flip divergence (or the k
+  lowest with ``epsilon=None``), the selection booked in its own ledger.
+* :class:`ShuffleAmplifiedFedAvg` - DELM's layer-wise Split & Shuffle (seed 001
+  §3.4): accepted updates are permuted per layer before averaging; a sound
+  FMT shuffle-amplified ε is booked only for LDP reports (the paper's ε/m is not).
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 """
@@ -24,7 +31,9 @@ from .accounted_fedavg import AccountedFedAvg
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
+from .min_divergence import MinDivergenceExpSampling
 from .poisson_fixed_clipping import AccountedPoissonFixedClipping
+from .shuffle_amplified import ShuffleAmplifiedFedAvg
 from .signds import SignDS
 from .metrics import privacy_metric_record, with_privacy_metrics
 
@@ -34,5 +43,7 @@ __all__ = [
     "AccountedServerSideFixedClipping",
     "ClientAccountingMixin",
     "ClusterEvaluation",
+    "MinDivergenceExpSampling",
+    "ShuffleAmplifiedFedAvg",
     "SignDS",
     "privacy_metric_record", "with_privacy_metrics"]

@@ -1,0 +1,291 @@
+r"""FedAvg behind a layer-wise Split & Shuffle (DELM §3.4), with a sound shuffle-amplified ε.
+
+:class:`ShuffleAmplifiedFedAvg` is :class:`AccountedFedAvg` (screening, booking
+of the clients' declarations in ``self.ledger``, ``privacy/*`` and
+``rejected/*`` metrics) whose aggregation hook passes the accepted updates
+through a :class:`~flwr_dp_strategies.layer_shuffler.LayerShuffler`: the
+replies' single ArrayRecords are split into layers (:func:`layer_groups`), every
+layer is permuted independently across the reports with its weight, the node
+ids are dropped, and the shuffled reports are averaged per layer (weighted, in a
+float64 accumulator, one array at a time). The aggregate equals FedAvg's.
+
+Privacy (proof and trust assumption: :mod:`flwr_dp_strategies.layer_shuffler`).
+The per-client ledger ``self.ledger`` is unchanged: the shuffler sees every
+report. Against an analyst that sees only the shuffler's output, each round is
+(ε, δ)-DP under replacement of one client's whole local data with
+ε = FMT(ε₀, n, δ) (Feldman-McMillan-Talwar 2021), n = the number of reports
+shuffled (accepted replies), ε₀ = the reports' pure LDP ε. That event is booked
+centrally in ``shuffle_ledger`` (label "shuffled round") only when all of:
+
+* ``amplification="fmt"``;
+* ``reports_are_ldp=True``: the operator asserts that every client's declared ε
+  is LDP with respect to its *whole* local data and that all clients run the
+  same randomizer (e.g. local update noise on a clipped update). Record-level
+  DP (functional mechanism, DP-SGD) is not: FMT needs the randomizer's output on
+  any input to be e^{ε₀}-close to its output on any other input;
+* every accepted reply declared events that are pure ε-DP as a whole
+  (``basic_pure_epsilon``, summed within the round), all replies declared the
+  same events and carry the same weight (a weight travelling with the segments
+  is part of the report: unequal ones identify their sender);
+* every earlier train round was booked this way too (otherwise the shuffle
+  ledger is not a complete account and is no longer used).
+
+ε₀ = the largest declared pure ε of the round. Each round's event is taken at
+δ = ``shuffle_round_delta`` (default ``shuffle_ledger.target_delta``; with that
+default the composition over two or more rounds is infinite at the same target
+δ, so pass e.g. ``target_delta / (rounds + 1)`` for a multi-round run).
+
+``amplification="paper"`` also reports the paper's ε₀/m (m layers) as
+``shuffle/epsilon-paper``, with a WARNING every round: it is **not** a DP bound
+(the appendix's mixture argument bounds one position, not the joint output in
+which every layer of every client still appears) and it is never booked.
+
+Train metrics: FedAvg's metric aggregation of the accepted replies, plus
+``shuffle/reports`` (n), ``shuffle/layers`` (m), ``shuffle/epsilon0`` (ε₀; inf
+if some reply declared no finite pure ε), ``shuffle/epsilon`` and
+``shuffle/delta``: ``shuffle_ledger``'s composed ε when every round was
+amplified, else the clients' own worst ε from ``self.ledger`` (no amplification
+claimed; the reason is logged once at INFO).
+
+Not covered by any figure here: the clients' train metrics, which reach the
+server unshuffled (not accounted, as elsewhere in this package).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Any, Optional
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+
+from ..declarations import MalformedDeclaration, read_declarations
+from ..layer_shuffler import LayerShuffler, layer_groups
+from ..privacy import PrivacyLedger
+from ..privacy.accountants import basic_pure_epsilon
+from ..privacy.events import event_key
+from ..privacy.shuffle import shuffle_amplified_event
+from ..privacy.validation import check_delta
+from .accounted_fedavg import AccountedFedAvg
+
+AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
+Segment = tuple[tuple[str, Array], ...]
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """What one reply declared: its pure ε₀ (None unless finite pure ε-DP) and its events' keys."""
+
+    epsilon0: Optional[float]
+    signature: tuple[str, ...]
+
+
+class ShuffleAmplifiedFedAvg(AccountedFedAvg):
+    """AccountedFedAvg whose accepted updates are layer-wise shuffled before averaging.
+
+    Args:
+        *args, **kwargs: those of :class:`AccountedFedAvg` (FedAvg's, ``ledger``, ...).
+        shuffler: the :class:`LayerShuffler` (default: OS-entropy randomness).
+        layer_of: key → layer name (default: the part before the last ``.``).
+        amplification: ``"fmt"`` (sound, see the module docstring), ``"none"``,
+            or ``"paper"`` (also reports the paper's non-DP ε₀/m).
+        reports_are_ldp: the operator asserts the clients' declared ε is LDP w.r.t.
+            their whole local data, from one common randomizer.
+        shuffle_ledger: central ledger of the shuffled rounds (default
+            ``PrivacyLedger(1e-5, neighboring_relation="replace_one")``; FMT is a
+            replace-one bound, so another relation is refused).
+        shuffle_round_delta: δ of each round's FMT event (default: the shuffle
+            ledger's target δ).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        shuffler: Optional[LayerShuffler] = None,
+        layer_of: Optional[Callable[[str], str]] = None,
+        amplification: str = "fmt",
+        reports_are_ldp: bool = False,
+        shuffle_ledger: Optional[PrivacyLedger] = None,
+        shuffle_round_delta: Optional[float] = None,
+        **kwargs: Any,
+    ) -> None:
+        if amplification not in AMPLIFICATIONS:
+            raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
+        super().__init__(*args, **kwargs)
+        self.shuffler = shuffler if shuffler is not None else LayerShuffler()
+        self.layer_of = layer_of
+        self.amplification = amplification
+        self.reports_are_ldp = bool(reports_are_ldp)
+        self.shuffle_ledger = _shuffle_ledger(shuffle_ledger)
+        self.shuffle_round_delta = _round_delta(shuffle_round_delta, self.shuffle_ledger)
+        self._peeked: dict[int, _Declared] = {}
+        self._logged: set[str] = set()
+        self._unamplified: Optional[str] = None
+        if self.ledger.clients and not self.shuffle_ledger.rounds():
+            self._unamplified = "the client ledger holds earlier rounds that the shuffle ledger does not cover"
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Read every reply's declarations (the base class consumes them), then screen, book and aggregate."""
+        replies = list(replies)
+        self._peeked = {id(r): _peek_declared(r.content) for r in replies if not r.has_error()}
+        try:
+            return super().aggregate_train(server_round, replies)
+        finally:
+            self._peeked = {}
+
+    def aggregate_accepted(
+        self, server_round: int, replies: list[Message]
+    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Split into layers, shuffle with the weights, forget the senders, average per layer."""
+        reports, weights, keys = split_into_layers([r.content for r in replies], self.weighted_by_key, self.layer_of)
+        shuffled, shuffled_weights = self.shuffler.shuffle(reports, weights)
+        arrays = weighted_layer_mean(shuffled, shuffled_weights, keys)
+        metrics = self.train_metrics_aggr_fn([r.content for r in replies], self.weighted_by_key)
+        declared = [self._peeked.get(id(r)) for r in replies]
+        for key, value in self._shuffle_metrics(server_round, declared, weights, len(reports[0])).items():
+            metrics[key] = float(value)
+        return arrays, metrics
+
+    def _shuffle_metrics(
+        self, server_round: int, declared: list[Optional[_Declared]], weights: list[float], m: int
+    ) -> dict[str, float]:
+        """Book the round's FMT event when every condition holds; the ``shuffle/*`` metrics."""
+        n, eps0 = len(declared), _worst_epsilon0(declared)
+        reason = self._no_amplification_reason(declared, weights, eps0)
+        if reason is None:
+            event = shuffle_amplified_event(eps0, n, self.shuffle_round_delta)
+            self.shuffle_ledger.record(event, server_round=server_round, label="shuffled round")
+        else:
+            self._unamplified = self._unamplified or reason
+            self._log_once(INFO, f"shuffle/epsilon claims no amplification: {reason}")
+        metrics = {"shuffle/reports": n, "shuffle/layers": m, "shuffle/epsilon0": eps0, **self._shuffle_epsilon()}
+        if self.amplification == "paper":
+            metrics["shuffle/epsilon-paper"] = eps0 / m
+            log(WARNING, "Round %d: shuffle/epsilon-paper = epsilon0/m = %.4g is the DELM paper's claim, NOT a "
+                "differential-privacy bound (every layer still reaches the analyst); it is never booked.",
+                server_round, eps0 / m)
+        return metrics
+
+    def _no_amplification_reason(
+        self, declared: list[Optional[_Declared]], weights: list[float], eps0: float
+    ) -> Optional[str]:
+        """Why this round's shuffle cannot be booked as FMT-amplified (None if it can)."""
+        if self.amplification != "fmt":
+            return f"amplification={self.amplification!r}"
+        if not self.reports_are_ldp:
+            return ("reports_are_ldp=False (record-level DP such as DP-SGD or the functional mechanism is "
+                    "not LDP w.r.t. a client's whole data, and shuffling does not amplify it)")
+        if self._unamplified is not None:
+            return f"an earlier round was not amplified ({self._unamplified})"
+        if not math.isfinite(eps0):
+            return "a shuffled reply declared no finite pure epsilon (approximate-DP, non-private or no declaration)"
+        if len({d.signature for d in declared if d is not None}) > 1:
+            return "the shuffled replies declared different mechanisms (FMT needs one common randomizer)"
+        if len(set(weights)) > 1:
+            return "the shuffled replies' weights differ (a weight travelling with the segments identifies its sender)"
+        return None
+
+    def _shuffle_epsilon(self) -> dict[str, float]:
+        """``shuffle/epsilon`` and ``shuffle/delta``: the shuffle ledger's, or the clients' own worst."""
+        if self._unamplified is not None:
+            return {"shuffle/epsilon": self.ledger.epsilon(), "shuffle/delta": self.ledger.target_delta}
+        eps = self.shuffle_ledger.epsilon()
+        if not math.isfinite(eps):
+            self._log_once(WARNING, "the shuffle ledger's composed epsilon is infinite: the rounds' delta add up to "
+                           "its target delta; pass a smaller shuffle_round_delta")
+        return {"shuffle/epsilon": eps, "shuffle/delta": self.shuffle_ledger.target_delta}
+
+    def _log_once(self, level: int, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            log(level, "%s", message)
+
+
+def split_into_layers(
+    contents: Sequence[RecordDict], weighted_by_key: str, layer_of: Optional[Callable[[str], str]] = None
+) -> tuple[list[list[Segment]], list[float], list[str]]:
+    """Reports of (key, Array) segments per layer, their weights, and the first reply's key order.
+
+    Only the replies' contents are read: the reports carry no node id.
+    """
+    keys = list(next(iter(contents[0].array_records.values())).keys())
+    groups = list(layer_groups(keys, layer_of).values())
+    reports, weights = [], []
+    for content in contents:
+        arrays = next(iter(content.array_records.values()))
+        reports.append([tuple((key, arrays[key]) for key in group) for group in groups])
+        weights.append(float(next(iter(content.metric_records.values()))[weighted_by_key]))  # type: ignore[arg-type]
+    return reports, weights, keys
+
+
+def weighted_layer_mean(
+    shuffled: Sequence[Sequence[Segment]], shuffled_weights: Sequence[Sequence[float]], keys: Sequence[str]
+) -> ArrayRecord:
+    r"""Σ_r w̃^j_r x̃^j_r / Σ_r w̃^j_r per key, streamed into float64 accumulators (one array decoded at a time).
+
+    Floating arrays keep their dtype; other dtypes come back as float64, as in FedAvg.
+    """
+    acc: dict[str, np.ndarray] = {}
+    totals: dict[str, float] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for report, report_weights in zip(shuffled, shuffled_weights):
+        for segment, weight in zip(report, report_weights):
+            for key, array in segment:
+                values = array.numpy()
+                if key not in acc:
+                    acc[key], totals[key], dtypes[key] = np.zeros(values.shape, np.float64), 0.0, values.dtype
+                acc[key] += np.multiply(values, weight, dtype=np.float64)
+                totals[key] += weight
+    out = {}
+    for key in keys:
+        mean = acc.pop(key)
+        mean /= totals[key]
+        out[key] = Array(mean.astype(dtypes[key]) if np.issubdtype(dtypes[key], np.inexact) else mean)
+    return ArrayRecord(out)
+
+
+def _peek_declared(content: RecordDict) -> _Declared:
+    """A reply's declared pure ε₀ (sum over its events; None unless every one is pure ε-DP) and event keys."""
+    try:
+        events = [d.event for d in read_declarations(content)]
+        signature = tuple(sorted(event_key(e) for e in events))
+    except (MalformedDeclaration, ValueError):
+        return _Declared(None, ())
+    parts = [basic_pure_epsilon(e) for e in events]
+    if not parts or any(p is None for p in parts):
+        return _Declared(None, signature)
+    total = float(sum(parts))  # type: ignore[arg-type]
+    return _Declared(total if math.isfinite(total) and total > 0 else None, signature)
+
+
+def _worst_epsilon0(declared: Sequence[Optional[_Declared]]) -> float:
+    """max ε₀ over the shuffled replies; inf if one declared no finite pure ε."""
+    return max(d.epsilon0 if d is not None and d.epsilon0 is not None else math.inf for d in declared)
+
+
+def _shuffle_ledger(ledger: Optional[PrivacyLedger]) -> PrivacyLedger:
+    if ledger is None:
+        return PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    if ledger.neighboring_relation != "replace_one":
+        raise ValueError("shuffle_ledger must use neighboring_relation='replace_one': the FMT shuffle bound is "
+                         f"for replacing one client's data, got {ledger.neighboring_relation!r}")
+    return ledger
+
+
+def _round_delta(delta: Optional[float], ledger: PrivacyLedger) -> float:
+    if delta is None:
+        return ledger.target_delta
+    value = check_delta(delta, "shuffle_round_delta")
+    if value > ledger.target_delta:
+        raise ValueError(f"shuffle_round_delta={value:g} exceeds the shuffle ledger's target delta "
+                         f"{ledger.target_delta:g}")
+    return value
+
+
+__all__ = ["AMPLIFICATIONS", "ShuffleAmplifiedFedAvg", "split_into_layers", "weighted_layer_mean"]
