@@ -4,6 +4,9 @@
   images, 10 classes), pixels scaled to [0, 1], one fixed stratified split.
 * :func:`load_mnist` - MNIST from the official gzip'ed IDX files in a local folder
   (e.g. ``../shared/data/mnist`` of a checkout, see :func:`shared_data_dir`).
+* :func:`load_emnist_letters` - EMNIST Letters (Cohen et al. 2017; 124 800 / 20 800,
+  26 classes) from its gzip'ed IDX files (``../shared/data/emnist-letters``): labels
+  1..26 mapped to 0..25, images transposed back to the MNIST orientation.
 
 Every loader returns ``(x_train, y_train, x_test, y_test)``: flat float32 features
 in [0, 1] and int64 labels. Loaders are cached per argument tuple.
@@ -23,6 +26,10 @@ DATA_DIR_ENV = "FLWR_DP_DATA_DIR"
 MNIST_FILES = {
     "train": ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"),
     "test": ("t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"),
+}
+EMNIST_LETTERS_FILES = {
+    "train": ("emnist-letters-train-images-idx3-ubyte.gz", "emnist-letters-train-labels-idx1-ubyte.gz"),
+    "test": ("emnist-letters-test-images-idx3-ubyte.gz", "emnist-letters-test-labels-idx1-ubyte.gz"),
 }
 IDX_LABELS, IDX_IMAGES = 2049, 2051
 
@@ -73,6 +80,31 @@ def load_mnist(data_dir: str = "") -> Split:
     return out[0], out[1], out[2], out[3]
 
 
+@lru_cache(maxsize=1)
+def load_emnist_letters(data_dir: str = "") -> Split:
+    """EMNIST Letters (124 800 / 20 800) from ``data_dir`` (default :func:`shared_data_dir` ``("emnist-letters")``).
+
+    The IDX files store every 28x28 image transposed (the EMNIST layout), so each is
+    transposed back before flattening; pixels / 255 (float32, 784 features) and labels
+    1..26 ('a'..'z', case merged) shifted to 0..25 (int64). The DELM paper's §6.1 uses
+    EMNIST for its low-quality data scenario.
+    """
+    folder = data_dir or shared_data_dir("emnist-letters")
+    out: list[np.ndarray] = []
+    for split in ("train", "test"):
+        images_file, labels_file = (os.path.join(folder, name) for name in EMNIST_LETTERS_FILES[split])
+        if not os.path.exists(images_file):
+            raise FileNotFoundError(f"EMNIST file {images_file} not found; pass data_dir or set ${DATA_DIR_ENV}")
+        images = read_idx(images_file).transpose(0, 2, 1).reshape(-1, 28 * 28)
+        out += [images.astype(np.float32) / np.float32(255.0), read_idx(labels_file).astype(np.int64) - 1]
+    return out[0], out[1], out[2], out[3]
+
+
+def standardise(images: np.ndarray, mean: float, std: float) -> np.ndarray:
+    """(x − mean)/std as float32 (one scalar mean/std for all features)."""
+    return ((images - np.float32(mean)) / np.float32(std)).astype(np.float32, copy=False)
+
+
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 
 
@@ -97,17 +129,26 @@ def iid_partition_indices(num_examples: int, num_partitions: int, seed: int = 42
     return tuple(np.asarray(partitioner.load_partition(p)["idx"], dtype=np.int64) for p in range(num_partitions))
 
 
-DATASETS = ("digits", "mnist")
+DATASETS = ("digits", "mnist", "emnist-letters")
 
 
 @lru_cache(maxsize=4)
 def load_dataset(dataset: str = "digits", data_dir: str = "", seed: int = 42) -> Split:
-    """``digits`` (75/25 split with ``seed``) or ``mnist`` from ``data_dir`` (standardised)."""
+    """``digits`` (75/25 split with ``seed``), ``mnist`` or ``emnist-letters`` from ``data_dir`` (standardised).
+
+    MNIST uses its usual constants (0.1307, 0.3081); EMNIST Letters the scalar mean and
+    std of its own [0, 1] train pixels (the test split reuses them). ``seed`` only
+    affects ``digits``.
+    """
     if dataset == "digits":
         return load_digits_split(0.25, seed)
     if dataset == "mnist":
         x_tr, y_tr, x_te, y_te = load_mnist(data_dir)
         return standardise_mnist(x_tr), y_tr, standardise_mnist(x_te), y_te
+    if dataset == "emnist-letters":
+        x_tr, y_tr, x_te, y_te = load_emnist_letters(data_dir)
+        mean, std = float(x_tr.mean(dtype=np.float64)), float(x_tr.std(dtype=np.float64))
+        return standardise(x_tr, mean, std), y_tr, standardise(x_te, mean, std), y_te
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
 
 
@@ -121,4 +162,6 @@ def iid_client_shard(partition_id: int, num_partitions: int, dataset: str = "dig
     return x_tr[idx], y_tr[idx]
 
 
-__all__ = ["DATASETS", "DATA_DIR_ENV", "iid_client_shard", "iid_partition_indices", "load_dataset", "standardise_mnist", "MNIST_FILES", "Split", "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]
+__all__ = ["DATASETS", "DATA_DIR_ENV", "EMNIST_LETTERS_FILES", "iid_client_shard", "iid_partition_indices",
+           "load_dataset", "load_emnist_letters", "standardise", "standardise_mnist", "MNIST_FILES", "Split",
+           "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]
