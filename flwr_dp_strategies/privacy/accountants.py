@@ -54,6 +54,8 @@ def basic_pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
     A sum of pure ε is a valid (ε, 0) bound; the ledger takes it when it beats the
     RDP conversion (e.g. one Laplace release: exactly ε instead of ε + 0.003).
     """
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return 0.0
     if isinstance(event, dp_event.LaplaceDpEvent):
         return 1.0 / float(event.noise_multiplier) if event.noise_multiplier > 0 else None
     if isinstance(event, dp_event.SelfComposedDpEvent):
