@@ -26,6 +26,11 @@ Data wrappers (act on local data):
 
 Trainers (act on local data):
 
+* :class:`FunctionalMechanismTrainer` - DELM's functional mechanism: a softmax /
+  logistic head trained on a Taylor objective whose coefficients are perturbed
+  once per client (ε does not grow with rounds); :func:`covariance_reply`,
+  :func:`store_projection`, :func:`project` - the client side of LDP federated PCA.
+
 * :class:`DpSgdTrainer` - DP-SGD on Opacus (per-sample clipping, Poisson
   sampling, noise multiplier or target ε calibrated once for the whole run,
   virtual steps, per-layer clipping) whose accountant persists across rounds in
@@ -33,6 +38,8 @@ Trainers (act on local data):
   Imported lazily (Opacus takes seconds to import and reconfigures logging).
 """
 
+from .federated_pca import covariance_reply, project, projection_from_state, store_projection
+from .functional_mechanism import FunctionalMechanismTrainer
 from .label_dp import LabelDP
 from .label_dp_data import (
     LABEL_DP_DECLARATION,
@@ -71,7 +78,12 @@ def __getattr__(name: str):
 
 __all__ = [
     *_DP_SGD_NAMES,
+    "FunctionalMechanismTrainer",
     "LABEL_DP_DECLARATION",
+    "covariance_reply",
+    "project",
+    "projection_from_state",
+    "store_projection",
     "LabelDP",
     "LabelDPDataset",
     "LaplaceInferenceMod",

@@ -6,6 +6,7 @@ DpEvents, accountants, :class:`~flwr_dp_strategies.privacy.PrivacyLedger`).
 """
 
 from .declarations import declare_release, read_declarations
+from .federated_pca import LdpFederatedPCA
 from .layer_shuffler import LayerShuffler
 from .privacy import PrivacyLedger
 from .strategy import (
@@ -21,6 +22,7 @@ from .strategy import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "LdpFederatedPCA",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
