@@ -24,6 +24,8 @@ from flwr_dp_strategies import (
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
     ClusterEvaluation,
+    MinDivergenceExpSampling,
+    ShuffleAmplifiedFedAvg,
     SignDS,
 )
 from flwr_dp_strategies.datasets import iid_partition_indices, load_digits_split
@@ -39,6 +41,8 @@ DROP_IN = {
     "AccountedPoissonFixedClipping": lambda: AccountedPoissonFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, 2),
     "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
+    "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(NODES, 1.0, **FEDAVG_ARGS),
+    "ShuffleAmplifiedFedAvg": lambda: ShuffleAmplifiedFedAvg(**FEDAVG_ARGS),
 }
 
 
