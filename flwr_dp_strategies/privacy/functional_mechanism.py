@@ -52,7 +52,7 @@ which is :math:`2(c-1)/c` for softmax and :math:`1/2` for logistic):
 
 **The paper's bound** (DELM eqs. 9 and 13: :math:`d + d^2/4` logistic, :math:`2d + cd^2`
 softmax) bounds every :math:`|x_j|` by 1 and never uses :math:`\lVert x\rVert_2\le 1`;
-it is valid (an over-estimate: for q = 20, c = 10 it is 4 040 against 31.6 here)
+it is valid (an over-estimate: for q = 20, c = 10 it is 4 040 against 31.2 here)
 and available as ``calibration="paper"``: the noise is then larger than needed and
 the event still records the true ε, :math:`\varepsilon\,\Delta_{\text{sound}}/\Delta_{\text{paper}}`.
 
