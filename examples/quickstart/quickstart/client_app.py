@@ -18,6 +18,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from torch import nn
 
 from client_mods import LocalUpdateNoiseMod
+from client_mods.dp_sgd import DpSgdTrainer, dp_sgd_train_reply
 
 from . import task
 
@@ -46,12 +47,28 @@ def local_dp_when_asked(msg: Message, context: Context, call_next: ClientAppCall
     return mod(msg, context, call_next)
 
 
+def dp_sgd_trainer(config: ConfigRecord) -> DpSgdTrainer:
+    """DP-SGD (Opacus) with the server's hyperparameters; per-sample clipping norm = ``clipping-norm``.
+
+    The noise is drawn from OS entropy (no seed): the data-order seed of the
+    non-private path does not apply to the privacy noise.
+    """
+    return DpSgdTrainer(
+        lambda: task.build_model(str(config["model"])),
+        lr=float(config["lr"]), noise_multiplier=float(config["dp-sgd-noise-multiplier"]),
+        target_delta=float(config["target-delta"]), local_epochs=int(config["local-epochs"]),
+        max_grad_norm=float(config["clipping-norm"]), batch_size=int(config["batch-size"]), device="cpu",
+    )
+
+
 @app.train(mods=[local_dp_when_asked])
 def train(msg: Message, context: Context) -> Message:
-    """Train the received model for ``local-epochs`` epochs on the local shard."""
+    """Train the received model for ``local-epochs`` epochs on the local shard (DP-SGD when asked)."""
     model, config = _load_model(msg)
     partition_id, num_partitions = _partition(context)
     x, y = task.load_partition(partition_id, num_partitions, "train")
+    if config.get("mechanism") == "dp-sgd":
+        return dp_sgd_train_reply(msg, context, dp_sgd_trainer(config), (x, y))
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
     loss = task.train(model, x, y, epochs=int(config["local-epochs"]), lr=float(config["lr"]),
                       batch_size=int(config["batch-size"]), seed=seed)

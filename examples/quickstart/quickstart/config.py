@@ -14,7 +14,7 @@ from flwr.app import Context
 from flwr_dp_strategies.simulation import resolve_run_config as resolve
 
 ENV_VAR = "QUICKSTART_RUN_CONFIG"
-MECHANISMS = ("central-dp", "central-dp-poisson", "local-dp", "none")
+MECHANISMS = ("central-dp", "central-dp-poisson", "local-dp", "dp-sgd", "none")
 
 # Keep in sync with [tool.flwr.app.config] in pyproject.toml (a test checks it).
 DEFAULTS: dict[str, Any] = {
@@ -25,6 +25,8 @@ DEFAULTS: dict[str, Any] = {
     "clipping-norm": 1.0,
     "clients-per-round": 5,
     "local-noise-multiplier": 0.05,
+    "dp-sgd-noise-multiplier": 1.0,
+    "min-clients": 0,
     "target-delta": 1e-5,
     "max-epsilon": 0.0,
     "ledger-path": "",

@@ -79,6 +79,27 @@ def _count_events(ledger: PrivacyLedger) -> int:
     return len(ledger.events()) + sum(len(ledger.events(client)) for client in ledger.clients)
 
 
+#: mechanism -> (granularity, whose data one ε protects).
+PRIVACY_UNITS = {
+    "dp-sgd": ("record-level", "one training example of one client; worst client"),
+    "local-dp": ("user-level", "one client's whole data, local DP; worst client"),
+}
+DEFAULT_UNIT = ("user-level", "one client's whole data")
+
+
+def privacy_unit(mechanism: str) -> str:
+    """Whose data one ε protects under ``mechanism``, e.g. ``"record-level (one training example ...)"``."""
+    level, whose = PRIVACY_UNITS.get(mechanism, DEFAULT_UNIT)
+    return f"{level} ({whose})"
+
+
+def noise_multiplier(config: dict[str, Any]) -> float:
+    """The noise multiplier z the mechanism uses."""
+    key = {"local-dp": "local-noise-multiplier", "dp-sgd": "dp-sgd-noise-multiplier"}.get(
+        str(config["mechanism"]), "noise-multiplier")
+    return float(config[key])
+
+
 def privacy_summary(ledger: PrivacyLedger | None, config: dict[str, Any]) -> dict[str, Any] | None:
     """What the final ε means, for the results JSON."""
     if ledger is None:
@@ -87,9 +108,10 @@ def privacy_summary(ledger: PrivacyLedger | None, config: dict[str, Any]) -> dic
     return {
         "epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
         "epsilon_rdp": _finite(report.epsilon_rdp), "epsilon_pld": _finite(report.epsilon_pld),
-        "neighboring_relation": ledger.neighboring_relation, "unit": "client (user-level: one client's whole data)",
-        "noise_multiplier": float(config["noise-multiplier"]), "clipping_norm": float(config["clipping-norm"]),
-        "clients_per_round": int(config["num-partitions"]), "sampling_amplification": False,
+        "neighboring_relation": ledger.neighboring_relation, "unit": privacy_unit(str(config["mechanism"])),
+        "noise_multiplier": noise_multiplier(config), "clipping_norm": float(config["clipping-norm"]),
+        "clients_per_round": int(config["num-partitions"]),
+        "sampling_amplification": config["mechanism"] in ("central-dp-poisson", "dp-sgd"),
         "max_epsilon": ledger.max_epsilon, "releases": len(ledger.events()),
     }
 
@@ -125,7 +147,7 @@ def plot_results(data: dict[str, Any], path: str) -> None:
     else:
         eps = [0.0] + [row["epsilon"] for row in data["rounds"]]
         ax_eps.plot(rounds, eps, marker="o", color="tab:red")
-        ax_eps.set(ylabel="epsilon (user-level)")
+        ax_eps.set(ylabel=f"epsilon ({PRIVACY_UNITS.get(data['mechanism'], DEFAULT_UNIT)[0]})")
     ax_eps.set(xlabel="round", title=f"privacy spent (delta={data['config']['target-delta']:g})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

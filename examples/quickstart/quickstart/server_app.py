@@ -3,6 +3,8 @@
 * ``central-dp``: AccountedServerSideFixedClipping (Flower's wrapper, every client every round);
 * ``central-dp-poisson``: AccountedPoissonFixedClipping (Poisson client sampling, amplified ε);
 * ``local-dp``: AccountedFedAvg; the clients' LocalUpdateNoiseMod declares each noisy update;
+* ``dp-sgd``: AccountedFedAvg; the clients train with DpSgdTrainer (Opacus) and declare each
+  round's record-level event (the ledger then reports record-level ε);
 * ``none``: plain FedAvg.
 
 Prints one line per round (``round r  accuracy 0.xxx  epsilon y.yy (delta 1e-05)``)
@@ -33,18 +35,28 @@ from .results import RoundLog, write_results
 app = ServerApp()
 
 
-def build_fedavg(config: dict[str, Any]) -> FedAvg:
-    """FedAvg over all ``num-partitions`` clients; equal weights (``unit-weight``) under central DP."""
-    clients = int(config["num-partitions"])
+def min_clients(config: dict[str, Any]) -> int:
+    """Connected nodes a round waits for: ``min-clients``, or ``num-partitions`` when it is 0."""
+    return int(config["min-clients"]) or int(config["num-partitions"])
+
+
+def node_counts(config: dict[str, Any]) -> dict[str, Any]:
+    """FedAvg's node arguments: every connected node trains; at least ``min_clients`` are awaited."""
+    clients = min_clients(config)
     fraction_evaluate = float(config["fraction-evaluate"])
-    return FedAvg(
-        fraction_train=1.0,
-        fraction_evaluate=fraction_evaluate,
-        min_train_nodes=clients,
-        min_evaluate_nodes=max(1, int(clients * fraction_evaluate)) if fraction_evaluate > 0 else 0,
-        min_available_nodes=clients,
-        weighted_by_key="unit-weight" if config["mechanism"].startswith("central-dp") else "num-examples",
-    )
+    return {
+        "fraction_train": 1.0,
+        "fraction_evaluate": fraction_evaluate,
+        "min_train_nodes": clients,
+        "min_evaluate_nodes": max(1, int(clients * fraction_evaluate)) if fraction_evaluate > 0 else 0,
+        "min_available_nodes": clients,
+    }
+
+
+def build_fedavg(config: dict[str, Any]) -> FedAvg:
+    """FedAvg over all connected clients; equal weights (``unit-weight``) under central DP."""
+    weighted_by = "unit-weight" if config["mechanism"].startswith("central-dp") else "num-examples"
+    return FedAvg(**node_counts(config), weighted_by_key=weighted_by)
 
 
 def build_strategy(config: dict[str, Any]) -> Strategy:
@@ -55,11 +67,8 @@ def build_strategy(config: dict[str, Any]) -> Strategy:
     max_epsilon = float(config["max-epsilon"])
     ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None)
     ledger_path = str(config["ledger-path"]) or None
-    if mechanism == "local-dp":
-        clients = int(config["num-partitions"])
-        return AccountedFedAvg(min_train_nodes=clients, min_available_nodes=clients,
-                               min_evaluate_nodes=clients, fraction_evaluate=float(config["fraction-evaluate"]),
-                               ledger=ledger, ledger_path=ledger_path)
+    if mechanism in ("local-dp", "dp-sgd"):
+        return AccountedFedAvg(**node_counts(config), ledger=ledger, ledger_path=ledger_path)
     central = AccountedPoissonFixedClipping if mechanism == "central-dp-poisson" else AccountedServerSideFixedClipping
     clients = int(config["clients-per-round"] if mechanism == "central-dp-poisson" else config["num-partitions"])
     return central(build_fedavg(config), float(config["noise-multiplier"]), float(config["clipping-norm"]),
@@ -73,6 +82,8 @@ def client_config(config: dict[str, Any]) -> ConfigRecord:
         "batch-size": int(config["batch-size"]), "seed": int(config["seed"]),
         "mechanism": str(config["mechanism"]), "clipping-norm": float(config["clipping-norm"]),
         "local-noise-multiplier": float(config["local-noise-multiplier"]),
+        "dp-sgd-noise-multiplier": float(config["dp-sgd-noise-multiplier"]),
+        "target-delta": float(config["target-delta"]),
     })
 
 
