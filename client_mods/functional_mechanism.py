@@ -46,10 +46,11 @@ from flwr_dp_strategies.privacy.functional_mechanism import (
     functional_mechanism,
     quadratic_statistics,
     repaired,
+    smooth_step_size,
     taylor_objective,
 )
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
-from flwr_dp_strategies.privacy.validation import check_epsilon, check_int, check_nonnegative
+from flwr_dp_strategies.privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 
 STATE_KEY = "functional-mechanism"
 EVENT_LABEL = "functional-mechanism/objective"
@@ -69,7 +70,11 @@ class FunctionalMechanismTrainer:
         calibration: ``"sound"`` (tight L2-ball bound) or ``"paper"`` (DELM eqs. 9/13, valid but larger).
         psd_floor: eigenvalue floor (per record) of the repaired quadratic, ≥ 0.
         local_steps: gradient steps per round, ≥ 0.
-        learning_rate: step size on the objective divided by n, ≥ 0.
+        learning_rate: step size on the objective divided by n, ≥ 0; ``None``: the
+            smooth step 1/L of the client's noisy objective
+            (:func:`~flwr_dp_strategies.privacy.functional_mechanism.smooth_step_size`,
+            post-processing), capped at ``max_learning_rate``.
+        max_learning_rate: cap of the ``None`` step, > 0.
         ridge: L2 regularisation λ (objective/n + ½λ‖W‖²), ≥ 0; data-independent.
         weights_key: the ArrayRecord key of the head (shape (q, c), or (q, 1) for logistic).
         rng: None (fresh OS entropy), an int seed or a Generator (tests only).
@@ -77,15 +82,17 @@ class FunctionalMechanismTrainer:
 
     def __init__(self, epsilon: float, *, num_classes: int, loss: str = "softmax", noise: str = "laplace",
                  delta: float = 1e-5, neighboring_relation: str = "replace_one", calibration: str = "sound",
-                 psd_floor: float = 0.0, local_steps: int = 5, learning_rate: float = 1.0, ridge: float = 0.0,
-                 weights_key: str = "head.weight", rng: RngLike = None) -> None:
+                 psd_floor: float = 0.0, local_steps: int = 5, learning_rate: Optional[float] = 1.0,
+                 max_learning_rate: float = 10.0, ridge: float = 0.0, weights_key: str = "head.weight",
+                 rng: RngLike = None) -> None:
         self.epsilon = check_epsilon(epsilon)
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.loss, self.noise, self.delta = loss, noise, delta
         self.neighboring_relation, self.calibration = neighboring_relation, calibration
         self.psd_floor = check_nonnegative("psd_floor", psd_floor)
         self.local_steps = check_int("local_steps", local_steps, minimum=0)
-        self.learning_rate = check_nonnegative("learning_rate", learning_rate)
+        self.learning_rate = None if learning_rate is None else check_nonnegative("learning_rate", learning_rate)
+        self.max_learning_rate = check_positive("max_learning_rate", max_learning_rate)
         self.ridge = check_nonnegative("ridge", ridge)
         self.weights_key = weights_key
         self._rng = RngSource(rng)
@@ -117,8 +124,14 @@ class FunctionalMechanismTrainer:
         if start.size != stats.linear.size:
             raise ValueError(f"{self.weights_key} must have {stats.linear.size} entries "
                              f"(features {stats.dim} x {stats.linear.shape[1]}), got shape {start.shape}")
-        new = descend(stats, start, steps=self.local_steps, learning_rate=self.learning_rate, ridge=self.ridge)
+        new = descend(stats, start, steps=self.local_steps, learning_rate=self.step_size(stats), ridge=self.ridge)
         return self._reply(msg, record, new.reshape(start.shape).astype(start.dtype), stats, event)
+
+    def step_size(self, stats: QuadraticStatistics) -> float:
+        """``learning_rate``, or min(1/L of the noisy objective, ``max_learning_rate``) when it is None."""
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return min(smooth_step_size(stats, self.ridge), self.max_learning_rate)
 
     def _reply(self, msg: Message, record: ArrayRecord, weights: np.ndarray, stats: QuadraticStatistics,
                event: Optional[dp_event.DpEvent]) -> Message:

@@ -152,6 +152,39 @@ def load_dataset(dataset: str = "digits", data_dir: str = "", seed: int = 42) ->
     raise ValueError(f"dataset must be one of {DATASETS}, got {dataset!r}")
 
 
+@lru_cache(maxsize=4)
+def emnist_letters_constants(data_dir: str = "") -> tuple[float, float]:
+    """The scalar train-pixel mean and std that :func:`load_dataset` standardises EMNIST Letters with."""
+    raw = load_emnist_letters(data_dir)[0]
+    return float(raw.mean(dtype=np.float64)), float(raw.std(dtype=np.float64))
+
+
+def unit_norm_features(x_std: np.ndarray, dataset: str, pool: int = 1, data_dir: str = "") -> np.ndarray:
+    """Rows of :func:`load_dataset`'s images as unit-norm float64 features (the DELM mechanisms' domain).
+
+    Undoes the affine standardisation exactly (MNIST's constants; EMNIST's public
+    train-split pixel mean and std), average-pools ``pool`` × ``pool`` blocks of a
+    square image when ``pool`` > 1, then divides each row by its L2 norm. Every step
+    is per record and data-independent, so it costs no privacy; the functional
+    mechanism and Analyze Gauss need ‖x‖₂ ≤ 1.
+    """
+    if pool < 1:
+        raise ValueError(f"pool must be an integer >= 1, got {pool!r}")
+    x = np.asarray(x_std, dtype=np.float64)
+    if dataset == "mnist":
+        x = x * MNIST_STD + MNIST_MEAN
+    elif dataset == "emnist-letters":
+        mean, std = emnist_letters_constants(data_dir)
+        x = x * std + mean
+    if pool > 1:
+        side = int(round(np.sqrt(x.shape[1])))
+        if side * side != x.shape[1] or side % pool:
+            raise ValueError(f"pool must divide the image side {side} of a square image, got {pool}")
+        x = x.reshape(-1, side // pool, pool, side // pool, pool).mean(axis=(2, 4)).reshape(len(x), -1)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(norms, 1e-12)
+
+
 def iid_client_shard(partition_id: int, num_partitions: int, dataset: str = "digits", data_dir: str = "",
                      seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
     """Client ``partition_id``'s IID shard of the train split of :func:`load_dataset`."""
@@ -162,6 +195,7 @@ def iid_client_shard(partition_id: int, num_partitions: int, dataset: str = "dig
     return x_tr[idx], y_tr[idx]
 
 
-__all__ = ["DATASETS", "DATA_DIR_ENV", "EMNIST_LETTERS_FILES", "iid_client_shard", "iid_partition_indices",
+__all__ = ["DATASETS", "DATA_DIR_ENV", "EMNIST_LETTERS_FILES", "emnist_letters_constants", "unit_norm_features",
+           "iid_client_shard", "iid_partition_indices",
            "load_dataset", "load_emnist_letters", "standardise", "standardise_mnist", "MNIST_FILES", "Split",
            "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]

@@ -22,6 +22,7 @@ from flwr_dp_strategies.privacy.functional_mechanism import (
     quadratic_statistics,
     released_vector,
     repair_psd,
+    smooth_step_size,
     taylor_gradient,
     taylor_objective,
 )
@@ -198,6 +199,23 @@ def test_descent_on_the_exact_objective_fits_a_separable_problem():
     w = descend(stats, np.zeros((4, 3)), steps=500, learning_rate=2.0)
     assert ((x @ w).argmax(axis=1) == y).mean() > 0.9
     assert taylor_objective(stats, w) < taylor_objective(stats, np.zeros((4, 3)))
+
+
+@pytest.mark.parametrize("loss, c", [("softmax", 5), ("logistic", 2)])
+def test_smooth_step_is_one_over_the_lipschitz_constant(loss, c):
+    """1/L descends monotonically; 2.2/L (past the 2/L stability limit) blows up: L is not overstated 10 %."""
+    x, y = unit_rows(300, 6), RNG.integers(0, c, 300)
+    stats = quadratic_statistics(x, y, num_classes=c, loss=loss)
+    shape = stats.linear.shape
+    step = smooth_step_size(stats, ridge=0.0)
+    w, values = np.zeros(shape), []
+    for _ in range(30):
+        w = descend(stats, w, steps=1, learning_rate=step)
+        values.append(taylor_objective(stats, w))
+    assert all(b <= a + 1e-9 for a, b in zip(values, values[1:]))
+    far = descend(stats, RNG.normal(size=shape), steps=200, learning_rate=2.2 * step)
+    assert taylor_objective(stats, far) > 1e6 * abs(values[-1])
+    assert smooth_step_size(stats, ridge=0.5) < step
 
 
 @pytest.mark.usefixtures("task_identity")

@@ -28,7 +28,6 @@ import math
 import os
 import sys
 import time
-from functools import lru_cache
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -88,34 +87,11 @@ def parse_delm(method: str) -> tuple[str, str]:
 
 
 # ----------------------------------------------------------------------------- data
-@lru_cache(maxsize=1)
-def _emnist_constants() -> tuple[float, float]:
-    """The scalar train-pixel mean and std that load_dataset standardises EMNIST Letters with."""
-    from flwr_dp_strategies.datasets import load_emnist_letters
-
-    raw = load_emnist_letters("")[0]
-    return float(raw.mean(dtype=np.float64)), float(raw.std(dtype=np.float64))
-
-
 def delm_features(x_std: np.ndarray, dataset: str, pool: int) -> np.ndarray:
-    """Undo load_dataset's affine standardisation (exact, constants), optional avg-pool, rows / ‖row‖₂.
+    """Unit-norm rows (optionally pooled): see flwr_dp_strategies.datasets.unit_norm_features."""
+    from flwr_dp_strategies.datasets import unit_norm_features
 
-    All steps are per-record and data-independent (EMNIST's constants are the public
-    train-split pixel mean/std load_dataset uses), so they cost no privacy.
-    """
-    from flwr_dp_strategies.datasets import MNIST_MEAN, MNIST_STD
-
-    x = np.asarray(x_std, dtype=np.float64)
-    if dataset == "mnist":
-        x = x * MNIST_STD + MNIST_MEAN
-    elif dataset == "emnist-letters":
-        mean, std = _emnist_constants()
-        x = x * std + mean
-    if pool > 1:
-        side = int(round(math.sqrt(x.shape[1])))
-        x = x.reshape(-1, side // pool, pool, side // pool, pool).mean(axis=(2, 4)).reshape(len(x), -1)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
+    return unit_norm_features(x_std, dataset, pool)
 
 
 def load_scenario(name: str):

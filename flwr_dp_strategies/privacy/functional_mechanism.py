@@ -270,6 +270,20 @@ def repaired(stats: QuadraticStatistics, floor: float = 0.0) -> QuadraticStatist
     return replace(stats, quadratic=repair_psd(stats.quadratic, floor))
 
 
+def smooth_step_size(stats: QuadraticStatistics, ridge: float = 0.0) -> float:
+    """1/L for the objective :func:`descend` minimises: L = 2κ·λ_max(S)/n + ridge.
+
+    The gradient A + 2κ S W H is Lipschitz in W with constant 2κ·λ_max(S)·‖H‖ and
+    ‖H‖ ≤ 1 (H projects columns onto the centred subspace, or is 1), so gradient
+    descent with step 1/L decreases the (convex, after PSD repair) objective
+    monotonically. Computed from the *noisy* statistics it is post-processing.
+    """
+    lam = check_nonnegative("ridge", ridge)
+    top = float(np.linalg.eigvalsh(stats.quadratic)[-1]) if stats.quadratic.size else 0.0
+    lipschitz = 2.0 * _curvature(stats) * max(top, 0.0) / max(stats.count, 1) + lam
+    return math.inf if lipschitz == 0.0 else 1.0 / lipschitz
+
+
 def descend(stats: QuadraticStatistics, weights: np.ndarray, *, steps: int, learning_rate: float,
             ridge: float = 0.0) -> np.ndarray:
     """``steps`` of gradient descent on (f̄(W) + ½·ridge·n·‖W‖²)/n from ``weights`` (a new array).
@@ -290,6 +304,7 @@ def descend(stats: QuadraticStatistics, weights: np.ndarray, *, steps: int, lear
 
 __all__ = [
     "descend",
+    "smooth_step_size",
     "repaired",
     "CALIBRATIONS",
     "LOSSES",

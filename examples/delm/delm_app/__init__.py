@@ -1,0 +1,1 @@
+"""DELM as a Flower app: LDP federated PCA, then functional-mechanism heads aggregated by a DELM strategy."""

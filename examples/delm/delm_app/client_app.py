@@ -1,0 +1,59 @@
+"""ClientApp: the client's side of DELM (Algorithm 1 with the LDP-FPCA of Algorithm 2).
+
+* ``train.pca``: the noisy second moment of the client's unit-norm features
+  (Analyze Gauss, ε/3 of the client's budget), declared (:func:`covariance_reply`);
+* ``train.pca_projection``: keep the server's projection V in ``context.state``;
+* ``train``: the functional-mechanism head on xᵀV (2ε/3, released once, kept in
+  ``context.state``; later rounds are post-processing and declare ``NoOpDpEvent``).
+
+Settings come from the run config (``flwr run``) or ``DELM_RUN_CONFIG``
+(``run_demo.py``); the partition from ``node_config``. The privacy settings are
+the client's own: in a real deployment each node would fix them itself.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from client_mods import FunctionalMechanismTrainer
+from client_mods.federated_pca import covariance_reply, project, projection_from_state, store_projection
+
+from . import task
+from .config import resolve_run_config
+
+app = ClientApp()
+RELATION = "replace_one"  # the paper's neighbouring relation; the server's ledger uses the same
+
+
+def _data(context: Context) -> tuple[dict, object, object]:
+    config = resolve_run_config(context)
+    x, y = task.client_data(config, int(context.node_config["partition-id"]),
+                            int(context.node_config["num-partitions"]))
+    return config, x, y
+
+
+@app.train("pca")
+def pca(msg: Message, context: Context) -> Message:
+    """Reply with the noisy second moment of the local features (ε/3)."""
+    config, x, _ = _data(context)
+    return covariance_reply(msg, context, x, epsilon=float(config["epsilon"]) / 3.0,
+                            delta=float(config["target-delta"]), neighboring_relation=RELATION)
+
+
+@app.train("pca_projection")
+def projection(msg: Message, context: Context) -> Message:
+    """Store the server's projection."""
+    return store_projection(msg, context)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """A few gradient steps on the client's noisy FM objective (2ε/3, released once) from the global head."""
+    config, x, y = _data(context)
+    trainer = FunctionalMechanismTrainer(
+        2.0 * float(config["epsilon"]) / 3.0, num_classes=task.num_classes(config), noise=str(config["fm-noise"]),
+        delta=float(config["target-delta"]), neighboring_relation=RELATION,
+        calibration=str(config["fm-calibration"]), local_steps=int(config["local-steps"]), learning_rate=None,
+        max_learning_rate=float(config["max-lr"]), ridge=float(config["ridge"]))
+    return trainer.train(msg, context, project(x, projection_from_state(context)), y)
