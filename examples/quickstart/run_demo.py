@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clients-per-round", type=int, default=5, help="central-dp-poisson: expected m")
     parser.add_argument("--local-noise-multiplier", type=float, default=0.05, help="local-dp: z (std z*2C)")
     parser.add_argument("--dp-sgd-noise-multiplier", type=float, default=1.0, help="dp-sgd: z (std z*C per batch)")
+    parser.add_argument("--client-gpus", type=float, default=0.0,
+                        help="GPUs per simulated client (Ray client resources; e.g. 0.1 puts 10 clients on one GPU)")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     return parser.parse_args(argv)
 
@@ -74,7 +76,7 @@ def settings_from(args: argparse.Namespace, mechanism: str, results_dir: str) ->
     }
 
 
-def simulate(settings: dict[str, Any]) -> dict[str, Any]:
+def simulate(settings: dict[str, Any], num_gpus: float = 0.0) -> dict[str, Any]:
     """Run the apps in-process (settings via ``QUICKSTART_RUN_CONFIG``) and return their results JSON."""
     from flwr_dp_strategies.simulation import prepare_process, run_in_process
 
@@ -85,7 +87,7 @@ def simulate(settings: dict[str, Any]) -> dict[str, Any]:
     from quickstart.server_app import app as server_app
 
     return run_in_process(server_app, client_app, num_supernodes=int(settings["num-partitions"]),
-                          settings=settings, env_var=ENV_VAR,
+                          settings=settings, env_var=ENV_VAR, num_gpus=num_gpus,
                           results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
 
 
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     for mechanism in mechanisms:
         results_dir = args.results_dir if len(mechanisms) == 1 else os.path.join(args.results_dir, mechanism)
         print(f"\n=== {TITLES[mechanism]} ({mechanism}) ===", flush=True)
-        all_results[mechanism] = simulate(settings_from(args, mechanism, results_dir))
+        all_results[mechanism] = simulate(settings_from(args, mechanism, results_dir), args.client_gpus)
         print()
         print(format_table(all_results[mechanism]), flush=True)
     if len(mechanisms) > 1:

@@ -57,8 +57,8 @@ def dp_sgd_trainer(config: ConfigRecord) -> DpSgdTrainer:
         lambda: task.build_model(str(config["model"])),
         lr=float(config["lr"]), noise_multiplier=float(config["dp-sgd-noise-multiplier"]),
         target_delta=float(config["target-delta"]), local_epochs=int(config["local-epochs"]),
-        max_grad_norm=float(config["clipping-norm"]), batch_size=int(config["batch-size"]), device="cpu",
-    )
+        max_grad_norm=float(config["clipping-norm"]), batch_size=int(config["batch-size"]),
+    )  # device None: CUDA when the simulation gave this client a GPU
 
 
 @app.train(mods=[local_dp_when_asked])
