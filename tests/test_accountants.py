@@ -88,3 +88,27 @@ def test_approx_events_add_by_basic_composition_in_rdp():
     too_much = PrivacyLedger(1e-5, accounting="rdp")
     too_much.record(ApproxDpEvent(0.5, 2e-5), server_round=1)
     assert too_much.epsilon() == float("inf")
+
+
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_replace_one_gaussian_is_read_against_the_relations_own_sensitivity(rounds):
+    """z = σ/Δ₂ with Δ₂ the replace-one sensitivity: the ledger's ε equals the add/remove one
+    (the analytic calibration for one round), not dp-accounting's doubled-shift reading."""
+    from dp_accounting.dp_event import GaussianDpEvent
+
+    from flwr_dp_strategies.privacy import PrivacyLedger
+    from flwr_dp_strategies.privacy.gaussian import gaussian_sigma
+
+    z = gaussian_sigma(1.0, 1e-5, 1.0)
+    epsilons = {}
+    for relation in ("add_or_remove_one", "replace_one"):
+        ledger = PrivacyLedger(1e-5, neighboring_relation=relation)
+        for r in range(rounds):
+            ledger.record(GaussianDpEvent(z), server_round=r, client="a")
+        epsilons[relation] = ledger.epsilon()
+    assert epsilons["replace_one"] == pytest.approx(epsilons["add_or_remove_one"], rel=1e-6)
+    if rounds == 1:
+        assert epsilons["replace_one"] == pytest.approx(1.0, rel=1e-3)
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    ledger.record(GaussianDpEvent(0.9 * z), server_round=0, client="a")
+    assert ledger.epsilon() > 1.08  # 10 % less noise is visible

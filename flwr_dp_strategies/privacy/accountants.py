@@ -104,9 +104,30 @@ def epsilon_from_rdp(orders, rdp, delta: float, approx_epsilon: float = 0.0, app
 
 
 class LedgerPldAccountant(pld_privacy_accountant.PLDAccountant):
-    """PLDAccountant that also composes EM, pure-ε and (ε, δ) events."""
+    """PLDAccountant that also composes EM, pure-ε and (ε, δ) events.
+
+    Gaussian events under ``REPLACE_ONE``: this package's convention is
+    ``GaussianDpEvent(z)`` with z = σ/Δ₂ and Δ₂ the L2 sensitivity *under the
+    ledger's relation* (e.g. FM's and Analyze Gauss' replace-one Δ₂). The privacy
+    loss of N(f(D), σ²) against N(f(D'), σ²) with ‖f(D) − f(D')‖ ≤ Δ₂ is that of a
+    unit shift at standard deviation z, whatever the relation; dp-accounting's PLD
+    instead reads z against the add/remove sensitivity and doubles the shift for
+    ``REPLACE_ONE`` (its RDP accountant does not), which would overstate ε (2.15
+    instead of 1.0 for a Gaussian calibrated to (1, 1e-5)). So a non-sampled
+    Gaussian is composed here as the unit-shift PLD at z/√count.
+    """
 
     def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, dp_event.GaussianDpEvent) and self.neighboring_relation == NeighboringRelation.REPLACE_ONE:
+            if do_compose:
+                if event.noise_multiplier == 0:
+                    self._contains_non_dp_event = True
+                else:
+                    self._pld = self._pld.compose(pld_lib.from_gaussian_mechanism(
+                        standard_deviation=float(event.noise_multiplier) / np.sqrt(count),
+                        value_discretization_interval=self._value_discretization_interval,
+                        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE))
+            return None
         if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent)):
             if do_compose:
                 delta = float(event.delta) if isinstance(event, ApproxDpEvent) else 0.0
