@@ -3,8 +3,11 @@
 The unit tests check what is certain: the label party books exactly one
 randomized-response release, never reads the true train labels after
 randomising them, and the gradients it sends are those of the loss on the
-noisy labels. The end-to-end test runs the sweep script (Flower simulation,
-Ray backend) in a subprocess on 2 short runs (eps = 4 and no label DP).
+noisy labels. The end-to-end test runs, in a subprocess (Flower simulation,
+Ray backend), the sweep script on 2 short runs (eps = 4 and no label DP), then
+the ServerApp that ``flwr run`` starts, which writes its own results JSON and
+plot (test accuracy and ε against the round) and prints one ``round r/N``
+progress line per round.
 """
 
 from __future__ import annotations
@@ -143,6 +146,24 @@ def test_gradient_is_the_noisy_label_cross_entropy_gradient(app_modules):
     assert not np.allclose(np.concatenate(grads, axis=1), wrong.numpy(), atol=1e-6)
 
 
+def test_mnist_columns_and_split(app_modules):
+    """MNIST from a local folder: 28 columns split among the parties, MNIST's own 60 000 / 10 000 split."""
+    config, _, task = app_modules
+    from flwr_dp_strategies.datasets import MNIST_FILES, shared_data_dir
+
+    assert _config(config, dataset="mnist")["dataset"] == "mnist"
+    with pytest.raises(ValueError, match="dataset"):
+        _config(config, dataset="cifar")
+    left, right = task.party_columns(0, 2, 28), task.party_columns(1, 2, 28)
+    assert len(left) == len(right) == 392 and set(left % 28) == set(range(14))
+    if not os.path.exists(os.path.join(shared_data_dir("mnist"), MNIST_FILES["train"][0])):
+        pytest.skip("MNIST IDX files not present")
+    data = task.load_party_features(1, 2, 0.2, 42, "mnist", "")
+    y_train, y_test = task.load_labels(0.2, 42, "mnist", "")
+    assert data["train"].shape == (60000, 392) and data["test"].shape == (10000, 392)
+    assert y_train.shape == (60000,) and y_test.shape == (10000,) and 0.0 <= data["train"].min() <= 1.0
+
+
 def test_batches_are_label_independent_epochs(app_modules):
     _, label_party, _ = app_modules
     party = label_party.LabelParty(np.arange(100) % 10, num_parties=2, embedding_dim=16, lr=0.01, seed=3)
@@ -151,15 +172,46 @@ def test_batches_are_label_independent_epochs(app_modules):
     assert np.array_equal(party.next_batch(0), np.arange(100))
 
 
+#: In the same subprocess as the sweep (saves a Python start): the ServerApp that ``flwr run`` starts,
+#: with the run config (JSON) in argv[1] and the JSON it must write in argv[2]; argv[3:] is the sweep's.
+SWEEP_THEN_APP = """
+import json, sys
+import run_experiment
+run_experiment.main(sys.argv[3:])
+from flwr_dp_strategies.simulation import run_in_process
+from label_dp_app.client_app import app as client_app
+from label_dp_app.config import ENV_VAR
+from label_dp_app.server_app import app as server_app
+run_in_process(server_app, client_app, num_supernodes=2, settings=json.loads(sys.argv[1]), env_var=ENV_VAR,
+               results_path=sys.argv[2])
+"""
+
+
 @pytest.mark.integration
 def test_vertical_run_end_to_end(tmp_path):
     args = ["--eps", "4", "inf", "--repeats", "1", "--rounds", "20", "--eval-every", "10",
             "--results-dir", str(tmp_path)]
-    code = "import sys, run_experiment; run_experiment.main(sys.argv[1:])"
+    app_rounds = 6
+    app_settings = {"label-epsilon": 4.0, "num-server-rounds": app_rounds, "eval-every": 3,
+                    "results-dir": str(tmp_path / "app")}
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
-    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=APP_DIR, env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run([sys.executable, "-c", SWEEP_THEN_APP, json.dumps(app_settings),
+                           str(tmp_path / "app" / "run-eps-4.0.json"), *args], cwd=APP_DIR, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    # the ServerApp of `flwr run` (not the sweep): its results JSON and plot, and a progress line per round
+    app_run = json.loads((tmp_path / "app" / "run-eps-4.0.json").read_text())
+    assert (tmp_path / "app" / "run-eps-4.0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [row["round"] for row in app_run["rounds"]] == [3, 6]
+    for row in app_run["rounds"]:
+        assert 0.0 <= row["accuracy"] <= 1.0 and row["elapsed_s"] > 0
+        assert row["epsilon"] == app_run["privacy"]["ledger_epsilon"] == pytest.approx(4.0, rel=1e-3)
+    for server_round in range(1, app_rounds + 1):
+        assert f"round {server_round}/{app_rounds}  loss (noisy labels)" in proc.stdout
+    assert "test accuracy" in proc.stdout and "epsilon 4.000 (label-DP" in proc.stdout
+
+    # the sweep (run_experiment.py)
     results = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "accuracy_vs_eps.png").stat().st_size > 0
     dp_run, plain_run = results["runs"]
@@ -177,3 +229,4 @@ def test_vertical_run_end_to_end(tmp_path):
     assert p == pytest.approx(9 / (math.exp(4) + 9))
     assert abs(privacy["changed_fraction"] - p) < 5 * math.sqrt(p * (1 - p) / n)
     assert dp_run["final_accuracy"] > 0.3
+

@@ -7,7 +7,11 @@
   metrics, the ledger's ε equal to the composition of the releases the clients
   declared (one per evaluate round), ε = inf booked in NOT_ENCRYPT mode (un-noised results), and fresh
   noise for every client and round.
-* The unit test checks the offline drift computation on synthetic clustered points.
+  The same run checks that the ServerApp itself wrote each run's JSON and PNG
+  (accuracy, cluster scores and ε against the round) and printed one
+  ``round r/N`` progress line per round.
+* The unit tests check the offline drift computation on synthetic clustered
+  points, and where the ServerApp writes its JSON and PNG.
 """
 
 from __future__ import annotations
@@ -84,6 +88,20 @@ def test_offline_drift_grows_as_epsilon_falls(example_path):
     assert len(np.unique(np.round(noisy.sum(axis=1), 12))) == len(noisy)
 
 
+def test_results_paths(example_path, tmp_path):
+    """``results-file`` wins (PNG next to it); otherwise ``<results-dir>/run-<mode>.json`` and ``.png``."""
+    from laplace_eval_app.config import DEFAULTS
+    from laplace_eval_app.results import results_paths
+
+    assert results_paths({**DEFAULTS, "results-dir": str(tmp_path)}) == (
+        str(tmp_path / "run-laplace.json"), str(tmp_path / "run-laplace.png"))
+    assert results_paths({**DEFAULTS, "results-dir": str(tmp_path), "privacy-eval-type": "NOT_ENCRYPT"}) == (
+        str(tmp_path / "run-not-encrypt.json"), str(tmp_path / "run-not-encrypt.png"))
+    assert results_paths({**DEFAULTS, "results-file": str(tmp_path / "x" / "log.json")}) == (
+        str(tmp_path / "x" / "log.json"), str(tmp_path / "x" / "log.png"))
+    assert DEFAULTS["results-dir"] == "results" and DEFAULTS["results-file"] == ""
+
+
 def _declared_epsilon(epsilon: float, rounds: int) -> float:
     """The ledger's ε after ``rounds`` releases of the event LaplaceInferenceMod declares for one vector."""
     from flwr.app import Array, ArrayRecord
@@ -109,12 +127,19 @@ def test_app_end_to_end_laplace_and_not_encrypt(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in ("results.json", "results.md", "results.png"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "round 2  accuracy" in proc.stdout
+    # the ServerApp's own plots, next to the run logs it wrote (read below), and its progress lines
+    for name in ("run-laplace.png", "run-not-encrypt.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for server_round in range(1, rounds + 1):
+        assert proc.stdout.count(f"round {server_round}/{rounds}  accuracy") == 2  # one line per run
 
     laplace = json.loads((tmp_path / "run-laplace.json").read_text())
     clean = json.loads((tmp_path / "run-not-encrypt.json").read_text())
     assert laplace["privacy_eval_type"] == "LAPLACE" and clean["privacy_eval_type"] == "NOT_ENCRYPT"
     assert [row["round"] for row in laplace["rounds"]] == [1, 2]
+    for run in (laplace, clean):
+        assert all(0.0 <= row["accuracy"] <= 1.0 and row["silhouette"] is not None for row in run["rounds"])
+        assert [row["elapsed_s"] for row in run["rounds"]] == sorted(row["elapsed_s"] for row in run["rounds"])
 
     sums = []
     for row in laplace["rounds"]:

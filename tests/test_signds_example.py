@@ -7,6 +7,9 @@
   max_dim_out indices (+ sign + b̂), ``privacy/epsilon`` after R rounds equals a
   ``replace_one`` ledger with R × ``round_event(sign_eps, rr_eps)`` composed, and
   r_est moves by MagRR's rule.
+* The same run checks that the ServerApp itself wrote its run JSON and its plot
+  (``run-<name>.json`` / ``run-<name>.png``: accuracy and ε against the round)
+  and printed one ``round r/N`` progress line per round.
 * The unit tests check that the pyproject run config equals the code defaults
   and that the strategy is built from the run config.
 """
@@ -89,12 +92,17 @@ def test_signds_app_end_to_end(tmp_path):
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in ("results.json", "results.md", "results.png", "run-signds-default-digits.json"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "[signds/digits] round   3  accuracy" in proc.stdout
+    # the ServerApp's own outputs: the run JSON (read below) and its plot, plus a progress line per round
+    assert (tmp_path / "run-signds-default-digits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for server_round in range(1, rounds + 1):
+        assert f"[signds/digits] round {server_round:>3}/{rounds}  accuracy" in proc.stdout
 
     run = json.loads((tmp_path / "run-signds-default-digits.json").read_text())
     rows = run["rounds"]
     assert [row["round"] for row in rows] == list(range(1, rounds + 1))
     assert all(not any(row["rejected"].values()) for row in rows)
+    assert all(0.0 <= row["accuracy"] <= 1.0 and row["epsilon"] > 0 for row in rows)
+    assert [row["elapsed_s"] for row in rows] == sorted(row["elapsed_s"] for row in rows)
 
     # it trains: the model moved away from its initial accuracy, upwards
     assert max(row["accuracy"] for row in rows) > run["initial_accuracy"] + 0.05

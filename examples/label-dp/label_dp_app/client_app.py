@@ -102,7 +102,8 @@ def _handle(msg: Message, context: Context, split: str) -> Message:
     config = msg.content[task.CONFIG]
     _check_parties(context, config)
     party_id, num_parties = _partition(context)
-    data = task.load_party_features(party_id, num_parties, float(config["test-fraction"]), int(config["split-seed"]))
+    data = task.load_party_features(party_id, num_parties, float(config["test-fraction"]), int(config["split-seed"]),
+                                    str(config.get("dataset", "digits")), str(config.get("data-dir", "")))
     _start_experiment(context, config)
     model, optimizer = _restore(context, config, data["train"].shape[1])
     if task.GRAD in msg.content.array_records:

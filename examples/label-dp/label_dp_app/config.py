@@ -17,6 +17,8 @@ from flwr.app import Context
 
 from flwr_dp_strategies.simulation import resolve_run_config as resolve
 
+from .task import DATASETS
+
 ENV_VAR = "LABEL_DP_RUN_CONFIG"
 
 # Keep in sync with [tool.flwr.app.config] in pyproject.toml (a test checks it).
@@ -24,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "num-server-rounds": 80,
     "label-epsilon": 2.0,
     "num-parties": 2,
+    "dataset": "digits",
+    "data-dir": "",
     "batch-size": 256,
     "lr": 0.02,
     "hidden-dim": 32,
@@ -56,6 +60,8 @@ def resolve_run_config(context: Optional[Context] = None) -> dict[str, Any]:
 def validate_config(config: dict[str, Any]) -> dict[str, Any]:
     """Check the values the apps rely on (ValueError naming the key and its range); return ``config``."""
     label_epsilon(config)
+    if config["dataset"] not in DATASETS:
+        raise ValueError(f"dataset must be one of {DATASETS}, got {config['dataset']!r}")
     for key in ("num-server-rounds", "num-parties", "eval-every", "hidden-dim", "embedding-dim"):
         if int(config[key]) < 1:
             raise ValueError(f"{key} must be an integer in [1, inf), got {config[key]!r}")

@@ -15,8 +15,11 @@ embeddings and gradients, not models). Per round r:
 Every ``eval-every`` rounds and after the last one, an ``evaluate`` message
 (carrying the pending gradient) asks for the embeddings of the test split; the
 test accuracy is measured against the TRUE test labels (evaluation only, never
-sent). Results go to ``<results-dir>/<results-file>`` (default
-``run-eps-<eps>.json``).
+sent). Every round prints one progress line (``round r/N``, the loss on the
+noisy labels, the test accuracy on evaluation rounds, ε and the elapsed
+seconds). Results go to ``<results-dir>/<results-file>`` (default
+``run-eps-<eps>.json``), with a plot of test accuracy and ε against the round
+next to it (``.png``; see :mod:`.results`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger, event_to_dict
 from . import task
 from .config import label_epsilon, resolve_run_config
 from .label_party import LabelParty, LabelRelease, make_label_party
+from .results import plot_run
 
 app = ServerApp()
 
@@ -90,7 +94,8 @@ def party_config(config: dict[str, Any], server_round: int, experiment: str = ""
         "lr": float(config["lr"]),
         "hidden-dim": int(config["hidden-dim"]), "embedding-dim": int(config["embedding-dim"]),
         "seed": int(config["seed"]), "split-seed": int(config["split-seed"]),
-        "test-fraction": float(config["test-fraction"]),
+        "test-fraction": float(config["test-fraction"]), "dataset": str(config["dataset"]),
+        "data-dir": str(config["data-dir"]),
     })
 
 
@@ -136,23 +141,32 @@ def evaluate(party: LabelParty, exchanges: Exchanges, server_round: int, test_la
     return float(np.mean(party.predict(embeddings) == test_labels))
 
 
-def train(party: LabelParty, exchanges: Exchanges, config: dict[str, Any],
-          test_labels: np.ndarray) -> list[dict[str, Any]]:
-    """The round loop; returns one row per evaluation (round, test accuracy, mean loss on noisy labels)."""
+def train(party: LabelParty, exchanges: Exchanges, config: dict[str, Any], test_labels: np.ndarray,
+          epsilon: Optional[float] = None) -> list[dict[str, Any]]:
+    """The round loop; returns one row per evaluation (round, test accuracy, mean loss on noisy labels, ε so
+    far, elapsed seconds) and prints one progress line per round.
+
+    ``epsilon`` is the ledger's ε (None: no label DP); the labels are released once, before round 1, so
+    it is the same in every round.
+    """
     num_rounds, every = int(config["num-server-rounds"]), int(config["eval-every"])
     rows: list[dict[str, Any]] = []
     losses: list[float] = []
+    eps_text = "inf (no label DP)" if epsilon is None else f"{epsilon:.3f} (label-DP, released once)"
+    start = time.perf_counter()
     for server_round in range(1, num_rounds + 1):
         indices = party.next_batch(int(config["batch-size"]))
         grads, loss = party.step(exchanges.request(server_round, MessageType.TRAIN, indices), indices)
         exchanges.set_gradients(grads)
         losses.append(loss)
+        line = f"round {server_round}/{num_rounds}  loss (noisy labels) {loss:.3f}"
         if server_round % every == 0 or server_round == num_rounds:
             accuracy = evaluate(party, exchanges, server_round, test_labels)
-            rows.append({"round": server_round, "accuracy": accuracy, "noisy_label_loss": float(np.mean(losses))})
-            print(f"round {server_round}  test accuracy {accuracy:.3f}  loss (noisy labels) {np.mean(losses):.3f}",
-                  flush=True)
+            rows.append({"round": server_round, "accuracy": accuracy, "noisy_label_loss": float(np.mean(losses)),
+                         "epsilon": epsilon, "elapsed_s": time.perf_counter() - start})
+            line += f"  test accuracy {accuracy:.3f}"
             losses = []
+        print(f"{line}  epsilon {eps_text}  [{time.perf_counter() - start:.0f} s]", flush=True)
     return rows
 
 
@@ -194,11 +208,13 @@ def run_vertical(grid: Grid, context: Context, config: dict[str, Any], experimen
     """
     start = time.perf_counter()
     ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation="replace_one")
-    true_train, true_test = task.load_labels(float(config["test-fraction"]), int(config["split-seed"]))
+    true_train, true_test = task.load_labels(float(config["test-fraction"]), int(config["split-seed"]),
+                                             str(config["dataset"]), str(config["data-dir"]))
     party, release = make_label_party(context, config, true_train, ledger)
     del true_train  # from here on the label party only has the noisy train labels
     exchanges = Exchanges(grid, wait_for_parties(grid, int(config["num-parties"])), config, experiment)
-    rows = train(party, exchanges, config, true_test)
+    epsilon = _finite(ledger.epsilon()) if ledger.clients else None
+    rows = train(party, exchanges, config, true_test, epsilon)
     eps = label_epsilon(config)
     return {
         "label_epsilon": "inf" if eps is None else eps,
@@ -221,10 +237,12 @@ def write_json(results: dict[str, Any], path: str) -> str:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run once with the run config's ``label-epsilon`` and write the results JSON."""
+    """Run once with the run config's ``label-epsilon``; write the results JSON and its plot."""
     torch.set_num_threads(1)
     config = resolve_run_config(context)
     results = run_vertical(grid, context, config)
     path = write_json(results, results_path(config))
+    png = os.path.splitext(path)[0] + ".png"
+    plot_run(results, png)
     print(f"label eps {results['label_epsilon']}: final test accuracy {results['final_accuracy']:.3f}; "
-          f"results written to {path}", flush=True)
+          f"results written to {path}, plot to {png}", flush=True)

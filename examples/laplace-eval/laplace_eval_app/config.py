@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "batch-size": 16,
     "target-delta": 1e-5,
     "seed": 42,
+    "results-dir": "results",
     "results-file": "",
 }
 

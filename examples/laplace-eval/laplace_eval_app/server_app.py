@@ -12,15 +12,18 @@ reports silhouette / Calinski-Harabasz / Davies-Bouldin.
 
 Per round it prints::
 
-    round 3  accuracy 0.284 (clients 0.301)  silhouette 0.031  CH 6.52  DB 1.520  labels 8/50  epsilon 6.9e+05 (LAPLACE)
+    round 3/12  accuracy 0.284 (clients 0.301)  silhouette 0.031  CH 6.52  DB 1.520  labels 8/50  epsilon 6.9e+05 (LAPLACE)  [9 s]
 
 ``accuracy`` is the global model's accuracy on the central test split,
 ``clients`` the clients' weighted local evaluation accuracy, the three scores
 those of the clustering (``unsupervised-eval`` is the ``eval-type`` one), and
 ``epsilon`` the worst client's composed LDP ε so far (one Laplace release per
 evaluate round; ``inf`` in NOT_ENCRYPT mode, whose results leave unprotected and
-are booked as nothing). With ``results-file`` set it writes a JSON log holding,
-per round, those figures and the inference vectors the server received.
+are booked as nothing), then the seconds since round 1 started. At the end it
+writes a JSON log holding, per round, those figures and the inference vectors
+the server received, and a PNG of accuracy, the cluster scores and ε against
+the round: ``results-file`` if set, else ``<results-dir>/run-<mode>.json`` (and
+``.png``; see :mod:`.results`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -43,6 +47,7 @@ from flwr_dp_strategies.strategy import ClusterEvaluation
 
 from . import task
 from .config import resolve_run_config
+from .results import plot_run, results_paths
 
 SCORE_KEYS = ("silhouette", "calinski-harabasz", "davies-bouldin")
 
@@ -87,6 +92,7 @@ class RoundLog:
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
     initial_accuracy: Optional[float] = None
+    started: float = field(default_factory=time.perf_counter)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         """Evaluate the global model centrally; for round >= 1 log the clients' figures too."""
@@ -97,6 +103,7 @@ class RoundLog:
         loss, accuracy, _ = task.evaluate(model, x_test, y_test)
         if server_round == 0:
             self.initial_accuracy = accuracy
+            self.started = time.perf_counter()
             return MetricRecord({"accuracy": accuracy, "loss": loss})
         metrics = dict(self.strategy.last_metrics or {})
         protected = self.strategy.privacy_eval_type == "LAPLACE"
@@ -110,21 +117,23 @@ class RoundLog:
             "rejected": {k.split("/", 1)[1]: int(v) for k, v in metrics.items() if k.startswith("rejected/") and v},
             "metrics": {key: float(value) for key, value in metrics.items() if isinstance(value, (int, float))},
             "inference": None if self.strategy.last_points is None else self.strategy.last_points.tolist(),
+            "elapsed_s": time.perf_counter() - self.started,
         }
         self.rows.append(row)
-        print(format_row(row, self.strategy.privacy_eval_type), flush=True)
+        print(format_row(row, self.strategy.privacy_eval_type, int(self.config["num-server-rounds"])), flush=True)
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
 
-def format_row(row: dict[str, Any], mode: str) -> str:
-    """One line per round: accuracy, the three cluster scores, labels and ε."""
+def format_row(row: dict[str, Any], mode: str, num_rounds: int) -> str:
+    """One line per round: ``round r/N``, accuracy, the three cluster scores, labels, ε and elapsed seconds."""
     def num(value: Optional[float], fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
     eps = "inf (NOT_ENCRYPT: sent without noise)" if row["epsilon"] is None else f"{row['epsilon']:.4g} ({mode})"
-    return (f"round {row['round']}  accuracy {row['accuracy']:.3f} (clients {num(row['client_accuracy'], '.3f')})  "
-            f"silhouette {num(row['silhouette'], '.3f')}  CH {num(row['calinski-harabasz'], '.2f')}  "
-            f"DB {num(row['davies-bouldin'], '.3f')}  labels {row['labels']}/{row['points']}  epsilon {eps}")
+    return (f"round {row['round']}/{num_rounds}  accuracy {row['accuracy']:.3f} "
+            f"(clients {num(row['client_accuracy'], '.3f')})  silhouette {num(row['silhouette'], '.3f')}  "
+            f"CH {num(row['calinski-harabasz'], '.2f')}  DB {num(row['davies-bouldin'], '.3f')}  "
+            f"labels {row['labels']}/{row['points']}  epsilon {eps}  [{row['elapsed_s']:.0f} s]")
 
 
 def build_strategy(config: dict[str, Any]) -> RecordingClusterEvaluation:
@@ -146,8 +155,10 @@ def client_config(config: dict[str, Any]) -> ConfigRecord:
     return ConfigRecord({key: config[key] for key in CLIENT_KEYS})
 
 
-def write_log(path: str, log: RoundLog, strategy: RecordingClusterEvaluation, config: dict[str, Any]) -> None:
-    """The run's JSON log: config, per-round rows (with the received vectors) and the privacy summary."""
+def write_log(path: str, log: RoundLog, strategy: RecordingClusterEvaluation, config: dict[str, Any],
+              png_path: Optional[str] = None) -> None:
+    """The run's JSON log: config, per-round rows (with the received vectors) and the privacy summary;
+    with ``png_path``, also its plot (accuracy, cluster scores and ε against the round)."""
     report = strategy.ledger.report()
     data = {
         "config": config, "privacy_eval_type": strategy.privacy_eval_type,
@@ -163,11 +174,13 @@ def write_log(path: str, log: RoundLog, strategy: RecordingClusterEvaluation, co
     os.makedirs(folder, exist_ok=True)
     with open(path, "w") as handle:
         json.dump(data, handle)
+    if png_path:
+        plot_run(data, png_path)
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the rounds, print one line per round, write the JSON log if ``results-file``."""
+    """Run the rounds, print one line per round, write the JSON log and its plot."""
     config = resolve_run_config(context)
     strategy = build_strategy(config)
     torch.manual_seed(int(config["seed"]))
@@ -176,6 +189,6 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
                    num_rounds=int(config["num-server-rounds"]), train_config=client_config(config),
                    evaluate_config=client_config(config), evaluate_fn=log)
-    if config["results-file"]:
-        write_log(str(config["results-file"]), log, strategy, config)
-        print(f"run log written to {config['results-file']}", flush=True)
+    json_path, png_path = results_paths(config)
+    write_log(json_path, log, strategy, config, png_path)
+    print(f"run log written to {json_path}, plot to {png_path}", flush=True)

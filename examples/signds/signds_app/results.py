@@ -6,6 +6,9 @@ train metrics and, for SignDS, the MagRR state the round was *encoded and rebuil
 with* (``r_est`` sent to the clients; the strategy's ``signds/r-est`` metric is the
 value for the *next* round).
 
+:func:`write_run` writes ``run-<name>.json`` and ``run-<name>.png`` (accuracy and ε
+against the round) at the end of every run.
+
 Upload sizes per client: ``values`` (numbers sent: h indices + sign + b̂ for
 SignDS, d floats for FedAvg), ``payload bytes`` (values × item size: int64 for
 SignDS, float32 for FedAvg) and ``serialized bytes`` (Flower's ``Array.data``,
@@ -109,10 +112,11 @@ class RoundLog:
         return row
 
     def format_row(self, row: dict[str, Any]) -> str:
-        """One line per round."""
-        head = f"[{self.config['strategy']}/{self.dataset}] round {row['round']:>3}  accuracy {row['accuracy']:.3f}"
+        """One line per round: ``round r/N``, accuracy, ε, r_est, upload, elapsed seconds."""
+        head = (f"[{self.config['strategy']}/{self.dataset}] round {row['round']:>3}/{self.config['num-server-rounds']}"
+                f"  accuracy {row['accuracy']:.3f}")
         upload = (f"upload/client {row['values_per_client']:g} values ({row['payload_bytes_per_client']:g} B) "
-                  f"vs dense {row['dense_values']} ({row['dense_payload_bytes']} B)")
+                  f"vs dense {row['dense_values']} ({row['dense_payload_bytes']} B)  [{row['elapsed_s']:.0f} s]")
         if not self.signds:
             return f"{head}  eps inf (not private)  {upload}"
         phase = {0: "growth", 1: "shrink"}.get(row["is_reached"], "?")
@@ -133,7 +137,7 @@ def privacy_summary(strategy: Any) -> Optional[dict[str, Any]]:
 
 
 def write_run(log: RoundLog, strategy: Any, results_dir: str, name: str) -> str:
-    """Write ``run-<name>.json`` into ``results_dir``; return its path."""
+    """Write ``run-<name>.json`` and its plot ``run-<name>.png`` into ``results_dir``; return the JSON path."""
     os.makedirs(results_dir, exist_ok=True)
     data = {"name": name, "config": log.config, "d": log.d, "hidden": log.hidden,
             "initial_accuracy": log.initial_accuracy, "rounds": log.rows,
@@ -141,4 +145,31 @@ def write_run(log: RoundLog, strategy: Any, results_dir: str, name: str) -> str:
     path = os.path.join(results_dir, f"run-{name}.json")
     with open(path, "w") as handle:
         json.dump(data, handle, indent=2)
+    plot_run(data, os.path.join(results_dir, f"run-{name}.png"))
     return path
+
+
+def plot_run(data: dict[str, Any], path: str) -> None:
+    """Central test accuracy and cumulative ε against the round (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    rows = data["rounds"]
+    rounds = [0] + [row["round"] for row in rows]
+    fig, (ax_acc, ax_eps) = plt.subplots(1, 2, figsize=(9, 3.5))
+    ax_acc.plot(rounds, [data["initial_accuracy"]] + [row["accuracy"] for row in rows], marker=".")
+    ax_acc.set(xlabel="round", ylabel="central test accuracy", ylim=(0, 1),
+               title=f"{data['config']['strategy']} on {data['config']['dataset']}")
+    if data["privacy"] is None:
+        ax_eps.text(0.5, 0.5, "FedAvg: no DP, epsilon = inf", ha="center", va="center", transform=ax_eps.transAxes)
+    else:
+        ax_eps.plot(rounds, [0.0] + [row["epsilon"] for row in rows], marker=".", color="tab:red")
+    ax_eps.set(xlabel="round", ylabel="epsilon per client (LDP, cumulative)", title="privacy spent (delta=1e-5)")
+    for ax in (ax_acc, ax_eps):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -10,9 +10,10 @@
   uploads h ≤ ``max-dim-out`` indices, one sign and one MagRR bit, and spends
   ``sign-eps + rr-eps`` per round (local DP), composed over rounds by the ledger.
 
-Every round it prints one line (accuracy, ε, r_est and phase, values uploaded
-per client against dense) and at the end writes ``<results-dir>/run-<name>.json``
-(see :mod:`.results`).
+Every round it prints one line (``round r/N``, accuracy, ε, r_est and phase,
+values uploaded per client against dense, elapsed seconds) and at the end writes
+``<results-dir>/run-<name>.json`` and ``run-<name>.png`` (accuracy and ε against
+the round; see :mod:`.results`).
 """
 
 from __future__ import annotations
@@ -72,4 +73,4 @@ def main(grid: Grid, context: Context) -> None:
                    num_rounds=int(config["num-server-rounds"]), train_config=train_config(config),
                    evaluate_fn=log)
     path = write_run(log, strategy, os.path.abspath(str(config["results-dir"])), run_name(config))
-    print(f"run log written to {path}", flush=True)
+    print(f"run log written to {path} (plot: {path[:-len('.json')]}.png)", flush=True)
