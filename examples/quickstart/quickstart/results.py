@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from flwr.app import ArrayRecord, MetricRecord
+from flwr.app import ArrayRecord, Message, MetricRecord
 
 from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -74,6 +74,56 @@ class RoundLog:
         return {"epsilon": _finite(self.ledger.epsilon()), "released": released}
 
 
+class ReplyLog:
+    """A Grid that counts, per round and phase, the replies and the failed (error) replies.
+
+    Wraps the ServerApp's Grid for ``Strategy.start``: a node that dies during a
+    round shows up as an error reply (in deployment, Flower's SuperLink answers
+    ``NODE_UNAVAILABLE`` once the node missed its heartbeats), which the strategy
+    drops. This records it with the error's code and reason, so ``results.json``
+    says which round lost a node; everything else is delegated to the Grid.
+    """
+
+    def __init__(self, grid: Any) -> None:
+        self._grid = grid
+        self.rows: list[dict[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
+        """The Grid's send_and_receive; logs sent/ok/failed and prints a line when replies failed."""
+        messages = list(messages)
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        if not messages:
+            return replies
+        # An error reply made by the SuperLink comes from the SuperLink's node ID, not from the
+        # node that failed: find that node through the message the error replies to.
+        destination = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+        failed = [reply for reply in replies if reply.has_error()]
+        row = {
+            "round": _server_round(messages[0]), "phase": messages[0].metadata.message_type,
+            "sent": len(messages), "replies": len(replies) - len(failed), "failed": len(failed),
+            "missing": len(messages) - len(replies),
+            "errors": [{"node": destination.get(r.metadata.reply_to_message_id), "code": int(r.error.code),
+                        "reason": str(r.error.reason)} for r in failed],
+        }
+        self.rows.append(row)
+        if failed or row["missing"]:
+            errors = "; ".join(f"node {e['node']}: {e['reason']}" for e in row["errors"])
+            print(f"round {row['round']}  {row['phase']}: {row['replies']} of {row['sent']} nodes replied, "
+                  f"{row['failed']} failed ({errors})", flush=True)
+        return replies
+
+
+def _server_round(message: Message) -> int | None:
+    """The ``server-round`` the strategy put into a message's ConfigRecord (None if absent)."""
+    for record in message.content.config_records.values():
+        if "server-round" in record:
+            return int(record["server-round"])
+    return None
+
+
 def _count_events(ledger: PrivacyLedger) -> int:
     """Central events plus every client's declared events."""
     return len(ledger.events()) + sum(len(ledger.events(client)) for client in ledger.clients)
@@ -116,13 +166,29 @@ def privacy_summary(ledger: PrivacyLedger | None, config: dict[str, Any]) -> dic
     }
 
 
-def write_results(log: RoundLog, config: dict[str, Any], results_dir: str) -> str:
-    """Write results.json and results.png into ``results_dir``; return the JSON path."""
+def _metrics_by_round(history: dict[int, MetricRecord]) -> dict[str, dict[str, Any]]:
+    """``{round: {key: value}}`` of a Result's per-round MetricRecords, JSON-safe."""
+    return {str(rnd): {key: (_finite(value) if isinstance(value, float) else value)
+                       for key, value in record.items()} for rnd, record in sorted(history.items())}
+
+
+def write_results(log: RoundLog, config: dict[str, Any], results_dir: str, result: Any = None,
+                  replies: ReplyLog | None = None) -> str:
+    """Write results.json and results.png into ``results_dir``; return the JSON path.
+
+    ``result`` (the strategy's ``Result``) adds the aggregated train and evaluate
+    metrics of every round; ``replies`` adds the replies and failures per round.
+    """
     os.makedirs(results_dir, exist_ok=True)
     data = {
         "mechanism": config["mechanism"], "config": config, "initial_accuracy": log.initial_accuracy,
         "rounds": log.rows, "privacy": privacy_summary(log.ledger, config),
     }
+    if result is not None:
+        data["train_metrics"] = _metrics_by_round(result.train_metrics_clientapp)
+        data["evaluate_metrics"] = _metrics_by_round(result.evaluate_metrics_clientapp)
+    if replies is not None:
+        data["replies"] = replies.rows
     path = os.path.join(results_dir, RESULTS_JSON)
     with open(path, "w") as handle:
         json.dump(data, handle, indent=2)

@@ -7,8 +7,9 @@
   round's record-level event (the ledger then reports record-level ε);
 * ``none``: plain FedAvg.
 
-Prints one line per round (``round r  accuracy 0.xxx  epsilon y.yy (delta 1e-05)``)
-and writes ``results.json`` and ``results.png`` to the ``results-dir`` run config.
+Prints one line per round (``round r  accuracy 0.xxx  epsilon y.yy (delta 1e-05)``), and one
+per phase in which nodes failed to reply, and writes ``results.json`` (with the per-round train
+and evaluate metrics and reply counts) and ``results.png`` to the ``results-dir`` run config.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from flwr_dp_strategies.strategy import (
 
 from . import task
 from .config import resolve_run_config
-from .results import RoundLog, write_results
+from .results import ReplyLog, RoundLog, write_results
 
 app = ServerApp()
 
@@ -95,13 +96,14 @@ def main(grid: Grid, context: Context) -> None:
     torch.manual_seed(int(config["seed"]))
     model = task.build_model(str(config["model"]))
     log = RoundLog(str(config["model"]), getattr(strategy, "ledger", None))
-    strategy.start(
-        grid=grid,
+    replies = ReplyLog(grid)  # counts the replies and failed replies (e.g. a node that died) per round
+    result = strategy.start(
+        grid=replies,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=int(config["num-server-rounds"]),
         train_config=client_config(config),
         evaluate_config=client_config(config),
         evaluate_fn=log,
     )
-    path = write_results(log, config, os.path.abspath(str(config["results-dir"])))
+    path = write_results(log, config, os.path.abspath(str(config["results-dir"])), result, replies)
     print(f"results written to {path}", flush=True)
