@@ -14,7 +14,8 @@ evaluated rounds, ledger ε, selection ε, wall time). ``--report`` rebuilds
 Methods (see README.md): ``fedavg``, ``fedprox``, ``ldp-fl-round`` (ε per round,
 composed by the ledger), ``ldp-fl-total`` (ε over all rounds), and the DELM family
 ``delm-<variant>[-paper-p0.5|-paper-p0.8]`` with variant in basic, enhanced,
-enhanced-nosampling, shuffle, local-pca, ldp-pca. Without a ``-paper-*`` suffix a
+enhanced-nosampling, shuffle, local-pca, ldp-pca, nopca (FM on the pooled pixels with the
+whole budget, no PCA). Without a ``-paper-*`` suffix a
 DELM method uses our recommended configuration (14×14 pooled inputs, q = 20,
 Gaussian FM); with it, the paper's protocol (784 inputs, q = p·784, Laplace FM).
 """
@@ -63,9 +64,12 @@ DELM_CONFIGS: dict[str, dict[str, Any]] = {
     "rec": dict(pool=2, q=20, p=None, fm_noise="gaussian"),
     "paper-p0.5": dict(pool=1, q=None, p=0.5, fm_noise="laplace"),
     "paper-p0.8": dict(pool=1, q=None, p=0.8, fm_noise="laplace"),
+    # no PCA (variant nopca): the whole budget on FM over 7x7 pooled pixels (data-independent features)
+    "pool4": dict(pool=4, q=None, p=1.0, fm_noise="gaussian"),
+    "pool1": dict(pool=1, q=None, p=1.0, fm_noise="gaussian"),
 }
 DELM_TRAIN = dict(local_steps=5, lr=5.0, ridge=0.01, psd_floor=0.0, num_selected=50, selection_epsilon=1.0)
-DELM_VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "local-pca", "ldp-pca")
+DELM_VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "local-pca", "ldp-pca", "nopca")
 BASELINES = ("fedavg", "fedprox", "ldp-fl-round", "ldp-fl-total")
 
 
@@ -171,7 +175,8 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
 
     cfg = {**DELM_CONFIGS[cfg_name], **DELM_TRAIN, **(overrides or {})}
     eps_total = SCENARIOS[scen]["epsilon"]
-    eps1, eps2 = eps_total / 3.0, 2.0 * eps_total / 3.0
+    # nopca: a data-independent feature map (pooled pixels), so FM gets the whole budget.
+    eps1, eps2 = (0.0, eps_total) if variant == "nopca" else (eps_total / 3.0, 2.0 * eps_total / 3.0)
     clients, (x_te, y_te), meta = load_scenario(scen)
     dataset, c, n_clients = meta["dataset"], meta["num_classes"], meta["num_clients"]
     pool = cfg["pool"] if dataset != "digits" else 1
@@ -179,14 +184,18 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     labels = [y for _, y in clients]
     z_dim_in = feats[0].shape[1]
     q = cfg["q"] if cfg["q"] is not None else num_components_for(z_dim_in, cfg["p"])
-    q = min(q, z_dim_in)
+    q = z_dim_in if variant == "nopca" else min(q, z_dim_in)
     x_test = delm_features(x_te, dataset, pool)
     client_rngs = [np.random.default_rng([seed, i]) for i in range(n_clients)]
     t0 = time.time()
 
     # 1) PCA basis: federated (private), own noisy (LDP-PCA) or own exact (local PCA, not private).
     fpca_events: list[Any] = []
-    if variant == "local-pca":
+    if variant == "nopca":
+        bases = [np.eye(z_dim_in)[:, :q]] * n_clients
+        fpca_events = [NoOpDpEvent()] * n_clients
+        fpca_label = "nopca/identity (data-independent)"
+    elif variant == "local-pca":
         bases = [top_eigenvectors(second_moment(f), q) for f in feats]
         fpca_events = [NonPrivateDpEvent()] * n_clients
         fpca_label = "local-pca/exact-covariance (non-private)"
@@ -219,7 +228,7 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     log(f"  FM done ({time.time() - t0:.1f}s), median step {np.median(step_sizes):.3g}")
 
     n = n_clients
-    if variant in ("basic", "local-pca", "ldp-pca"):
+    if variant in ("basic", "local-pca", "ldp-pca", "nopca"):
         strategy = AccountedFedAvg(**strategy_kwargs(n))
     elif variant == "shuffle":
         strategy = ShuffleAmplifiedFedAvg(**strategy_kwargs(n), reports_are_ldp=False)
@@ -384,14 +393,14 @@ def run_one(method: str, scen: str, rounds: int, seed: int, results_dir: str, lo
 PAPER: list[tuple[str, str, float, list[str]]] = [
     ("iid-mnist", "FedAvg", 0.973, ["fedavg"]),
     ("iid-mnist", "LDP-FL", 0.927, ["ldp-fl-round", "ldp-fl-total"]),
-    ("iid-mnist", "DELM basic (p=0.5)", 0.962, ["delm-basic-paper-p0.5", "delm-basic", "delm-shuffle"]),
+    ("iid-mnist", "DELM basic (p=0.5)", 0.962, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-shuffle"]),
     ("iid-mnist", "DELM basic (p=0.8)", None, ["delm-basic-paper-p0.8"]),
     ("iid-mnist", "LDP-PCA variant", 0.911, ["delm-ldp-pca-paper-p0.5", "delm-ldp-pca"]),
     ("iid-mnist", "local-PCA variant", 0.871, ["delm-local-pca-paper-p0.5", "delm-local-pca"]),
     ("iid-mnist", "DELM enhanced", None, ["delm-enhanced", "delm-enhanced-nosampling"]),
     ("iid-mnist-eps0.1", "LDP-FL", 0.826, ["ldp-fl-round", "ldp-fl-total"]),
     ("iid-mnist-eps0.1", "DELM (p=0.8)", 0.913, ["delm-basic-paper-p0.8"]),
-    ("iid-mnist-eps0.1", "DELM (p=0.5)", 0.922, ["delm-basic-paper-p0.5", "delm-basic"]),
+    ("iid-mnist-eps0.1", "DELM (p=0.5)", 0.922, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca"]),
 ]
 for _scen, _vals in (("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
                      ("2-class-mnist", (0.874, 0.847, 0.896, 0.871, 0.927)),
@@ -402,7 +411,7 @@ for _scen, _vals in (("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
         (_scen, "FedAvg", _vals[0], ["fedavg"]),
         (_scen, "LDP-FL", _vals[1], ["ldp-fl-round", "ldp-fl-total"]),
         (_scen, _third[0], _vals[2], _third[1]),
-        (_scen, "DELM basic", _vals[3], ["delm-basic-paper-p0.5", "delm-basic"]),
+        (_scen, "DELM basic", _vals[3], ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca"]),
         (_scen, "DELM enhanced", _vals[4], ["delm-enhanced-paper-p0.5", "delm-enhanced",
                                              "delm-enhanced-nosampling"]),
     ]
