@@ -37,9 +37,10 @@ def test_pyproject_run_config_matches_code_defaults():
 
 
 @pytest.mark.integration
-def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path):
-    args = ["--variant", "enhanced", "--rounds", "3", "--num-clients", "6", "--epsilon", "20",
-            "--results-dir", str(tmp_path)]
+@pytest.mark.parametrize("variant, components", [("enhanced", 20), ("basic", 0)])
+def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path, variant, components):
+    args = ["--variant", variant, "--components", str(components), "--rounds", "3", "--num-clients", "6",
+            "--epsilon", "20", "--results-dir", str(tmp_path)]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
     proc = subprocess.run([sys.executable, str(DELM / "run_demo.py"), *args], cwd=DELM, env=env,
                           capture_output=True, text=True, timeout=400)
@@ -55,6 +56,8 @@ def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path):
     assert 0 < epsilons[-1] <= 20 * (1 + 1e-6)
     assert results["privacy"]["neighboring_relation"] == "replace_one"
     assert results["privacy"]["clients"] == 6
-    assert results["selection_epsilon"] is not None and math.isfinite(results["selection_epsilon"])
+    if variant == "enhanced":
+        assert results["selection_epsilon"] is not None and math.isfinite(results["selection_epsilon"])
+    assert ("LDP-FPCA: projection 64 x 20" in proc.stdout) == (components > 0)
     assert rounds[-1]["accuracy"] > 0.5  # 10 classes: chance is 0.1
     assert "round 3/3  accuracy" in proc.stdout

@@ -31,6 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", default="", help="folder of the IDX files (MNIST / EMNIST letters)")
     parser.add_argument("--scheme", default="iid", help="iid, 1-class or 2-class")
     parser.add_argument("--epsilon", type=float, default=1.0, help="record-level budget per client")
+    parser.add_argument("--components", type=int, default=0, help="q > 0: LDP-FPCA first; 0: no PCA")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results", "app"))
     return parser.parse_args(argv)
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     settings = {"variant": args.variant, "num-server-rounds": args.rounds, "num-partitions": args.num_clients,
                 "dataset": args.dataset, "data-dir": args.data_dir, "scheme": args.scheme, "epsilon": args.epsilon,
+                "components": args.components,
                 "results-dir": os.path.abspath(args.results_dir)}
     start = time.perf_counter()
     results = run_in_process(server_app, client_app, num_supernodes=args.num_clients, settings=settings,

@@ -4,7 +4,9 @@
   (Analyze Gauss, ε/3 of the client's budget), declared (:func:`covariance_reply`);
 * ``train.pca_projection``: keep the server's projection V in ``context.state``;
 * ``train``: the functional-mechanism head on xᵀV (2ε/3, released once, kept in
-  ``context.state``; later rounds are post-processing and declare ``NoOpDpEvent``).
+  ``context.state``; later rounds are post-processing and declare ``NoOpDpEvent``);
+  with ``components`` = 0 there is no PCA and the head sits on the unit-norm pixels
+  with the whole ε.
 
 Settings come from the run config (``flwr run``) or ``DELM_RUN_CONFIG``
 (``run_demo.py``); the partition from ``node_config``. The privacy settings are
@@ -47,13 +49,20 @@ def projection(msg: Message, context: Context) -> Message:
     return store_projection(msg, context)
 
 
+def fm_epsilon(config: dict) -> float:
+    """FM's share of the budget: 2ε/3 after LDP-FPCA, all of ε without PCA (``components`` = 0)."""
+    epsilon = float(config["epsilon"])
+    return 2.0 * epsilon / 3.0 if int(config["components"]) > 0 else epsilon
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """A few gradient steps on the client's noisy FM objective (2ε/3, released once) from the global head."""
+    """A few gradient steps on the client's noisy FM objective (released once) from the global head."""
     config, x, y = _data(context)
+    features = project(x, projection_from_state(context)) if int(config["components"]) > 0 else x
     trainer = FunctionalMechanismTrainer(
-        2.0 * float(config["epsilon"]) / 3.0, num_classes=task.num_classes(config), noise=str(config["fm-noise"]),
+        fm_epsilon(config), num_classes=task.num_classes(config), noise=str(config["fm-noise"]),
         delta=float(config["target-delta"]), neighboring_relation=RELATION,
         calibration=str(config["fm-calibration"]), local_steps=int(config["local-steps"]), learning_rate=None,
         max_learning_rate=float(config["max-lr"]), ridge=float(config["ridge"]))
-    return trainer.train(msg, context, project(x, projection_from_state(context)), y)
+    return trainer.train(msg, context, features, y)

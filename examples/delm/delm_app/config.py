@@ -28,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "epsilon": 1.0,
     "target-delta": 1e-5,
     "pool": 2,
-    "components": 20,
+    "components": 0,
     "fm-noise": "gaussian",
     "fm-calibration": "sound",
     "local-steps": 5,

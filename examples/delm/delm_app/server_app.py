@@ -2,7 +2,8 @@
 
 1. LDP federated PCA (:class:`~flwr_dp_strategies.LdpFederatedPCA`, messages
    ``train.pca`` and ``train.pca_projection``): the projection V (d × q) from the
-   mean of the clients' noisy second moments.
+   mean of the clients' noisy second moments; skipped when ``components`` = 0
+   (V = I: the head sits on the pixels and FM gets the whole budget).
 2. Rounds of the chosen strategy on the FM heads W (q × c), which start at 0:
    ``basic`` AccountedFedAvg, ``enhanced`` MinDivergenceExpSampling (ε-EM picks),
    ``enhanced-nosampling`` (the k lowest divergences), ``shuffle`` ShuffleAmplifiedFedAvg
@@ -28,6 +29,7 @@ from flwr.serverapp.strategy import Strategy
 
 from flwr_dp_strategies import AccountedFedAvg, LdpFederatedPCA, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg
 from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.strategy.client_accounting import resolve_ledger
 
 from . import task
 from .config import resolve_run_config
@@ -61,6 +63,21 @@ def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int) 
     return MinDivergenceExpSampling(selected, epsilon, **nodes)
 
 
+def federated_projection(grid: Grid, config: dict[str, Any], dim: int, ledger: PrivacyLedger,
+                         ledger_path: Optional[str]) -> tuple[np.ndarray, PrivacyLedger]:
+    """LDP-FPCA's projection (d × q) and the ledger it booked into; the identity when ``components`` = 0."""
+    components = min(int(config["components"]), dim)
+    if components == 0:
+        restored = resolve_ledger(ledger, ledger_path)
+        print(f"no PCA: FM on the {dim} unit-norm pixel features", flush=True)
+        return np.eye(dim), restored
+    fpca = LdpFederatedPCA(dim, components, ledger=ledger, ledger_path=ledger_path)
+    projection = fpca.run(grid)
+    print(f"LDP-FPCA: projection {dim} x {components} from {int(fpca.metrics['pca/accepted'])} clients; "
+          f"epsilon so far {fpca.ledger.epsilon():.3f}", flush=True)
+    return projection, fpca.ledger
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Federated PCA, then the FM rounds; print progress, write the results."""
@@ -69,17 +86,13 @@ def main(grid: Grid, context: Context) -> None:
     ledger_path = str(config["ledger-path"]) or None
     wait_for_nodes(grid, clients)
     dim, classes = task.input_dim(config), task.num_classes(config)
-    components = min(int(config["components"]), dim)
-    fpca = LdpFederatedPCA(dim, components, ledger=PrivacyLedger(float(config["target-delta"]),
-                                                                 neighboring_relation=RELATION),
-                           ledger_path=ledger_path)
-    projection = fpca.run(grid)
-    print(f"LDP-FPCA: projection {dim} x {components} from {int(fpca.metrics['pca/accepted'])} clients; "
-          f"epsilon so far {fpca.ledger.epsilon():.3f}", flush=True)
-    strategy = build_strategy(config, fpca.ledger, clients)
+    ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation=RELATION)
+    projection, ledger = federated_projection(grid, config, dim, ledger, ledger_path)
+    components = projection.shape[1]
+    strategy = build_strategy(config, ledger, clients)
     strategy.ledger_path = ledger_path  # the same ledger, saved after every round
     rounds = int(config["num-server-rounds"])
-    log = RoundLog(config, projection, fpca.ledger, rounds)
+    log = RoundLog(config, projection, ledger, rounds)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"head.weight": Array(np.zeros((components, classes)))}),
                             num_rounds=rounds, train_config=ConfigRecord(), evaluate_fn=log)
     extra = {"selection_epsilon": (float(strategy.selection_ledger.epsilon())
