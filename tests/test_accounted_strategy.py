@@ -167,7 +167,8 @@ def test_ledger_path_persists_and_restores(tmp_path):
     assert PrivacyLedger.load(path).epsilon() == pytest.approx(metrics["privacy/epsilon"])
 
 
-def test_client_errors_release_nothing_and_record_nothing():
+def test_client_errors_are_counted_and_the_valid_replies_released():
+    """A SuperNode that dies mid-round is a missing reply: the others are released, z_eff is recorded."""
     from flwr.app import Error
 
     strategy = make_strategy()
@@ -178,7 +179,22 @@ def test_client_errors_release_nothing_and_record_nothing():
                             "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
         for m, u in zip(messages[1:], small_updates())
     ]
-    assert strategy.aggregate_train(1, replies) == (None, None)
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is not None
+    assert metrics["replies/failed"] == 1 and isinstance(metrics["replies/failed"], int)
+    (_, event, _), = strategy.ledger.events()
+    assert event.noise_multiplier == pytest.approx(Z * (M - 1) / M)
+    assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
+
+
+def test_all_replies_failed_release_nothing_and_record_nothing():
+    from flwr.app import Error
+
+    strategy = make_strategy()
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), FakeGrid(M)))
+    arrays, metrics = strategy.aggregate_train(1, [Message(Error(code=1, reason="boom"), reply_to=m)
+                                                   for m in messages])
+    assert arrays is None and metrics["replies/failed"] == M
     assert strategy.ledger.events() == []
 
 

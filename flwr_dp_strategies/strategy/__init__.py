@@ -25,6 +25,12 @@
   FMT shuffle-amplified ε is booked only for LDP reports (the paper's ε/m is not).
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
+
+Every strategy aggregates dense replies by streaming them
+(:mod:`.streaming_aggregation`: payloads read zero-copy, one in-place accumulator
+per key, O(d) memory), and reports replies of SuperNodes that died mid-round as
+the int ``replies/failed`` in its train and evaluate metrics while aggregating
+the others (nothing is booked for a failed reply).
 """
 
 from .accounted_fedavg import AccountedFedAvg

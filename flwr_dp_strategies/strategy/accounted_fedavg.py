@@ -1,4 +1,4 @@
-"""FedAvg that accounts what its clients release and survives malformed replies.
+r"""FedAvg that accounts what its clients release and survives malformed replies.
 
 Drop-in for :class:`flwr.serverapp.strategy.FedAvg` (same arguments, plus
 ``ledger``, ``ledger_path``, ``per_client_metrics`` and ``max_reply_bytes``).
@@ -18,26 +18,59 @@ release declares ``NoOpDpEvent``, as the label-DP wrapper does). Evaluate
 metrics are not accounted (as everywhere in this package).
 
 What it checks and reports: see :mod:`.reply_screening` and
-:mod:`.client_accounting`.
+:mod:`.client_accounting`; failed replies (a SuperNode that died mid-round) are
+counted as ``replies/failed`` and the round goes on with the others.
+
+Aggregation is streamed (:mod:`.streaming_aggregation`): the released model is
+FedAvg's :math:`\bar x = \sum_i n_i x_i / \sum_i n_i` per key (``n_i`` = the
+``weighted_by_key`` value), each reply's payload read zero-copy and added in place
+into one accumulator per key, never stacked. NaN/inf are not scanned for before
+aggregating: a non-finite mean reveals them, the offending replies are rejected
+(``rejected/non-finite``) and the rest is aggregated again, so a well-formed round
+reads every value once. Hooks overriding :meth:`AccountedFedAvg.aggregate_accepted`
+get pre-scanned replies unless marked with :func:`finds_non_finite`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Optional
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any, Optional, TypeVar
 
 from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from ..declarations import PRIVACY_RECORD
 from ..privacy import PrivacyLedger
-from .client_accounting import ClientAccountingMixin
-from .reply_screening import ArraySpec, array_spec, check_weight, screen_train_content
-
+from .client_accounting import ClientAccountingMixin, undeclared_replies
+from .metrics import aggregate_reply_metrics
+from .reply_screening import ArraySpec, array_spec, check_weight, records_of, screen_train_content
+from .streaming_aggregation import NonFiniteReplies, mean_of_records
 
 NON_PRIVATE_LABEL = "update/undeclared (non-private)"
+Hook = TypeVar("Hook", bound=Callable[..., Any])
+
+
+def finds_non_finite(hook: Hook) -> Hook:
+    """Mark an ``aggregate_accepted`` that detects NaN/inf replies itself, before any side effect.
+
+    Such a hook raises :class:`~.streaming_aggregation.NonFiniteReplies` (indices into
+    its ``replies``) instead of returning; the base class then rejects those replies
+    as ``non-finite`` and calls it again with the others. Replies reach it unscanned.
+    """
+    hook.finds_non_finite = True  # type: ignore[attr-defined]
+    return hook
+
+
+def reply_weight(reply: Message, weighted_by_key: str) -> float:
+    """The reply's weight as FedAvg reads it: the first MetricRecord's ``weighted_by_key``."""
+    return float(records_of(reply.content, MetricRecord)[0][weighted_by_key])  # type: ignore[arg-type]
+
+
+def reply_arrays(reply: Message) -> ArrayRecord:
+    """The reply's (single, screened) ArrayRecord."""
+    return records_of(reply.content, ArrayRecord)[0]
 
 
 class AccountedFedAvg(ClientAccountingMixin, FedAvg):
@@ -75,27 +108,52 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Screen, book the declarations, then FedAvg over the accepted replies."""
+        """Screen, aggregate the accepted replies, book the declarations; failed replies are counted."""
         replies = list(replies)
-        undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
+        undeclared = undeclared_replies(replies)
+        check_values = not getattr(type(self).aggregate_accepted, "finds_non_finite", False)
         accepted, rejected = self.screen_and_book(
             server_round, replies,
-            lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes),
+            lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
+                                                 check_values=check_values),
         )
+        arrays, metrics, accepted = self._aggregate_finite(server_round, accepted, rejected)
         self._book_non_private(server_round, [r for r in accepted if id(r) in undeclared])
-        arrays, metrics = self.aggregate_accepted(server_round, accepted) if accepted else (None, None)
         return arrays, self.round_metrics(metrics, rejected)
 
+    def _aggregate_finite(
+        self, server_round: int, accepted: list[Message], rejected: Counter[str]
+    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord], list[Message]]:
+        """:meth:`aggregate_accepted`, dropping the replies it reports as non-finite; also the replies used."""
+        while accepted:
+            try:
+                arrays, metrics = self.aggregate_accepted(server_round, accepted)
+            except NonFiniteReplies as err:
+                if not err.indices:
+                    raise
+                bad = set(err.indices)
+                for index in sorted(bad):
+                    self._reject(server_round, accepted[index], "non-finite", rejected)
+                accepted = [r for i, r in enumerate(accepted) if i not in bad]
+                continue
+            return arrays, metrics, accepted
+        return None, None, []
+
+    @finds_non_finite
     def aggregate_accepted(
         self, server_round: int, replies: list[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Aggregate the screened, booked replies (non-empty): FedAvg's weighted mean.
+        """Aggregate the screened, booked replies (non-empty): FedAvg's weighted mean, streamed.
 
         The hook subclasses override to aggregate differently (layer shuffling,
         divergence-based selection); screening and booking stay in
-        :meth:`aggregate_train`, so no subclass can skip them.
+        :meth:`aggregate_train`, so no subclass can skip them. Raises
+        :class:`NonFiniteReplies` if some replies hold NaN/inf.
         """
-        return FedAvg.aggregate_train(self, server_round, replies)
+        arrays = mean_of_records([reply_arrays(r) for r in replies],
+                                 [reply_weight(r, self.weighted_by_key) for r in replies])
+        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
+        return arrays, metrics
 
     def _book_non_private(self, server_round: int, replies: list[Message]) -> None:
         """A model update sent without any declared release is not DP: book it (ε = inf, never 0)."""
@@ -113,4 +171,4 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         return self.round_metrics(metrics, rejected)
 
 
-__all__ = ["AccountedFedAvg"]
+__all__ = ["AccountedFedAvg", "finds_non_finite", "reply_arrays", "reply_weight"]

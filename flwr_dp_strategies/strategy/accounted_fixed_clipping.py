@@ -51,6 +51,24 @@ Scope of the guarantee.
   robust aggregator changes the sensitivity analysis above.
 * Noise comes from Flower's ``np.random.normal`` (not a CSPRNG; floating-point
   attacks on the Gaussian sampler are out of scope).
+
+Implementation. The released model is computed as Flower's wrapper + FedAvg
+would, but streamed (:class:`~.streaming_aggregation.ClippedSum`): per reply,
+:math:`\Delta_i = x_i - w` is written into one model-sized buffer, the norm is
+taken from per-key ``dot`` products, and :math:`n_i \min(1, C/\lVert\Delta_i\rVert_2)
+\Delta_i` is added in place to one accumulator per key (payloads read zero-copy,
+replies left untouched); the model is :math:`w + \sum_i n_i \bar\Delta_i / \sum_i n_i`
+in FedAvg's dtypes, then Flower's ``add_gaussian_noise_inplace`` adds the noise.
+The wrapped FedAvg's reply consistency checks and metric aggregation are used.
+
+Failed replies. Flower's wrapper releases nothing in a round where one reply is
+an error. This one goes on with the valid replies (a SuperNode that dies
+mid-round is a client that did not reply: the ledger records the smaller
+:math:`z_\text{eff}` of the replies aggregated, as above) and reports the count
+as the int ``replies/failed`` in the round's train and evaluate metrics. A reply
+holding NaN/inf is dropped likewise (``rejected/non-finite``). With Flower's own
+``accountant`` (which assumes exactly ``num_sampled_clients`` equally weighted
+replies) a failed or dropped reply still releases nothing, as in Flower.
 """
 
 from __future__ import annotations
@@ -60,16 +78,24 @@ import os
 from collections.abc import Iterable, Sequence
 from logging import INFO, WARNING
 
+from typing import Optional
+
+import numpy as np
 from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy
+from flwr.serverapp.strategy.dp_fixed_clipping import validate_replies
+from flwr.serverapp.strategy.strategy_utils import validate_message_reply_consistency
+from flwr.supercore.differential_privacy import add_gaussian_noise_inplace, compute_stdv
 from flwr.supercore.privacy_accounting import PrivacyAccountant
 
 from ..privacy import PrivacyLedger
+from .accounted_fedavg import reply_arrays, reply_weight
 from .client_accounting import resolve_ledger
-from .metrics import with_privacy_metrics
+from .metrics import aggregate_reply_metrics, failed_replies, with_failed_replies, with_privacy_metrics
+from .streaming_aggregation import ClippedSum, mean_dtype, npy_view, to_array
 
 EVENT_LABEL = "central-gaussian/server-side-fixed-clipping"
 
@@ -142,17 +168,6 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
         ratio = sum(weights) / (self.num_sampled_clients * max(weights))
         return self.noise_multiplier * ratio / self.sensitivity_factor
 
-    def _reply_weights(self, replies: Iterable[Message]) -> list[float]:
-        """The ``weighted_by_key`` value of every reply without error."""
-        key = self.strategy.weighted_by_key  # type: ignore[attr-defined]
-        weights = []
-        for reply in replies:
-            if reply.has_error():
-                continue
-            record = next(iter(reply.content.metric_records.values()))
-            weights.append(float(record[key]))  # type: ignore[arg-type]
-        return weights
-
     # ------------------------------------------------------------------ rounds
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -181,19 +196,74 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
         server_round: int,
         replies: Iterable[Message],
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Clip, average and noise (Flower), then record the release and attach the privacy metrics."""
+        """Clip, average and noise the valid replies (streamed), then record the release with its metrics."""
         replies = list(replies)
         if server_round in self._skipped_rounds:
             return None, None
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        if not arrays:  # no noise was added: nothing was released, nothing to record
-            return arrays, metrics
-        event = GaussianDpEvent(noise_multiplier=self.effective_noise_multiplier(self._reply_weights(replies)))
+        failed = failed_replies(replies, server_round)
+        flower_event = self._pop_pending_event(server_round)
+        valid = self._checked([r for r in replies if not r.has_error()])
+        arrays, kept, weights = self._clipped_mean(server_round, valid) if valid else (None, [], [])
+        dropped = len(valid) - len(kept)
+        if arrays is None or (self.accountant is not None and dropped):
+            return None, _round_metrics(None, failed, dropped)
+        event = GaussianDpEvent(noise_multiplier=self.effective_noise_multiplier(weights))
         if not self._admit(event, server_round):
             return None, None
+        self._compose_release(flower_event)
         self.ledger.record(event, server_round=server_round + self.round_offset, label=EVENT_LABEL)
         self._save()
-        return arrays, with_privacy_metrics(metrics, self.ledger)
+        metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn,  # type: ignore[attr-defined]
+                                          [r.content for r in kept], self._weight_key)
+        return arrays, _round_metrics(with_privacy_metrics(metrics, self.ledger), failed, dropped)
+
+    @property
+    def _weight_key(self) -> str:
+        return self.strategy.weighted_by_key  # type: ignore[attr-defined]
+
+    def _checked(self, valid: list[Message]) -> list[Message]:
+        """The valid replies if Flower's checks pass (count with its accountant, weights, consistency), else []."""
+        if not valid or not validate_replies(valid, self.num_sampled_clients, strict=self.accountant is not None):
+            return []
+        self._validate_uniform_weights(valid)
+        validate_message_reply_consistency([r.content for r in valid], self._weight_key, check_arrayrecord=True)
+        return valid
+
+    def _clipped_mean(
+        self, server_round: int, replies: list[Message]
+    ) -> tuple[Optional[ArrayRecord], list[Message], list[float]]:
+        """w + Σ n_i Δ̄_i / Σ n_i + N(0, (zC/m)² I), streamed; also the replies and weights used.
+
+        Arrays pair with the current model by position (as in Flower's wrapper) and
+        take the replies' keys; a reply with NaN/inf is dropped (logged).
+        """
+        summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
+        kept, weights = [], []
+        for reply in replies:
+            weight = reply_weight(reply, self._weight_key)
+            if summed.add(list(reply_arrays(reply).values()), weight) is None:
+                log(WARNING, "Round %d: reply from node %s holds NaN/inf; dropped", server_round,
+                    reply.metadata.src_node_id)
+                continue
+            kept.append(reply)
+            weights.append(weight)
+        if not kept:
+            return None, kept, weights
+        log(INFO, "aggregate_fit: parameters are clipped by value: %.4f.", self.clipping_norm)
+        return self._noised(summed, reply_arrays(kept[0]), sum(weights)), kept, weights
+
+    def _noised(self, summed: ClippedSum, first: ArrayRecord, total_weight: float) -> ArrayRecord:
+        """Per key w + S/Σn in FedAvg's dtype, plus Flower's Gaussian noise of std zC/m."""
+        out = {}
+        for name, (key, total), values in zip(first.keys(), summed.result().items(), first.values()):
+            reference = summed.reference[key]
+            np.divide(total, total_weight, out=total)
+            np.add(total, reference, out=total, casting="same_kind")
+            out[name] = total.astype(mean_dtype(np.result_type(reference, npy_view(values))), copy=False)
+        stdv = compute_stdv(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients)
+        add_gaussian_noise_inplace(list(out.values()), stdv)
+        log(INFO, "aggregate_fit: central DP noise with %.4f stdev added", stdv)
+        return ArrayRecord({name: to_array(values) for name, values in out.items()})
 
     def _admit(self, event: GaussianDpEvent, server_round: int) -> bool:
         """Warn if the effective z is below nominal; refuse a release that would exceed the budget."""
@@ -224,12 +294,28 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
             return []
         return super().configure_evaluate(server_round, arrays, config, grid)
 
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The wrapped strategy's evaluation, plus ``replies/failed``."""
+        replies = list(replies)
+        failed = failed_replies(replies, server_round)
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
+        return with_failed_replies(metrics, failed) if metrics is not None or failed else None
+
     def summary(self) -> None:
         """Log the DP settings and the privacy spent so far."""
         super().summary()
         report = self.ledger.report()
         log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d central releases",
             report.epsilon, report.delta, report.method, len(self.ledger.rounds()))
+
+
+def _round_metrics(metrics: Optional[MetricRecord], failed: int, non_finite: int) -> Optional[MetricRecord]:
+    """``metrics`` plus ``replies/failed`` and ``rejected/non-finite``; None when there is nothing to say."""
+    if metrics is None and not failed and not non_finite:
+        return None
+    merged = with_failed_replies(metrics, failed)
+    merged["rejected/non-finite"] = float(non_finite)
+    return merged
 
 
 def _check_accountable(strategy: Strategy, noise_multiplier: float) -> None:

@@ -6,6 +6,10 @@
   to ``ledger_path`` when given, so a restarted ServerApp loses nothing);
 * reply screening (:mod:`.reply_screening`): malformed replies are dropped and
   counted under ``rejected/<reason>`` in the round's metrics, the round goes on;
+* failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
+  logged, skipped and counted as the int ``replies/failed`` in the round's
+  metrics (``rejected/error`` keeps the same count, as a float, for
+  compatibility); nothing is booked for them, since they carry no content;
 * booking of what clients declare they released (:mod:`flwr_dp_strategies.declarations`)
   under the replying node id, each event checked with
   :meth:`PrivacyLedger.check_accountable` first (an unreadable or unaccountable
@@ -34,8 +38,8 @@ from flwr.common.logger import log
 from ..declarations import PRIVACY_RECORD, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_int
-from .metrics import with_privacy_metrics
-from .reply_screening import REJECTION_REASONS
+from .metrics import FAILED_REPLIES_KEY, log_failed_reply, with_privacy_metrics
+from .reply_screening import REJECTION_REASONS, has_config_record, records_of
 
 ContentCheck = Callable[[RecordDict], Optional[str]]
 
@@ -77,7 +81,8 @@ class ClientAccountingMixin:
         booked = False
         for reply in replies:
             if reply.has_error():
-                self._reject(server_round, reply, "error", rejected)
+                log_failed_reply(server_round, reply)
+                rejected["error"] += 1
                 continue
             reason, declarations = self._declared(reply)
             reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
@@ -98,11 +103,11 @@ class ClientAccountingMixin:
     @staticmethod
     def _reject(server_round: int, reply: Message, reason: str, rejected: Counter[str]) -> None:
         rejected[reason] += 1
-        if reason != "error":
-            log(WARNING, "Round %d: reply from node %s rejected (%s)",
-                server_round, reply.metadata.src_node_id, reason)
+        log(WARNING, "Round %d: reply from node %s rejected (%s)", server_round, reply.metadata.src_node_id, reason)
 
     def _declared(self, reply: Message) -> tuple[Optional[str], list]:
+        if not has_config_record(reply.content, PRIVACY_RECORD):
+            return None, []
         try:
             declarations = read_declarations(reply.content)
             for declaration in declarations:
@@ -119,8 +124,10 @@ class ClientAccountingMixin:
         return None, declarations
 
     def round_metrics(self, metrics: Optional[MetricRecord], rejected: Counter[str]) -> MetricRecord:
-        """``metrics`` plus ``rejected/<reason>`` counts (all reasons, zeros included) and the ledger's figures."""
+        """``metrics`` plus ``replies/failed`` (int), ``rejected/<reason>`` counts (all reasons, zeros
+        included) and the ledger's figures. ``rejected["error"]`` is the number of failed replies."""
         merged = with_privacy_metrics(metrics, self.ledger)
+        merged[FAILED_REPLIES_KEY] = int(rejected.get("error", 0))
         for reason in REJECTION_REASONS:
             merged[f"rejected/{reason}"] = float(rejected.get(reason, 0))
         if self.per_client_metrics:
@@ -141,7 +148,7 @@ def _same_metric_keys(replies: list[Message], server_round: int, rejected: Count
     or hold none (then nothing is compared).
     """
     def keys(reply: Message) -> frozenset[str]:
-        records = list(reply.content.metric_records.values())
+        records = records_of(reply.content, MetricRecord)
         return frozenset(records[0].keys()) if records else frozenset()
 
     if not replies:
@@ -169,4 +176,9 @@ def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str]) 
     return ledger if ledger is not None else PrivacyLedger(1e-5)
 
 
-__all__ = ["ClientAccountingMixin", "resolve_ledger"]
+def undeclared_replies(replies: Iterable[Message]) -> set[int]:
+    """``id`` of every reply without error that carries no privacy declaration (before screening consumes them)."""
+    return {id(r) for r in replies if not r.has_error() and not has_config_record(r.content, PRIVACY_RECORD)}
+
+
+__all__ = ["ClientAccountingMixin", "resolve_ledger", "undeclared_replies"]

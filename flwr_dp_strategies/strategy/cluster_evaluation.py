@@ -19,6 +19,11 @@ unsupervised evaluation to every evaluate round:
    ``cluster/points``, ``cluster/labels``, and ``unsupervised-eval`` = the
    configured ``eval-type``'s score (MindSpore's metric).
 
+Failed replies (a SuperNode that died mid-round) are skipped and counted as the
+int ``replies/failed`` in the evaluate metrics (and in the train metrics of the
+wrapped strategy, added here if it does not report them); nothing is booked for
+them, and the round is scored with the others.
+
 The server's scores are post-processing of the clients' ε-LDP releases, so they
 spend nothing more. An inference result that arrives *without* a declared
 release (``NOT_ENCRYPT``, or a client without the mod) is booked as a
@@ -40,11 +45,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from ..declarations import PRIVACY_RECORD
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
-from .client_accounting import ClientAccountingMixin
+from .client_accounting import ClientAccountingMixin, undeclared_replies
+from .metrics import FAILED_REPLIES_KEY, failed_replies, with_failed_replies
+from .reply_screening import named_record
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
 UNPROTECTED_LABEL = "inference-results/unprotected"
@@ -115,8 +121,13 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """The wrapped strategy's training aggregation."""
-        return self.strategy.aggregate_train(server_round, replies)
+        """The wrapped strategy's training aggregation, with ``replies/failed`` if it does not report it."""
+        replies = list(replies)
+        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        if metrics is not None and FAILED_REPLIES_KEY in metrics:
+            return arrays, metrics
+        failed = failed_replies(replies)
+        return arrays, (with_failed_replies(metrics, failed) if metrics is not None or failed else None)
 
     # ------------------------------------------------------------------ evaluation
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -132,9 +143,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         """Screen and book the replies, score the inference results, then the wrapped evaluation."""
         replies = list(replies)
         length = self._majority_length(replies)
-        undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
+        undeclared = undeclared_replies(replies)
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, length))
-        with_points = [r for r in accepted if self.inference_key in r.content.array_records]
+        with_points = [r for r in accepted if named_record(r.content, self.inference_key, ArrayRecord) is not None]
         self._book_unprotected(server_round, [r for r in with_points if id(r) in undeclared])
         metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
         merged = self.round_metrics(metrics, rejected)
@@ -153,7 +164,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             self.save_ledger()
 
     def _point(self, content: RecordDict) -> Optional[np.ndarray]:
-        record = content.array_records.get(self.inference_key)
+        record = named_record(content, self.inference_key, ArrayRecord)
         if record is None or len(record) == 0:
             return None
         return np.concatenate([np.asarray(arr.numpy(), dtype=np.float64).ravel() for arr in record.values()])
@@ -161,7 +172,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
     def _majority_length(self, replies: list[Message]) -> Optional[int]:
         lengths: Counter[int] = Counter()
         for reply in replies:
-            if not reply.has_error() and (record := reply.content.array_records.get(self.inference_key)):
+            if not reply.has_error() and (record := named_record(reply.content, self.inference_key, ArrayRecord)):
                 lengths[sum(int(np.prod(arr.shape)) for arr in record.values())] += 1
         return max(lengths, key=lambda k: (lengths[k], -k)) if lengths else None
 

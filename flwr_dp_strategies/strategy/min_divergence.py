@@ -61,14 +61,16 @@ from typing import Any, Optional
 
 import numpy as np
 from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent, SelfComposedDpEvent
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger, gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
-from .accounted_fedavg import AccountedFedAvg
+from .accounted_fedavg import AccountedFedAvg, reply_arrays, reply_weight
+from .metrics import aggregate_reply_metrics
+from .streaming_aggregation import WeightedMean, npy_view
 
 SELECTION_LABEL = "selection"
 Layers = dict[str, list[str]]
@@ -87,9 +89,14 @@ def group_layers(keys: Iterable[str], layer_of: Callable[[str], str] = default_l
     return layers
 
 
-def flip_count(global_negative: np.ndarray, reply: np.ndarray) -> int:
-    """How many entries change sign: ``global_negative`` is ``w_global < 0`` (0 counts as positive)."""
-    return int(np.count_nonzero(global_negative.reshape(-1) != (np.asarray(reply).reshape(-1) < 0)))
+def flip_count(global_negative: np.ndarray, reply: np.ndarray, out: Optional[np.ndarray] = None) -> int:
+    """How many entries change sign: ``global_negative`` is ``w_global < 0`` (0 counts as positive).
+
+    ``out``: an optional bool buffer of the same size, reused instead of two temporaries.
+    """
+    flat = np.asarray(reply).reshape(-1)
+    negative = np.less(flat, 0, out=None if out is None else out.reshape(-1))
+    return int(np.count_nonzero(np.not_equal(global_negative.reshape(-1), negative, out=negative)))
 
 
 def layer_divergence(global_arrays: Sequence[np.ndarray], reply_arrays: Sequence[np.ndarray]) -> float:
@@ -167,7 +174,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
     ) -> Iterable[Message]:
         """FedAvg's configuration; remembers the layers and the signs of the global weights (eq. 14)."""
         self._layers = group_layers(arrays.keys(), self.layer_of)
-        values = {key: arr.numpy() for key, arr in arrays.items()}
+        values = {key: npy_view(arr) for key, arr in arrays.items()}
         self._global_negative = {key: v.reshape(-1) < 0 for key, v in values.items()}
         self._global_meta = {key: (v.shape, v.dtype) for key, v in values.items()}
         return super().configure_train(server_round, arrays, config, grid)
@@ -187,34 +194,36 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         self.selection_ledger.record(selection_event(self.epsilon, self.num_selected, len(self._layers)),
                                      server_round=server_round, label=SELECTION_LABEL)
         arrays = self._aggregate_layers(replies, selected)
-        metrics = self.train_metrics_aggr_fn([r.content for r in replies], self.weighted_by_key)
+        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
         for key, value in self._selection_metrics(dvg, selected).items():
             metrics[key] = value
         return arrays, metrics
 
     def _divergences(self, replies: list[Message]) -> np.ndarray:
-        """``dvg[i, j]`` (eq. 14) for reply i and layer j, each reply's arrays decoded once."""
+        """``dvg[i, j]`` (eq. 14) for reply i and layer j, each payload read zero-copy once."""
         sizes = [sum(self._global_negative[k].size for k in keys) for keys in self._layers.values()]
+        largest = max((v.size for v in self._global_negative.values()), default=0)
+        scratch = np.empty(largest, dtype=bool)
         out = np.zeros((len(replies), len(self._layers)), dtype=np.float64)
         for i, reply in enumerate(replies):
-            record = _array_record(reply)
+            record = reply_arrays(reply)
             for j, keys in enumerate(self._layers.values()):
-                flips = sum(flip_count(self._global_negative[k], record[k].numpy()) for k in keys)
+                flips = sum(flip_count(self._global_negative[k], npy_view(record[k]),
+                                       scratch[:self._global_negative[k].size]) for k in keys)
                 out[i, j] = flips / sizes[j] if sizes[j] else 0.0
         return out
 
     def _aggregate_layers(self, replies: list[Message], selected: list[np.ndarray]) -> ArrayRecord:
-        """Each layer: Σ_{i selected} n_i w_i / Σ n_i, streamed into float64 accumulators."""
-        weights = np.array([_weight(r, self.weighted_by_key) for r in replies], dtype=np.float64)
-        scales = [dict(zip(idx.tolist(), weights[idx] / weights[idx].sum())) for idx in selected]
-        acc = {key: np.zeros(shape, dtype=np.float64) for key, (shape, _) in self._global_meta.items()}
+        """Each layer: Σ_{i selected} n_i w_i / Σ n_i, streamed in place (integer arrays rounded back)."""
+        chosen = [set(idx.tolist()) for idx in selected]
+        mean = WeightedMean()
         for i, reply in enumerate(replies):
-            record = _array_record(reply)
-            for keys, scale in zip(self._layers.values(), scales):
-                if i in scale:
+            record, weight = reply_arrays(reply), reply_weight(reply, self.weighted_by_key)
+            for keys, picks in zip(self._layers.values(), chosen):
+                if i in picks:
                     for key in keys:
-                        acc[key] += np.multiply(record[key].numpy(), scale[i], dtype=np.float64)
-        return ArrayRecord({key: Array(_cast(acc[key], dtype)) for key, (_, dtype) in self._global_meta.items()})
+                        mean.add(key, record[key], weight)
+        return mean.result(list(self._global_meta), round_integers=True)
 
     def _selection_metrics(self, dvg: np.ndarray, selected: list[np.ndarray]) -> dict[str, float]:
         picked = np.concatenate([dvg[idx, j] for j, idx in enumerate(selected)]) if selected else np.zeros(0)
@@ -228,21 +237,6 @@ class MinDivergenceExpSampling(AccountedFedAvg):
             "selection/epsilon": float(self.selection_ledger.epsilon()),
         }
 
-
-def _array_record(reply: Message) -> ArrayRecord:
-    return next(iter(reply.content.array_records.values()))
-
-
-def _weight(reply: Message, weighted_by_key: str) -> float:
-    """The reply's weight, read as FedAvg reads it (the first MetricRecord's ``weighted_by_key``)."""
-    return float(next(iter(reply.content.metric_records.values()))[weighted_by_key])
-
-
-def _cast(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """The float64 mean back in the array's own dtype (integers rounded to nearest)."""
-    if not np.issubdtype(dtype, np.inexact):
-        values = np.rint(values)
-    return values.astype(dtype, copy=False)
 
 
 __all__ = [

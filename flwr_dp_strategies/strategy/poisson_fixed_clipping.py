@@ -17,9 +17,15 @@ estimator):
   .. math:: \tilde w = w + \frac1m \sum_{i \in S} \bar\Delta_i + \mathcal N\!\big(0, (zC/m)^2 I\big),
             \qquad \bar\Delta_i = \Delta_i \min(1, C/\lVert\Delta_i\rVert_2),
 
-  with the sum streamed in place. Adding or removing one client changes the
-  sum by at most C, so the sensitivity is C/m whatever the sample size, and the
-  noise multiplier is exactly ``z``. An empty sample releases :math:`w` + noise.
+  with the sum streamed in place (:class:`~.streaming_aggregation.ClippedSum`:
+  per reply, :math:`\Delta_i` is written into one model-sized buffer, its norm
+  is the square root of the per-key ``dot`` products summed, and
+  :math:`\min(1, C/\lVert\Delta_i\rVert_2)\,\Delta_i` is added to one
+  accumulator per key by one ``axpy``; payloads are read zero-copy). Adding or
+  removing one client changes the sum by at most C, so the sensitivity is C/m
+  whatever the sample size, and the noise multiplier is exactly ``z``. An empty
+  sample releases :math:`w` + noise. The noise is drawn in float64 from ``rng``
+  and added in place, chunk by chunk, in each array's accumulator dtype.
 
 Per round the ledger records ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
 for the federation (every client is a potential participant), under the
@@ -29,27 +35,36 @@ the sensitivity data dependent). ``q`` is fixed from the first round's node
 count ``N`` (or ``num_clients``). The guarantee needs only that each client's
 inclusion probability is q and the denominator is m, so nodes joining or leaving
 later do not weaken it (they change only the expected number of participants).
+
+Failed replies (a sampled SuperNode that died mid-round) contribute nothing, are
+counted as ``replies/failed`` (train and evaluate metrics) and the round is still
+released and booked: a sampled client that drops out is, for the analysis, a
+client that was not sampled, and the denominator stays m. A reply holding NaN/inf
+is rejected (``rejected/non-finite``) before any of it is added.
 """
 
 from __future__ import annotations
 
-import math
+from collections import Counter
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Optional
 
 import numpy as np
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
-from ..privacy import PrivacyLedger, gaussian_mechanism
+from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
+from .accounted_fedavg import reply_arrays
 from .client_accounting import ClientAccountingMixin
+from .metrics import aggregate_reply_metrics, failed_replies, with_failed_replies
 from .reply_screening import array_spec, screen_train_content
+from .streaming_aggregation import ClippedSum, add_gaussian_noise, npy_view, to_array
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 
@@ -132,34 +147,51 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             return None, None
         accepted, rejected = self.screen_and_book(
             server_round, replies,
-            lambda c: screen_train_content(c, self._spec, self.strategy.weighted_by_key))
-        current = self.current_arrays.to_numpy_ndarrays()
-        total = self._clipped_sum(current, accepted)
-        release = gaussian_mechanism(total / self.num_sampled_clients, noise_multiplier=self.noise_multiplier,
-                                     sensitivity=self.clipping_norm / self.num_sampled_clients, rng=self.rng())
+            lambda c: screen_train_content(c, self._spec, self.strategy.weighted_by_key, check_values=False))
+        summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
+        accepted = self._add_clipped(server_round, summed, accepted, rejected)
+        arrays = self._release(summed)
         self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL)
         self.save_ledger()
-        arrays = _unflatten(current, release.value, list(self.current_arrays.keys()))
-        metrics = self.strategy.train_metrics_aggr_fn([r.content for r in accepted], self.strategy.weighted_by_key) \
-            if accepted else MetricRecord()
+        metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
+                                          self.strategy.weighted_by_key) if accepted else MetricRecord()
         merged = self.round_metrics(metrics, rejected)
         merged["dp/participants"] = float(len(accepted))
         return arrays, merged
 
-    def _clipped_sum(self, current: list[np.ndarray], replies: list[Message]) -> np.ndarray:
-        """Σ_i Δ_i·min(1, C/‖Δ_i‖₂) over the replies, streamed in place in float32 (two d-sized buffers)."""
-        flat_current = np.concatenate([a.ravel() for a in current]).astype(np.float32)
-        total = np.zeros_like(flat_current)
-        update = np.empty_like(flat_current)
+    def _add_clipped(self, server_round: int, summed: ClippedSum, replies: list[Message],
+                     rejected: Counter[str]) -> list[Message]:
+        """Add every reply's clipped update (in the model's key order); the replies added (NaN/inf: rejected)."""
+        keys = list(summed.reference)
+        added = []
         for reply in replies:
-            arrays = next(iter(reply.content.array_records.values())).to_numpy_ndarrays()
-            np.concatenate([a.ravel() for a in arrays], out=update, casting="unsafe")
-            np.subtract(update, flat_current, out=update)
-            norm = math.sqrt(float(np.dot(update, update)))
-            if norm > self.clipping_norm:
-                update *= np.float32(self.clipping_norm / norm)
-            np.add(total, update, out=total)
-        return total.astype(np.float64)
+            record = reply_arrays(reply)
+            if summed.add([record[key] for key in keys]) is None:
+                self._reject(server_round, reply, "non-finite", rejected)
+            else:
+                added.append(reply)
+        return added
+
+    def _release(self, summed: ClippedSum) -> ArrayRecord:
+        """w + S/m + N(0, (zC/m)² I) per key, in each array's dtype (the noise drawn from ``rng``)."""
+        m = self.num_sampled_clients
+        sigma = self.noise_multiplier * self.clipping_norm / m
+        gen = self.rng()
+        out = {}
+        for key, total in summed.result().items():
+            np.divide(total, m, out=total)
+            add_gaussian_noise(total, sigma, gen)
+            reference = summed.reference[key]
+            np.add(total, reference, out=total, casting="same_kind")
+            out[key] = to_array(total.astype(reference.dtype, copy=False))
+        return ArrayRecord(out)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        """The wrapped strategy's evaluation, plus ``replies/failed``."""
+        replies = list(replies)
+        failed = failed_replies(replies, server_round)
+        metrics = self.strategy.aggregate_evaluate(server_round, replies)
+        return with_failed_replies(metrics, failed) if metrics is not None or failed else None
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -169,15 +201,6 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
     def __repr__(self) -> str:
         return (f"AccountedPoissonFixedClipping(z={self.noise_multiplier}, C={self.clipping_norm}, "
                 f"m={self.num_sampled_clients}, q={self.sampling_rate})")
-
-
-def _unflatten(current: list[np.ndarray], flat_update: np.ndarray, keys: list[str]) -> ArrayRecord:
-    out, start = {}, 0
-    for key, array in zip(keys, current):
-        part = flat_update[start:start + array.size].reshape(array.shape)
-        out[key] = Array(np.asarray(array + part, dtype=array.dtype))
-        start += array.size
-    return ArrayRecord(out)
 
 
 __all__ = ["AccountedPoissonFixedClipping", "EVENT_LABEL"]

@@ -6,8 +6,11 @@ of the clients' declarations in ``self.ledger``, ``privacy/*`` and
 through a :class:`~flwr_dp_strategies.layer_shuffler.LayerShuffler`: the
 replies' single ArrayRecords are split into layers (:func:`layer_groups`), every
 layer is permuted independently across the reports with its weight, the node
-ids are dropped, and the shuffled reports are averaged per layer (weighted, in a
-float64 accumulator, one array at a time). The aggregate equals FedAvg's.
+ids are dropped, and the shuffled reports are averaged per layer (weighted,
+streamed in place into one accumulator per key by
+:class:`~.streaming_aggregation.WeightedMean`, payloads read zero-copy). The
+aggregate equals FedAvg's. NaN/inf replies are found from a non-finite mean
+(before anything is booked) and rejected, as in :class:`AccountedFedAvg`.
 
 Privacy (proof and trust assumption: :mod:`flwr_dp_strategies.layer_shuffler`).
 The per-client ledger ``self.ledger`` is unchanged: the shuffler sees every
@@ -59,18 +62,20 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, Optional
 
-import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from ..declarations import MalformedDeclaration, read_declarations
+from ..declarations import PRIVACY_RECORD, MalformedDeclaration, read_declarations
 from ..layer_shuffler import LayerShuffler, layer_groups
 from ..privacy import PrivacyLedger
 from ..privacy.accountants import basic_pure_epsilon
 from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta
-from .accounted_fedavg import AccountedFedAvg
+from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays
+from .metrics import aggregate_reply_metrics
+from .reply_screening import has_config_record, records_of
+from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
 Segment = tuple[tuple[str, Array], ...]
@@ -135,18 +140,28 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         replies = list(replies)
         self._peeked = {id(r): _peek_declared(r.content) for r in replies if not r.has_error()}
         try:
-            return super().aggregate_train(server_round, replies)
+            arrays, metrics = super().aggregate_train(server_round, replies)
         finally:
             self._peeked = {}
+        if arrays is not None and metrics is not None:  # after the base class booked undeclared updates
+            for key, value in self._shuffle_epsilon().items():
+                metrics[key] = float(value)
+        return arrays, metrics
 
+    @finds_non_finite
     def aggregate_accepted(
         self, server_round: int, replies: list[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Split into layers, shuffle with the weights, forget the senders, average per layer."""
         reports, weights, keys = split_into_layers([r.content for r in replies], self.weighted_by_key, self.layer_of)
         shuffled, shuffled_weights = self.shuffler.shuffle(reports, weights)
-        arrays = weighted_layer_mean(shuffled, shuffled_weights, keys)
-        metrics = self.train_metrics_aggr_fn([r.content for r in replies], self.weighted_by_key)
+        mean = layer_sums(shuffled, shuffled_weights)
+        if not mean.is_finite():  # found before anything is booked; the base class drops them and retries
+            bad = non_finite_records([reply_arrays(r) for r in replies])
+            if bad:
+                raise NonFiniteReplies(bad)
+        arrays = mean.result(keys)
+        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
         declared = [self._peeked.get(id(r)) for r in replies]
         for key, value in self._shuffle_metrics(server_round, declared, weights, len(reports[0])).items():
             metrics[key] = float(value)
@@ -155,7 +170,11 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
     def _shuffle_metrics(
         self, server_round: int, declared: list[Optional[_Declared]], weights: list[float], m: int
     ) -> dict[str, float]:
-        """Book the round's FMT event when every condition holds; the ``shuffle/*`` metrics."""
+        """Book the round's FMT event when every condition holds; the ``shuffle/*`` metrics but ε and δ.
+
+        ``shuffle/epsilon`` and ``shuffle/delta`` are added by :meth:`aggregate_train` once the
+        base class has booked the round's undeclared (non-private) updates.
+        """
         n, eps0 = len(declared), _worst_epsilon0(declared)
         reason = self._no_amplification_reason(declared, weights, eps0)
         if reason is None:
@@ -164,7 +183,7 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         else:
             self._unamplified = self._unamplified or reason
             self._log_once(INFO, f"shuffle/epsilon claims no amplification: {reason}")
-        metrics = {"shuffle/reports": n, "shuffle/layers": m, "shuffle/epsilon0": eps0, **self._shuffle_epsilon()}
+        metrics = {"shuffle/reports": n, "shuffle/layers": m, "shuffle/epsilon0": eps0}
         if self.amplification == "paper":
             metrics["shuffle/epsilon-paper"] = eps0 / m
             log(WARNING, "Round %d: shuffle/epsilon-paper = epsilon0/m = %.4g is the DELM paper's claim, NOT a "
@@ -214,44 +233,40 @@ def split_into_layers(
 
     Only the replies' contents are read: the reports carry no node id.
     """
-    keys = list(next(iter(contents[0].array_records.values())).keys())
+    keys = list(records_of(contents[0], ArrayRecord)[0].keys())
     groups = list(layer_groups(keys, layer_of).values())
     reports, weights = [], []
     for content in contents:
-        arrays = next(iter(content.array_records.values()))
+        arrays = records_of(content, ArrayRecord)[0]
         reports.append([tuple((key, arrays[key]) for key in group) for group in groups])
-        weights.append(float(next(iter(content.metric_records.values()))[weighted_by_key]))  # type: ignore[arg-type]
+        weights.append(float(records_of(content, MetricRecord)[0][weighted_by_key]))  # type: ignore[arg-type]
     return reports, weights, keys
+
+
+def layer_sums(shuffled: Sequence[Sequence[Segment]], shuffled_weights: Sequence[Sequence[float]]) -> WeightedMean:
+    """Every shuffled segment added with its own weight into one streaming accumulator per key."""
+    mean = WeightedMean()
+    for report, report_weights in zip(shuffled, shuffled_weights):
+        for segment, weight in zip(report, report_weights):
+            for key, array in segment:
+                mean.add(key, array, weight)
+    return mean
 
 
 def weighted_layer_mean(
     shuffled: Sequence[Sequence[Segment]], shuffled_weights: Sequence[Sequence[float]], keys: Sequence[str]
 ) -> ArrayRecord:
-    r"""Σ_r w̃^j_r x̃^j_r / Σ_r w̃^j_r per key, streamed into float64 accumulators (one array decoded at a time).
+    r"""Σ_r w̃^j_r x̃^j_r / Σ_r w̃^j_r per key, streamed in place (payloads read zero-copy, never stacked).
 
     Floating arrays keep their dtype; other dtypes come back as float64, as in FedAvg.
     """
-    acc: dict[str, np.ndarray] = {}
-    totals: dict[str, float] = {}
-    dtypes: dict[str, np.dtype] = {}
-    for report, report_weights in zip(shuffled, shuffled_weights):
-        for segment, weight in zip(report, report_weights):
-            for key, array in segment:
-                values = array.numpy()
-                if key not in acc:
-                    acc[key], totals[key], dtypes[key] = np.zeros(values.shape, np.float64), 0.0, values.dtype
-                acc[key] += np.multiply(values, weight, dtype=np.float64)
-                totals[key] += weight
-    out = {}
-    for key in keys:
-        mean = acc.pop(key)
-        mean /= totals[key]
-        out[key] = Array(mean.astype(dtypes[key]) if np.issubdtype(dtypes[key], np.inexact) else mean)
-    return ArrayRecord(out)
+    return layer_sums(shuffled, shuffled_weights).result(keys)
 
 
 def _peek_declared(content: RecordDict) -> _Declared:
     """A reply's declared pure ε₀ (sum over its events; None unless every one is pure ε-DP) and event keys."""
+    if not has_config_record(content, PRIVACY_RECORD):
+        return _Declared(None, ())
     try:
         events = [d.event for d in read_declarations(content)]
         signature = tuple(sorted(event_key(e) for e in events))
@@ -288,4 +303,4 @@ def _round_delta(delta: Optional[float], ledger: PrivacyLedger) -> float:
     return value
 
 
-__all__ = ["AMPLIFICATIONS", "ShuffleAmplifiedFedAvg", "split_into_layers", "weighted_layer_mean"]
+__all__ = ["AMPLIFICATIONS", "ShuffleAmplifiedFedAvg", "layer_sums", "split_into_layers", "weighted_layer_mean"]

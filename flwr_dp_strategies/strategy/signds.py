@@ -12,7 +12,9 @@ Per round (MindSpore spec §2–3):
 3. Rebuild and average: with :math:`g = ` ``step_ratio``·N·r_est (N the number of
    clients asked this round), client i's dense update is :math:`g s_i 1_{J_i}` and
    the new model is :math:`w + \sum_i n_i g s_i 1_{J_i} / \sum_i n_i`, summed in
-   place with ``np.add.at`` (no dense per-client vector is built).
+   place into one float64 buffer by fancy-index addition (the screened indices
+   are strictly increasing, hence distinct; no dense per-client vector is built,
+   uploads and the current model are read zero-copy).
 4. MagRR (:func:`flwr_dp_strategies.signds.update_state`) updates r_est and the
    phase from the received b̂ for the next round, or falls back to
    ``sign_global_lr`` if fewer than 5 % of N sent a bit.
@@ -29,7 +31,9 @@ Round metrics: ``signds/r-est-used`` and ``signds/step`` (this round's),
 ``signds/majority``, ``signds/debiased-ones``, ``signds/fallback``,
 ``signds/values-per-client``, ``signds/payload-bytes-per-client`` (the arrays),
 ``signds/bytes-per-client`` (as serialised, .npy headers included),
-``signds/dense-values``, plus ``privacy/*`` and ``rejected/*``.
+``signds/dense-values``, plus ``privacy/*``, ``rejected/*`` and ``replies/failed``
+(replies of SuperNodes that died mid-round: counted in train and evaluate
+metrics, nothing booked for them, the round goes on with the others).
 
 Step size. As in MindSpore, ``sign_global_lr`` is used only by the fallback; the
 global step is ``magrr.step_ratio``·N·r_est. A vote moves a coordinate that is
@@ -47,17 +51,19 @@ from collections.abc import Iterable
 from typing import Any, Optional
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from ..declarations import PRIVACY_RECORD
 from ..privacy import PrivacyLedger
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
-from .client_accounting import ClientAccountingMixin
-from .reply_screening import check_weight
+from .accounted_fedavg import reply_arrays, reply_weight
+from .client_accounting import ClientAccountingMixin, undeclared_replies
+from .metrics import aggregate_reply_metrics, failed_replies, with_failed_replies
+from .reply_screening import check_weight, records_of
+from .streaming_aggregation import npy_view, to_array
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
 EVENT_LABEL = "signds/indices+magrr-bit"
@@ -123,16 +129,16 @@ class SignDS(ClientAccountingMixin, FedAvg):
         if self._current is None:
             return None, None
         keys = list(self._current.keys())
-        current = [self._current[k].numpy() for k in keys]
+        current = [npy_view(self._current[k]) for k in keys]
         d = int(sum(a.size for a in current))
         replies = list(replies)
-        undeclared = {id(r) for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records}
+        undeclared = undeclared_replies(replies)
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d))
         self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
         r_est_used = self.state.r_est
         step = step_size(r_est_used, max(self._asked, 1), self.magrr)
         arrays = self._rebuild(current, keys, accepted, step) if accepted else None
-        metrics = self.train_metrics_aggr_fn([r.content for r in accepted], self.weighted_by_key) \
+        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in accepted], self.weighted_by_key) \
             if accepted else MetricRecord()
         info = self._magrr_round(accepted)
         merged = self.round_metrics(metrics, rejected)
@@ -141,20 +147,28 @@ class SignDS(ClientAccountingMixin, FedAvg):
             merged[f"signds/{key}"] = float(value)
         return arrays, merged
 
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        """FedAvg's evaluation, plus ``replies/failed``."""
+        replies = list(replies)
+        failed = failed_replies(replies, server_round)
+        metrics = super().aggregate_evaluate(server_round, replies)
+        return with_failed_replies(metrics, failed) if metrics is not None or failed else None
+
     def _check(self, content: RecordDict, d: int) -> Optional[str]:
         """A reason to reject this upload, or None (see the module docstring)."""
-        if len(content.array_records) != 1:
+        array_records = records_of(content, ArrayRecord)
+        if len(array_records) != 1:
             return "structure"
         reason = check_weight(content, self.weighted_by_key)
         if reason is not None:
             return reason
-        record = next(iter(content.array_records.values()))
+        record = array_records[0]
         if sorted(record.keys()) != sorted(UPLOAD_KEYS):
             return "keys"
         if len(record["indices"].data) > 8 * self.max_dim_out + 1024:
             return "oversized"
         try:
-            idx, sign, bit = (record[k].numpy() for k in UPLOAD_KEYS)
+            idx, sign, bit = (npy_view(record[k]) for k in UPLOAD_KEYS)
         except Exception:  # noqa: BLE001 - an undecodable payload is malformed
             return "shape"
         return _check_upload(idx, sign, bit, d, self.max_dim_out)
@@ -174,21 +188,21 @@ class SignDS(ClientAccountingMixin, FedAvg):
         total = np.zeros(sum(a.size for a in current), dtype=np.float64)
         weight_sum = 0.0
         for reply in accepted:
-            record = next(iter(reply.content.array_records.values()))
-            weight = float(next(iter(reply.content.metric_records.values()))[self.weighted_by_key])
-            np.add.at(total, record["indices"].numpy(), weight * float(record["sign"].numpy()[0]))
+            record, weight = reply_arrays(reply), reply_weight(reply, self.weighted_by_key)
+            total[npy_view(record["indices"])] += weight * float(npy_view(record["sign"])[0])  # distinct indices
             weight_sum += weight
         total *= step / weight_sum
         out, start = {}, 0
         for key, array in zip(keys, current):
             part = total[start:start + array.size].reshape(array.shape)
-            out[key] = Array(np.asarray(array + part, dtype=array.dtype))
+            np.add(part, array, out=part)  # in place, in float64
+            out[key] = to_array(part.astype(array.dtype, copy=False))
             start += array.size
         return ArrayRecord(out)
 
     def _magrr_round(self, accepted: list[Message]) -> dict[str, float]:
         """Update r_est and the phase from this round's bits (for the next round)."""
-        bits = [int(next(iter(r.content.array_records.values()))["b-hat"].numpy()[0]) for r in accepted]
+        bits = [int(npy_view(reply_arrays(r)["b-hat"])[0]) for r in accepted]
         self.state, info = update_state(self.state, ones=sum(bits), total=len(bits),
                                         expected_participants=float(max(self._asked, 1)),
                                         global_lr=self.sign_global_lr, config=self.magrr)
@@ -198,10 +212,10 @@ class SignDS(ClientAccountingMixin, FedAvg):
     def _upload_sizes(accepted: list[Message]) -> dict[str, float]:
         if not accepted:
             return {"values-per-client": 0.0, "bytes-per-client": 0.0, "payload-bytes-per-client": 0.0}
-        records = [next(iter(r.content.array_records.values())) for r in accepted]
+        records = [reply_arrays(r) for r in accepted]
         values = np.mean([sum(int(np.prod(a.shape)) for a in rec.values()) for rec in records])
         nbytes = np.mean([sum(len(a.data) for a in rec.values()) for rec in records])
-        payload = np.mean([sum(a.numpy().nbytes for a in rec.values()) for rec in records])
+        payload = np.mean([sum(npy_view(a).nbytes for a in rec.values()) for rec in records])
         return {"values-per-client": float(values), "bytes-per-client": float(nbytes),
                 "payload-bytes-per-client": float(payload)}
 
