@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import bench_aggregation, bench_ledger, bench_noise, bench_signds  # noqa: E402
+from benchmarks import bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
 from benchmarks._common import machine  # noqa: E402
 
 #: name -> (function, kwargs per mode). "tiny" is for the smoke test only (not meaningful timings).
@@ -47,6 +48,21 @@ BENCHMARKS = {
         "full": {"d": 10**6, "repeats": 9},
         "quick": {"d": 10**6, "repeats": 5},
         "tiny": {"d": 1000, "repeats": 1},
+    }),
+    # DP-SGD step time: our DpSgdTrainer vs Opacus alone (same mode) and vs non-private training.
+    "dpsgd": (bench_dpsgd.run, bench_dpsgd.MODES),
+    # Flower simulations (Ray): every strategy/mod vs Flower's FedAvg, alternated round by round in one
+    # simulation; 1000 clients with the Laplace cluster evaluation vs FedAvg rounds. "tiny": one 2-client
+    # round per variant, and the scale duel at 2 clients in the same simulation (one Ray start for both).
+    "simulation": (bench_simulation.run, {
+        "full": {"clients": 100, "rounds": 6, "passes": 3},
+        "quick": {"clients": 100, "rounds": 5, "passes": 1},
+        "tiny": {"clients": 2, "rounds": 1, "passes": 1, "strict": True, "with_scale_rounds": 2},
+    }),
+    "scale": (bench_scale.run, {
+        "full": {"clients": 1000, "rounds": 4},
+        "quick": {"clients": 1000, "rounds": 2},
+        "tiny": {"clients": 2, "rounds": 2, "strict": True},
     }),
 }
 
