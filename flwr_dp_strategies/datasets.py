@@ -118,8 +118,12 @@ def iid_partition_indices(num_examples: int, num_partitions: int, seed: int = 42
     """IID shards of a seeded permutation of range(num_examples), cut by flwr-datasets' IidPartitioner.
 
     The partitioner sees only example indices, so large arrays (60 000 MNIST
-    images) are never copied into a ``datasets.Dataset``.
+    images) are never copied into a ``datasets.Dataset``. Raises ``ValueError`` unless
+    1 <= num_partitions <= num_examples (an empty shard would fail deep inside ``datasets``).
     """
+    if not isinstance(num_partitions, (int, np.integer)) or not 1 <= num_partitions <= num_examples:
+        raise ValueError(f"num_partitions must be an integer in [1, {num_examples}] (one example per "
+                         f"partition at least), got {num_partitions!r}")
     import datasets
     from flwr_datasets.partitioner import IidPartitioner
 

@@ -40,6 +40,14 @@ def test_iid_partitions_cover_every_index_once_and_are_seeded(digits):
     assert not all(np.array_equal(a, b) for a, b in zip(parts, other))
 
 
+@pytest.mark.parametrize("partitions", [0, 451, 2.5])
+def test_iid_partitions_refuse_more_partitions_than_examples(partitions):
+    from flwr_dp_strategies.datasets import iid_partition_indices
+
+    with pytest.raises(ValueError, match=r"num_partitions must be an integer in \[1, 450\]"):
+        iid_partition_indices(450, partitions)
+
+
 @pytest.mark.parametrize("scheme,n", [("1-class", 1), ("2-class", 2)])
 def test_n_class_partitions_hold_exactly_n_labels_without_duplicates(digits, scheme, n):
     y = digits[1]
