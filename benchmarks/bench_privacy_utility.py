@@ -42,11 +42,13 @@ shards (equal FedAvg weights, as Flower's accountant requires).
   clips its update to C and adds analytic-Gaussian noise for (ε_round, δ) with Δ₂ = 2C,
   every round; ε_round is set so the R rounds compose to the target. **User-level local
   DP**, replace one client's update (ledger ``replace_one``).
-* ``ours-delm-fm`` -- DELM (functional mechanism): LDP federated PCA (Analyze Gauss,
-  ε₁ = ε'/3, :func:`client_mods.federated_pca.covariance_reply`) then a softmax head
-  trained on a Gaussian-FM objective released once per client (ε₂ = 2ε'/3,
-  :class:`client_mods.functional_mechanism.FunctionalMechanismTrainer`); ε' is scaled
-  so that the two releases compose to the target. **Record-level**, replace one record
+* ``ours-delm-fm`` -- DELM (functional mechanism): a softmax head trained on a
+  Gaussian-FM objective released once per client
+  (:class:`client_mods.functional_mechanism.FunctionalMechanismTrainer`, smooth step
+  1/L), on the pooled pixels with the whole budget (``fm_components = 0``, the best
+  configuration of examples/delm); with ``fm_components = k`` LDP federated PCA
+  first (Analyze Gauss, ε₁ = ε'/3) and FM on k components (ε₂ = 2ε'/3), ε' scaled so
+  that the two releases compose to the target. **Record-level**, replace one record
   of a client's data (the paper's relation); ε does not grow with rounds.
 * ``dp-sgd`` -- DP-SGD on Opacus through :class:`client_mods.dp_sgd.DpSgdTrainer`
   (``dp_sgd_train_reply``), FedAvg via :class:`~flwr_dp_strategies.strategy.AccountedFedAvg`;
@@ -113,11 +115,11 @@ DATASET_CONFIG: dict[str, dict[str, Any]] = {
     "digits": dict(num_clients=20, hidden=64, local_lr=0.3, local_batch=16, local_epochs=3,
                    central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
                    dpsgd_batch=16, dpsgd_lr=0.5, dpsgd_clip=1.0,
-                   fm_pool=1, fm_components=20, fm_steps=5, fm_ridge=0.01),
+                   fm_pool=1, fm_components=0, fm_steps=5, fm_ridge=0.01),
     "mnist": dict(num_clients=100, hidden=64, local_lr=0.05, local_batch=32, local_epochs=1,
                   central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
                   dpsgd_batch=120, dpsgd_lr=1.0, dpsgd_clip=1.0,
-                  fm_pool=2, fm_components=20, fm_steps=5, fm_ridge=0.01),
+                  fm_pool=2, fm_components=0, fm_steps=5, fm_ridge=0.01),
 }
 
 #: kwargs of :func:`run` per mode ("tiny" is for the smoke test: toy sizes, meaningless accuracies).
@@ -547,7 +549,13 @@ def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
 
 
 def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
-    """DELM: LDP-FPCA (ε'/3) then a head on a Gaussian functional-mechanism objective (2ε'/3)."""
+    """DELM: a softmax head on a Gaussian functional-mechanism objective released once per client.
+
+    ``fm_components = 0`` (the default, examples/delm's ``delm-nopca``): the FM
+    gets the whole budget on the pooled pixels (a data-independent feature map).
+    ``fm_components = k > 0``: LDP-FPCA first (Analyze Gauss, ε'/3), FM on the k
+    private components with 2ε'/3.
+    """
     from flwr.app import Array, ArrayRecord, Context, RecordDict
 
     from client_mods.federated_pca import COVARIANCE_KEY, covariance_reply, project
@@ -555,56 +563,51 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     from flwr_dp_strategies import AccountedFedAvg, PrivacyLedger
     from flwr_dp_strategies.privacy import gaussian_sigma
     from flwr_dp_strategies.privacy.covariance import top_eigenvectors
-    from flwr_dp_strategies.privacy.functional_mechanism import fm_l2_sensitivity
 
     n, c, k = fed.num_clients, fed.num_classes, cfg["fm_components"]
     feats = [fm_features(x, fed.dataset, cfg["fm_pool"]) for x, _ in fed.shards]
-    k = min(k, feats[0].shape[1])
+    dim = feats[0].shape[1]
+    shares = (1.0 / 3.0, 2.0 / 3.0) if k > 0 else (0.0, 1.0)  # (FPCA, FM) shares of the budget
 
     def eps_of(total: float, method: str) -> float:
-        z1 = gaussian_sigma(total / 3.0, DELTA, 1.0)  # Analyze Gauss: GaussianDpEvent(σ/Δ₂)
-        z2 = gaussian_sigma(2.0 * total / 3.0, DELTA, 1.0)  # Gaussian FM: GaussianDpEvent(σ/Δ₂)
-        return ledger_epsilon("replace_one", per_client=[dp_event.GaussianDpEvent(z1), dp_event.GaussianDpEvent(z2)],
-                              method=method)
+        events = [dp_event.GaussianDpEvent(gaussian_sigma(share * total, DELTA, 1.0)) for share in shares if share]
+        return ledger_epsilon("replace_one", per_client=events, method=method)  # Gaussian: GaussianDpEvent(σ/Δ₂)
 
     total, _ = calibrate(eps_of, target, increasing=True, lo=target / 10.0, hi=target * 10.0)
-    eps1, eps2 = total / 3.0, 2.0 * total / 3.0
+    eps1, eps2 = shares[0] * total, shares[1] * total
     strategy = AccountedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
                                ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"))
     contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={})
                 for i in range(n)]
     rngs = [np.random.default_rng([seed, 3, i]) for i in range(n)]
     grid = Grid(n)
-
-    # round 1: LDP federated PCA, the server averages the noisy second moments (FedAvg, equal weights)
-    dim = feats[0].shape[1]
-    pca_arrays = ArrayRecord({COVARIANCE_KEY: Array(np.zeros((dim, dim)))})
-    mean_cov, _ = fl_round(strategy, 1, pca_arrays, grid, lambda i, msg, rnd: covariance_reply(
-        msg, contexts[i], feats[i], epsilon=eps1, delta=DELTA, neighboring_relation="replace_one", rng=rngs[i]))
-    basis = top_eigenvectors(mean_cov[COVARIANCE_KEY].numpy(), k)  # post-processing, sent to every client
-    z_train = [project(f, basis) for f in feats]
-    z_test = project(fm_features(fed.x_test, fed.dataset, cfg["fm_pool"]), basis)
-
-    # step size from public quantities only: λmax(S̃/n) ≤ 1 + ‖E‖₂/n, ‖E‖₂ ≈ 2σ√k (3σ√k for margin)
-    sens = fm_l2_sensitivity(c, neighboring_relation="replace_one")
-    sigma2 = gaussian_sigma(eps2, DELTA, sens)
-    lipschitz = (1.0 + 3.0 * sigma2 * math.sqrt(k) / fed.shard_size) / c + cfg["fm_ridge"]
-    lr = min(5.0, 1.0 / lipschitz)
+    x_test = fm_features(fed.x_test, fed.dataset, cfg["fm_pool"])
+    first_round = 1
+    if k > 0:  # round 1: LDP federated PCA, the server averages the noisy second moments (FedAvg, equal weights)
+        k = min(k, dim)
+        pca_arrays = ArrayRecord({COVARIANCE_KEY: Array(np.zeros((dim, dim)))})
+        mean_cov, _ = fl_round(strategy, 1, pca_arrays, grid, lambda i, msg, rnd: covariance_reply(
+            msg, contexts[i], feats[i], epsilon=eps1, delta=DELTA, neighboring_relation="replace_one", rng=rngs[i]))
+        basis = top_eigenvectors(mean_cov[COVARIANCE_KEY].numpy(), k)  # post-processing, sent to every client
+        feats, x_test, first_round = [project(f, basis) for f in feats], project(x_test, basis), 2
+    width = feats[0].shape[1]
+    # learning_rate=None: each client's smooth step 1/L of its own noisy objective (post-processing)
     trainers = [FunctionalMechanismTrainer(eps2, num_classes=c, noise="gaussian", delta=DELTA,
                                            neighboring_relation="replace_one", local_steps=cfg["fm_steps"],
-                                           learning_rate=lr, ridge=cfg["fm_ridge"], rng=rngs[i]) for i in range(n)]
+                                           learning_rate=None, ridge=cfg["fm_ridge"], rng=rngs[i]) for i in range(n)]
     labels = [y for _, y in fed.shards]
-    arrays = ArrayRecord({"head.weight": Array(np.zeros((k, c)))})
+    arrays = ArrayRecord({"head.weight": Array(np.zeros((width, c)))})
     acc = []
-    for rnd in range(2, rounds + 2):
+    for rnd in range(first_round, first_round + rounds):
         arrays, _ = fl_round(strategy, rnd, arrays, grid,
-                             lambda i, msg, rnd: trainers[i].train(msg, contexts[i], z_train[i], labels[i]))
-        acc.append(float(np.mean(np.argmax(z_test @ arrays["head.weight"].numpy(), axis=1) == fed.y_test)))
+                             lambda i, msg, rnd: trainers[i].train(msg, contexts[i], feats[i], labels[i]))
+        acc.append(float(np.mean(np.argmax(x_test @ arrays["head.weight"].numpy(), axis=1) == fed.y_test)))
     eps, eps_rdp = _ledger_pair(strategy.ledger)
+    pca = f"k={k} LDP-PCA comps (ε_FPCA={eps1:.3g})" if k > 0 else "no PCA"
     return RunResult(acc, eps, eps_rdp, {"epsilon_fpca": eps1, "epsilon_fm": eps2, "components": k,
-                                         "input_dim": dim, "pool": cfg["fm_pool"], "learning_rate": lr,
+                                         "input_dim": dim, "pool": cfg["fm_pool"], "learning_rate": "smooth 1/L",
                                          "local_steps": cfg["fm_steps"], "ridge": cfg["fm_ridge"]},
-                     notes=f"inputs {dim}-d → k={k} PCA comps; ε_FPCA={eps1:.3g}, ε_FM={eps2:.3g} (Gaussian FM); "
+                     notes=f"inputs {dim}-d, {pca}; ε_FM={eps2:.3g} (Gaussian FM, once per client); "
                            f"{rounds} head rounds")
 
 
@@ -713,9 +716,10 @@ def markdown(result: dict) -> str:
               "ε and m its noise is larger than ours. Flower's own (RDP-only) ε is in the notes.",
               "- **LDP-FL** — each client clips its update to C and adds analytic-Gaussian noise for (ε/round, δ) with "
               "Δ₂ = 2C every round (`baselines.ldp_fl_update`); ε/round is set so the rounds compose to the target.",
-              "- **ours: DELM functional mechanism** — LDP federated PCA (Analyze Gauss, ε_FPCA) then a softmax head "
-              "on a Gaussian functional-mechanism objective released once per client (ε_FM = 2 ε_FPCA); later "
-              "rounds are post-processing (the ledger books `NoOpDpEvent`).",
+              "- **ours: DELM functional mechanism** — a softmax head on a Gaussian functional-mechanism objective "
+              "of the pooled pixels, released once per client with the whole budget (no PCA: examples/delm's "
+              "best configuration, `delm-nopca`); later rounds are post-processing (the ledger books "
+              "`NoOpDpEvent`).",
               "- **DP-SGD (Opacus)** — `DpSgdTrainer` (Poisson batches, per-sample clipping C, noise z) on every "
               "client every round, FedAvg by `AccountedFedAvg`; the ledger composes each client's "
               "`SelfComposed(PoissonSampled(q, Gaussian(z)), steps)` per round. Opacus' own (RDP-only) ε is in "

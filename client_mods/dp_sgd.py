@@ -473,6 +473,9 @@ class DpSgdTrainer:
         self.device = _resolve_device(device)
         self.seed = None if seed is None else check_int("seed", seed, minimum=0)
         self._own_state = RecordDict()
+        # the validated probe is a fresh, never-trained model: the first round loads into it instead of
+        # building another (a trainer is often made per Flower message, where this halves the set-up)
+        self._spare_model: Optional[nn.Module] = probe
         if not self.poisson_sampling:
             warnings.warn("poisson_sampling=False: the reported epsilon assumes Poisson sampling and is a "
                           "heuristic for shuffled batches, not a proven bound", stacklevel=2)
@@ -653,7 +656,7 @@ class DpSgdTrainer:
         """A fresh model holding ``weights`` (keys checked: a ``_module.`` prefix is refused), on the device."""
         received = weights.to_torch_state_dict() if isinstance(weights, ArrayRecord) else {
             k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in weights.items()}
-        model = self._new_model()
+        model, self._spare_model = (self._spare_model or self._new_model()), None
         expected = set(model.state_dict())
         if set(received) != expected:
             missing, unexpected = sorted(expected - set(received)), sorted(set(received) - expected)

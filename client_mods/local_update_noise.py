@@ -36,7 +36,7 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_dp_strategies.declarations import declare_release
@@ -44,6 +44,7 @@ from flwr_dp_strategies.privacy import gaussian_mechanism, gaussian_sigma
 from flwr_dp_strategies.privacy.release import Release
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_positive, check_sensitivity
+from flwr_dp_strategies.npy_codec import npy_view, to_array
 
 EVENT_LABEL = "local-gaussian/update"
 
@@ -113,7 +114,8 @@ class LocalUpdateNoiseMod:
         if len(msg.content.array_records) != 1:
             raise ValueError("LocalUpdateNoiseMod expects exactly one ArrayRecord in the train message")
         sent = next(iter(msg.content.array_records.values()))
-        keys, received = list(sent.keys()), sent.to_numpy_ndarrays()  # read before the app can touch it
+        # zero-copy read-only views of the received payloads (immutable bytes: the app cannot change them)
+        keys, received = list(sent.keys()), [npy_view(sent[k]) for k in sent.keys()]
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
@@ -122,8 +124,8 @@ class LocalUpdateNoiseMod:
         name, trained = next(iter(reply.content.array_records.items()))
         if list(trained.keys()) != keys:
             raise ValueError("the reply's ArrayRecord must have the keys of the received one")
-        release = self.privatize(received, trained.to_numpy_ndarrays())
-        reply.content[name] = ArrayRecord({k: Array(v) for k, v in zip(keys, release.value)})
+        release = self.privatize(received, [npy_view(trained[k]) for k in keys])
+        reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, release.value)})
         declare_release(reply.content, release.event, label=EVENT_LABEL)
         return reply
 

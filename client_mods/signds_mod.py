@@ -21,11 +21,14 @@ encoding (the ClientApp is pickled to simulation workers for every message).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_dp_strategies.declarations import declare_release
+from flwr_dp_strategies.npy_codec import ArrayLike, npy_view, to_array
 from flwr_dp_strategies.signds import MagRRConfig, encode_update, round_event
 
 EVENT_LABEL = "signds/indices+magrr-bit"
@@ -63,12 +66,24 @@ def signds_settings(config: ConfigRecord) -> dict:
     }
 
 
-def flat_update(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
-    """trained − received over the received record's keys, flattened and concatenated in that order."""
+def flat_update(received: Mapping[str, ArrayLike], trained: Mapping[str, ArrayLike]) -> np.ndarray:
+    """trained − received over the received record's keys, flattened and concatenated in that order.
+
+    Payloads are read zero-copy (:func:`~flwr_dp_strategies.npy_codec.npy_view`);
+    the float64 difference is the only copy.
+    """
     if list(trained.keys()) != list(received.keys()):
         raise ValueError("signds_mod: the trained ArrayRecord must have the received keys, in order")
-    return np.concatenate([(np.asarray(trained[k].numpy(), np.float64) - received[k].numpy()).ravel()
-                           for k in received.keys()])
+    out = np.empty(sum(npy_view(received[k]).size for k in received.keys()), dtype=np.float64)
+    start = 0
+    for key in received.keys():
+        before, after = npy_view(received[key]), npy_view(trained[key])
+        if before.shape != after.shape:
+            raise ValueError(f"signds_mod: trained array {key!r} has shape {after.shape}, "
+                             f"the received one {before.shape}")
+        np.subtract(after.reshape(-1), before.reshape(-1), out=out[start:start + before.size], casting="unsafe")
+        start += before.size
+    return out
 
 
 def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100):
@@ -93,8 +108,9 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         return call_next(msg, context)
     if len(msg.content.array_records) != 1 or len(msg.content.config_records) < 1:
         raise ValueError("signds_mod expects one ArrayRecord and a ConfigRecord in the train message")
-    received = next(iter(msg.content.array_records.values()))
-    received = ArrayRecord({k: Array(received[k].numpy().copy()) for k in received.keys()})
+    record = next(iter(msg.content.array_records.values()))
+    # zero-copy views of the received payloads: immutable bytes, so the train function cannot change them
+    received = {key: npy_view(record[key]) for key in record.keys()}
     settings = signds_settings(next(iter(msg.content.config_records.values())))
     reply = call_next(msg, context)
     if reply.has_error():
@@ -104,9 +120,9 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     name, trained = next(iter(reply.content.array_records.items()))
     upload = encode_update(flat_update(received, trained), **settings)
     reply.content[name] = ArrayRecord({
-        "indices": Array(upload.indices.astype(np.int64)),
-        "sign": Array(np.array([upload.sign], dtype=np.int64)),
-        "b-hat": Array(np.array([upload.b_hat], dtype=np.int64)),
+        "indices": to_array(upload.indices.astype(np.int64)),
+        "sign": to_array(np.array([upload.sign], dtype=np.int64)),
+        "b-hat": to_array(np.array([upload.b_hat], dtype=np.int64)),
     })
     declare_release(reply.content, round_event(settings["sign_eps"], settings["magrr"].rr_epsilon),
                     label=EVENT_LABEL)

@@ -124,6 +124,36 @@ def test_composition_over_rounds_with_a_smaller_round_delta():
     assert strategy.shuffle_ledger.rounds() == [1, 2, 3]
 
 
+def test_planned_rounds_split_the_target_delta_so_the_composition_stays_finite():
+    n, rounds = 100, 3
+    strategy = make(n, reports_are_ldp=True, planned_rounds=rounds)
+    assert strategy.shuffle_round_delta == pytest.approx(1e-5 / (2 * rounds))
+    eps = [run_round(strategy, r, n, events=[PureDpEvent(epsilon=1.0)], seed=r)[1]["shuffle/epsilon"]
+           for r in range(1, rounds + 1)]
+    assert all(math.isfinite(e) for e in eps) and eps[0] < eps[1] < eps[2]
+    booked = [event for _, event, _ in strategy.shuffle_ledger.events()]
+    assert [event.delta for event in booked] == [pytest.approx(1e-5 / 6)] * rounds
+    # one round's event is FMT at delta/6: a larger epsilon than at the full delta (what the default used to spend)
+    assert booked[0].epsilon == pytest.approx(shuffle_amplified_epsilon(1.0, n, 1e-5 / 6), rel=1e-9)
+    assert booked[0].epsilon > shuffle_amplified_epsilon(1.0, n, 1e-5)
+
+
+def test_start_takes_num_rounds_as_the_planned_rounds(monkeypatch):
+    from flwr.serverapp.strategy import Strategy
+
+    seen = {}
+    monkeypatch.setattr(Strategy, "start", lambda self, grid, arrays, num_rounds=3, *a, **k: seen.update(n=num_rounds))
+    strategy = make(4, reports_are_ldp=True)
+    assert strategy.shuffle_round_delta == pytest.approx(1e-5)  # no plan known yet: one round at the full delta
+    strategy.start(FakeGrid(4), model(), num_rounds=5)
+    assert seen == {"n": 5} and strategy.planned_rounds == 5
+    assert strategy.shuffle_round_delta == pytest.approx(1e-5 / 10)
+    explicit = make(4, reports_are_ldp=True, shuffle_round_delta=1e-7, planned_rounds=2)
+    assert explicit.shuffle_round_delta == 1e-7  # an explicit delta wins
+    with pytest.raises(ValueError, match="planned_rounds"):
+        make(4, planned_rounds=0)
+
+
 def test_not_ldp_books_nothing_and_reports_the_clients_own_epsilon(caplog):
     n = 20
     strategy = make(n)

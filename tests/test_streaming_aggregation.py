@@ -82,6 +82,15 @@ def test_to_array_is_byte_identical_to_flower_array(dtype):
     np.testing.assert_array_equal(to_array(fortran).numpy(), values)
 
 
+@pytest.mark.parametrize("shape", [(), (0,), (5,), (7, 3), (3, 7), (2, 3, 4)], ids=str)
+def test_to_array_header_cache_keeps_each_shape_and_byte_order_apart(shape):
+    for dtype in (np.dtype("<f8"), np.dtype(">f8"), np.dtype(np.float32)):
+        values = np.arange(math.prod(shape), dtype=dtype).reshape(shape)
+        for _ in range(2):  # the second call reads the cached header
+            assert to_array(values).data == Array(values).data
+            np.testing.assert_array_equal(to_array(values).numpy(), values)
+
+
 def test_all_finite_is_exact_even_when_the_sum_overflows():
     assert all_finite(np.full(8, 3e38, dtype=np.float32))  # the sum overflows, the entries do not
     assert not all_finite(np.array([1.0, np.nan]))

@@ -50,6 +50,7 @@ from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import FAILED_REPLIES_KEY, failed_replies, with_failed_replies
+from ..npy_codec import npy_view
 from .reply_screening import named_record
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
@@ -144,14 +145,16 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         replies = list(replies)
         length = self._majority_length(replies)
         undeclared = undeclared_replies(replies)
-        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, length))
-        with_points = [r for r in accepted if named_record(r.content, self.inference_key, ArrayRecord) is not None]
+        decoded: dict[int, np.ndarray] = {}  # id(content) -> point, decoded once while screening
+        accepted, rejected = self.screen_and_book(server_round, replies,
+                                                  lambda c: self._check(c, length, decoded))
+        with_points = [r for r in accepted if decoded.get(id(r.content)) is not None]
         self._book_unprotected(server_round, [r for r in with_points if id(r) in undeclared])
         metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
         merged = self.round_metrics(metrics, rejected)
         merged["cluster/missing"] = float(len(accepted) - len(with_points))
         if self.eval_type != "NOT_EVAL":
-            for key, value in self._score(with_points).items():
+            for key, value in self._score(with_points, decoded).items():
                 merged[key] = value
         return merged
 
@@ -167,7 +170,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         record = named_record(content, self.inference_key, ArrayRecord)
         if record is None or len(record) == 0:
             return None
-        return np.concatenate([np.asarray(arr.numpy(), dtype=np.float64).ravel() for arr in record.values()])
+        return np.concatenate([np.asarray(npy_view(arr), dtype=np.float64).ravel() for arr in record.values()])
 
     def _majority_length(self, replies: list[Message]) -> Optional[int]:
         lengths: Counter[int] = Counter()
@@ -176,9 +179,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
                 lengths[sum(int(np.prod(arr.shape)) for arr in record.values())] += 1
         return max(lengths, key=lambda k: (lengths[k], -k)) if lengths else None
 
-    def _check(self, content: RecordDict, length: Optional[int]) -> Optional[str]:
+    def _check(self, content: RecordDict, length: Optional[int], decoded: dict[int, np.ndarray]) -> Optional[str]:
         try:
-            point = self._point(content)
+            point = decoded[id(content)] = self._point(content)
         except Exception:  # noqa: BLE001 - undecodable arrays are malformed
             return "shape"
         if point is None:
@@ -187,9 +190,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             return "shape"
         return None if np.isfinite(point).all() else "non-finite"
 
-    def _score(self, accepted: list[Message]) -> dict[str, float]:
+    def _score(self, accepted: list[Message], decoded: dict[int, np.ndarray]) -> dict[str, float]:
         chosen = sorted(accepted, key=lambda r: r.metadata.src_node_id)[: self.cluster_client_num]
-        points = {r.metadata.src_node_id: self._point(r.content) for r in chosen}
+        points = {r.metadata.src_node_id: decoded[id(r.content)] for r in chosen}
         self.points_history.append(points)
         x = np.stack(list(points.values())) if points else np.zeros((0, 1))
         scores = cluster_scores(x)

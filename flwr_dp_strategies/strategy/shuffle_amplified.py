@@ -34,9 +34,13 @@ centrally in ``shuffle_ledger`` (label "shuffled round") only when all of:
   ledger is not a complete account and is no longer used).
 
 ε₀ = the largest declared pure ε of the round. Each round's event is taken at
-δ = ``shuffle_round_delta`` (default ``shuffle_ledger.target_delta``; with that
-default the composition over two or more rounds is infinite at the same target
-δ, so pass e.g. ``target_delta / (rounds + 1)`` for a multi-round run).
+δ_r = ``shuffle_round_delta``; by default δ_r = δ/(2T) with δ the shuffle
+ledger's target and T the planned rounds (``planned_rounds``, else the
+``num_rounds`` given to :meth:`start`), so T rounds spend at most T·δ_r = δ/2 of
+the target on the events themselves and leave δ/2 to their composition; past T
+rounds the composed ε grows and eventually becomes infinite (reported as such).
+Without either (a custom round loop), δ_r = δ: one round is reported exactly,
+two or more compose to an infinite ε at δ (logged once).
 
 ``amplification="paper"`` also reports the paper's ε₀/m (m layers) as
 ``shuffle/epsilon-paper``, with a WARNING every round: it is **not** a DP bound
@@ -71,7 +75,7 @@ from ..privacy import PrivacyLedger
 from ..privacy.accountants import basic_pure_epsilon
 from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
-from ..privacy.validation import check_delta
+from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays
 from .metrics import aggregate_reply_metrics
 from .reply_screening import has_config_record, records_of
@@ -103,8 +107,9 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         shuffle_ledger: central ledger of the shuffled rounds (default
             ``PrivacyLedger(1e-5, neighboring_relation="replace_one")``; FMT is a
             replace-one bound, so another relation is refused).
-        shuffle_round_delta: δ of each round's FMT event (default: the shuffle
-            ledger's target δ).
+        shuffle_round_delta: δ of each round's FMT event (default: δ/(2T), see the
+            module docstring).
+        planned_rounds: T for that default (default: ``num_rounds`` of :meth:`start`).
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         reports_are_ldp: bool = False,
         shuffle_ledger: Optional[PrivacyLedger] = None,
         shuffle_round_delta: Optional[float] = None,
+        planned_rounds: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
         if amplification not in AMPLIFICATIONS:
@@ -126,12 +132,29 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         self.amplification = amplification
         self.reports_are_ldp = bool(reports_are_ldp)
         self.shuffle_ledger = _shuffle_ledger(shuffle_ledger)
-        self.shuffle_round_delta = _round_delta(shuffle_round_delta, self.shuffle_ledger)
+        self._explicit_round_delta = (None if shuffle_round_delta is None
+                                      else _round_delta(shuffle_round_delta, self.shuffle_ledger))
+        self.planned_rounds = None if planned_rounds is None else check_int("planned_rounds", planned_rounds, minimum=1)
         self._peeked: dict[int, _Declared] = {}
         self._logged: set[str] = set()
         self._unamplified: Optional[str] = None
         if self.ledger.clients and not self.shuffle_ledger.rounds():
             self._unamplified = "the client ledger holds earlier rounds that the shuffle ledger does not cover"
+
+    @property
+    def shuffle_round_delta(self) -> float:
+        """δ_r of each round's FMT event: the explicit one, else δ/(2T), else δ (see the module docstring)."""
+        if self._explicit_round_delta is not None:
+            return self._explicit_round_delta
+        if self.planned_rounds is not None:
+            return self.shuffle_ledger.target_delta / (2 * self.planned_rounds)
+        return self.shuffle_ledger.target_delta
+
+    def start(self, grid: Any, initial_arrays: ArrayRecord, num_rounds: int = 3, *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start``; ``num_rounds`` becomes T of the default round δ unless given."""
+        if self.planned_rounds is None:
+            self.planned_rounds = check_int("num_rounds", num_rounds, minimum=1)
+        return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -217,7 +240,7 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         eps = self.shuffle_ledger.epsilon()
         if not math.isfinite(eps):
             self._log_once(WARNING, "the shuffle ledger's composed epsilon is infinite: the rounds' delta add up to "
-                           "its target delta; pass a smaller shuffle_round_delta")
+                           "its target delta; pass planned_rounds or a smaller shuffle_round_delta")
         return {"shuffle/epsilon": eps, "shuffle/delta": self.shuffle_ledger.target_delta}
 
     def _log_once(self, level: int, message: str) -> None:

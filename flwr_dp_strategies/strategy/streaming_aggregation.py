@@ -4,11 +4,10 @@ Flower's ``FedAvg`` decodes every reply (``Array.numpy()`` copies the payload) a
 builds a new array per reply and key. The strategies of this package instead read
 each reply's payload **zero-copy** and add it into **one accumulator per key**:
 
-* :func:`npy_view` - a read-only ``np.frombuffer`` view of an ``Array``'s ``.npy``
-  payload (the header is parsed once per distinct header and cached); anything
-  unusual (not ``numpy.ndarray``-serialised, object dtypes, unknown ``.npy``
-  versions, truncated payloads) falls back to ``Array.numpy()``, which decodes it
-  or raises exactly as Flower would.
+* :func:`~flwr_dp_strategies.npy_codec.npy_view` - a read-only ``np.frombuffer``
+  view of an ``Array``'s ``.npy`` payload (see :mod:`flwr_dp_strategies.npy_codec`;
+  anything unusual falls back to ``Array.numpy()``, which decodes it or raises
+  exactly as Flower would).
 * :class:`WeightedMean` - per key :math:`\bar x = \sum_i w_i x_i / \sum_i w_i`.
   While every weight added to a key is the same :math:`w_0` the accumulator holds
   the plain sum :math:`\sum_i x_i` (``np.add(acc, x, out=acc)``, exactly the work of
@@ -45,98 +44,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from io import BytesIO
-from typing import Callable, Optional, Union
+from typing import Callable, Optional
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
-from flwr.common.constant import SType
-from numpy.lib import format as npy_format
+from flwr.app import ArrayRecord
 from scipy.linalg import blas
 
-NPY_MAGIC = b"\x93NUMPY"
-_HEADER_CACHE: dict[bytes, "_Header"] = {}
-_HEADER_CACHE_MAX = 4096
+from flwr_dp_strategies.npy_codec import ArrayLike, npy_view, to_array
+
 _NOISE_CHUNK = 1 << 16
 _BLOCK_BYTES = 1 << 20  # blocks of the clipped difference squared while still in (L2) cache
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
-
-ArrayLike = Union[Array, np.ndarray]
-
-
-# ---------------------------------------------------------------------------------------------- reading
-@dataclass(frozen=True)
-class _Header:
-    """What a ``.npy`` header says: dtype, shape, memory order, payload offset and element count."""
-
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    fortran_order: bool
-    offset: int
-    count: int
-
-
-def npy_view(array: ArrayLike) -> np.ndarray:
-    """The values of a Flower ``Array`` without copying its payload (read-only), or ``array`` itself.
-
-    The ``.npy`` header is the truth (not the ``Array``'s ``shape``/``dtype``
-    metadata, which a client sets independently); it is parsed by numpy's own
-    ``read_array_header_1_0/2_0`` once per distinct header. Every other case is
-    handed to ``Array.numpy()`` (a decoding copy, or Flower's own error).
-    """
-    if isinstance(array, np.ndarray):
-        return array
-    data = array.data
-    header = _header(data) if array.stype == SType.NUMPY else None
-    if header is None or len(data) < header.offset + header.count * header.dtype.itemsize:
-        return array.numpy()
-    flat = np.frombuffer(data, dtype=header.dtype, count=header.count, offset=header.offset)
-    return flat.reshape(header.shape, order="F" if header.fortran_order else "C")
-
-
-def _header(data: bytes) -> Optional[_Header]:
-    """The cached parse of ``data``'s ``.npy`` header, or None if it is not a plain numeric one."""
-    if len(data) < 10 or data[:6] != NPY_MAGIC or data[6] not in (1, 2):
-        return None
-    size_bytes = 2 if data[6] == 1 else 4
-    offset = 8 + size_bytes + int.from_bytes(data[8:8 + size_bytes], "little")
-    raw = data[:offset]
-    cached = _HEADER_CACHE.get(raw)
-    if cached is None:
-        cached = _parse_header(raw, offset)
-        if cached is None:
-            return None
-        if len(_HEADER_CACHE) >= _HEADER_CACHE_MAX:
-            _HEADER_CACHE.clear()
-        _HEADER_CACHE[raw] = cached
-    return cached
-
-
-def _parse_header(raw: bytes, offset: int) -> Optional[_Header]:
-    stream = BytesIO(raw)
-    try:
-        version = npy_format.read_magic(stream)
-        read = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
-        shape, fortran_order, dtype = read(stream)
-    except Exception:  # noqa: BLE001 - anything unreadable goes to Array.numpy(), which reports it
-        return None
-    if dtype.hasobject or dtype.kind not in "biufc" or dtype.subdtype is not None:
-        return None
-    return _Header(dtype, tuple(int(s) for s in shape), bool(fortran_order), offset, math.prod(shape))
-
-
-def to_array(values: np.ndarray) -> Array:
-    """``Array(values)`` (byte-identical ``.npy`` payload) built with a single copy of the values."""
-    values = np.ascontiguousarray(values)
-    if values.dtype.hasobject:
-        return Array(values)
-    header = BytesIO()
-    try:
-        npy_format.write_array_header_1_0(header, npy_format.header_data_from_array_1_0(values))
-    except ValueError:  # a header too long for version 1.0: let np.save choose
-        return Array(values)
-    data = b"".join((header.getvalue(), values.reshape(-1).view(np.uint8)))
-    return Array(dtype=str(values.dtype), shape=tuple(values.shape), stype=SType.NUMPY, data=data)
 
 
 def all_finite(values: np.ndarray) -> bool:
