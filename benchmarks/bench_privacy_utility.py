@@ -687,6 +687,9 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     lines = [
         f"# Privacy–utility ({result['mode']} run, {result['created']})", "",
+        *[f"Rows of {', '.join(r['methods'])} rerun on {r['created']} (load {r['load_average']}); "
+          "the other rows are from the run above." for r in result.get("reran", [])],
+        *([""] if result.get("reran") else []),
         f"Machine: {m['platform']}, {m['cpu_count']} CPUs; torch {m.get('torch')}, flwr {m.get('flwr')}, "
         f"dp-accounting {m.get('dp-accounting')}, opacus {m.get('opacus')}; torch threads 1; seed {result['seed']}.",
         "",
@@ -789,13 +792,14 @@ def write(result: dict, out: Path) -> list[Path]:
     return paths
 
 
-def run_mode(mode: str, seed: int = 0) -> dict:
-    """Run ``MODES[mode]`` and wrap the rows with the machine, configuration and timings."""
+def run_mode(mode: str, seed: int = 0, methods: Sequence[str] = METHODS) -> dict:
+    """Run ``MODES[mode]`` (only ``methods``) and wrap the rows with the machine, configuration and timings."""
     from benchmarks._common import machine
 
     kwargs = MODES[mode]
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = run(**kwargs, seed=seed)
+    rows = run(**kwargs, seed=seed, methods=tuple(m for m in methods if m != REFERENCE),
+               reference=REFERENCE in methods or tuple(methods) == METHODS)
     overrides = kwargs.get("overrides", {})
     config = {d: {**DATASET_CONFIG[d], **overrides.get(d, {})} for d in kwargs["datasets"]}
     feds = {d: {"num_clients": next(r["num_clients"] for r in rows if r["dataset"] == d),
@@ -810,6 +814,19 @@ def run_mode(mode: str, seed: int = 0) -> dict:
             "federations": feds, "relations": RELATIONS, "durations_s": durations, "rows": rows}
 
 
+def merge_rerun(old: dict, new: dict, methods: Sequence[str]) -> dict:
+    """``old`` with the rows of ``methods`` replaced by those of ``new`` (a rerun of the same mode and seed)."""
+    if (old["mode"], old["seed"]) != (new["mode"], new["seed"]):
+        raise ValueError(f"cannot merge a {new['mode']} run (seed {new['seed']}) into a {old['mode']} "
+                         f"results file (seed {old['seed']})")
+    order = {m: i for i, m in enumerate((REFERENCE,) + METHODS)}
+    rows = sorted([r for r in old["rows"] if r["method"] not in methods] + new["rows"],
+                  key=lambda r: (DATASETS.index(r["dataset"]), order[r["method"]], r["target_epsilon"]))
+    reran = old.get("reran", []) + [{"methods": list(methods), "created": new["created"],
+                                     "load_average": new["load_average"], "config": new["config"]}]
+    return {**old, "rows": rows, "config": new["config"], "reran": reran}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Command line: ``[--quick | --tiny] [--out DIR] [--seed N]`` or ``--report [--out DIR]``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -820,6 +837,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", action="store_true",
                         help="only rebuild results.md and the plot from OUT/results.json (nothing is run)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS + (REFERENCE,),
+                        help="rerun only these methods and replace their rows in OUT/results.json "
+                             "(same mode and seed as the file; the other rows are kept as they are)")
     args = parser.parse_args(argv)
     if args.report:
         result = json.loads((args.out / "results.json").read_text())
@@ -827,7 +847,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(path)
         return 0
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
-    result = run_mode(mode, args.seed)
+    if args.methods:
+        result = merge_rerun(json.loads((args.out / "results.json").read_text()),
+                             run_mode(mode, args.seed, args.methods), args.methods)
+    else:
+        result = run_mode(mode, args.seed)
     for path in write(result, args.out):
         print(path)
     print(markdown(result))

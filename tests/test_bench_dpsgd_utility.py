@@ -96,6 +96,24 @@ def test_utility_rows_state_relation_and_hit_the_target(utility_run):
     assert reference and all(math.isinf(r["ledger_epsilon"]) for r in reference)
 
 
+def test_utility_rerun_of_one_method_replaces_only_its_rows(utility_run):
+    out, result = utility_run
+    before = {(r["method"], r["target_epsilon"]): r for r in result["rows"]}
+    assert bench_privacy_utility.main(["--tiny", "--out", str(out), "--methods", "ours-delm-fm"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    after = {(r["method"], r["target_epsilon"]): r for r in merged["rows"]}
+    assert set(after) == set(before)
+    for key, row in after.items():
+        if key[0] == "ours-delm-fm":
+            assert row["wall_s"] != before[key]["wall_s"]  # rerun (a new measurement)
+        else:
+            assert row == before[key]  # kept as it was
+    assert merged["reran"][-1]["methods"] == ["ours-delm-fm"]
+    assert "rerun on" in (out / "results.md").read_text()
+    with pytest.raises(ValueError, match="cannot merge"):
+        bench_privacy_utility.merge_rerun({**merged, "mode": "full"}, merged, ["ours-delm-fm"])
+
+
 def test_utility_own_accountants_are_reported(utility_run):
     _, result = utility_run
     for r in result["rows"]:

@@ -15,7 +15,8 @@ Methods (see README.md): ``fedavg``, ``fedprox``, ``ldp-fl-round`` (ε per round
 composed by the ledger), ``ldp-fl-total`` (ε over all rounds), and the DELM family
 ``delm-<variant>[-paper-p0.5|-paper-p0.8]`` with variant in basic, enhanced,
 enhanced-nosampling, shuffle, local-pca, ldp-pca, nopca (FM on the pooled pixels with the
-whole budget, no PCA). Without a ``-paper-*`` suffix a
+whole budget, no PCA), nopca-enhanced (nopca's features and budget, aggregated by the
+enhanced scheme's minimum-divergence exponential sampling). Without a ``-paper-*`` suffix a
 DELM method uses our recommended configuration (14×14 pooled inputs, q = 20,
 Gaussian FM); with it, the paper's protocol (784 inputs, q = p·784, Laplace FM).
 """
@@ -69,7 +70,8 @@ DELM_CONFIGS: dict[str, dict[str, Any]] = {
     "pool1": dict(pool=1, q=None, p=1.0, fm_noise="gaussian"),
 }
 DELM_TRAIN = dict(local_steps=5, lr=5.0, ridge=0.01, psd_floor=0.0, num_selected=50, selection_epsilon=1.0)
-DELM_VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "local-pca", "ldp-pca", "nopca")
+DELM_VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "local-pca", "ldp-pca", "nopca",
+                 "nopca-enhanced")
 BASELINES = ("fedavg", "fedprox", "ldp-fl-round", "ldp-fl-total")
 
 
@@ -176,7 +178,8 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     cfg = {**DELM_CONFIGS[cfg_name], **DELM_TRAIN, **(overrides or {})}
     eps_total = SCENARIOS[scen]["epsilon"]
     # nopca: a data-independent feature map (pooled pixels), so FM gets the whole budget.
-    eps1, eps2 = (0.0, eps_total) if variant == "nopca" else (eps_total / 3.0, 2.0 * eps_total / 3.0)
+    no_pca = variant.startswith("nopca")
+    eps1, eps2 = (0.0, eps_total) if no_pca else (eps_total / 3.0, 2.0 * eps_total / 3.0)
     clients, (x_te, y_te), meta = load_scenario(scen)
     dataset, c, n_clients = meta["dataset"], meta["num_classes"], meta["num_clients"]
     pool = cfg["pool"] if dataset != "digits" else 1
@@ -184,14 +187,14 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     labels = [y for _, y in clients]
     z_dim_in = feats[0].shape[1]
     q = cfg["q"] if cfg["q"] is not None else num_components_for(z_dim_in, cfg["p"])
-    q = z_dim_in if variant == "nopca" else min(q, z_dim_in)
+    q = z_dim_in if no_pca else min(q, z_dim_in)
     x_test = delm_features(x_te, dataset, pool)
     client_rngs = [np.random.default_rng([seed, i]) for i in range(n_clients)]
     t0 = time.time()
 
     # 1) PCA basis: federated (private), own noisy (LDP-PCA) or own exact (local PCA, not private).
     fpca_events: list[Any] = []
-    if variant == "nopca":
+    if no_pca:
         bases = [np.eye(z_dim_in)[:, :q]] * n_clients
         fpca_events = [NoOpDpEvent()] * n_clients
         fpca_label = "nopca/identity (data-independent)"
@@ -232,7 +235,7 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
         strategy = AccountedFedAvg(**strategy_kwargs(n))
     elif variant == "shuffle":
         strategy = ShuffleAmplifiedFedAvg(**strategy_kwargs(n), reports_are_ldp=False)
-    elif variant == "enhanced":
+    elif variant in ("enhanced", "nopca-enhanced"):
         strategy = MinDivergenceExpSampling(min(cfg["num_selected"], max(1, n // 2)), cfg["selection_epsilon"], rng=seed,
                                             **strategy_kwargs(n))
     elif variant == "enhanced-nosampling":
@@ -397,7 +400,7 @@ PAPER: list[tuple[str, str, float, list[str]]] = [
     ("iid-mnist", "DELM basic (p=0.8)", None, ["delm-basic-paper-p0.8"]),
     ("iid-mnist", "LDP-PCA variant", 0.911, ["delm-ldp-pca-paper-p0.5", "delm-ldp-pca"]),
     ("iid-mnist", "local-PCA variant", 0.871, ["delm-local-pca-paper-p0.5", "delm-local-pca"]),
-    ("iid-mnist", "DELM enhanced", None, ["delm-enhanced", "delm-enhanced-nosampling"]),
+    ("iid-mnist", "DELM enhanced", None, ["delm-enhanced", "delm-enhanced-nosampling", "delm-nopca-enhanced"]),
     ("iid-mnist-eps0.1", "LDP-FL", 0.826, ["ldp-fl-round", "ldp-fl-total"]),
     ("iid-mnist-eps0.1", "DELM (p=0.8)", 0.913, ["delm-basic-paper-p0.8"]),
     ("iid-mnist-eps0.1", "DELM (p=0.5)", 0.922, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca"]),
@@ -413,7 +416,7 @@ for _scen, _vals in (("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
         (_scen, _third[0], _vals[2], _third[1]),
         (_scen, "DELM basic", _vals[3], ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca"]),
         (_scen, "DELM enhanced", _vals[4], ["delm-enhanced-paper-p0.5", "delm-enhanced",
-                                             "delm-enhanced-nosampling"]),
+                                             "delm-enhanced-nosampling", "delm-nopca-enhanced"]),
     ]
 
 
