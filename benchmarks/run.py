@@ -104,6 +104,8 @@ def markdown(result: dict) -> str:
         "Figures are medians of interleaved runs in one process; the ratio is median / baseline median. "
         "Absolute times are for orientation only (shared, noisy machine).",
         "",
+        *[f"Note: {note}." for note in result.get("notes", [])],
+        *([""] if result.get("notes") else []),
         "| benchmark | case | value | baseline | baseline value | ratio | target | met |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -112,3 +112,22 @@ def test_outputs_keep_shape_and_labels_keep_type():
     assert laplace_mechanism(x, epsilon=1.0, rng=0).value.shape == (3, 4)
     y = kary_randomized_response(np.array([[0, 1], [2, 0]]), epsilon=2.0, num_classes=3, rng=0).value
     assert y.shape == (2, 2) and y.dtype == np.int64 and set(np.unique(y)) <= {0, 1, 2}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_mechanisms_refuse_non_finite_values_even_next_to_huge_finite_ones(bad):
+    from flwr_dp_strategies.privacy import gaussian_mechanism, laplace_mechanism
+
+    values = np.array([1e308, 1e308, bad, -1e308])  # the sum is not finite whatever the bad entry is
+    with pytest.raises(ValueError, match="finite"):
+        gaussian_mechanism(values, noise_multiplier=1.0, rng=0)
+    with pytest.raises(ValueError, match="finite"):
+        laplace_mechanism(values, epsilon=1.0, rng=0)
+
+
+def test_mechanisms_accept_finite_values_whose_sum_overflows():
+    from flwr_dp_strategies.privacy import gaussian_mechanism
+
+    values = np.array([1e308, 1e308, 1e308])  # the sum overflows to inf; every entry is finite
+    released = gaussian_mechanism(values, noise_multiplier=1.0, rng=0).value
+    assert released.shape == (3,) and np.isfinite(released).all()

@@ -65,5 +65,6 @@ def gaussian_mechanism(
     z = check_positive("noise_multiplier", noise_multiplier)
     sigma = z * check_sensitivity(sensitivity)
     gen = resolve_rng(rng)
-    noisy = x + gen.normal(0.0, sigma, size=x.shape)
+    noisy = gen.normal(0.0, sigma, size=x.shape)
+    noisy += x  # in place: x + noise without a second d-sized array
     return Release(noisy, dp_event.GaussianDpEvent(noise_multiplier=z))

@@ -75,7 +75,8 @@ def laplace_mechanism(
     b = laplace_scale(epsilon, sensitivity)
     gen = resolve_rng(rng)
     if not secure:
-        noisy = x + gen.laplace(0.0, b, size=x.shape)
+        noisy = gen.laplace(0.0, b, size=x.shape)
+        noisy += x  # in place: x + noise without a second d-sized array
         return Release(noisy, dp_event.LaplaceDpEvent(noise_multiplier=b / float(sensitivity)))
     if value_bound is None:
         raise ValueError("value_bound must be given (a public bound B in (0, inf) on |values|) when secure=True")

@@ -84,6 +84,15 @@ def as_finite_array(name: str, values: object) -> np.ndarray:
     if np.issubdtype(arr.dtype, np.bool_):
         raise ValueError(f"{name} must be a real-valued (integer or float) array, got dtype bool")
     arr = arr.astype(np.float64, copy=False)
-    if not np.all(np.isfinite(arr)):
+    if not _all_finite(arr):
         raise ValueError(f"{name} must contain only finite values (no NaN or inf)")
     return arr
+
+
+def _all_finite(arr: np.ndarray) -> bool:
+    """No NaN/inf: a finite sum proves it (NaN and inf propagate) without a d-sized temporary;
+    only a non-finite sum (possibly a mere overflow) is checked entry by entry."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(arr, axis=None)):
+            return True
+    return bool(np.all(np.isfinite(arr)))
