@@ -115,11 +115,11 @@ DATASET_CONFIG: dict[str, dict[str, Any]] = {
     "digits": dict(num_clients=20, hidden=64, local_lr=0.3, local_batch=16, local_epochs=3,
                    central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
                    dpsgd_batch=16, dpsgd_lr=0.5, dpsgd_clip=1.0,
-                   fm_pool=1, fm_components=0, fm_steps=5, fm_ridge=0.01),
+                   fm_pool=1, fm_components=0, fm_steps=5, fm_ridge=1e-4),
     "mnist": dict(num_clients=100, hidden=64, local_lr=0.05, local_batch=32, local_epochs=1,
                   central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
                   dpsgd_batch=120, dpsgd_lr=1.0, dpsgd_clip=1.0,
-                  fm_pool=2, fm_components=0, fm_steps=5, fm_ridge=0.01),
+                  fm_pool=2, fm_components=0, fm_steps=5, fm_ridge=1e-4),
 }
 
 #: kwargs of :func:`run` per mode ("tiny" is for the smoke test: toy sizes, meaningless accuracies).

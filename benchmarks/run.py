@@ -151,15 +151,30 @@ def write(result: dict, out: Path) -> list[Path]:
     return paths
 
 
+def merge(old: dict, new: dict) -> dict:
+    """``old`` with the rows of the benchmarks in ``new`` replaced (a rerun in the same mode), noted."""
+    if old["mode"] != new["mode"]:
+        raise ValueError(f"cannot merge a {new['mode']} run into a {old['mode']} results file")
+    names = {r["benchmark"] for r in new["rows"]}
+    rows = [r for r in old["rows"] if r["benchmark"] not in names] + new["rows"]
+    note = f"rows of {', '.join(sorted(names))} rerun {new['created']}"
+    return {**old, "rows": rows, "durations_s": {**old.get("durations_s", {}), **new["durations_s"]},
+            "notes": old.get("notes", []) + [note]}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (no d=1e7, no n=1000)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes for the smoke test (timings meaningless)")
     parser.add_argument("--only", nargs="*", default=(), choices=sorted(BENCHMARKS), help="run only these")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: replace only those benchmarks' rows in OUT/results.json (same mode)")
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
     result = run_all(mode, tuple(args.only))
+    if args.merge:
+        result = merge(json.loads((args.out / "results.json").read_text()), result)
     for path in write(result, args.out):
         print(path)
     print(markdown(result))

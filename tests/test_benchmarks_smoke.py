@@ -49,3 +49,17 @@ def test_every_benchmark_returns_well_formed_rows(tiny_run):
     time_rows = [r for r in rows if r["metric"] == "time_s"]
     assert {r["benchmark"] for r in time_rows} == set(bench_run.BENCHMARKS)
     assert any(r["metric"] == "bytes" for r in rows) and any(r["metric"] == "peak_bytes" for r in rows)
+
+
+def test_merge_reruns_one_benchmark_and_keeps_the_others(tiny_run):
+    before = json.loads((tiny_run / "results.json").read_text())
+    assert bench_run.main(["--tiny", "--only", "noise", "--merge", "--out", str(tiny_run)]) == 0
+    after = json.loads((tiny_run / "results.json").read_text())
+    kept = lambda result: [r for r in result["rows"] if r["benchmark"] != "noise"]  # noqa: E731
+    assert kept(after) == kept(before)
+    fresh = [r for r in after["rows"] if r["benchmark"] == "noise"]
+    assert fresh and fresh != [r for r in before["rows"] if r["benchmark"] == "noise"]  # new measurements
+    assert after["notes"][-1].startswith("rows of noise rerun")
+    assert "Note: rows of noise rerun" in (tiny_run / "results.md").read_text()
+    with pytest.raises(ValueError, match="cannot merge"):
+        bench_run.merge({**after, "mode": "full"}, after)

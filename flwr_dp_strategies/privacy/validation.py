@@ -78,12 +78,20 @@ def check_int(name: str, value: object, *, minimum: int) -> int:
 
 def as_finite_array(name: str, values: object) -> np.ndarray:
     """Return ``values`` as a float64 array; reject non-numeric dtypes, NaN and inf."""
+    return as_finite_float_array(name, values).astype(np.float64, copy=False)
+
+
+def as_finite_float_array(name: str, values: object) -> np.ndarray:
+    """``values`` as a floating array *in its own precision* (integers: float64); no copy for
+    float arrays; non-numeric dtypes, NaN and inf rejected. For mechanisms that only compare
+    or select entries (no noise is added in that precision)."""
     arr = np.asarray(values)
     if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
         raise ValueError(f"{name} must be a real-valued (integer or float) array, got dtype {arr.dtype}")
     if np.issubdtype(arr.dtype, np.bool_):
         raise ValueError(f"{name} must be a real-valued (integer or float) array, got dtype bool")
-    arr = arr.astype(np.float64, copy=False)
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float64)
     if not _all_finite(arr):
         raise ValueError(f"{name} must contain only finite values (no NaN or inf)")
     return arr

@@ -25,7 +25,7 @@ from dp_accounting import dp_event
 from ..privacy import binary_randomized_response, rr_event
 from ..privacy.events import PureDpEvent
 from ..privacy.rng import RngLike, resolve_rng
-from ..privacy.validation import as_finite_array, check_int
+from ..privacy.validation import as_finite_float_array, check_int
 from .magrr import MagRRConfig, magnitude_bit
 from .params import SignDSParams
 from .selection import MAX_DIM_OUT, optimal_output_dim, optimal_threshold, overlap_log_probabilities, \
@@ -59,7 +59,7 @@ def encode_update(update: object, *, sign_k: float, sign_eps: float, sign_thr_ra
     """Encode a flat update Δ (length d) into a SignDS upload. See the module docstring."""
     params = SignDSParams(sign_k=sign_k, sign_eps=sign_eps, sign_thr_ratio=sign_thr_ratio,
                           sign_dim_out=sign_dim_out)
-    delta = as_finite_array("update", update).ravel()
+    delta = as_finite_float_array("update", update).ravel()  # float32 stays float32: only ranked
     d = delta.size
     k_top = topk_size(d, params.sign_k)
     if k_top < 1:
@@ -71,7 +71,7 @@ def encode_update(update: object, *, sign_k: float, sign_eps: float, sign_thr_ra
     nu, _ = optimal_threshold(d, k_top, h, params.sign_eps)
     v = min(sample_overlap(overlap_log_probabilities(d, k_top, h, nu, params.sign_eps), gen), k_top, h)
     indices = _choose_indices(top, d, v, h - v, gen)
-    r = abs(float(delta[top].mean()))
+    r = abs(float(delta[top].mean(dtype=np.float64)))
     bit = magnitude_bit(r, r_est, is_reached, magrr)
     b_hat = int(binary_randomized_response(np.array([bit]), epsilon=magrr.rr_epsilon, rng=gen).value[0])
     return SignDSUpload(indices=indices, sign=sign, b_hat=b_hat)

@@ -26,16 +26,16 @@ taking the first local maximum; h is the largest value whose
 :math:`E_\nu[v]/h \ge` ``sign_thr_ratio`` (at least 1). MindSpore evaluates them in
 double arithmetic, where :math:`e^\varepsilon\omega_\tau` overflows at large ε and
 its search for h stops on a NaN by accident; here everything is in log space
-(``lgamma``, ``logaddexp``), exact for every ε in the domain, and h is capped by
+(``gammaln``, ``logaddexp``), exact for every ε in the domain, and h is capped by
 ``max_dim_out`` (100 by default: what MindSpore's server accepts).
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
+from scipy.special import gammaln
 
 from ..privacy.validation import check_int, check_probability
 
@@ -53,7 +53,7 @@ def _log_comb(n: int, k: np.ndarray) -> np.ndarray:
     out = np.full(k.shape, -np.inf)
     ok = (k >= 0) & (k <= n)
     kk = k[ok]
-    out[ok] = math.lgamma(n + 1) - np.array([math.lgamma(x + 1) + math.lgamma(n - x + 1) for x in kk])
+    out[ok] = gammaln(n + 1) - (gammaln(kk + 1) + gammaln(n - kk + 1))
     return out
 
 

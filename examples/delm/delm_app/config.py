@@ -33,7 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "fm-calibration": "sound",
     "local-steps": 5,
     "max-lr": 5.0,
-    "ridge": 0.01,
+    "ridge": 1e-4,
     "num-selected": 10,
     "selection-epsilon": 1.0,
     "ledger-path": "",
