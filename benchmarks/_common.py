@@ -10,6 +10,7 @@ import statistics
 import time
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Optional
 
 ROW_KEYS = ("benchmark", "case", "params", "metric", "value", "values", "baseline", "baseline_value",
@@ -124,3 +125,16 @@ def machine() -> dict:
     except Exception:  # noqa: BLE001
         pass
     return info
+
+
+def write_outputs(result: dict, out: Path, png_name: str, markdown: Callable[[dict], str],
+                  plot: Callable[[dict, Path], None]) -> list[Path]:
+    """``results.json``, ``results.md`` and the plot ``png_name`` of ``result`` in ``out``."""
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.md", out / png_name]
+    paths[0].write_text(json.dumps(result, indent=1, allow_nan=True, default=float))
+    paths[1].write_text(markdown(result))
+    plot(result, paths[2])
+    return paths

@@ -784,12 +784,9 @@ def plot(result: dict, path: Path) -> None:
 
 def write(result: dict, out: Path) -> list[Path]:
     """results.json, results.md and accuracy_vs_epsilon.png in ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json", out / "results.md", out / "accuracy_vs_epsilon.png"]
-    paths[0].write_text(json.dumps(result, indent=1, allow_nan=True, default=float))
-    paths[1].write_text(markdown(result))
-    plot(result, paths[2])
-    return paths
+    from benchmarks._common import write_outputs
+
+    return write_outputs(result, out, "accuracy_vs_epsilon.png", markdown, plot)
 
 
 def run_mode(mode: str, seed: int = 0, methods: Sequence[str] = METHODS) -> dict:

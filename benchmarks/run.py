@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks import bench_aggregation, bench_ledger, bench_noise, bench_signds  # noqa: E402
 from benchmarks import bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
-from benchmarks._common import machine  # noqa: E402
+from benchmarks._common import machine, write_outputs  # noqa: E402
 
 #: name -> (function, kwargs per mode). "tiny" is for the smoke test only (not meaningful timings).
 BENCHMARKS = {
@@ -143,12 +143,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def write(result: dict, out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "results.json", out / "results.md", out / "ratios.png"]
-    paths[0].write_text(json.dumps(result, indent=1, allow_nan=True))
-    paths[1].write_text(markdown(result))
-    plot(result, paths[2])
-    return paths
+    return write_outputs(result, out, "ratios.png", markdown, plot)
 
 
 def merge(old: dict, new: dict) -> dict:

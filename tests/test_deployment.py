@@ -77,6 +77,18 @@ def wait_finished(dep: LocalDeployment, run_id: int, timeout: float = 60) -> dic
     return wait_for(finished, timeout, f"run {run_id} to finish", interval=2, diagnostics=dep.diagnostics)
 
 
+def run_to_completion(dep: LocalDeployment, config: str, timeout: float) -> str:
+    """``flwr run APP --stream`` with ``config``; asserts it exits 0 and ``flwr ls`` shows it
+    finished:completed; returns the streamed output."""
+    proc = dep.flwr("run", str(APP), CONNECTION, "--run-config", config, "--stream", timeout=timeout)
+    output = proc.stdout + proc.stderr
+    run_id = parse_run_id(output)
+    assert proc.returncode == 0 and run_id is not None, output[-4000:] + dep.diagnostics()
+    run = wait_finished(dep, run_id)
+    assert run["status"] == "finished:completed", f"{run}\n{output[-4000:]}{dep.diagnostics()}"
+    return output
+
+
 def failed_replies(metrics: dict) -> float:
     """Error replies the strategy counted in a round (``replies/failed``, or ``rejected/error``)."""
     return metrics.get("replies/failed", metrics.get("rejected/error"))
@@ -107,12 +119,7 @@ def test_flwr_run_on_superlink_and_two_supernodes(tmp_path):
             "num-server-rounds": 2, "num-partitions": 2, "mechanism": "central-dp", "noise-multiplier": 0.1,
             "clipping-norm": 2.0, "results-dir": results_dir, "ledger-path": ledger_path,
         })
-        proc = dep.flwr("run", str(APP), CONNECTION, "--run-config", config, "--stream", timeout=420)
-        output = proc.stdout + proc.stderr
-        run_id = parse_run_id(output)
-        assert proc.returncode == 0 and run_id is not None, output[-4000:] + dep.diagnostics()
-        run = wait_finished(dep, run_id)
-        assert run["status"] == "finished:completed", f"{run}\n{output[-4000:]}{dep.diagnostics()}"
+        output = run_to_completion(dep, config, timeout=420)
         assert "round 2  accuracy" in output  # the ServerApp's log is streamed to the CLI
         seen = dep.our_pids()
         assert len(seen) >= 6, seen  # the 3 daemons and their SuperExecs
@@ -208,12 +215,7 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
         dep.stop(superlink)
         dep.start_superlink(name="superlink-restarted", port=superlink.port, database=database)
         config = run_config(**settings, **{"num-server-rounds": 1, "results-dir": tmp_path / "results-2"})
-        proc = dep.flwr("run", str(APP), CONNECTION, "--run-config", config, "--stream", timeout=300)
-        output = proc.stdout + proc.stderr
-        run_id_2 = parse_run_id(output)
-        assert proc.returncode == 0 and run_id_2 is not None, output[-4000:] + dep.diagnostics()
-        run = wait_finished(dep, run_id_2)
-        assert run["status"] == "finished:completed", f"{run}\n{output[-4000:]}{dep.diagnostics()}"
+        run_to_completion(dep, config, timeout=300)
         seen = dep.our_pids()
     assert_all_stopped(dep, seen)
 
