@@ -23,7 +23,12 @@ What leaves the client, and why it is private:
    a ReLU hidden layer with FM, but a ReLU network's loss is not a polynomial in
    its weights and the paper gives no sensitivity for the hidden layer; this
    trainer does not claim that.
-4. ``num-examples`` is sent as the reply's weight: public under the replace-one
+4. With ``upload="objective"`` the client sends the noisy coefficients
+   :math:`(\tilde A, \tilde S)` themselves (unrepaired, the same release, re-sent
+   unchanged every round) for :class:`flwr_dp_strategies.NoisyObjectiveSum`,
+   which sums the clients' objectives and repairs and solves the sum on the
+   server (less bias than repairing each client's; see that strategy).
+5. ``num-examples`` is sent as the reply's weight: public under the replace-one
    relation (the default, as in the paper), not under add/remove; with
    ``neighboring_relation="add_or_remove_one"`` the weight is 1 for every client.
 
@@ -51,8 +56,10 @@ from flwr_dp_strategies.privacy.functional_mechanism import (
 )
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
+from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 
 STATE_KEY = "functional-mechanism"
+UPLOADS: tuple[str, ...] = ("head", "objective")
 EVENT_LABEL = "functional-mechanism/objective"
 
 
@@ -77,6 +84,9 @@ class FunctionalMechanismTrainer:
         max_learning_rate: cap of the ``None`` step, > 0.
         ridge: L2 regularisation λ (objective/n + ½λ‖W‖²), ≥ 0; data-independent.
         weights_key: the ArrayRecord key of the head (shape (q, c), or (q, 1) for logistic).
+        upload: ``"head"`` (DELM: the head after ``local_steps``, for FedAvg-like strategies) or
+            ``"objective"`` (the noisy coefficients under ``fm.linear`` / ``fm.quadratic``,
+            for :class:`flwr_dp_strategies.NoisyObjectiveSum`).
         rng: None (fresh OS entropy), an int seed or a Generator (tests only).
     """
 
@@ -84,7 +94,7 @@ class FunctionalMechanismTrainer:
                  delta: float = 1e-5, neighboring_relation: str = "replace_one", calibration: str = "sound",
                  psd_floor: float = 0.0, local_steps: int = 5, learning_rate: Optional[float] = 1.0,
                  max_learning_rate: float = 10.0, ridge: float = 0.0, weights_key: str = "head.weight",
-                 rng: RngLike = None) -> None:
+                 upload: str = "head", rng: RngLike = None) -> None:
         self.epsilon = check_epsilon(epsilon)
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.loss, self.noise, self.delta = loss, noise, delta
@@ -95,22 +105,40 @@ class FunctionalMechanismTrainer:
         self.max_learning_rate = check_positive("max_learning_rate", max_learning_rate)
         self.ridge = check_nonnegative("ridge", ridge)
         self.weights_key = weights_key
+        if upload not in UPLOADS:
+            raise ValueError(f"upload must be one of {UPLOADS}, got {upload!r}")
+        self.upload = upload
         self._rng = RngSource(rng)
 
     # ------------------------------------------------------------ the release
     def noisy_objective(self, context: Context, features: np.ndarray,
                         labels: np.ndarray) -> tuple[QuadraticStatistics, Optional[dp_event.DpEvent]]:
-        """The repaired noisy statistics, and the event if they were released just now (None if reused)."""
+        """The noisy statistics, and the event if they were released just now (None if reused).
+
+        Repaired (PSD, post-processing) for ``upload="head"``; as released for ``"objective"``.
+        """
         stored = _load(context)
         if stored is not None:
-            return stored, None
+            return self._as_uploaded(context, *stored), None
         exact = quadratic_statistics(features, labels, num_classes=self.num_classes, loss=self.loss)
         release = functional_mechanism(
             exact, epsilon=self.epsilon, neighboring_relation=self.neighboring_relation,
             calibration=self.calibration, noise=self.noise, delta=self.delta, rng=self._rng())
-        noisy = repaired(release.value, self.psd_floor * exact.count)
-        _store(context, noisy)
-        return noisy, release.event
+        return self._as_uploaded(context, release.value, False), release.event
+
+    def _as_uploaded(self, context: Context, stats: QuadraticStatistics, is_repaired: bool) -> QuadraticStatistics:
+        """``stats`` as this trainer uses them (repaired for heads, raw for objectives), stored so once."""
+        if self.upload == "objective":
+            if is_repaired:
+                raise ValueError("this node's stored objective was repaired for upload='head'; "
+                                 "upload='objective' needs the raw release (a fresh node state)")
+            if STATE_KEY not in context.state.array_records:
+                _store(context, stats, False)
+            return stats
+        if not is_repaired:
+            stats = repaired(stats, self.psd_floor * stats.count)
+            _store(context, stats, True)
+        return stats
 
     # ------------------------------------------------------------ one round
     def train(self, msg: Message, context: Context, features: np.ndarray, labels: np.ndarray) -> Message:
@@ -124,6 +152,8 @@ class FunctionalMechanismTrainer:
         if start.size != stats.linear.size:
             raise ValueError(f"{self.weights_key} must have {stats.linear.size} entries "
                              f"(features {stats.dim} x {stats.linear.shape[1]}), got shape {start.shape}")
+        if self.upload == "objective":
+            return self._objective_reply(msg, stats, start, event)
         new = descend(stats, start, steps=self.local_steps, learning_rate=self.step_size(stats), ridge=self.ridge)
         return self._reply(msg, record, new.reshape(start.shape).astype(start.dtype), stats, event)
 
@@ -133,9 +163,19 @@ class FunctionalMechanismTrainer:
             return self.learning_rate
         return min(smooth_step_size(stats, self.ridge), self.max_learning_rate)
 
+    def _objective_reply(self, msg: Message, stats: QuadraticStatistics, head: np.ndarray,
+                         event: Optional[dp_event.DpEvent]) -> Message:
+        out = ArrayRecord({LINEAR_KEY: Array(np.ascontiguousarray(stats.linear, dtype=np.float64)),
+                           QUADRATIC_KEY: Array(np.ascontiguousarray(stats.quadratic, dtype=np.float64))})
+        return self._declared_reply(msg, out, stats, head, event)
+
     def _reply(self, msg: Message, record: ArrayRecord, weights: np.ndarray, stats: QuadraticStatistics,
                event: Optional[dp_event.DpEvent]) -> Message:
         out = ArrayRecord({key: (Array(weights) if key == self.weights_key else value) for key, value in record.items()})
+        return self._declared_reply(msg, out, stats, weights, event)
+
+    def _declared_reply(self, msg: Message, out: ArrayRecord, stats: QuadraticStatistics, weights: np.ndarray,
+                        event: Optional[dp_event.DpEvent]) -> Message:
         weight = float(stats.count) if self.neighboring_relation == "replace_one" else 1.0
         loss = taylor_objective(stats, weights) / max(stats.count, 1)
         content = RecordDict({"arrays": out, "metrics": MetricRecord({"num-examples": weight, "train-loss": loss})})
@@ -144,19 +184,21 @@ class FunctionalMechanismTrainer:
         return Message(content, reply_to=msg)
 
 
-def _store(context: Context, stats: QuadraticStatistics) -> None:
+def _store(context: Context, stats: QuadraticStatistics, is_repaired: bool) -> None:
     context.state[STATE_KEY] = ArrayRecord({"linear": Array(stats.linear), "quadratic": Array(stats.quadratic)})
     context.state[STATE_KEY + "-meta"] = ConfigRecord(
-        {"count": stats.count, "loss": stats.loss, "num-classes": stats.num_classes})
+        {"count": stats.count, "loss": stats.loss, "num-classes": stats.num_classes, "repaired": is_repaired})
 
 
-def _load(context: Context) -> Optional[QuadraticStatistics]:
+def _load(context: Context) -> Optional[tuple[QuadraticStatistics, bool]]:
+    """The stored statistics and whether they were repaired (older states: repaired)."""
     if STATE_KEY not in context.state.array_records:
         return None
     arrays = context.state.array_records[STATE_KEY]
     meta = context.state.config_records[STATE_KEY + "-meta"]
-    return QuadraticStatistics(arrays["linear"].numpy(), arrays["quadratic"].numpy(), int(meta["count"]),
-                               str(meta["loss"]), int(meta["num-classes"]))
+    stats = QuadraticStatistics(arrays["linear"].numpy(), arrays["quadratic"].numpy(), int(meta["count"]),
+                                str(meta["loss"]), int(meta["num-classes"]))
+    return stats, bool(meta.get("repaired", True))
 
 
-__all__ = ["EVENT_LABEL", "STATE_KEY", "FunctionalMechanismTrainer"]
+__all__ = ["EVENT_LABEL", "STATE_KEY", "UPLOADS", "FunctionalMechanismTrainer"]

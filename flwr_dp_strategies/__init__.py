@@ -15,6 +15,7 @@ from .strategy import (
     AccountedServerSideFixedClipping,
     ClusterEvaluation,
     MinDivergenceExpSampling,
+    NoisyObjectiveSum,
     ShuffleAmplifiedFedAvg,
     SignDS,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "ClusterEvaluation",
     "LayerShuffler",
     "MinDivergenceExpSampling",
+    "NoisyObjectiveSum",
     "ShuffleAmplifiedFedAvg",
     "SignDS",
     "PrivacyLedger",

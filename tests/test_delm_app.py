@@ -37,7 +37,7 @@ def test_pyproject_run_config_matches_code_defaults():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("variant, components", [("enhanced", 20), ("basic", 0)])
+@pytest.mark.parametrize("variant, components", [("enhanced", 20), ("basic", 0), ("sum", 0)])
 def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path, variant, components):
     args = ["--variant", variant, "--components", str(components), "--rounds", "3", "--num-clients", "6",
             "--epsilon", "20", "--results-dir", str(tmp_path)]

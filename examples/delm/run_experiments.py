@@ -16,7 +16,8 @@ composed by the ledger), ``ldp-fl-total`` (ε over all rounds), and the DELM fam
 ``delm-<variant>[-paper-p0.5|-paper-p0.8]`` with variant in basic, enhanced,
 enhanced-nosampling, shuffle, local-pca, ldp-pca, nopca (FM on the pooled pixels with the
 whole budget, no PCA), nopca-enhanced (nopca's features and budget, aggregated by the
-enhanced scheme's minimum-divergence exponential sampling). Without a ``-paper-*`` suffix a
+enhanced scheme's minimum-divergence exponential sampling), nopca-sum (nopca's clients upload
+their noisy objectives; NoisyObjectiveSum repairs and solves their sum on the server). Without a ``-paper-*`` suffix a
 DELM method uses our recommended configuration (14×14 pooled inputs, q = 20,
 Gaussian FM); with it, the paper's protocol (784 inputs, q = p·784, Laplace FM).
 """
@@ -76,7 +77,10 @@ DELM_TRAIN = dict(local_steps=5, lr=5.0, ridge=0.01, psd_floor=0.0, num_selected
 #: 0.749, 0.752) -- one hyper-parameter, chosen once, used for every scenario and ε.
 NOPCA_TRAIN = dict(ridge=1e-4)
 DELM_VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "local-pca", "ldp-pca", "nopca",
-                 "nopca-enhanced")
+                 "nopca-enhanced", "nopca-sum")
+#: nopca-sum: clients upload their noisy objectives, NoisyObjectiveSum repairs and solves the sum with the
+#: noise-adapted ridge (this fraction of the summed noise's spectral edge, from public σ, q, n).
+SUM_RIDGE_FRACTION = 0.5
 BASELINES = ("fedavg", "fedprox", "ldp-fl-round", "ldp-fl-total")
 
 
@@ -134,7 +138,9 @@ class Grid:
         return list(self.node_ids)
 
 
-ClientFn = Callable[[int, dict[str, np.ndarray], int], tuple[dict[str, np.ndarray], float, list[tuple[Any, str]]]]
+#: (client index, received arrays, round, received config) -> (reply arrays, weight, declared events)
+ClientFn = Callable[[int, dict[str, np.ndarray], int, dict[str, Any]],
+                    tuple[dict[str, np.ndarray], float, list[tuple[Any, str]]]]
 
 
 def fl_round(strategy, rnd: int, current: dict[str, np.ndarray], grid: Grid, client_fn: ClientFn):
@@ -148,7 +154,8 @@ def fl_round(strategy, rnd: int, current: dict[str, np.ndarray], grid: Grid, cli
     for msg in strategy.configure_train(rnd, record, ConfigRecord(), grid):
         node = int(msg.metadata.dst_node_id)
         received = {k: a.numpy() for k, a in msg.content["arrays"].items()}
-        new, weight, events = client_fn(node - 101, received, rnd)
+        config = dict(msg.content["config"]) if "config" in msg.content else {}
+        new, weight, events = client_fn(node - 101, received, rnd, config)
         content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}),
                               "metrics": MetricRecord({"num-examples": float(weight)})})
         for event, label in events:
@@ -174,11 +181,12 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
              overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     from dp_accounting.dp_event import NoOpDpEvent, NonPrivateDpEvent
 
-    from flwr_dp_strategies import AccountedFedAvg, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg
+    from flwr_dp_strategies import AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, ShuffleAmplifiedFedAvg
     from flwr_dp_strategies.privacy.covariance import (num_components_for, private_second_moment, second_moment,
                                                        top_eigenvectors)
-    from flwr_dp_strategies.privacy.functional_mechanism import (functional_mechanism, quadratic_statistics,
-                                                                 repaired, descend)
+    from flwr_dp_strategies.privacy.functional_mechanism import (descend, fm_noise_std, functional_mechanism,
+                                                                 quadratic_statistics, repaired)
+    from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 
     no_pca = variant.startswith("nopca")
     cfg = {**DELM_CONFIGS[cfg_name], **DELM_TRAIN, **(NOPCA_TRAIN if no_pca else {}), **(overrides or {})}
@@ -222,11 +230,12 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     log(f"  PCA done ({time.time() - t0:.1f}s), q={q}, d={z_dim_in}")
 
     # 2) FM: one noisy objective per client, computed once (later rounds are post-processing).
-    noisy_stats, fm_events, step_sizes = [], [], []
+    noisy_stats, raw_stats, fm_events, step_sizes = [], [], [], []
     for i in range(n_clients):
         stats = quadratic_statistics(feats[i] @ bases[i], labels[i], num_classes=c)
         rel = functional_mechanism(stats, epsilon=eps2, neighboring_relation=RELATION, noise=cfg["fm_noise"],
                                    delta=DELTA, rng=client_rngs[i])
+        raw_stats.append(rel.value)
         noisy = repaired(rel.value, cfg["psd_floor"])
         # Step size from the noisy curvature (post-processing): gradient Lipschitz constant of the /n objective.
         lmax = float(np.linalg.eigvalsh(noisy.quadratic)[-1]) / max(noisy.count, 1) / c + cfg["ridge"]
@@ -243,6 +252,11 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     elif variant in ("enhanced", "nopca-enhanced"):
         strategy = MinDivergenceExpSampling(min(cfg["num_selected"], max(1, n // 2)), cfg["selection_epsilon"], rng=seed,
                                             **strategy_kwargs(n))
+    elif variant == "nopca-sum":
+        sigma = fm_noise_std(q, c, epsilon=eps2, noise=cfg["fm_noise"], delta=DELTA, neighboring_relation=RELATION)
+        cfg["ridge_fraction"] = SUM_RIDGE_FRACTION
+        strategy = NoisyObjectiveSum(c, client_noise_std=sigma, ridge_fraction=SUM_RIDGE_FRACTION,
+                                     **strategy_kwargs(n))
     elif variant == "enhanced-nosampling":
         strategy = MinDivergenceExpSampling(min(cfg["num_selected"], max(1, n // 2)), None, rng=seed, **strategy_kwargs(n))
     else:
@@ -252,15 +266,18 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
 
     trained: set[int] = set()
 
-    def client_fn(i: int, received: dict[str, np.ndarray], rnd: int):
-        w = descend(noisy_stats[i], received["head.weight"], steps=cfg["local_steps"], learning_rate=step_sizes[i],
-                    ridge=cfg["ridge"])
+    def client_fn(i: int, received: dict[str, np.ndarray], rnd: int, config: dict[str, Any]):
+        if variant == "nopca-sum":  # the noisy objective itself (FunctionalMechanismTrainer, upload="objective")
+            w = {LINEAR_KEY: raw_stats[i].linear, QUADRATIC_KEY: raw_stats[i].quadratic}
+        else:
+            w = {"head.weight": descend(noisy_stats[i], received["head.weight"], steps=cfg["local_steps"],
+                                        learning_rate=step_sizes[i], ridge=cfg["ridge"])}
         if i in trained:
             events = [(NoOpDpEvent(), "fm/reuse (post-processing)")]
         else:
             trained.add(i)
             events = [(fm_events[i], f"fm/{cfg['fm_noise']}")]
-        return {"head.weight": w}, float(len(labels[i])), events
+        return w, float(len(labels[i])), events
 
     eval_bases = list(range(min(10, n))) if variant in ("local-pca", "ldp-pca") else [0]
     z_tests = [x_test @ bases[b] for b in eval_bases]
@@ -292,6 +309,8 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
         ledger_events_client0=[(r, type(e).__name__, lbl) for r, e, lbl in strategy.ledger.events("101")][:3],
         ledger_event_counts_client0=len(strategy.ledger.events("101")),
     )
+    if variant == "nopca-sum":
+        result["config"]["ridge"] = strategy.last_ridge
     if variant == "shuffle":
         result["shuffle_epsilon"] = float(metrics["shuffle/epsilon"])
     return result
@@ -324,8 +343,13 @@ def ldp_fl_round_epsilon_for_total(total: float, rounds: int) -> float:
 def run_mlp(method: str, scen: str, rounds: int, seed: int, log: Callable[[str], None]) -> dict[str, Any]:
     import torch
 
+    from flwr.serverapp.strategy import FedProx
+
     from flwr_dp_strategies import AccountedFedAvg
     from flwr_dp_strategies.baselines import evaluate, get_params, ldp_fl_sigma, ldp_fl_update, local_sgd, make_mlp
+
+    class AccountedFedProx(AccountedFedAvg, FedProx):
+        """Flower's FedProx (sends ``proximal-mu`` in the train config) with our screening and ledger."""
 
     torch.set_num_threads(1)
     eps_total = SCENARIOS[scen]["epsilon"]
@@ -340,13 +364,14 @@ def run_mlp(method: str, scen: str, rounds: int, seed: int, log: Callable[[str],
     elif method == "ldp-fl-total":
         eps_round = ldp_fl_round_epsilon_for_total(eps_total, rounds)
     rngs = [np.random.default_rng([seed, i]) for i in range(n)]
-    strategy = AccountedFedAvg(**strategy_kwargs(n))
+    strategy = (AccountedFedProx(proximal_mu=mu, **strategy_kwargs(n)) if method == "fedprox"
+                else AccountedFedAvg(**strategy_kwargs(n)))
 
-    def client_fn(i: int, received: dict[str, np.ndarray], rnd: int):
+    def client_fn(i: int, received: dict[str, np.ndarray], rnd: int, config: dict[str, Any]):
         glob_params = [received[k] for k in keys]
         x, y = clients[i]
         new = local_sgd(glob_params, x, y, epochs=MLP["epochs"], lr=MLP["lr"], batch_size=MLP["batch_size"],
-                        proximal_mu=mu, seed=seed * 100003 + rnd * 1009 + i)
+                        proximal_mu=float(config.get("proximal-mu", 0.0)), seed=seed * 100003 + rnd * 1009 + i)
         events = []
         if eps_round is not None:
             new, event = ldp_fl_update(glob_params, new, clip=MLP["ldp_clip"], epsilon=eps_round, delta=DELTA,
@@ -401,14 +426,16 @@ def run_one(method: str, scen: str, rounds: int, seed: int, results_dir: str, lo
 PAPER: list[tuple[str, str, float, list[str]]] = [
     ("iid-mnist", "FedAvg", 0.973, ["fedavg"]),
     ("iid-mnist", "LDP-FL", 0.927, ["ldp-fl-round", "ldp-fl-total"]),
-    ("iid-mnist", "DELM basic (p=0.5)", 0.962, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-shuffle"]),
+    ("iid-mnist", "DELM basic (p=0.5)", 0.962, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-nopca-sum",
+                                                 "delm-shuffle"]),
     ("iid-mnist", "DELM basic (p=0.8)", None, ["delm-basic-paper-p0.8"]),
     ("iid-mnist", "LDP-PCA variant", 0.911, ["delm-ldp-pca-paper-p0.5", "delm-ldp-pca"]),
     ("iid-mnist", "local-PCA variant", 0.871, ["delm-local-pca-paper-p0.5", "delm-local-pca"]),
     ("iid-mnist", "DELM enhanced", None, ["delm-enhanced", "delm-enhanced-nosampling", "delm-nopca-enhanced"]),
     ("iid-mnist-eps0.1", "LDP-FL", 0.826, ["ldp-fl-round", "ldp-fl-total"]),
     ("iid-mnist-eps0.1", "DELM (p=0.8)", 0.913, ["delm-basic-paper-p0.8"]),
-    ("iid-mnist-eps0.1", "DELM (p=0.5)", 0.922, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca"]),
+    ("iid-mnist-eps0.1", "DELM (p=0.5)", 0.922, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca",
+                                                  "delm-nopca-sum"]),
 ]
 for _scen, _vals in (("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
                      ("2-class-mnist", (0.874, 0.847, 0.896, 0.871, 0.927)),
@@ -419,7 +446,7 @@ for _scen, _vals in (("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
         (_scen, "FedAvg", _vals[0], ["fedavg"]),
         (_scen, "LDP-FL", _vals[1], ["ldp-fl-round", "ldp-fl-total"]),
         (_scen, _third[0], _vals[2], _third[1]),
-        (_scen, "DELM basic", _vals[3], ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca"]),
+        (_scen, "DELM basic", _vals[3], ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-nopca-sum"]),
         (_scen, "DELM enhanced", _vals[4], ["delm-enhanced-paper-p0.5", "delm-enhanced",
                                              "delm-enhanced-nosampling", "delm-nopca-enhanced"]),
     ]
@@ -431,8 +458,10 @@ def describe(res: dict[str, Any]) -> str:
     if m.startswith("delm-"):
         kind = "paper protocol" if res.get("delm_config", "rec") != "rec" else "recommended"
         fm = cfg["fm_noise"]
+        solve = (f", server solve (ridge {cfg['ridge_fraction']:g} of the noise edge)"
+                 if "ridge_fraction" in cfg else "")
         return (f"{kind}: d={cfg['input_dim']}, q={cfg['q']}, FM {fm}, ε1={cfg['epsilon1']:.3g}, "
-                f"ε2={cfg['epsilon2']:.3g}")
+                f"ε2={cfg['epsilon2']:.3g}{solve}")
     if m.startswith("ldp-fl"):
         return f"MLP, C={cfg['ldp_clip']}, ε/round={cfg['epsilon_per_round']:.3g}, σ={cfg['ldp_sigma']:.3g}"
     return "MLP 784-64-c" + (f", μ={cfg['fedprox_mu']}" if m == "fedprox" else "")
@@ -451,6 +480,31 @@ def fmt_eps(x: Optional[float]) -> str:
     if x is None:
         return "—"
     return "∞" if not math.isfinite(x) else f"{x:.3g}"
+
+
+def seed_table(results_dir: str, runs: dict[tuple[str, str], dict[str, Any]]) -> list[str]:
+    """Mean ± sample sd of the final accuracy over this folder's runs and ``seeds/seed<k>/`` (other seeds)."""
+    by_key: dict[tuple[str, str], list[float]] = {k: [r["final_accuracy"]] for k, r in runs.items()}
+    seeds = {0}
+    for path in sorted(glob.glob(os.path.join(results_dir, "seeds", "seed*", "*.json"))):
+        with open(path) as fh:
+            res = json.load(fh)
+        key = (res["scenario"], res["method"])
+        if key in by_key:
+            by_key[key].append(res["final_accuracy"])
+            seeds.add(int(res["seed"]))
+    multi = {k: v for k, v in by_key.items() if len(v) > 1}
+    if not multi:
+        return []
+    lines = ["", f"Across seeds ({', '.join(map(str, sorted(seeds)))}; seed 0 is the table above, the others are in "
+             "`seeds/seed<k>/`, same commands with `--seed k --results-dir .../seeds/seed<k>`; for DELM the seed "
+             "draws the clients' noise, the partition is the scenario's):", "",
+             "| scenario | method | runs | mean acc. | sd | min | max |", "|---|---|---|---|---|---|---|"]
+    for (scen, method), values in sorted(multi.items()):
+        arr = np.asarray(values)
+        lines.append(f"| {scen} | `{method}` | {arr.size} | {arr.mean():.3f} | {arr.std(ddof=1):.3f} | "
+                     f"{arr.min():.3f} | {arr.max():.3f} |")
+    return lines
 
 
 def build_report(results_dir: str) -> None:
@@ -494,6 +548,7 @@ def build_report(results_dir: str) -> None:
             res = runs[k]
             lines.append(f"| {k[0]} | `{k[1]}` | {describe(res)} | {res['rounds']} | {res['final_accuracy']:.3f} | "
                          f"{fmt_eps(res['ledger_epsilon'])} | {fmt_eps(res['selection_epsilon'])} |")
+    lines += seed_table(results_dir, runs)
     lines += ["", "Wall time per run (s): " + ", ".join(f"{s}/{m} {r['wall_time_s']:.0f}"
                                                       for (s, m), r in sorted(runs.items())), ""]
     notes_path = os.path.join(HERE, "results_notes.md")

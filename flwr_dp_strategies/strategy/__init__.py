@@ -23,6 +23,10 @@
 * :class:`ShuffleAmplifiedFedAvg` - DELM's layer-wise Split & Shuffle (seed 001
   §3.4): accepted updates are permuted per layer before averaging; a sound
   FMT shuffle-amplified ε is booked only for LDP reports (the paper's ε/m is not).
+* :class:`NoisyObjectiveSum` - sums the clients' noisy functional-mechanism
+  objectives (seed 001's FM, uploaded as coefficients), repairs and solves the
+  sum once on the server instead of averaging heads trained on each client's
+  repaired objective (less bias, same privacy).
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 
@@ -38,6 +42,7 @@ from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
 from .min_divergence import MinDivergenceExpSampling
+from .noisy_objective_sum import NoisyObjectiveSum
 from .poisson_fixed_clipping import AccountedPoissonFixedClipping
 from .shuffle_amplified import ShuffleAmplifiedFedAvg
 from .signds import SignDS
@@ -50,6 +55,7 @@ __all__ = [
     "ClientAccountingMixin",
     "ClusterEvaluation",
     "MinDivergenceExpSampling",
+    "NoisyObjectiveSum",
     "ShuffleAmplifiedFedAvg",
     "SignDS",
     "privacy_metric_record", "with_privacy_metrics"]

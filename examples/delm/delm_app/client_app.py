@@ -6,7 +6,7 @@
 * ``train``: the functional-mechanism head on xᵀV (2ε/3, released once, kept in
   ``context.state``; later rounds are post-processing and declare ``NoOpDpEvent``);
   with ``components`` = 0 there is no PCA and the head sits on the unit-norm pixels
-  with the whole ε.
+  with the whole ε. With ``variant`` = "sum" the reply is the noisy objective itself.
 
 Settings come from the run config (``flwr run``) or ``DELM_RUN_CONFIG``
 (``run_demo.py``); the partition from ``node_config``. The privacy settings are
@@ -22,7 +22,7 @@ from client_mods import FunctionalMechanismTrainer
 from client_mods.federated_pca import covariance_reply, project, projection_from_state, store_projection
 
 from . import task
-from .config import resolve_run_config
+from .config import fm_epsilon, resolve_run_config
 
 app = ClientApp()
 RELATION = "replace_one"  # the paper's neighbouring relation; the server's ledger uses the same
@@ -49,20 +49,16 @@ def projection(msg: Message, context: Context) -> Message:
     return store_projection(msg, context)
 
 
-def fm_epsilon(config: dict) -> float:
-    """FM's share of the budget: 2ε/3 after LDP-FPCA, all of ε without PCA (``components`` = 0)."""
-    epsilon = float(config["epsilon"])
-    return 2.0 * epsilon / 3.0 if int(config["components"]) > 0 else epsilon
-
-
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """A few gradient steps on the client's noisy FM objective (released once) from the global head."""
+    """A few gradient steps on the client's noisy FM objective (released once) from the global head;
+    with ``variant`` = "sum", that noisy objective itself (for NoisyObjectiveSum)."""
     config, x, y = _data(context)
     features = project(x, projection_from_state(context)) if int(config["components"]) > 0 else x
     trainer = FunctionalMechanismTrainer(
         fm_epsilon(config), num_classes=task.num_classes(config), noise=str(config["fm-noise"]),
         delta=float(config["target-delta"]), neighboring_relation=RELATION,
         calibration=str(config["fm-calibration"]), local_steps=int(config["local-steps"]), learning_rate=None,
-        max_learning_rate=float(config["max-lr"]), ridge=float(config["ridge"]))
+        max_learning_rate=float(config["max-lr"]), ridge=float(config["ridge"]),
+        upload="objective" if config["variant"] == "sum" else "head")
     return trainer.train(msg, context, features, y)

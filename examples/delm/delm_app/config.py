@@ -13,7 +13,7 @@ from flwr.app import Context
 from flwr_dp_strategies.simulation import resolve_run_config as resolve
 
 ENV_VAR = "DELM_RUN_CONFIG"
-VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle")
+VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "sum")
 DATASETS = ("digits", "mnist", "emnist-letters")
 
 # Keep in sync with [tool.flwr.app.config] in pyproject.toml (a test checks it).
@@ -40,6 +40,12 @@ DEFAULTS: dict[str, Any] = {
     "seed": 42,
     "results-dir": "results",
 }
+
+
+def fm_epsilon(config: dict[str, Any]) -> float:
+    """FM's share of the budget: 2ε/3 after LDP-FPCA, all of ε without PCA (``components`` = 0)."""
+    epsilon = float(config["epsilon"])
+    return 2.0 * epsilon / 3.0 if int(config["components"]) > 0 else epsilon
 
 
 def _check_choice(config: dict[str, Any], key: str, allowed: tuple[str, ...]) -> None:

@@ -7,7 +7,9 @@
 2. Rounds of the chosen strategy on the FM heads W (q × c), which start at 0:
    ``basic`` AccountedFedAvg, ``enhanced`` MinDivergenceExpSampling (ε-EM picks),
    ``enhanced-nosampling`` (the k lowest divergences), ``shuffle`` ShuffleAmplifiedFedAvg
-   (no amplification is claimed: FM releases are record-level, see its docstring).
+   (no amplification is claimed: FM releases are record-level, see its docstring),
+   ``sum`` NoisyObjectiveSum (clients upload their noisy objectives; the server
+   repairs and solves their sum with a noise-adapted ridge).
 3. Central accuracy of (x V) W and the ledger's ε after every round; results.json
    and results.png in ``results-dir``.
 
@@ -27,16 +29,19 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_dp_strategies import AccountedFedAvg, LdpFederatedPCA, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg
+from flwr_dp_strategies import (AccountedFedAvg, LdpFederatedPCA, MinDivergenceExpSampling, NoisyObjectiveSum,
+                                ShuffleAmplifiedFedAvg)
 from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
 from flwr_dp_strategies.strategy.client_accounting import resolve_ledger
 
 from . import task
-from .config import resolve_run_config
+from .config import fm_epsilon, resolve_run_config
 from .results import RoundLog, write_results
 
 app = ServerApp()
 RELATION = "replace_one"
+SUM_RIDGE_FRACTION = 0.5  # NoisyObjectiveSum's ridge: half the summed noise's spectral edge (README.md)
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float = 600.0) -> list[int]:
@@ -49,11 +54,18 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float = 600.0) -> list[int]:
     return nodes
 
 
-def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int) -> Strategy:
+def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int,
+                   head_shape: tuple[int, int]) -> Strategy:
     """The strategy of ``config["variant"]`` over every connected client, booking into ``ledger``."""
     nodes = {"fraction_train": 1.0, "fraction_evaluate": 0.0, "min_train_nodes": clients,
              "min_available_nodes": clients, "ledger": ledger}
     variant = config["variant"]
+    if variant == "sum":
+        q, classes = head_shape
+        noise_std = fm_noise_std(q, classes, epsilon=fm_epsilon(config), noise=str(config["fm-noise"]),
+                                 delta=float(config["target-delta"]), neighboring_relation=RELATION,
+                                 calibration=str(config["fm-calibration"]))
+        return NoisyObjectiveSum(classes, client_noise_std=noise_std, ridge_fraction=SUM_RIDGE_FRACTION, **nodes)
     if variant == "basic":
         return AccountedFedAvg(**nodes)
     if variant == "shuffle":
@@ -89,7 +101,7 @@ def main(grid: Grid, context: Context) -> None:
     ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation=RELATION)
     projection, ledger = federated_projection(grid, config, dim, ledger, ledger_path)
     components = projection.shape[1]
-    strategy = build_strategy(config, ledger, clients)
+    strategy = build_strategy(config, ledger, clients, (components, classes))
     strategy.ledger_path = ledger_path  # the same ledger, saved after every round
     rounds = int(config["num-server-rounds"])
     log = RoundLog(config, projection, ledger, rounds)
