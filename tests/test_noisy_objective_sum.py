@@ -115,17 +115,26 @@ def run_round(strategy, server_round: int, head: np.ndarray, clients, trainers, 
     return strategy.aggregate_train(server_round, replies), replies
 
 
+def federation(n: int, records: int, seed: int):
+    """n clients' data, trainers uploading their Gaussian-FM objective at ε = 1, and node contexts."""
+    clients = client_data(n, records, np.random.default_rng(seed))
+    trainers = [FunctionalMechanismTrainer(1.0, num_classes=C, noise="gaussian", upload="objective",
+                                           rng=100 * seed + i) for i in range(n)]
+    return clients, trainers, [context(101 + i) for i in range(n)]
+
+
+def uploaded(reply: Message, count: int) -> QuadraticStatistics:
+    arrays = reply.content["arrays"]
+    return QuadraticStatistics(arrays[LINEAR_KEY].numpy(), arrays[QUADRATIC_KEY].numpy(), count, "softmax", C)
+
+
 def make_strategy(n: int, ridge: float = 1e-3) -> NoisyObjectiveSum:
     return NoisyObjectiveSum(C, min_train_nodes=n, min_available_nodes=n, ridge=ridge,
                              ledger=PrivacyLedger(1e-5, neighboring_relation="replace_one"))
 
 
 def test_head_is_the_solution_of_the_summed_released_objectives_and_epsilon_does_not_grow():
-    rng = np.random.default_rng(5)
-    clients = client_data(4, 500, rng)
-    trainers = [FunctionalMechanismTrainer(1.0, num_classes=C, noise="gaussian", upload="objective", rng=10 + i)
-                for i in range(4)]
-    contexts = [context(101 + i) for i in range(4)]
+    clients, trainers, contexts = federation(4, 500, seed=5)
     strategy = make_strategy(4)
     head = np.zeros((Q, C), dtype=np.float32)
     heads, epsilons = [], []
@@ -137,9 +146,7 @@ def test_head_is_the_solution_of_the_summed_released_objectives_and_epsilon_does
         assert metrics["objective/clients"] == 4
         assert metrics["objective/new-clients"] == (4 if rnd == 1 else 0)
         if rnd == 1:
-            released = [QuadraticStatistics(r.content["arrays"][LINEAR_KEY].numpy(),
-                                            r.content["arrays"][QUADRATIC_KEY].numpy(), 500, "softmax", C)
-                        for r in replies]
+            released = [uploaded(r, 500) for r in replies]
             expected = solve_objective(sum_statistics(released), ridge=1e-3)
             np.testing.assert_allclose(head, expected.astype(np.float32), rtol=1e-5, atol=1e-6)
             exact = [quadratic_statistics(x, y, num_classes=C) for x, y in clients]
@@ -153,11 +160,7 @@ def test_head_is_the_solution_of_the_summed_released_objectives_and_epsilon_does
 
 
 def test_malformed_objectives_are_rejected_and_the_round_goes_on():
-    rng = np.random.default_rng(6)
-    clients = client_data(5, 40, rng)
-    trainers = [FunctionalMechanismTrainer(1.0, num_classes=C, noise="gaussian", upload="objective", rng=20 + i)
-                for i in range(5)]
-    contexts = [context(101 + i) for i in range(5)]
+    clients, trainers, contexts = federation(5, 40, seed=6)
 
     def tamper(i, msg, reply):
         arrays = reply.content["arrays"]
@@ -180,8 +183,7 @@ def test_malformed_objectives_are_rejected_and_the_round_goes_on():
     (arrays, metrics), replies = run_round(strategy, 1, np.zeros((Q, C)), clients, trainers, contexts, tamper)
     assert metrics["rejected/non-finite"] == 1 and metrics["rejected/shape"] == 1 and metrics["rejected/keys"] == 1
     assert strategy.contributors == frozenset({101, 105})
-    kept = [QuadraticStatistics(replies[i].content["arrays"][LINEAR_KEY].numpy(),
-                                replies[i].content["arrays"][QUADRATIC_KEY].numpy(), 40, "softmax", C) for i in (0, 4)]
+    kept = [uploaded(replies[i], 40) for i in (0, 4)]
     np.testing.assert_allclose(arrays["head.weight"].numpy(), solve_objective(sum_statistics(kept), ridge=1e-3),
                                atol=1e-10)
 
@@ -255,14 +257,10 @@ def test_fm_noise_std_is_the_std_of_the_released_noise(noise):
 
 
 def test_client_noise_std_sets_the_noise_adapted_ridge_of_the_contributors():
-    rng = np.random.default_rng(11)
-    clients = client_data(3, 200, rng)
+    clients, trainers, contexts = federation(3, 200, seed=11)
     sigma = fm_noise_std(Q, C, epsilon=1.0, noise="gaussian")
-    trainers = [FunctionalMechanismTrainer(1.0, num_classes=C, noise="gaussian", upload="objective", rng=30 + i)
-                for i in range(3)]
     strategy = NoisyObjectiveSum(C, min_train_nodes=3, min_available_nodes=3, ridge=1e-4, client_noise_std=sigma,
                                  ridge_fraction=0.5)
-    contexts = [context(101 + i) for i in range(3)]
     (arrays, metrics), _ = run_round(strategy, 1, np.zeros((Q, C)), clients, trainers, contexts)
     expected = 1e-4 + noise_adapted_ridge(sigma * math.sqrt(3), dim=Q, count=600, num_classes=C, fraction=0.5)
     assert metrics["objective/ridge"] == pytest.approx(expected)

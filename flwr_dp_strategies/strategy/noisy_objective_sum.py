@@ -4,9 +4,10 @@ DELM (seed 001, Algorithm 1) has every client descend on its *own* noisy Taylor
 objective and the server average the heads. Each client must then repair its
 noisy quadratic :math:`\tilde S_i = S_i + E_i` (clip negative eigenvalues, else
 its objective is unbounded below), and FedAvg's fixed point minimises the
-objective with :math:`\sum_i \operatorname{repair}(\tilde S_i)`. Each repair adds
-the negative part of :math:`E_i` (spectral size :math:`\approx 2\sigma\sqrt q`), so
-the sum is inflated in every direction by a bias that grows like m (clients),
+objective with :math:`\sum_i \operatorname{repair}(\tilde S_i)`. Each repair adds a
+positive semi-definite matrix, the negative part of :math:`S_i + E_i` (eigenvalues up
+to :math:`\approx 2\sigma\sqrt q` in about half of the directions when the noise
+dominates), so the sum is inflated in every direction by a bias that grows like m (clients),
 while the noise of the plain sum :math:`\sum_i E_i` only grows like :math:`\sqrt m`
 (``tests/test_noisy_objective_sum.py`` measures both). The bias acts as a ridge
 of that size: harmless when the signal is strong, costly when q and m are large.
