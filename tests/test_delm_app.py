@@ -37,10 +37,11 @@ def test_pyproject_run_config_matches_code_defaults():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("variant, components", [("enhanced", 20), ("basic", 0), ("sum", 0)])
-def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path, variant, components):
+@pytest.mark.parametrize("variant, components, features", [("enhanced", 20, "pixels"), ("basic", 0, "pixels"),
+                                                           ("sum", 0, "hog")])
+def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path, variant, components, features):
     args = ["--variant", variant, "--components", str(components), "--rounds", "3", "--num-clients", "6",
-            "--epsilon", "20", "--results-dir", str(tmp_path)]
+            "--epsilon", "20", "--features", features, "--results-dir", str(tmp_path)]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
     proc = subprocess.run([sys.executable, str(DELM / "run_demo.py"), *args], cwd=DELM, env=env,
                           capture_output=True, text=True, timeout=400)

@@ -1,7 +1,7 @@
 """Run the DELM Flower app in-process (Flower simulation, Ray backend).
 
-    python examples/delm/run_demo.py [--variant basic|enhanced|enhanced-nosampling|shuffle]
-        [--rounds 20] [--num-clients 20] [--dataset digits|mnist|emnist-letters] [--data-dir DIR]
+    python examples/delm/run_demo.py [--variant basic|enhanced|enhanced-nosampling|shuffle|sum]
+        [--features pixels|hog] [--rounds 20] [--num-clients 20] [--dataset digits|mnist|emnist-letters] [--data-dir DIR]
         [--scheme iid|1-class|2-class] [--epsilon 1.0] [--results-dir DIR]
 
 The same app runs with ``flwr run examples/delm`` (see README.md). The settings
@@ -21,10 +21,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (defaults: those of delm_app/config.py)."""
-    from delm_app.config import DATASETS, VARIANTS
+    from delm_app.config import DATASETS, FEATURES, VARIANTS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", choices=VARIANTS, default="basic")
+    parser.add_argument("--features", choices=FEATURES, default="pixels",
+                        help="unit-norm pooled pixels, or histograms of oriented gradients (better on MNIST)")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--num-clients", type=int, default=20)
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     settings = {"variant": args.variant, "num-server-rounds": args.rounds, "num-partitions": args.num_clients,
                 "dataset": args.dataset, "data-dir": args.data_dir, "scheme": args.scheme, "epsilon": args.epsilon,
-                "components": args.components,
+                "components": args.components, "features": args.features,
                 "results-dir": os.path.abspath(args.results_dir)}
     start = time.perf_counter()
     results = run_in_process(server_app, client_app, num_supernodes=args.num_clients, settings=settings,

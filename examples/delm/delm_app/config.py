@@ -15,6 +15,7 @@ from flwr_dp_strategies.simulation import resolve_run_config as resolve
 ENV_VAR = "DELM_RUN_CONFIG"
 VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "sum")
 DATASETS = ("digits", "mnist", "emnist-letters")
+FEATURES = ("pixels", "hog")
 
 # Keep in sync with [tool.flwr.app.config] in pyproject.toml (a test checks it).
 DEFAULTS: dict[str, Any] = {
@@ -28,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "epsilon": 1.0,
     "target-delta": 1e-5,
     "pool": 2,
+    "features": "pixels",
     "components": 0,
     "fm-noise": "gaussian",
     "fm-calibration": "sound",
@@ -58,6 +60,7 @@ def resolve_run_config(context: Context | None = None) -> dict[str, Any]:
     config = resolve(DEFAULTS, ENV_VAR, None if context is None else context.run_config)
     _check_choice(config, "variant", VARIANTS)
     _check_choice(config, "dataset", DATASETS)
+    _check_choice(config, "features", FEATURES)
     if not float(config["epsilon"]) > 0:
         raise ValueError(f"epsilon must be in (0, inf), got {config['epsilon']!r}")
     return config
