@@ -50,6 +50,11 @@ shards (equal FedAvg weights, as Flower's accountant requires).
   first (Analyze Gauss, ε₁ = ε'/3) and FM on k components (ε₂ = 2ε'/3), ε' scaled so
   that the two releases compose to the target. **Record-level**, replace one record
   of a client's data (the paper's relation); ε does not grow with rounds.
+* ``ours-delm-hog-sum`` -- the same single FM release per client, on histograms of
+  oriented gradients (:func:`flwr_dp_strategies.feature_maps.hog_features`, data-independent)
+  instead of pooled pixels, uploaded as the noisy objective itself and solved on the
+  server (:class:`~flwr_dp_strategies.NoisyObjectiveSum`, noise-adapted ridge): examples/delm's
+  ``delm-nopca-sum-hog``. **Record-level**, replace one record.
 * ``dp-sgd`` -- DP-SGD on Opacus through :class:`client_mods.dp_sgd.DpSgdTrainer`
   (``dp_sgd_train_reply``), FedAvg via :class:`~flwr_dp_strategies.strategy.AccountedFedAvg`;
   each client's ledger composes its rounds'
@@ -90,7 +95,7 @@ from dp_accounting import dp_event  # noqa: E402
 DELTA = 1e-5
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 8.0)
 DATASETS = ("digits", "mnist")
-METHODS = ("ours-central-poisson", "flower-central", "ldp-fl", "ours-delm-fm", "dp-sgd")
+METHODS = ("ours-central-poisson", "flower-central", "ldp-fl", "ours-delm-fm", "ours-delm-hog-sum", "dp-sgd")
 REFERENCE = "fedavg"
 CALIBRATION_TOLERANCE = 3e-3  # achieved ε in [target·(1 − tol), target]
 
@@ -100,14 +105,17 @@ RELATIONS = {
     "flower-central": "user-level: add/remove one client (central DP, zero-out, no amplification)",
     "ldp-fl": "user-level local DP: replace one client's update",
     "ours-delm-fm": "record-level: replace one record of a client's data",
+    "ours-delm-hog-sum": "record-level: replace one record of a client's data",
     "dp-sgd": "record-level: add/remove one record of a client's data",
     "fedavg": "— (non-private, ε = ∞)",
 }
 LEDGER_RELATION = {"ours-central-poisson": "add_or_remove_one", "flower-central": "add_or_remove_one",
-                   "ldp-fl": "replace_one", "ours-delm-fm": "replace_one", "dp-sgd": "add_or_remove_one",
+                   "ldp-fl": "replace_one", "ours-delm-fm": "replace_one", "ours-delm-hog-sum": "replace_one",
+                   "dp-sgd": "add_or_remove_one",
                    "fedavg": "add_or_remove_one"}
 LABELS = {"ours-central-poisson": "ours: central DP, Poisson sampling", "flower-central": "Flower central DP",
-          "ldp-fl": "LDP-FL", "ours-delm-fm": "ours: DELM functional mechanism", "dp-sgd": "DP-SGD (Opacus)",
+          "ldp-fl": "LDP-FL", "ours-delm-fm": "ours: DELM functional mechanism",
+          "ours-delm-hog-sum": "ours: FM on HOG, server-side solve", "dp-sgd": "DP-SGD (Opacus)",
           "fedavg": "FedAvg (non-private)"}
 
 #: Per-dataset federation and hyper-parameters (fixed across ε; chosen once, see results.md).
@@ -115,11 +123,11 @@ DATASET_CONFIG: dict[str, dict[str, Any]] = {
     "digits": dict(num_clients=20, hidden=64, local_lr=0.3, local_batch=16, local_epochs=3,
                    central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
                    dpsgd_batch=16, dpsgd_lr=0.5, dpsgd_clip=1.0,
-                   fm_pool=1, fm_components=0, fm_steps=5, fm_ridge=1e-4),
+                   fm_pool=1, fm_components=0, fm_steps=5, fm_ridge=1e-4, fm_hog_cell=2),
     "mnist": dict(num_clients=100, hidden=64, local_lr=0.05, local_batch=32, local_epochs=1,
                   central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
                   dpsgd_batch=120, dpsgd_lr=1.0, dpsgd_clip=1.0,
-                  fm_pool=2, fm_components=0, fm_steps=5, fm_ridge=1e-4),
+                  fm_pool=2, fm_components=0, fm_steps=5, fm_ridge=1e-4, fm_hog_cell=4),
 }
 
 #: kwargs of :func:`run` per mode ("tiny" is for the smoke test: toy sizes, meaningless accuracies).
@@ -554,18 +562,29 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     ``fm_components = 0`` (the default, examples/delm's ``delm-nopca``): the FM
     gets the whole budget on the pooled pixels (a data-independent feature map).
     ``fm_components = k > 0``: LDP-FPCA first (Analyze Gauss, ε'/3), FM on the k
-    private components with 2ε'/3.
+    private components with 2ε'/3. ``fm_features = "hog"``: HOG features instead of pixels;
+    ``fm_aggregation = "sum"``: clients upload their noisy objective and
+    :class:`~flwr_dp_strategies.NoisyObjectiveSum` solves the sum (no PCA).
     """
     from flwr.app import Array, ArrayRecord, Context, RecordDict
 
     from client_mods.federated_pca import COVARIANCE_KEY, covariance_reply, project
     from client_mods.functional_mechanism import FunctionalMechanismTrainer
-    from flwr_dp_strategies import AccountedFedAvg, PrivacyLedger
+    from flwr_dp_strategies import AccountedFedAvg, NoisyObjectiveSum, PrivacyLedger
+    from flwr_dp_strategies.feature_maps import hog_features
     from flwr_dp_strategies.privacy import gaussian_sigma
     from flwr_dp_strategies.privacy.covariance import top_eigenvectors
+    from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
 
     n, c, k = fed.num_clients, fed.num_classes, cfg["fm_components"]
-    feats = [fm_features(x, fed.dataset, cfg["fm_pool"]) for x, _ in fed.shards]
+    hog, solve = cfg.get("fm_features") == "hog", cfg.get("fm_aggregation") == "sum"
+    if solve and k > 0:
+        raise ValueError("fm_aggregation='sum' runs without PCA (fm_components = 0)")
+
+    def features(x: np.ndarray) -> np.ndarray:
+        return hog_features(x, cell=cfg["fm_hog_cell"]) if hog else fm_features(x, fed.dataset, cfg["fm_pool"])
+
+    feats = [features(x) for x, _ in fed.shards]
     dim = feats[0].shape[1]
     shares = (1.0 / 3.0, 2.0 / 3.0) if k > 0 else (0.0, 1.0)  # (FPCA, FM) shares of the budget
 
@@ -575,13 +594,15 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
 
     total, _ = calibrate(eps_of, target, increasing=True, lo=target / 10.0, hi=target * 10.0)
     eps1, eps2 = shares[0] * total, shares[1] * total
-    strategy = AccountedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                               ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"))
+    nodes = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
+                 ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"))
+    strategy = (NoisyObjectiveSum(c, client_noise_std=fm_noise_std(dim, c, epsilon=eps2, noise="gaussian", delta=DELTA),
+                                  ridge_fraction=0.5, **nodes) if solve else AccountedFedAvg(**nodes))
     contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={})
                 for i in range(n)]
     rngs = [np.random.default_rng([seed, 3, i]) for i in range(n)]
     grid = Grid(n)
-    x_test = fm_features(fed.x_test, fed.dataset, cfg["fm_pool"])
+    x_test = features(fed.x_test)
     first_round = 1
     if k > 0:  # round 1: LDP federated PCA, the server averages the noisy second moments (FedAvg, equal weights)
         k = min(k, dim)
@@ -594,7 +615,8 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     # learning_rate=None: each client's smooth step 1/L of its own noisy objective (post-processing)
     trainers = [FunctionalMechanismTrainer(eps2, num_classes=c, noise="gaussian", delta=DELTA,
                                            neighboring_relation="replace_one", local_steps=cfg["fm_steps"],
-                                           learning_rate=None, ridge=cfg["fm_ridge"], rng=rngs[i]) for i in range(n)]
+                                           learning_rate=None, ridge=cfg["fm_ridge"], rng=rngs[i],
+                                           upload="objective" if solve else "head") for i in range(n)]
     labels = [y for _, y in fed.shards]
     arrays = ArrayRecord({"head.weight": Array(np.zeros((width, c)))})
     acc = []
@@ -604,6 +626,8 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
         acc.append(float(np.mean(np.argmax(x_test @ arrays["head.weight"].numpy(), axis=1) == fed.y_test)))
     eps, eps_rdp = _ledger_pair(strategy.ledger)
     pca = f"k={k} LDP-PCA comps (ε_FPCA={eps1:.3g})" if k > 0 else "no PCA"
+    pca += ", HOG features" if hog else ""
+    pca += ", server-side solve of the summed objectives" if solve else ""
     return RunResult(acc, eps, eps_rdp, {"epsilon_fpca": eps1, "epsilon_fm": eps2, "components": k,
                                          "input_dim": dim, "pool": cfg["fm_pool"], "learning_rate": "smooth 1/L",
                                          "local_steps": cfg["fm_steps"], "ridge": cfg["fm_ridge"]},
@@ -617,6 +641,8 @@ RUNNERS: dict[str, Callable[[Federation, dict[str, Any], float, int, int], RunRe
     "flower-central": run_flower_central,
     "ldp-fl": run_ldp_fl,
     "ours-delm-fm": run_delm_fm,
+    "ours-delm-hog-sum": lambda fed, cfg, target, rounds, seed: run_delm_fm(
+        fed, {**cfg, "fm_features": "hog", "fm_aggregation": "sum"}, target, rounds, seed),
     "dp-sgd": run_dp_sgd,
 }
 
@@ -723,6 +749,10 @@ def markdown(result: dict) -> str:
               "of the pooled pixels, released once per client with the whole budget (no PCA: examples/delm's "
               "best configuration, `delm-nopca`); later rounds are post-processing (the ledger books "
               "`NoOpDpEvent`).",
+              "- **ours: FM on HOG, server-side solve** — the same single FM release per client, on histograms of "
+              "oriented gradients (`feature_maps.hog_features`, data-independent) and uploaded as the noisy "
+              "objective; `NoisyObjectiveSum` repairs and solves the sum of the objectives (examples/delm's "
+              "`delm-nopca-sum-hog`).",
               "- **DP-SGD (Opacus)** — `DpSgdTrainer` (Poisson batches, per-sample clipping C, noise z) on every "
               "client every round, FedAvg by `AccountedFedAvg`; the ledger composes each client's "
               "`SelfComposed(PoissonSampled(q, Gaussian(z)), steps)` per round. Opacus' own (RDP-only) ε is in "
@@ -752,7 +782,7 @@ def plot(result: dict, path: Path) -> None:
 
     rows = result["rows"]
     styles = {"mnist": "-", "digits": "--"}
-    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:brown", "tab:purple")))
     fig, ax = plt.subplots(figsize=(12, 5.5))
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for method in METHODS:
