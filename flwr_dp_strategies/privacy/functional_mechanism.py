@@ -304,7 +304,6 @@ def descend(stats: QuadraticStatistics, weights: np.ndarray, *, steps: int, lear
     return w
 
 
-
 def solve_objective(stats: QuadraticStatistics, *, ridge: float, floor: float = 0.0) -> np.ndarray:
     r"""The minimiser of :math:`\bar f(W)/n + \tfrac12\lambda\lVert W\rVert^2` after PSD repair of S.
 
@@ -356,7 +355,6 @@ def sum_statistics(parts: Iterable[QuadraticStatistics]) -> QuadraticStatistics:
     return total
 
 
-
 def fm_noise_std(dim: int, num_classes: int, *, epsilon: float, noise: str = "laplace", delta: float = 1e-5,
                  loss: str = "softmax", neighboring_relation: str = "replace_one", calibration: str = "sound") -> float:
     """Standard deviation of the noise :func:`functional_mechanism` adds to each coefficient.
@@ -375,12 +373,12 @@ def fm_noise_std(dim: int, num_classes: int, *, epsilon: float, noise: str = "la
 
 def noise_adapted_ridge(noise_std: float, *, dim: int, count: int, num_classes: int, loss: str = "softmax",
                         fraction: float = 0.5) -> float:
-    r"""A ridge λ for :func:`solve_objective` on a sum of Gaussian-FM objectives, from public quantities.
+    r"""A ridge λ for :func:`solve_objective` on a sum of noisy FM objectives, from public quantities.
 
-    The noise on a summed :math:`\tilde S` is a symmetric Gaussian matrix with
-    entry standard deviation :math:`\sigma_{tot} = \sqrt{\sum_i\sigma_i^2}` (``noise_std``);
+    The noise on a summed :math:`\tilde S` is a symmetric matrix of independent
+    entries (Gaussian, or sums of Laplace) with standard deviation :math:`\sigma_{tot} = \sqrt{\sum_i\sigma_i^2}` (``noise_std``);
     its spectrum fills :math:`[-2\sigma_{tot}\sqrt q, 2\sigma_{tot}\sqrt q]` (Wigner's
-    semicircle). Shifting the eigenvalues by ``fraction`` of that edge damps the
+    semicircle law, which holds for any such entries of finite variance). Shifting the eigenvalues by ``fraction`` of that edge damps the
     directions the noise dominates: in the units of :func:`solve_objective`,
     :math:`\lambda = 2\kappa\cdot\text{fraction}\cdot 2\sigma_{tot}\sqrt q / n`.
     It depends on σ, q, n and c only (no data beyond the public count), so it costs
