@@ -101,6 +101,7 @@ class NoisyObjectiveSum(AccountedFedAvg):
         self._total: Optional[QuadraticStatistics] = None
         self._contributors: set[int] = set()
         self._head_dtype = np.dtype(np.float64)
+        self._head: Optional[np.ndarray] = None
 
     @property
     def contributors(self) -> frozenset[int]:
@@ -117,7 +118,7 @@ class NoisyObjectiveSum(AccountedFedAvg):
         if len(head.shape) != 2:
             raise ValueError(f"{self.weights_key} must be a (q, c) matrix, got shape {tuple(head.shape)}")
         q, width = (int(v) for v in head.shape)
-        self._head_dtype = np.dtype(head.numpy().dtype)
+        self._head_dtype = np.dtype(str(head.dtype))
         self._spec = array_spec(ArrayRecord({LINEAR_KEY: Array(np.zeros((q, width))),
                                              QUADRATIC_KEY: Array(np.zeros((q, q)))}))
         return messages
@@ -134,8 +135,10 @@ class NoisyObjectiveSum(AccountedFedAvg):
             self._contributors.add(node)
             new += 1
         assert self._total is not None  # replies is non-empty and screened
-        self.last_ridge = self.solve_ridge()
-        head = solve_objective(self._total, ridge=self.last_ridge, floor=self.psd_floor)
+        if new or self._head is None:  # the sum changed: solve again (one q×q eigendecomposition)
+            self.last_ridge = self.solve_ridge()
+            self._head = solve_objective(self._total, ridge=self.last_ridge, floor=self.psd_floor)
+        head = self._head
         metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies],
                                           self.weighted_by_key)
         metrics["objective/clients"] = len(self._contributors)
