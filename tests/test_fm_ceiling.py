@@ -62,3 +62,10 @@ def test_main_writes_one_row_per_feature_map(ceiling, tmp_path):
         accuracies = [float(c) for c in cells[2:6]]
         assert all(0.0 <= a <= 1.0 for a in accuracies)
         assert accuracies[0] > 0.5  # the noise-free least-squares head on digits is far above chance
+
+
+def test_main_rejects_zero_seeds(ceiling, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ceiling.main(["--datasets", "digits", "--seeds", "0", "--out", str(tmp_path / "x.md")])
+    assert "--seeds must be an integer >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "x.md").exists()

@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--datasets", default="mnist,emnist-letters")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "FM_CEILING.md"))
     args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error(f"--seeds must be an integer >= 1, got {args.seeds}")
     header = ["| data | features | noise-free | local, ε = 1 | local, ε = 0.1 | one noise, ε = 1 | paper |",
               "|---|---|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
