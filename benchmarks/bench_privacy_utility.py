@@ -318,7 +318,7 @@ def params_reply(msg: Any, params: Params, weight: float,
     content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(MLP_KEYS, params)}),
                           "metrics": MetricRecord({"num-examples": float(weight)})})
     for event, label in declarations:
-        declare_release(content, event, label=label)
+        declare_release(content, event, label=label, neighboring_relation="replace_one")  # LDP-FL: Δ₂ = 2C
     return Message(content, reply_to=msg)
 
 

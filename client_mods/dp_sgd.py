@@ -761,7 +761,7 @@ def dp_sgd_train_reply(
         arrays_key: ArrayRecord({k: result.state_dict[k] for k in arrays.keys()}),
         "metrics": MetricRecord(result.metrics()),
     })
-    declare_release(content, result.event, label=label)
+    declare_release(content, result.event, label=label, neighboring_relation="add_or_remove_one")  # Opacus: Δ = C
     return Message(content=content, reply_to=msg)
 
 

@@ -46,7 +46,7 @@ def covariance_reply(msg: Message, context: Context, features: np.ndarray, *, ep
     weight = float(len(features)) if neighboring_relation == "replace_one" else 1.0
     content = RecordDict({"arrays": ArrayRecord({COVARIANCE_KEY: Array(release.value)}),
                           "metrics": MetricRecord({"num-examples": weight})})
-    declare_release(content, release.event, label=EVENT_LABEL)
+    declare_release(content, release.event, label=EVENT_LABEL, neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
 
 

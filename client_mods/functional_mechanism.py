@@ -180,7 +180,8 @@ class FunctionalMechanismTrainer:
         loss = taylor_objective(stats, weights) / max(stats.count, 1)
         content = RecordDict({"arrays": out, "metrics": MetricRecord({"num-examples": weight, "train-loss": loss})})
         declare_release(content, event if event is not None else dp_event.NoOpDpEvent(),
-                        label=EVENT_LABEL if event is not None else EVENT_LABEL + " (reused)")
+                        label=EVENT_LABEL if event is not None else EVENT_LABEL + " (reused)",
+                        neighboring_relation=self.neighboring_relation)
         return Message(content, reply_to=msg)
 
 

@@ -235,9 +235,11 @@ def declare_label_release(context: Context, content: RecordDict, *, key: str = D
         raise ValueError(f"no label release under key={key!r} in context.state: call private_labels first")
     if bool(meta["declared"]):
         if not any(d.label.startswith("label-dp/") for d in read_declarations(content)):
-            declare_release(content, dp_event.NoOpDpEvent(), label=POST_PROCESSING_DECLARATION)
+            declare_release(content, dp_event.NoOpDpEvent(), label=POST_PROCESSING_DECLARATION,
+                            neighboring_relation="replace_one")
         return False
-    declare_release(content, rr_event(float(meta["epsilon"]), int(meta["num-classes"])), label=LABEL_DP_DECLARATION)
+    declare_release(content, rr_event(float(meta["epsilon"]), int(meta["num-classes"])), label=LABEL_DP_DECLARATION,
+                    neighboring_relation="replace_one")
     meta["declared"] = True
     return True
 

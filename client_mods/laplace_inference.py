@@ -124,7 +124,7 @@ class LaplaceInferenceMod:
                              "refusing to send un-noised inference results")
         noisy, event = self.protect(record, epsilon)
         reply.content[self.key] = noisy
-        declare_release(reply.content, event, label=EVENT_LABEL)
+        declare_release(reply.content, event, label=EVENT_LABEL, neighboring_relation="replace_one")
         return reply
 
     def _epsilon_for(self, msg: Message) -> Optional[float]:

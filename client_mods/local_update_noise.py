@@ -126,7 +126,7 @@ class LocalUpdateNoiseMod:
             raise ValueError("the reply's ArrayRecord must have the keys of the received one")
         release = self.privatize(received, [npy_view(trained[k]) for k in keys])
         reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, release.value)})
-        declare_release(reply.content, release.event, label=EVENT_LABEL)
+        declare_release(reply.content, release.event, label=EVENT_LABEL, neighboring_relation="replace_one")
         return reply
 
 

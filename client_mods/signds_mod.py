@@ -125,7 +125,7 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
         "b-hat": to_array(np.array([upload.b_hat], dtype=np.int64)),
     })
     declare_release(reply.content, round_event(settings["sign_eps"], settings["magrr"].rr_epsilon),
-                    label=EVENT_LABEL)
+                    label=EVENT_LABEL, neighboring_relation="replace_one")
     return reply
 
 

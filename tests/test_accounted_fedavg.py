@@ -24,7 +24,7 @@ def reply_to(msg: Message, arrays: list[np.ndarray], *, weight: float = 10.0, ev
     content = RecordDict({"arrays": ArrayRecord(arrays),
                           "metrics": MetricRecord(metrics or {"num-examples": weight, "loss": 0.5})})
     if event is not None:
-        declare_release(content, event, label="test")
+        declare_release(content, event, label="test", neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
 
 
@@ -38,8 +38,8 @@ def make() -> AccountedFedAvg:
 
 def test_declarations_round_trip_and_append():
     content = RecordDict()
-    declare_release(content, GaussianDpEvent(1.5), label="a")
-    declare_release(content, LaplaceDpEvent(0.5), label="b")
+    declare_release(content, GaussianDpEvent(1.5), label="a", neighboring_relation="replace_one")
+    declare_release(content, LaplaceDpEvent(0.5), label="b", neighboring_relation="replace_one")
     got = read_declarations(content)
     assert [d.label for d in got] == ["a", "b"]
     assert got[0].event == GaussianDpEvent(1.5) and got[1].event == LaplaceDpEvent(0.5)
@@ -133,7 +133,11 @@ def test_unaccountable_event_is_rejected_and_does_not_break_the_ledger():
     strategy = make()
     msgs = configure(strategy, 1, [np.zeros(3)])
     replies = [reply_to(m, [np.ones(3)], event=GaussianDpEvent(1.0)) for m in msgs[:3]]
-    replies.append(reply_to(msgs[3], [np.ones(3)], event=GaussianDpEvent(float("nan"))))
+    bad = reply_to(msgs[3], [np.ones(3)])  # declare_release itself refuses NaN: forge the JSON
+    bad.content[PRIVACY_RECORD] = ConfigRecord({"events": [json.dumps(
+        {"event": {"type": "GaussianDpEvent", "noise_multiplier": float("nan")}, "label": "x",
+         "relation": "replace_one"})]})
+    replies.append(bad)
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert metrics["rejected/declaration"] == 1
     assert np.isfinite(strategy.ledger.epsilon())
@@ -158,7 +162,7 @@ def test_per_client_metrics_and_evaluate_declarations():
     for m in msgs:
         scale = float(m.metadata.dst_node_id - 100)  # nodes 101..104 -> Laplace scale 1..4
         content = RecordDict({"metrics": MetricRecord({"num-examples": 5.0, "accuracy": 0.5})})
-        declare_release(content, LaplaceDpEvent(scale), label="eval")  # ε = 1/scale
+        declare_release(content, LaplaceDpEvent(scale), label="eval", neighboring_relation="replace_one")  # ε = 1/scale
         replies.append(Message(content, reply_to=m))
     metrics = strategy.aggregate_evaluate(1, replies)
     assert metrics["accuracy"] == pytest.approx(0.5)

@@ -87,9 +87,10 @@ def test_declared_events_compose_to_opacus_cumulative_epsilon(grad_sample_mode):
         result = trainer.train_round(weights, (x, y), state)
         weights = result.state_dict
         reply = RecordDict()
-        declare_release(reply, result.event, label="dp-sgd/opacus")
+        declare_release(reply, result.event, label="dp-sgd/opacus", neighboring_relation="add_or_remove_one")
         for declaration in read_declarations(reply):  # what the server reads
-            ledger.record(declaration.event, server_round=server_round, client=7, label=declaration.label)
+            ledger.record(declaration.event, server_round=server_round, client=7, label=declaration.label,
+                          neighboring_relation=declaration.neighboring_relation)
         report = ledger.report(7)
         opacus_eps.append(result.epsilon)
         round_only.append(result.epsilon_round_only)

@@ -31,11 +31,12 @@ def failed(msg: Message) -> Message:
     return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="SuperNode died mid-round"), reply_to=msg)
 
 
-def train_reply(msg: Message, arrays: list[np.ndarray], event=None, weight: float = 10.0) -> Message:
+def train_reply(msg: Message, arrays: list[np.ndarray], event=None, weight: float = 10.0,
+                relation: str = "replace_one") -> Message:
     content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": weight,
                                                                                  "loss": 1.0})})
     if event is not None:
-        declare_release(content, event, label="client")
+        declare_release(content, event, label="client", neighboring_relation=relation)
     return Message(content, reply_to=msg)
 
 
@@ -45,7 +46,7 @@ def evaluate_reply(msg: Message, event=None, point: np.ndarray | None = None) ->
         records["inference"] = ArrayRecord([point])
     content = RecordDict(records)
     if event is not None:
-        declare_release(content, event, label="eval")
+        declare_release(content, event, label="eval", neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
 
 
@@ -139,7 +140,8 @@ def test_poisson_fixed_clipping_releases_books_the_round_and_only_the_survivors_
     strategy = AccountedPoissonFixedClipping(FedAvg(min_evaluate_nodes=N, min_available_nodes=N), z, 1.0, m,
                                              num_clients=N, ledger=ledger, rng=0)  # q = 1: all N asked
     msgs, (arrays, metrics) = train_round(
-        strategy, [np.zeros(5)], lambda i, msg: train_reply(msg, [np.full(5, 0.01)], GaussianDpEvent(4.0)))
+        strategy, [np.zeros(5)], lambda i, msg: train_reply(msg, [np.full(5, 0.01)], GaussianDpEvent(4.0),
+                                                  relation="add_or_remove_one"))
     assert arrays is not None and len(msgs) == N
     assert_failed_count(metrics)
     assert metrics["dp/participants"] == N - 1

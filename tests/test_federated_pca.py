@@ -137,7 +137,7 @@ def covariance_message(matrix: np.ndarray, node: int, declared: bool = True) -> 
     content = RecordDict({"arrays": ArrayRecord({"covariance": Array(matrix)}),
                           "metrics": MetricRecord({"num-examples": 10.0})})
     if declared:
-        declare_release(content, GaussianDpEvent(3.0), label="t")
+        declare_release(content, GaussianDpEvent(3.0), label="t", neighboring_relation="replace_one")
     request = Message(RecordDict(), dst_node_id=node, message_type="train.pca")
     reply = Message(content, reply_to=request)
     reply.metadata.__dict__["_src_node_id"] = node

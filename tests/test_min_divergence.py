@@ -39,7 +39,7 @@ def reply_to(msg: Message, arrays: dict[str, np.ndarray], *, weight: float = 10.
     content = RecordDict({"arrays": record(arrays),
                           "metrics": MetricRecord({"num-examples": float(weight), "loss": float(loss)})})
     if event is not None:
-        declare_release(content, event, label="test")
+        declare_release(content, event, label="test", neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
 
 
@@ -226,7 +226,7 @@ def test_selection_ledger_composes_k_times_m_draws_per_round_and_client_ledger_i
     for client in strategy.ledger.clients:
         booked = [(ev, label) for _, ev, label in strategy.ledger.events(client)]
         assert booked == [(LaplaceDpEvent(2.0), "test")] * rounds
-    declared = PrivacyLedger(1e-5)
+    declared = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     for rnd in range(1, rounds + 1):
         declared.record(LaplaceDpEvent(2.0), server_round=rnd, client="c")
     assert metrics[-1]["privacy/epsilon"] == pytest.approx(declared.epsilon(), rel=1e-9)

@@ -34,7 +34,7 @@ def configure(strategy: AccountedFedAvg, server_round: int, n: int) -> list[Mess
 def reply_to(msg: Message, arrays: ArrayRecord, weight: float = 10.0, events=()) -> Message:
     content = RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": weight, "loss": weight / 10})})
     for event in events:
-        declare_release(content, event, label="test")
+        declare_release(content, event, label="test", neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
 
 

@@ -170,7 +170,7 @@ def fl_round(strategy, rnd: int, current: dict[str, np.ndarray], grid: Grid, cli
         content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}),
                               "metrics": MetricRecord({"num-examples": float(weight)})})
         for event, label in events:
-            declare_release(content, event, label=label)
+            declare_release(content, event, label=label, neighboring_relation="replace_one")  # FM, LDP-FL
         replies.append(Message(content, reply_to=msg))
     arrays, metrics = strategy.aggregate_train(rnd, replies)
     return {k: a.numpy() for k, a in arrays.items()}, metrics

@@ -67,6 +67,8 @@ class ApproxDpEvent(dp_event.DpEvent):
         check_delta(self.delta)
 
 
+MAX_EVENT_DEPTH = 32
+
 _NATIVE = (
     dp_event.NoOpDpEvent,
     dp_event.NonPrivateDpEvent,
@@ -103,21 +105,33 @@ def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
     return out
 
 
-def event_from_dict(data: dict[str, Any]) -> dp_event.DpEvent:
-    """Inverse of :func:`event_to_dict`, restricted to :data:`EVENT_CLASSES`."""
+def event_from_dict(data: dict[str, Any], _depth: int = 0) -> dp_event.DpEvent:
+    """Inverse of :func:`event_to_dict`, restricted to :data:`EVENT_CLASSES`.
+
+    Strict: the dict must name a known class and hold exactly that class's fields
+    (a missing or unknown field is a ``ValueError``, not a silent default), and
+    nesting deeper than :data:`MAX_EVENT_DEPTH` is refused. Parameter domains are
+    checked by :func:`~flwr_dp_strategies.privacy.event_validation.validate_event`.
+    """
+    if _depth > MAX_EVENT_DEPTH:
+        raise ValueError(f"event description nested deeper than {MAX_EVENT_DEPTH} levels")
     if not isinstance(data, dict) or data.get("type") not in EVENT_CLASSES:
         raise ValueError(f"not a known DpEvent description: {data!r:.200}")
     cls = EVENT_CLASSES[data["type"]]
+    names = [field.name for field in attr.fields(cls)]
+    unknown = set(data) - set(names) - {"type"}
+    missing = set(names) - set(data)
+    if unknown or missing:
+        raise ValueError(f"{data['type']} description must hold exactly the fields {names}; "
+                         f"unknown {sorted(unknown)}, missing {sorted(missing)}")
     kwargs = {}
-    for field in attr.fields(cls):
-        if field.name not in data:
-            continue
-        value = data[field.name]
+    for name in names:
+        value = data[name]
         if isinstance(value, dict):
-            value = event_from_dict(value)
+            value = event_from_dict(value, _depth + 1)
         elif isinstance(value, list):
-            value = [event_from_dict(v) if isinstance(v, dict) else v for v in value]
-        kwargs[field.name] = value
+            value = [event_from_dict(v, _depth + 1) if isinstance(v, dict) else v for v in value]
+        kwargs[name] = value
     return cls(**kwargs)
 
 

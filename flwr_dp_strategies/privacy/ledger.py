@@ -55,6 +55,8 @@ from . import bounds
 from .accountants import LedgerPldAccountant, LedgerRdpAccountant, basic_pure_epsilon, epsilon_from_rdp
 from .events import event_from_dict, event_key, event_to_dict
 from .release import Release
+from .event_validation import validate_event
+from .relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, check_relation, convert_event
 from .validation import check_delta, check_int, check_positive
 
 ClientId = Union[int, str]
@@ -104,9 +106,7 @@ class PrivacyLedger:
         accounting: str = "best",
     ) -> None:
         self.target_delta = check_delta(target_delta, "target_delta")
-        if neighboring_relation not in _RELATIONS:
-            raise ValueError(f"neighboring_relation must be one of {sorted(_RELATIONS)}, got {neighboring_relation!r}")
-        self.neighboring_relation = neighboring_relation
+        self.neighboring_relation = check_relation(neighboring_relation)
         self.max_epsilon = None if max_epsilon is None else check_positive("max_epsilon", max_epsilon)
         if accounting not in _METHODS:
             raise ValueError(f"accounting must be one of {_METHODS}, got {accounting!r}")
@@ -128,29 +128,61 @@ class PrivacyLedger:
         server_round: int,
         client: Optional[ClientId] = None,
         label: str = "",
+        neighboring_relation: Optional[str] = None,
+        replace_one_event: Optional[dp_event.DpEvent] = None,
     ) -> None:
-        """Record that ``event`` was released in ``server_round`` (for ``client``, or centrally if None)."""
+        """Record that ``event`` was released in ``server_round`` (for ``client``, or centrally if None).
+
+        ``neighboring_relation`` is the relation the event was calibrated under
+        (default: this ledger's). An event from another relation is converted
+        soundly (:func:`~.relations.convert_event`: add/remove → replace-one doubles
+        the sensitivity) or refused with ``ValueError`` (replace-one → add/remove).
+        ``replace_one_event`` is an optional tighter form of an add/remove event
+        under replacement (e.g. Analyze Gauss: sensitivity √2 instead of 2); a
+        replace-one ledger books it instead of the generic conversion. Every event
+        is validated (:func:`~.event_validation.validate_event`) before anything is
+        booked: an event with a NaN, negative or out-of-domain parameter raises.
+        """
         if isinstance(event, Release):
             event = event.event
         rnd = check_int("server_round", server_round, minimum=0)
+        event, label = self._in_own_relation(event, neighboring_relation, replace_one_event, label)
         key = self._register(event)
         if label:
             self._labels.setdefault(key, label)
-        target = self._central if client is None else self._clients.setdefault(str(client), {})
+        target = self._central if client is None else self._clients.setdefault(_client_id(client), {})
         target.setdefault(key, []).append(rnd)
 
-    def record_clients(self, event: dp_event.DpEvent, *, server_round: int, clients: Iterable[ClientId], label: str = "") -> None:
+    def record_clients(self, event: dp_event.DpEvent, *, server_round: int, clients: Iterable[ClientId], label: str = "",
+                       neighboring_relation: Optional[str] = None) -> None:
         """Record the same event for every client in ``clients`` (one call per round, not per client)."""
         rnd = check_int("server_round", server_round, minimum=0)
+        event, label = self._in_own_relation(event, neighboring_relation, None, label)
         key = self._register(event)
         if label:
             self._labels.setdefault(key, label)
         for client in clients:
-            self._clients.setdefault(str(client), {}).setdefault(key, []).append(rnd)
+            self._clients.setdefault(_client_id(client), {}).setdefault(key, []).append(rnd)
+
+    def _in_own_relation(
+        self, event: object, relation: Optional[str], replace_one_event: Optional[dp_event.DpEvent], label: str
+    ) -> tuple[dp_event.DpEvent, str]:
+        """``event`` validated and converted to this ledger's relation, and its label (noting a conversion)."""
+        validate_event(event)
+        source = self.neighboring_relation if relation is None else check_relation(relation)
+        if replace_one_event is not None:
+            validate_event(replace_one_event)
+            if source != ADD_OR_REMOVE_ONE:
+                raise ValueError("replace_one_event is only meaningful for an event calibrated under 'add_or_remove_one'")
+            if self.neighboring_relation == REPLACE_ONE:
+                return replace_one_event, (f"{label} [replace-one form]" if label else label)
+        if source == self.neighboring_relation:
+            return event, label  # type: ignore[return-value]
+        converted = validate_event(convert_event(event, source, self.neighboring_relation))  # type: ignore[arg-type]
+        return converted, (f"{label} [converted from {source}]" if label else f"[converted from {source}]")
 
     def _register(self, event: dp_event.DpEvent) -> str:
-        if not isinstance(event, dp_event.DpEvent):
-            raise ValueError(f"event must be a dp_accounting DpEvent or a Release, got {type(event).__name__}")
+        validate_event(event)
         try:
             key = self._key_cache.get(event)
         except TypeError:  # events holding lists (ComposedDpEvent) are not hashable
@@ -168,20 +200,28 @@ class PrivacyLedger:
             self._events[key] = event
         return key
 
-    def check_accountable(self, event: dp_event.DpEvent) -> None:
-        """Raise ``ValueError`` unless ``event`` can be accounted (RDP curve computable, no NaN).
+    def check_accountable(
+        self,
+        event: dp_event.DpEvent,
+        *,
+        neighboring_relation: Optional[str] = None,
+        replace_one_event: Optional[dp_event.DpEvent] = None,
+    ) -> None:
+        """Raise ``ValueError`` unless ``event`` can be accounted (valid, convertible, RDP curve computable).
 
         Used on events declared by clients: a malformed event is rejected before it is
         booked, so it can never break a later ε query. The event's RDP curve is cached.
         """
         try:
+            event, _ = self._in_own_relation(event, neighboring_relation, replace_one_event, "")
             key = self._register(event)
         except (TypeError, AttributeError) as err:
             raise ValueError(f"event {type(event).__name__} cannot be accounted: {err}") from err
         try:
             part = self._rdp_part(key)
-            if part is not None and (np.isnan(part[0]).any() or not math.isfinite(part[1] + part[2])):
-                raise ValueError("its RDP curve is not a number")
+            if part is not None and (np.isnan(part[0]).any() or (part[0] < 0).any()
+                                     or not math.isfinite(part[1] + part[2])):
+                raise ValueError("its RDP curve is not a non-negative number")
         except Exception as err:  # noqa: BLE001 - any failure means the event is unusable
             if not any(key in source for source in (self._central, *self._clients.values())):
                 self._events.pop(key, None)
@@ -289,10 +329,10 @@ class PrivacyLedger:
         cache_key = (signature, delta, method)
         if cache_key in self._result_cache:
             return self._result_cache[cache_key]
-        eps_rdp = self._rdp_of(signature, delta)[0]  # cheap; also sets the PLD discretisation
+        eps_rdp = _upper_bound(self._rdp_of(signature, delta)[0])  # cheap; also sets the PLD discretisation
         eps_pld = float("inf")
         if method == "pld" or (method == "best" and eps_rdp > prune_below):
-            eps_pld = self._pld_of(signature, eps_rdp, delta)
+            eps_pld = _upper_bound(self._pld_of(signature, eps_rdp, delta))
         if method == "best" and eps_rdp <= prune_below:
             return eps_rdp, eps_pld  # not cached: PLD was skipped
         self._result_cache[cache_key] = (eps_rdp, eps_pld)
@@ -443,6 +483,22 @@ class PrivacyLedger:
         """Read a ledger saved with :meth:`save`."""
         with open(path) as handle:
             return cls.from_json(handle.read())
+
+
+def _upper_bound(epsilon: float) -> float:
+    """An accountant's ε as a bound the ledger may report: NaN (an accountant failure) becomes ∞.
+
+    Validated events have non-negative RDP curves and PLDs, so ε ≥ 0; a NaN can
+    only come from a numerical failure and must never read as 0 or as a number.
+    """
+    return float("inf") if math.isnan(epsilon) else max(0.0, float(epsilon))
+
+
+def _client_id(client: object) -> str:
+    """A client id as the ledger keys it: a node id (int) or a non-empty name, as a string."""
+    if isinstance(client, bool) or not isinstance(client, (int, str, np.integer)) or client == "":
+        raise ValueError(f"client must be an int node id or a non-empty str, got {client!r}")
+    return str(client)
 
 
 def _pld_interval(rdp_epsilon: float) -> float:

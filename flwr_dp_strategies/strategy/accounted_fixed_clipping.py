@@ -142,7 +142,7 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
         _check_accountable(strategy, noise_multiplier)
         self.ledger_path = None if ledger_path is None else os.fspath(ledger_path)
-        self.ledger = resolve_ledger(ledger, self.ledger_path)
+        self.ledger = resolve_ledger(ledger, self.ledger_path, "add_or_remove_one")
         self.round_offset = max(self.ledger.rounds(), default=0)
         self.budget_exhausted = False
         self._skipped_rounds: set[int] = set()

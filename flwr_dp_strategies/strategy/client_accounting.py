@@ -58,8 +58,9 @@ class ClientAccountingMixin:
         ledger_path: Optional[str],
         per_client_metrics: bool,
         max_reply_bytes: Optional[int],
+        neighboring_relation: str = "replace_one",
     ) -> None:
-        self.ledger = resolve_ledger(ledger, ledger_path)
+        self.ledger = resolve_ledger(ledger, ledger_path, neighboring_relation)
         self.ledger_path = ledger_path
         self.per_client_metrics = bool(per_client_metrics)
         self.max_reply_bytes = None if max_reply_bytes is None else check_int(
@@ -88,7 +89,9 @@ class ClientAccountingMixin:
             reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
             for declaration in declarations:
                 self.ledger.record(declaration.event, server_round=server_round,
-                                   client=reply.metadata.src_node_id, label=declaration.label)
+                                   client=reply.metadata.src_node_id, label=declaration.label,
+                                   neighboring_relation=declaration.neighboring_relation,
+                                   replace_one_event=declaration.replace_one_event)
                 booked = True
             if reason is None and check is not None:
                 reason = check(reply.content)
@@ -111,7 +114,8 @@ class ClientAccountingMixin:
         try:
             declarations = read_declarations(reply.content)
             for declaration in declarations:
-                self.ledger.check_accountable(declaration.event)
+                self.ledger.check_accountable(declaration.event, neighboring_relation=declaration.neighboring_relation,
+                                              replace_one_event=declaration.replace_one_event)
         except (MalformedDeclaration, ValueError) as err:
             if "neighboring_relation" in str(err):
                 log(ERROR, "Node %s declared a release this ledger cannot account under neighboring_relation=%r: "
@@ -164,8 +168,16 @@ def _same_metric_keys(replies: list[Message], server_round: int, rejected: Count
     return kept
 
 
-def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str]) -> PrivacyLedger:
-    """Restore from ``ledger_path`` if it exists, else use ``ledger`` or a new ``PrivacyLedger(1e-5)``."""
+def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
+                   neighboring_relation: str = "replace_one") -> PrivacyLedger:
+    """Restore from ``ledger_path`` if it exists, else use ``ledger`` or a new
+    ``PrivacyLedger(1e-5, neighboring_relation=neighboring_relation)``.
+
+    The default relation is ``replace_one``, the relation this package's client-side
+    mechanisms are calibrated under (local update noise with Δ = 2C, FM, Analyze Gauss,
+    randomized response, Laplace inference vectors); add/remove declarations (DP-SGD)
+    are converted soundly into it. Central strategies pass ``add_or_remove_one``.
+    """
     if ledger_path is not None and os.path.exists(ledger_path):
         restored = PrivacyLedger.load(ledger_path)
         log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g, %d clients",
@@ -173,7 +185,7 @@ def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str]) 
         if ledger is not None:
             log(WARNING, "Both ledger and an existing ledger_path were given; the restored ledger is used.")
         return restored
-    return ledger if ledger is not None else PrivacyLedger(1e-5)
+    return ledger if ledger is not None else PrivacyLedger(1e-5, neighboring_relation=neighboring_relation)
 
 
 def undeclared_replies(replies: Iterable[Message]) -> set[int]:

@@ -102,7 +102,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         m = check_int("clients_per_round", clients_per_round, minimum=1)
         super().__init__(strategy, noise_multiplier, clipping_norm, m)
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self.rng = RngSource(rng)
         self.budget_exhausted = False
 
@@ -151,7 +151,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
         accepted = self._add_clipped(server_round, summed, accepted, rejected)
         arrays = self._release(summed)
-        self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL)
+        self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL,
+                           neighboring_relation="add_or_remove_one")
         self.save_ledger()
         metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
                                           self.strategy.weighted_by_key) if accepted else MetricRecord()

@@ -66,10 +66,12 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, Optional
 
+from dp_accounting.dp_event import DpEvent
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from ..declarations import PRIVACY_RECORD, MalformedDeclaration, read_declarations
+from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
+from ..privacy.relations import convert_event
 from ..layer_shuffler import LayerShuffler, layer_groups
 from ..privacy import PrivacyLedger
 from ..privacy.accountants import basic_pure_epsilon
@@ -291,15 +293,22 @@ def _peek_declared(content: RecordDict) -> _Declared:
     if not has_config_record(content, PRIVACY_RECORD):
         return _Declared(None, ())
     try:
-        events = [d.event for d in read_declarations(content)]
+        events = [_as_replace_one(d) for d in read_declarations(content)]
         signature = tuple(sorted(event_key(e) for e in events))
-    except (MalformedDeclaration, ValueError):
+    except (MalformedDeclaration, ValueError, TypeError):
         return _Declared(None, ())
     parts = [basic_pure_epsilon(e) for e in events]
     if not parts or any(p is None for p in parts):
         return _Declared(None, signature)
     total = float(sum(parts))  # type: ignore[arg-type]
     return _Declared(total if math.isfinite(total) and total > 0 else None, signature)
+
+
+def _as_replace_one(declaration: Declaration) -> DpEvent:
+    """The declared event under replacement, the relation the FMT local randomiser ε₀ is defined for."""
+    if declaration.replace_one_event is not None:
+        return declaration.replace_one_event
+    return convert_event(declaration.event, declaration.neighboring_relation, "replace_one")
 
 
 def _worst_epsilon0(declared: Sequence[Optional[_Declared]]) -> float:
