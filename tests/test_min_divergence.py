@@ -18,6 +18,7 @@ from flwr_dp_strategies.strategy.min_divergence import (
     group_layers,
     layer_divergence,
     select_low_divergence,
+    selection_event,
 )
 
 from conftest import FakeGrid
@@ -210,7 +211,7 @@ def test_selection_ledger_composes_k_times_m_draws_per_round_and_client_ledger_i
 
     expected = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     one_round = PrivacyLedger(1e-5, neighboring_relation="replace_one")
-    event = SelfComposedDpEvent(ExponentialMechanismDpEvent(eps), k * m)
+    event = SelfComposedDpEvent(ExponentialMechanismDpEvent(eps / 2), k * m)
     one_round.record(event, server_round=1)
     for rnd in range(1, rounds + 1):
         expected.record(event, server_round=rnd)
@@ -304,3 +305,31 @@ def test_default_rng_is_fresh_entropy_and_seeds_reproduce():
     np.testing.assert_array_equal(tie_heavy_aggregate(7), tie_heavy_aggregate(7))
     np.testing.assert_array_equal(tie_heavy_aggregate(np.random.default_rng(3)),
                                   tie_heavy_aggregate(np.random.default_rng(3)))
+
+
+def test_selection_is_booked_at_half_epsilon_per_draw():
+    """Audit: k = 5, m = 4, T = 50, ε = 1 was booked 198.5 (each draw at ε); one client moves only its own
+    utility, so each draw is ε/2-DP and ε/2-bounded-range: 67.4."""
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    for rnd in range(1, 51):
+        ledger.record(selection_event(1.0, 5, 4), server_round=rnd)
+    assert ledger.epsilon() == pytest.approx(67.4, abs=0.1)
+
+
+def test_one_changed_utility_moves_an_em_draw_by_at_most_half_epsilon():
+    """Empirical check of the derivation: P ∝ exp(ε·u/2) with only u_j changed by Δ = 1 moves ln P(j)
+    by ε/2 + ln(Z'/Z) ≤ ε/2 (and every other outcome by |ln Z'/Z| ≤ ε/2), not by ε."""
+    eps, n, draws = 2.0, 10, 200_000
+    rng = np.random.default_rng(7)
+    utilities = np.zeros(n)
+    neighbour = utilities.copy()
+    neighbour[0] = -1.0
+    gumbel = rng.gumbel(size=(2, draws, n))  # Gumbel-max: argmax(εu/2 + G) is one EM draw
+    picks = [np.argmax(eps * u / 2.0 + gumbel[i], axis=1) for i, u in enumerate((utilities, neighbour))]
+    p, p_neighbour = (np.mean(pk == 0) for pk in picks)
+    ratio = math.log(p / p_neighbour)
+    exact = eps / 2 + math.log((n - 1 + math.exp(-eps / 2)) / n)
+    # Delta method: sd of ln p̂ is sqrt((1 - p)/(p·draws)); 4 sd over both terms.
+    tolerance = 4 * math.sqrt((1 - p) / (p * draws) + (1 - p_neighbour) / (p_neighbour * draws))
+    assert abs(ratio - exact) < tolerance
+    assert exact <= eps / 2

@@ -18,12 +18,12 @@ Domains (the field named in the error is ``<path>.<field>``, e.g.
 event                               parameters
 =================================== =============================================
 ``NoOpDpEvent``, ``NonPrivateDpEvent`` none
-``GaussianDpEvent``                 noise_multiplier ∈ [0, ∞) (0 = no noise: ε = ∞)
-``LaplaceDpEvent``                  noise_multiplier ∈ [0, ∞) (0 = no noise: ε = ∞)
+``GaussianDpEvent``                 noise_multiplier ∈ (0, ∞) (no noise: declare ``NonPrivateDpEvent``)
+``LaplaceDpEvent``                  noise_multiplier ∈ (0, ∞) (no noise: declare ``NonPrivateDpEvent``)
 ``DiscreteLaplaceDpEvent``          noise_parameter ∈ (0, ∞), sensitivity integer ≥ 1
 ``RandomizedResponseDpEvent``       noise_parameter ∈ [0, 1], num_buckets integer ≥ 2
 ``ZCDpEvent``                       rho ∈ [0, ∞), xi ∈ [0, ∞)
-``SelfComposedDpEvent``             event valid, count integer ≥ 0
+``SelfComposedDpEvent``             event valid, count integer ≥ 1
 ``ComposedDpEvent``                 events a list of valid events
 ``PoissonSampledDpEvent``           sampling_probability ∈ [0, 1], event valid
 ``SampledWithoutReplacementDpEvent`` source_dataset_size integer ≥ 1,
@@ -115,7 +115,7 @@ def _none(event: Any, path: str, depth: int, budget: list[int]) -> None:
 
 
 def _gaussian(event: Any, path: str, depth: int, budget: list[int]) -> None:
-    _real(event, "noise_multiplier", path, low=0.0, low_open=False)
+    _real(event, "noise_multiplier", path, low=0.0, low_open=True)
 
 
 def _discrete_laplace(event: Any, path: str, depth: int, budget: list[int]) -> None:
@@ -134,7 +134,7 @@ def _zcdp(event: Any, path: str, depth: int, budget: list[int]) -> None:
 
 
 def _self_composed(event: Any, path: str, depth: int, budget: list[int]) -> None:
-    _integer(event, "count", path, low=0)
+    _integer(event, "count", path, low=1)
     _validate(event.event, f"{path}.event", depth + 1, budget)
 
 
