@@ -139,7 +139,6 @@ def test_strategy_books_declarations_under_their_relation():
         declare_release(content, d.LaplaceDpEvent(1.0), label="x", neighboring_relation=relation)
         replies.append(Message(content, reply_to=msg))
     strategy.aggregate_train(1, replies)
-    by_node = {int(m.metadata.dst_node_id): m for m in msgs}
-    first, second = sorted(by_node)
-    assert strategy.ledger.epsilon(first) == pytest.approx(2.0, rel=1e-6)
-    assert strategy.ledger.epsilon(second) == pytest.approx(1.0, rel=1e-6)
+    add_remove_node, replace_node = (int(m.metadata.dst_node_id) for m in msgs)
+    assert strategy.ledger.epsilon(add_remove_node) == pytest.approx(2.0, rel=1e-6)
+    assert strategy.ledger.epsilon(replace_node) == pytest.approx(1.0, rel=1e-6)

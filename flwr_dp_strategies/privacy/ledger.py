@@ -190,15 +190,32 @@ class PrivacyLedger:
         if key is None:
             key = self._key_cache[event] = event_key(event)
         if key not in self._events:
-            relation = _RELATIONS[self.neighboring_relation]
-            if not (LedgerRdpAccountant(neighboring_relation=relation).supports(event)
-                    or LedgerPldAccountant(neighboring_relation=relation).supports(event)):
+            if not self._supported(event):
                 raise ValueError(
                     f"event {type(event).__name__} cannot be accounted under neighboring_relation="
                     f"{self.neighboring_relation!r} (randomized response needs 'replace_one')"
                 )
             self._events[key] = event
+            try:  # an event dp-accounting cannot compose is refused now, not at the next query
+                part = self._rdp_part(key)
+                if part is not None and (np.isnan(part[0]).any() or (part[0] < 0).any()):
+                    raise ValueError("its RDP curve is not a non-negative number")
+            except Exception as err:  # noqa: BLE001 - any accountant failure makes the event unusable
+                self._events.pop(key, None)
+                self._rdp_cache.pop(key, None)
+                raise ValueError(f"event {type(event).__name__} cannot be accounted: {err}") from err
         return key
+
+    def _supported(self, event: dp_event.DpEvent) -> bool:
+        """Whether either accountant composes ``event`` under this ledger's relation (False if one crashes)."""
+        relation = _RELATIONS[self.neighboring_relation]
+        for accountant in (LedgerRdpAccountant, LedgerPldAccountant):
+            try:
+                if accountant(neighboring_relation=relation).supports(event):
+                    return True
+            except Exception:  # noqa: BLE001 - dp-accounting raises on degenerate trees (e.g. sampled empty composition)
+                continue
+        return False
 
     def check_accountable(
         self,
@@ -304,8 +321,9 @@ class PrivacyLedger:
                 part = base.self_compose(count) if count > 1 else base
                 total = part if total is None else total.compose(part)
             return float(total.get_epsilon_for_delta(delta)) if total is not None else 0.0
-        except (OverflowError, FloatingPointError, ValueError):
-            # PLD discretisation overflows for (near) noiseless events; RDP still answers.
+        except (ArithmeticError, ValueError):
+            # PLD discretisation overflows for (near) noiseless events; RDP still answers. Any
+            # other numerical failure is read as "no bound from PLD" (inf), never as a number.
             return float("inf")
 
     def _pld_base(self, key: str, interval: float):

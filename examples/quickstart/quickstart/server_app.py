@@ -66,7 +66,11 @@ def build_strategy(config: dict[str, Any]) -> Strategy:
     if mechanism == "none":
         return build_fedavg(config)
     max_epsilon = float(config["max-epsilon"])
-    ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None)
+    # The relation the mechanism's sensitivity is computed for: local DP bounds a replaced update
+    # (Δ₂ = 2C); DP-SGD (Opacus) and the central strategies add or remove one record / client.
+    relation = "replace_one" if mechanism == "local-dp" else "add_or_remove_one"
+    ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None,
+                           neighboring_relation=relation)
     ledger_path = str(config["ledger-path"]) or None
     if mechanism in ("local-dp", "dp-sgd"):
         return AccountedFedAvg(**node_counts(config), ledger=ledger, ledger_path=ledger_path)
