@@ -17,8 +17,16 @@ never as 0 (a mechanism whose later replies are post-processing of an earlier
 release declares ``NoOpDpEvent``, as the label-DP wrapper does). Evaluate
 metrics are not accounted (as everywhere in this package).
 
+A train reply that declares nothing and is *rejected* (NaN, wrong shape, bad
+keys, an unreadable declaration, ...) is booked as ``NonPrivateDpEvent`` too: the
+server received its raw update all the same.
+
 What it checks and reports: see :mod:`.reply_screening` and
-:mod:`.client_accounting`; failed replies (a SuperNode that died mid-round) are
+:mod:`.client_accounting` (train and evaluate replies alike: identity, structure,
+finite weights in (0, ``max_weight``], finite metrics, keys, shapes, payload size);
+evaluate metrics are aggregated by :func:`.metrics.aggregate_reply_metrics`
+(Flower's arithmetic, per key over the replies that carry it), never by an
+unscreened FedAvg call; failed replies (a SuperNode that died mid-round) are
 counted as ``replies/failed`` and the round goes on with the others.
 
 Aggregation is streamed (:mod:`.streaming_aggregation`): the released model is
@@ -45,7 +53,8 @@ from flwr.serverapp.strategy import FedAvg
 from ..privacy import PrivacyLedger
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import ArraySpec, array_spec, check_weight, records_of, screen_train_content
+from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, check_weight, records_of,
+                              screen_train_content)
 from .streaming_aggregation import NonFiniteReplies, mean_of_records
 
 NON_PRIVATE_LABEL = "update/undeclared (non-private)"
@@ -82,7 +91,10 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         ledger_path: JSON file the ledger is restored from (if it exists) and saved
             to after every booking, so a restarted ServerApp loses nothing.
         per_client_metrics: also publish ``privacy/epsilon/node-<id>`` per node.
-        max_reply_bytes: reject train replies whose arrays exceed this many bytes.
+        max_reply_bytes: reject train replies whose arrays' payloads (``.npy`` headers
+            not counted) exceed this many bytes.
+        max_weight: reject replies whose ``weighted_by_key`` exceeds this (default
+            1e9, see :data:`.reply_screening.DEFAULT_MAX_WEIGHT`).
     """
 
     def __init__(
@@ -92,10 +104,12 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes)
+        self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None
 
     def configure_train(
@@ -112,13 +126,15 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         replies = list(replies)
         undeclared = undeclared_replies(replies)
         check_values = not getattr(type(self).aggregate_accepted, "finds_non_finite", False)
-        accepted, rejected = self.screen_and_book(
+        screened, rejected = self.screen_and_book(
             server_round, replies,
             lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
-                                                 check_values=check_values),
+                                                 check_values=check_values, max_weight=self.max_weight),
+            phase="train", undeclared_label=NON_PRIVATE_LABEL,
         )
-        arrays, metrics, accepted = self._aggregate_finite(server_round, accepted, rejected)
-        self._book_non_private(server_round, [r for r in accepted if id(r) in undeclared])
+        arrays, metrics, _ = self._aggregate_finite(server_round, screened, rejected)
+        # used or later found non-finite: the raw update reached the server either way
+        self._book_non_private(server_round, [r for r in screened if id(r) in undeclared])
         return arrays, self.round_metrics(metrics, rejected)
 
     def _aggregate_finite(
@@ -166,8 +182,10 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screen, book the declarations (e.g. Laplace-protected inference results), then FedAvg's metrics."""
         accepted, rejected = self.screen_and_book(
-            server_round, replies, lambda content: check_weight(content, self.weighted_by_key))
-        metrics = super().aggregate_evaluate(server_round, accepted) if accepted else None
+            server_round, replies, lambda content: check_weight(content, self.weighted_by_key, self.max_weight),
+            phase="evaluate")
+        metrics = aggregate_reply_metrics(self.evaluate_metrics_aggr_fn, [r.content for r in accepted],
+                                          self.weighted_by_key) if accepted else None
         return self.round_metrics(metrics, rejected)
 
 

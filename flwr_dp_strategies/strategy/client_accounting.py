@@ -6,10 +6,25 @@
   to ``ledger_path`` when given, so a restarted ServerApp loses nothing);
 * reply screening (:mod:`.reply_screening`): malformed replies are dropped and
   counted under ``rejected/<reason>`` in the round's metrics, the round goes on;
+  every train and evaluate reply of every strategy goes through
+  :meth:`ClientAccountingMixin.screen_and_book`, so subclass hooks only ever see
+  screened replies;
+* identity (``rejected/identity``): the mixin remembers the messages its
+  ``configure_train`` / ``configure_evaluate`` returned; a reply from a node that
+  was sent no instruction of that phase in that round (or answering another
+  message id) is dropped unread and nothing is booked for it (it is no client of
+  this federation's round); a second reply of a node in one round is rejected
+  too, and what it declared is still booked under that node (the ledger never
+  under-reports). Without a remembered configuration (a hook called directly)
+  only the duplicate check applies;
 * failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
   logged, skipped and counted as the int ``replies/failed`` in the round's
   metrics (``rejected/error`` keeps the same count, as a float, for
   compatibility); nothing is booked for them, since they carry no content;
+* a train reply that books no declaration (none, or an unreadable one) and is
+  rejected for its content (NaN, wrong shape, bad keys...) is booked as
+  ``NonPrivateDpEvent`` by strategies that book undeclared updates
+  (``undeclared_label``): the server did receive the raw update (issue 16, D8);
 * booking of what clients declare they released (:mod:`flwr_dp_strategies.declarations`)
   under the replying node id, each event checked with
   :meth:`PrivacyLedger.check_accountable` first (an unreadable or unaccountable
@@ -35,11 +50,17 @@ from typing import Optional
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
+from dp_accounting.dp_event import NonPrivateDpEvent
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.serverapp import Grid
+
 from ..declarations import PRIVACY_RECORD, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_int
 from .metrics import FAILED_REPLIES_KEY, log_failed_reply, with_privacy_metrics
-from .reply_screening import REJECTION_REASONS, has_config_record, records_of
+from .reply_screening import DEFAULT_MAX_WEIGHT, REJECTION_REASONS, check_max_weight, has_config_record
+
+PHASES = ("train", "evaluate")
 
 ContentCheck = Callable[[RecordDict], Optional[str]]
 
@@ -51,6 +72,7 @@ class ClientAccountingMixin:
     ledger_path: Optional[str]
     per_client_metrics: bool
     max_reply_bytes: Optional[int]
+    max_weight: float = DEFAULT_MAX_WEIGHT
 
     def _init_accounting(
         self,
@@ -66,42 +88,118 @@ class ClientAccountingMixin:
         self.max_reply_bytes = None if max_reply_bytes is None else check_int(
             "max_reply_bytes", max_reply_bytes, minimum=1)
 
+    def _init_screening(self, max_weight: float = DEFAULT_MAX_WEIGHT) -> None:
+        """Set ``max_weight`` (validated): replies weighing more are rejected as ``weight``."""
+        self.max_weight = check_max_weight(max_weight)
+
+    # ------------------------------------------------------------------ identity
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """The next class's ``configure_train``; its messages are remembered for the identity check."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
+        self.remember_instructions("train", server_round, messages)
+        return messages
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """The next class's ``configure_evaluate``; its messages are remembered for the identity check."""
+        messages = list(super().configure_evaluate(server_round, arrays, config, grid))  # type: ignore[misc]
+        self.remember_instructions("evaluate", server_round, messages)
+        return messages
+
+    def remember_instructions(self, phase: str, server_round: int, messages: list[Message]) -> None:
+        """Remember the instructions of ``phase`` in ``server_round``: replies are checked against them.
+
+        The messages themselves are kept: the Grid sets their message ids when it
+        sends them, after ``configure_*`` returned.
+        """
+        if phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {phase!r}")
+        sent = self.__dict__.setdefault("_sent_instructions", {})
+        sent[phase] = (int(server_round), list(messages))
+        self.__dict__["_last_phase"] = phase
+
+    def _expected_senders(self, server_round: int, phase: Optional[str]) -> Optional[dict[int, list[Message]]]:
+        """``{node id: instructions}`` of ``phase`` in ``server_round``, or None if none were remembered."""
+        phase = phase if phase is not None else self.__dict__.get("_last_phase")
+        sent = self.__dict__.get("_sent_instructions", {}).get(phase)
+        if sent is None or sent[0] != server_round:
+            return None
+        expected: dict[int, list[Message]] = {}
+        for message in sent[1]:
+            expected.setdefault(int(message.metadata.dst_node_id), []).append(message)
+        return expected
+
+    @staticmethod
+    def _answers_an_instruction(reply: Message, expected: dict[int, list[Message]]) -> bool:
+        """The reply's node was sent an instruction, and the reply answers one of its message ids
+        (ids are compared only once the Grid has set them)."""
+        instructions = expected.get(int(reply.metadata.src_node_id))
+        if not instructions:
+            return False
+        ids = {m.metadata.message_id for m in instructions}
+        return ids == {""} or reply.metadata.reply_to_message_id in ids
+
+    # ------------------------------------------------------------------ screening
     def screen_and_book(
-        self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None
+        self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None, *,
+        phase: Optional[str] = None, undeclared_label: Optional[str] = None,
     ) -> tuple[list[Message], Counter[str]]:
         """The replies to aggregate, and the count of rejected ones per reason.
 
+        In order: failed replies (``error``), identity (``identity``, see the module
+        docstring; ``phase`` names the instructions to compare with, default the
+        last configured phase), the declaration (``declaration``), then
+        ``check(content)`` (a reason or None). Acceptance depends on each reply alone.
+
         Every readable declaration is booked, also for a reply that is then
-        rejected for its content: the client did release it to us. Declarations
-        are consumed (removed from the reply), so a wrapped accounting strategy
-        that sees the same reply does not book them twice. ``check(content)``
-        returns a rejection reason or None. The ledger is saved if ``ledger_path``.
+        rejected for its content: the client did release it to us. With
+        ``undeclared_label``, a rejected reply that booked no declaration is booked as
+        ``NonPrivateDpEvent`` under that label (the raw content reached the server).
+        Declarations are consumed (removed from the reply), so a wrapped accounting
+        strategy that sees the same reply does not book them twice. The ledger is
+        saved if ``ledger_path``.
         """
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
+        expected = self._expected_senders(server_round, phase)
+        seen: set[int] = set()
         booked = False
         for reply in replies:
             if reply.has_error():
                 log_failed_reply(server_round, reply)
                 rejected["error"] += 1
                 continue
+            node = reply.metadata.src_node_id
+            if expected is not None and not self._answers_an_instruction(reply, expected):
+                reply.content.pop(PRIVACY_RECORD, None)  # unread: no client of this round
+                self._reject(server_round, reply, "identity", rejected)
+                continue
+            duplicate = node in seen
+            seen.add(node)
             reason, declarations = self._declared(reply)
             reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
             for declaration in declarations:
                 self.ledger.record(declaration.event, server_round=server_round,
-                                   client=reply.metadata.src_node_id, label=declaration.label,
+                                   client=node, label=declaration.label,
                                    neighboring_relation=declaration.neighboring_relation,
                                    replace_one_event=declaration.replace_one_event)
                 booked = True
+            if duplicate:
+                reason = "identity"
             if reason is None and check is not None:
                 reason = check(reply.content)
             if reason is None:
                 screened.append(reply)
-            else:
-                self._reject(server_round, reply, reason, rejected)
+                continue
+            self._reject(server_round, reply, reason, rejected)
+            if undeclared_label is not None and not declarations:
+                self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node,
+                                   label=undeclared_label)
+                booked = True
         if booked:
             self.save_ledger()
-        return _same_metric_keys(screened, server_round, rejected), rejected
+        return screened, rejected
 
     @staticmethod
     def _reject(server_round: int, reply: Message, reason: str, rejected: Counter[str]) -> None:
@@ -145,29 +243,6 @@ class ClientAccountingMixin:
             self.ledger.save(self.ledger_path)
 
 
-def _same_metric_keys(replies: list[Message], server_round: int, rejected: Counter[str]) -> list[Message]:
-    """Keep the replies whose MetricRecord keys are the most common key set (FedAvg needs them equal).
-
-    Replies are screened to hold exactly one MetricRecord before this is called,
-    or hold none (then nothing is compared).
-    """
-    def keys(reply: Message) -> frozenset[str]:
-        records = records_of(reply.content, MetricRecord)
-        return frozenset(records[0].keys()) if records else frozenset()
-
-    if not replies:
-        return []
-    counts = Counter(keys(reply) for reply in replies)
-    majority = max(counts, key=lambda k: (counts[k], len(k)))
-    kept = []
-    for reply in replies:
-        if keys(reply) == majority:
-            kept.append(reply)
-        else:
-            ClientAccountingMixin._reject(server_round, reply, "metrics", rejected)
-    return kept
-
-
 def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
                    neighboring_relation: str = "replace_one") -> PrivacyLedger:
     """Restore from ``ledger_path`` if it exists, else use ``ledger`` or a new
@@ -193,4 +268,4 @@ def undeclared_replies(replies: Iterable[Message]) -> set[int]:
     return {id(r) for r in replies if not r.has_error() and not has_config_record(r.content, PRIVACY_RECORD)}
 
 
-__all__ = ["ClientAccountingMixin", "resolve_ledger", "undeclared_replies"]
+__all__ = ["ClientAccountingMixin", "PHASES", "resolve_ledger", "undeclared_replies"]

@@ -14,6 +14,8 @@ MetricRecords; a failed reply carries no content, so nothing is booked for it.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
 from typing import Optional
@@ -54,35 +56,57 @@ MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
 def aggregate_reply_metrics(fn: MetricsAggregation, contents: Sequence[RecordDict], weighted_by_key: str) -> MetricRecord:
-    r"""``fn(contents, weighted_by_key)``, a strategy's ``train_metrics_aggr_fn``.
+    r"""``fn(contents, weighted_by_key)``, a strategy's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``.
 
-    Flower's default ``aggregate_metricrecords`` (per key
-    :math:`\sum_i (n_i / \sum_j n_j)\, m_i`, lists element-wise, the weight key
-    left out) is computed here with the same arithmetic in the same order, reading
-    the MetricRecords directly instead of rebuilding each reply's record views.
+    For Flower's default ``aggregate_metricrecords`` the weighted mean is computed
+    here, per key over the replies that carry it, and it never raises:
+
+    .. math:: \bar m_k = \sum_{i \in S_k} \frac{n_i}{\sum_{j \in S_k} n_j}\, m_{i,k},
+
+    S_k = the replies whose MetricRecord holds key k (the weight key left out).
+    Lists are averaged element-wise per index over the replies whose list is long
+    enough (per-class lists of different lengths give a list as long as the longest);
+    a scalar beside lists under the same key counts as a one-element list. When every
+    reply carries the same keys with the same lengths (the normal case) this is
+    Flower's arithmetic in Flower's order, bit for bit: factor :math:`n_i/\sum_j n_j`
+    then a running sum. A non-finite result from finite inputs (values near the
+    float range overflowing the running sum) is recomputed scaled by the largest
+    :math:`|m_{i,k}|`, which cannot overflow (a weighted mean lies within the values'
+    range). Replies are screened first (one MetricRecord, finite values, finite
+    positive bounded weights: :mod:`.reply_screening`).
     """
     if fn is not aggregate_metricrecords:
         return fn(list(contents), weighted_by_key)
-    records = [records_of(content, MetricRecord) for content in contents]
-    weights = [recs[0][weighted_by_key] for recs in records]
-    total = sum(weights)  # type: ignore[arg-type]
-    out: dict = {}
-    for recs, weight in zip(records, weights, strict=True):
-        factor = weight / total  # type: ignore[operator]
-        for record in recs:
+    columns: dict[str, list[tuple[float, object]]] = {}
+    for content in contents:
+        for record in records_of(content, MetricRecord):
+            weight = record[weighted_by_key]
             for key, value in record.items():
                 if key != weighted_by_key:
-                    out[key] = _weighted_add(out.get(key), value, factor)
-    return MetricRecord(out)
+                    columns.setdefault(key, []).append((weight, value))  # type: ignore[arg-type]
+    return MetricRecord({key: _mean_of_column(column) for key, column in columns.items()})  # type: ignore[misc]
 
 
-def _weighted_add(current: object, value: object, factor: float) -> object:
-    """``current + value·factor`` (``value·factor`` if current is None), element-wise for lists."""
-    if isinstance(value, list):
-        if current is None:
-            return [v * factor for v in value]
-        return [c + v * factor for c, v in zip(current, value, strict=True)]  # type: ignore[call-overload]
-    return value * factor if current is None else current + value * factor  # type: ignore[operator]
+def _mean_of_column(column: list[tuple[float, object]]) -> object:
+    """The weighted mean of one key's values: a scalar if all are scalars, else element-wise per index."""
+    if not any(isinstance(value, list) for _, value in column):
+        return _weighted_mean(column)  # type: ignore[arg-type]
+    lists = [(w, v if isinstance(v, list) else [v]) for w, v in column]
+    length = max(len(v) for _, v in lists)
+    return [_weighted_mean([(w, v[j]) for w, v in lists if len(v) > j]) for j in range(length)]
+
+
+def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
+    """Σ (w_i/Σw) v_i as Flower computes it; rescaled by max |v| if that overflows."""
+    total = sum(w for w, _ in pairs)
+    acc = None
+    for weight, value in pairs:
+        term = value * (weight / total)
+        acc = term if acc is None else acc + term
+    if acc is not None and not math.isfinite(acc) and all(math.isfinite(v) for _, v in pairs):
+        scale = max(abs(float(v)) for _, v in pairs)
+        acc = scale * math.fsum((w / total) * (float(v) / scale) for w, v in pairs)
+    return acc  # type: ignore[return-value]
 
 
 def failed_replies(replies: Iterable[Message], server_round: Optional[int] = None) -> int:

@@ -2,31 +2,55 @@
 
 Flower's FedAvg aborts a whole round's aggregation (``InconsistentMessageReplies``)
 when one reply has two ArrayRecords or different keys, and it averages NaN
-into the global model without a word. Every accounted strategy instead screens
-each reply on its own, drops the bad ones with a named reason and reports the
-counts in the round's metrics (``rejected/<reason>``), then aggregates the rest.
+into the global model without a word. Every strategy of this package instead
+puts each train *and* evaluate reply through this one screening path (driven by
+:meth:`.client_accounting.ClientAccountingMixin.screen_and_book`), drops the bad
+ones with a named reason, reports the counts in the round's metrics
+(``rejected/<reason>``, every reason listed, zeros included), then aggregates the
+rest. Whether a reply is accepted depends on that reply alone (and on what the
+server sent), never on the other replies of the round: one added client cannot
+change which others are aggregated.
 
-Checks on a train reply, in order (the first failing one is the reason):
+Reasons (:data:`REJECTION_REASONS`; the first failing check names the rejection):
 
-* ``structure`` - not exactly one ArrayRecord and one MetricRecord;
-* ``weight`` - the MetricRecord lacks ``weighted_by_key`` or its value is not a
-  finite number > 0;
+* ``error`` - a failed reply (a SuperNode that died mid-round); also counted as
+  ``replies/failed``, nothing is booked for it;
+* ``identity`` - the reply's source node was sent no instruction of this phase in
+  this round (checked against the node ids and message ids of the messages the
+  strategy's ``configure_train`` / ``configure_evaluate`` returned), or the node
+  already replied in this round: the *first* reply of a node is screened
+  normally, every later one is rejected (Flower's SuperLink accepts one reply
+  per instruction, so a second one is never legitimate);
+* ``declaration`` - an unreadable or unaccountable privacy declaration (checked by
+  the mixin, :mod:`flwr_dp_strategies.declarations` bounds its size and depth);
+* ``structure`` - not exactly one MetricRecord (train: and exactly one ArrayRecord);
+* ``weight`` - the MetricRecord's ``weighted_by_key`` is missing, not a single
+  int/float (a list, a bool), not finite, ``<= 0`` or above ``max_weight``
+  (default :data:`DEFAULT_MAX_WEIGHT` = 1e9 examples: large enough for any real
+  client, small enough that a sum of 10^6 such weights, and a weight times a
+  float32 value, stays finite);
+* ``metrics`` - a metric value (scalar or list element) is NaN or ±inf: the whole
+  reply is rejected (its update came from a diverged or corrupted run), so NaN
+  never reaches the round's aggregated metrics;
 * ``keys`` - the ArrayRecord's keys differ from those the server sent;
-* ``oversized`` - an array's payload exceeds what the server sent for it
-  (or ``max_reply_bytes`` in total);
+* ``oversized`` - an array's payload exceeds what the server sent for it, or the
+  reply's *payload* bytes (array data without the ``.npy`` headers) exceed
+  ``max_reply_bytes``: a limit equal to the model's size accepts a valid reply;
 * ``shape`` - an array's shape or dtype differs from the one the server sent
   (both the ``Array``'s metadata and its ``.npy`` header are compared), or its
-  payload is not a readable numeric ``.npy``;
+  payload is not a readable numeric ``.npy`` (complex, string, object dtypes are
+  refused wherever a real vector is expected);
 * ``non-finite`` - an array holds NaN or ±inf (skipped with
   ``check_values=False`` by a strategy whose streaming aggregation detects
-  non-finite replies itself, at no extra pass over the values).
+  non-finite replies itself, at no extra pass over the values);
+* ``indices`` - SignDS: indices not integers in [0, d), strictly increasing
+  (checked in int64 after a range check in the upload's own dtype: no wrap-around);
+* ``values`` - SignDS: a sign other than exactly ±1 or a b-hat other than exactly
+  0/1 (NaN, inf, 1.99 are refused); ClusterEvaluation: an inference value beyond
+  :data:`MAX_INFERENCE_ABS`.
 
 Payloads are read zero-copy (:func:`.streaming_aggregation.npy_view`): screening
 never decodes a copy of a well-formed reply.
-
-The privacy declaration (``declaration``) is checked by the accounting mixin.
-Replies with an error (a SuperNode that died mid-round) are not screened: the
-mixin counts them as ``replies/failed``.
 """
 
 from __future__ import annotations
@@ -35,14 +59,21 @@ import math
 from collections.abc import Mapping
 from typing import Optional, TypeVar
 
+import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from .streaming_aggregation import all_finite, npy_view
 
 REJECTION_REASONS: tuple[str, ...] = (
     "error", "structure", "weight", "keys", "oversized", "shape", "non-finite", "declaration", "metrics",
-    "indices", "values",
+    "indices", "values", "identity",
 )
+DEFAULT_MAX_WEIGHT = 1e9
+"""Default bound of a reply's weight (``num-examples``): see ``weight`` in the module docstring."""
+MAX_INFERENCE_ABS = 1e6
+"""Default bound of |value| in an inference vector scored by ClusterEvaluation (probabilities plus
+Laplace noise of scale Δ₁/ε: 50 scales at ε = 1e-4 and Δ₁ = 2 stay below it; a Laplace draw exceeds
+50 scales with probability e^-50)."""
 
 ArraySpec = Mapping[str, tuple[tuple[int, ...], str, int]]
 R = TypeVar("R", ArrayRecord, MetricRecord, ConfigRecord)
@@ -74,15 +105,48 @@ def array_spec(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str, int
     return {key: (tuple(arr.shape), str(arr.dtype), len(arr.data)) for key, arr in arrays.items()}
 
 
-def check_weight(content: RecordDict, weighted_by_key: str) -> Optional[str]:
-    """``None`` if there is exactly one MetricRecord with a finite positive weight, else the reason."""
+def check_max_weight(max_weight: float) -> float:
+    """``max_weight`` as a float in (0, 1e300]; ValueError naming it otherwise."""
+    if isinstance(max_weight, bool) or not isinstance(max_weight, (int, float)) \
+            or not math.isfinite(max_weight) or not 0 < max_weight <= 1e300:
+        raise ValueError(f"max_weight must be a finite number in (0, 1e300], got {max_weight!r}")
+    return float(max_weight)
+
+
+def valid_weight(value: object, max_weight: float = DEFAULT_MAX_WEIGHT) -> bool:
+    """True iff ``value`` is an int/float (not bool), finite, in (0, max_weight]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and 0 < value <= max_weight
+
+
+def finite_metric(value: object) -> bool:
+    """True iff a MetricRecord value (int, float or list of them) is finite everywhere."""
+    if isinstance(value, list):
+        return all(finite_metric(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value)
+
+
+def check_weight(content: RecordDict, weighted_by_key: str, max_weight: float = DEFAULT_MAX_WEIGHT) -> Optional[str]:
+    """``None`` if there is exactly one MetricRecord with a valid weight and finite metrics, else the reason.
+
+    The evaluate-phase screen (and the metric part of the train-phase one): ``structure``,
+    ``weight`` or ``metrics`` (see the module docstring).
+    """
     metric_records = records_of(content, MetricRecord)
     if len(metric_records) != 1:
         return "structure"
-    value = metric_records[0].get(weighted_by_key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    record = metric_records[0]
+    if not valid_weight(record.get(weighted_by_key), max_weight):
         return "weight"
+    if not all(finite_metric(value) for value in record.values()):
+        return "metrics"
     return None
+
+
+screen_evaluate_content = check_weight
 
 
 def screen_train_content(
@@ -91,28 +155,46 @@ def screen_train_content(
     weighted_by_key: str,
     max_reply_bytes: Optional[int] = None,
     check_values: bool = True,
+    *,
+    max_weight: float = DEFAULT_MAX_WEIGHT,
 ) -> Optional[str]:
     """``None`` if a train reply's content is well formed for averaging with ``spec``, else the reason.
 
     ``check_values=False`` skips the NaN/inf scan (the caller's aggregation must detect them).
+    ``max_reply_bytes`` bounds the sum of the arrays' payloads (``.npy`` headers not counted).
     """
     array_records = records_of(content, ArrayRecord)
     if len(array_records) != 1:
         return "structure"
-    reason = check_weight(content, weighted_by_key)
+    reason = check_weight(content, weighted_by_key, max_weight)
     if reason is not None:
         return reason
     arrays = array_records[0]
     if spec is not None and set(arrays.keys()) != set(spec.keys()):
         return "keys"
-    total = sum(len(arr.data) for arr in arrays.values())
-    if max_reply_bytes is not None and total > max_reply_bytes:
-        return "oversized"
+    if max_reply_bytes is not None and sum(len(arr.data) for arr in arrays.values()) > max_reply_bytes + 1024 * len(arrays):
+        return "oversized"  # even without headers too large: refused before anything is parsed
+    payload = 0
     for key, arr in arrays.items():
         reason = _check_array(arr, None if spec is None else spec[key], check_values)
         if reason is not None:
             return reason
+        payload += npy_view(arr).nbytes
+    if max_reply_bytes is not None and payload > max_reply_bytes:
+        return "oversized"
     return None
+
+
+def decode_real(arr: Array) -> Optional[np.ndarray]:
+    """The array's values (zero-copy) if it is a readable ``.npy`` of a real numeric dtype, else None.
+
+    Bool, integer and floating dtypes are real; complex, string, object and structured ones are not.
+    """
+    try:
+        values = npy_view(arr)
+    except Exception:  # noqa: BLE001 - an undecodable payload is malformed, whatever the error
+        return None
+    return values if values.dtype.kind in "biuf" else None
 
 
 def _check_array(
@@ -137,5 +219,6 @@ def _check_array(
     return None
 
 
-__all__ = ["REJECTION_REASONS", "array_spec", "check_weight", "has_config_record", "named_record", "records_of",
-           "screen_train_content"]
+__all__ = ["DEFAULT_MAX_WEIGHT", "MAX_INFERENCE_ABS", "REJECTION_REASONS", "array_spec", "check_max_weight",
+           "check_weight", "decode_real", "finite_metric", "has_config_record", "named_record", "records_of",
+           "screen_evaluate_content", "screen_train_content", "valid_weight"]
