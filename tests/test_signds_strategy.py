@@ -119,8 +119,10 @@ def test_malformed_uploads_are_rejected_and_counted_while_the_round_goes_on():
     flat = np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
     assert set(np.nonzero(flat)[0]) == {1, 5, 9}
     # the valid upload came without a declaration: the server books what it asked for
-    assert strategy.ledger.epsilon() == pytest.approx(
+    assert strategy.ledger.epsilon(msgs[0].metadata.dst_node_id) == pytest.approx(
         _single_round_epsilon(10.0), rel=1e-9)
+    # the rejected undeclared uploads reached the server as they were: non-private (issue 16 D8)
+    assert all(strategy.ledger.epsilon(m.metadata.dst_node_id) == np.inf for m in msgs[1:])
 
 
 def _single_round_epsilon(sign_eps: float) -> float:

@@ -54,7 +54,7 @@ from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 
-from ..declarations import PRIVACY_RECORD, MalformedDeclaration, read_declarations
+from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_int
 from .metrics import FAILED_REPLIES_KEY, log_failed_reply, with_privacy_metrics
@@ -162,6 +162,7 @@ class ClientAccountingMixin:
         """
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
+        phase = phase if phase is not None else self.__dict__.get("_last_phase")
         expected = self._expected_senders(server_round, phase)
         seen: set[int] = set()
         booked = False
@@ -179,11 +180,8 @@ class ClientAccountingMixin:
             seen.add(node)
             reason, declarations = self._declared(reply)
             reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
-            for declaration in declarations:
-                self.ledger.record(declaration.event, server_round=server_round,
-                                   client=node, label=declaration.label,
-                                   neighboring_relation=declaration.neighboring_relation,
-                                   replace_one_event=declaration.replace_one_event)
+            if declarations:
+                self.book_declarations(server_round, node, declarations, phase)
                 booked = True
             if duplicate:
                 reason = "identity"
@@ -200,6 +198,14 @@ class ClientAccountingMixin:
         if booked:
             self.save_ledger()
         return screened, rejected
+
+    def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
+                          phase: Optional[str]) -> None:
+        """Book what ``node`` declared (each under its own relation); a subclass may book more, never less."""
+        for declaration in declarations:
+            self.ledger.record(declaration.event, server_round=server_round, client=node, label=declaration.label,
+                               neighboring_relation=declaration.neighboring_relation,
+                               replace_one_event=declaration.replace_one_event)
 
     @staticmethod
     def _reject(server_round: int, reply: Message, reason: str, rejected: Counter[str]) -> None:

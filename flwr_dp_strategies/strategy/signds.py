@@ -5,10 +5,17 @@ Per round (MindSpore spec §2–3):
 1. ``configure_train`` sends FedAvg's message plus the SignDS parameters and the
    current MagRR state (``signds-r-est``, ``signds-is-reached``, ...) in the
    train config; :func:`client_mods.signds_mod` encodes each update with them.
-2. ``aggregate_train`` screens every reply (rejected and counted, the round goes
-   on): exactly the ArrayRecord keys ``indices``, ``sign``, ``b-hat``; integer
-   indices, 1-D, between 1 and ``max_dim_out`` of them, in [0, d), strictly
-   increasing; sign ±1; b̂ ∈ {0, 1}; a positive finite weight.
+2. ``aggregate_train`` screens every reply through the package's one screening
+   path (:mod:`.reply_screening`, rejected and counted, the round goes on):
+   identity, a finite weight in (0, ``max_weight``], finite metrics, exactly the
+   ArrayRecord keys ``indices``, ``sign``, ``b-hat``; payloads no larger than
+   ``max_dim_out`` int64 indices and one value each (``oversized``); integer
+   indices (any width, signed or not: range-checked in their own dtype before any
+   cast, so no wrap-around), 1-D, between 1 and ``max_dim_out`` of them, in
+   [0, d), strictly increasing (``indices``); a sign exactly ±1 and b̂ exactly
+   0 or 1 (``values``: NaN, inf and 1.99 are refused); real dtypes only
+   (``shape``). Evaluate replies are screened like every evaluate reply
+   (identity, one MetricRecord, finite bounded weight, finite metrics).
 3. Rebuild and average: with :math:`g = ` ``step_ratio``·N·r_est (N the number of
    clients asked this round), client i's dense update is :math:`g s_i 1_{J_i}` and
    the new model is :math:`w + \sum_i n_i g s_i 1_{J_i} / \sum_i n_i`, summed in
@@ -21,9 +28,14 @@ Per round (MindSpore spec §2–3):
 
 Privacy (local DP, per client and round): the index set is ε-LDP with ε =
 ``sign_eps`` and b̂ is ε_rr-LDP (randomized response), composed in the ledger
-(relation ``replace_one``: any two updates are neighbours). The server books the
-clients' declarations, and ``round_event(sign_eps, rr_epsilon)`` itself for a
-valid upload that came without one (it knows what it asked for). MindSpore's
+(relation ``replace_one``: any two updates are neighbours). The server books at
+least what it configured (issue 16, D7): ``round_event(sign_eps, rr_epsilon)``
+for every upload it receives from a node it asked, declared or not. A
+declaration equal to that event is booked once; any other declaration (smaller,
+such as ``NoOpDpEvent``, or larger) is booked *in addition* to the configured
+event, so a client can never lower its ε below what the server asked for. An
+upload that declares nothing and is rejected is booked as ``NonPrivateDpEvent``
+(its content reached the server but is not SignDS's encoding). MindSpore's
 default (ε = 100, ε_rr = 5) spends 105 per round.
 
 Round metrics: ``signds/r-est-used`` and ``signds/step`` (this round's),
@@ -55,24 +67,29 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ..declarations import Declaration
 from ..privacy import PrivacyLedger
+from ..privacy.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
 from .accounted_fedavg import reply_arrays, reply_weight
 from .client_accounting import ClientAccountingMixin, undeclared_replies
-from .metrics import aggregate_reply_metrics, failed_replies, with_failed_replies
-from .reply_screening import check_weight, records_of
+from .metrics import aggregate_reply_metrics
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of
 from .streaming_aggregation import npy_view, to_array
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
 EVENT_LABEL = "signds/indices+magrr-bit"
+NON_PRIVATE_LABEL = "signds/rejected-undeclared (non-private)"
+HEADER_ALLOWANCE = 1024  # bytes of .npy header tolerated beyond a payload's largest valid size
 
 
 class SignDS(ClientAccountingMixin, FedAvg):
     """SignDS + MagRR on Flower's FedAvg. Arguments: the SignDS parameters (domains as MindSpore),
     ``max_dim_out`` (most indices a client may send), ``magrr`` (MagRR constants), the ledger
-    options of :class:`AccountedFedAvg`, and FedAvg's own keyword arguments."""
+    options of :class:`AccountedFedAvg`, ``max_weight`` (largest accepted ``weighted_by_key``,
+    default 1e9), and FedAvg's own keyword arguments."""
 
     def __init__(
         self,
@@ -87,6 +104,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
@@ -97,6 +115,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         self.state = MagRRState(r_est=magrr.initial_r_est)
         ledger = ledger if ledger is not None else PrivacyLedger(1e-5, neighboring_relation="replace_one")
         self._init_accounting(ledger, ledger_path, per_client_metrics, None)
+        self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._asked = 0
 
@@ -133,7 +152,8 @@ class SignDS(ClientAccountingMixin, FedAvg):
         d = int(sum(a.size for a in current))
         replies = list(replies)
         undeclared = undeclared_replies(replies)
-        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d))
+        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d),
+                                                  phase="train", undeclared_label=NON_PRIVATE_LABEL)
         self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
         r_est_used = self.state.r_est
         step = step_size(r_est_used, max(self._asked, 1), self.magrr)
@@ -148,11 +168,25 @@ class SignDS(ClientAccountingMixin, FedAvg):
         return arrays, merged
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """FedAvg's evaluation, plus ``replies/failed``."""
-        replies = list(replies)
-        failed = failed_replies(replies, server_round)
-        metrics = super().aggregate_evaluate(server_round, replies)
-        return with_failed_replies(metrics, failed) if metrics is not None or failed else None
+        """Screened FedAvg evaluation (weighted metric mean of the accepted replies), plus the round's counts."""
+        accepted, rejected = self.screen_and_book(
+            server_round, replies, lambda c: check_weight(c, self.weighted_by_key, self.max_weight), phase="evaluate")
+        metrics = aggregate_reply_metrics(self.evaluate_metrics_aggr_fn, [r.content for r in accepted],
+                                          self.weighted_by_key) if accepted else None
+        return self.round_metrics(metrics, rejected)
+
+    def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
+                          phase: Optional[str]) -> None:
+        """Train phase: the configured round event, once, plus any declaration that differs from it (D7)."""
+        if phase != "train":
+            super().book_declarations(server_round, node, declarations, phase)
+            return
+        event = round_event(self.params.sign_eps, self.magrr.rr_epsilon)
+        self.ledger.record(event, server_round=server_round, client=node, label=EVENT_LABEL)
+        if [event_key(d.event) for d in declarations] == [event_key(event)] \
+                and declarations[0].neighboring_relation == self.ledger.neighboring_relation:
+            return
+        super().book_declarations(server_round, node, declarations, phase)
 
     def _check(self, content: RecordDict, d: int) -> Optional[str]:
         """A reason to reject this upload, or None (see the module docstring)."""
@@ -165,13 +199,14 @@ class SignDS(ClientAccountingMixin, FedAvg):
         record = array_records[0]
         if sorted(record.keys()) != sorted(UPLOAD_KEYS):
             return "keys"
-        if len(record["indices"].data) > 8 * self.max_dim_out + 1024:
+        if len(record["indices"].data) > 8 * self.max_dim_out + HEADER_ALLOWANCE \
+                or any(len(record[k].data) > 8 + HEADER_ALLOWANCE for k in ("sign", "b-hat")):
             return "oversized"
         try:
             idx, sign, bit = (npy_view(record[k]) for k in UPLOAD_KEYS)
         except Exception:  # noqa: BLE001 - an undecodable payload is malformed
             return "shape"
-        return _check_upload(idx, sign, bit, d, self.max_dim_out)
+        return check_upload(idx, sign, bit, d, self.max_dim_out)
 
     def _book_undeclared(self, server_round: int, replies: list[Message]) -> None:
         """A valid upload without a declaration still released what was asked: book it."""
@@ -220,17 +255,29 @@ class SignDS(ClientAccountingMixin, FedAvg):
                 "payload-bytes-per-client": float(payload)}
 
 
-def _check_upload(idx: np.ndarray, sign: np.ndarray, bit: np.ndarray, d: int, max_dim_out: int) -> Optional[str]:
-    """Indices 1-D integers, 1..max_dim_out of them, in [0, d), strictly increasing; sign ±1; bit 0/1."""
-    if idx.ndim != 1 or not np.issubdtype(idx.dtype, np.integer) or not 1 <= idx.size <= max_dim_out:
+def check_upload(idx: np.ndarray, sign: np.ndarray, bit: np.ndarray, d: int, max_dim_out: int) -> Optional[str]:
+    """None if the upload is valid, else the reason (see the module docstring).
+
+    Indices: 1-D, of an integer dtype (bool refused), 1..max_dim_out of them, in
+    [0, d), strictly increasing. The range is checked in the indices' own dtype
+    before they are cast to int64 (a uint64 above 2^63 or an int8 would otherwise
+    wrap around). Sign exactly ±1, bit exactly 0 or 1, each of shape (1,) and a real dtype.
+    """
+    if idx.ndim != 1 or idx.dtype.kind not in "iu" or not 1 <= idx.size <= max_dim_out:
         return "shape"
-    if sign.shape != (1,) or bit.shape != (1,):
+    if sign.shape != (1,) or bit.shape != (1,) or sign.dtype.kind not in "iuf" or bit.dtype.kind not in "iuf":
         return "shape"
-    if idx[0] < 0 or idx[-1] >= d or np.any(np.diff(idx) <= 0):
+    if idx.dtype.kind == "u" and bool((idx > np.uint64(d - 1)).any()):
         return "indices"
-    if int(sign[0]) not in (1, -1) or int(bit[0]) not in (0, 1):
-        return "values"
+    wide = idx.astype(np.int64)  # every remaining value fits: signed ints of any width, unsigned < d
+    if bool((wide < 0).any()) or bool((wide >= d).any()) or bool((np.diff(wide) <= 0).any()):
+        return "indices"
+    if float(sign[0]) not in (1.0, -1.0) or float(bit[0]) not in (0.0, 1.0):
+        return "values"  # NaN, inf, 1.99 compare unequal to every allowed value
     return None
 
 
-__all__ = ["EVENT_LABEL", "SignDS", "UPLOAD_KEYS"]
+_check_upload = check_upload  # former private name
+
+
+__all__ = ["EVENT_LABEL", "SignDS", "UPLOAD_KEYS", "check_upload"]
