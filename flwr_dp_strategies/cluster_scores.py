@@ -11,11 +11,17 @@ softmax output, Laplace-protected or not); its cluster label is
 As MindSpore does, a score is 0 when the number of distinct labels L is < 2 or > n − 1
 (the scores are undefined there); ``points`` and ``labels`` are reported with them.
 Unlike MindSpore's Davies–Bouldin, labels need not be contiguous (sklearn relabels).
+Scores are computed on the points scaled by their largest absolute value when that
+exceeds 1 (silhouette, Calinski–Harabasz and Davies–Bouldin are invariant under a
+common scaling, so nothing changes but the range: values like ±1e308 cannot
+overflow the squared distances); a score that is still not finite (e.g. a
+degenerate clustering) is reported as 0, like an undefined one, never as NaN.
 No Flower import: usable on any array of points.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -61,9 +67,13 @@ def cluster_scores(points: np.ndarray, eval_types: Optional[tuple[str, ...]] = N
     n, num_labels = len(x), len(np.unique(labels))
     out = {"points": float(n), "labels": float(num_labels)}
     defined = 2 <= num_labels <= n - 1
+    scale = float(np.abs(x).max()) if x.size else 0.0
+    scaled = x / scale if scale > 1.0 else x
     for eval_type in eval_types or EVAL_TYPES:
-        name = METRIC_NAMES[check_eval_type(eval_type)]
-        out[name] = float(_SCORERS[eval_type](x, labels)) if defined else 0.0
+        eval_type = check_eval_type(eval_type)
+        name = METRIC_NAMES[eval_type]
+        value = float(_SCORERS[eval_type](scaled, labels)) if defined else 0.0
+        out[name] = value if math.isfinite(value) else 0.0
     return out
 
 

@@ -7,12 +7,29 @@ unsupervised evaluation to every evaluate round:
 1. ``configure_evaluate`` tells clients the privacy mode through the evaluate
    config: ``privacy-eval-type`` (``NOT_ENCRYPT`` | ``LAPLACE``), ``laplace-eval-eps``
    and ``eval-type``; :class:`client_mods.LaplaceInferenceMod` reads them.
-2. ``aggregate_evaluate`` screens each reply's inference result (ArrayRecord
+2. ``aggregate_evaluate`` screens each reply on its own, through the package's
+   one screening path (:mod:`.reply_screening`): identity, one MetricRecord with a
+   finite weight in (0, ``max_weight``] and finite metrics (as the wrapped
+   strategy's evaluation needs), then the inference result (ArrayRecord
    ``inference_key``, all its arrays concatenated to one point, as MindSpore does):
-   NaN/inf (``non-finite``) or of another length than most replies (``shape``) is
-   rejected and counted; a reply without one is kept for the wrapped strategy's
-   evaluation but not scored (``cluster/missing``), so an unchanged app keeps its
-   evaluation; Laplace declarations are booked in the ledger per node.
+   not a readable array of a real dtype (complex, string: ``shape``), empty or of
+   another length than expected (``shape``), NaN/inf (``non-finite``) or a value
+   beyond ``max_inference_abs`` (``values``; default 1e6, see
+   :data:`.reply_screening.MAX_INFERENCE_ABS`: the points are probability vectors
+   plus Laplace noise) is rejected and counted. The expected length is
+   ``num_classes`` when given (recommended). Without it, the length is pinned by
+   the first evaluate round whose valid points all have one length (a round whose
+   points disagree is not scored, ``cluster/length-mismatch`` = 1, and nobody is
+   rejected for length): no majority vote, so no tie can be resolved toward
+   attackers, and after pinning each reply is judged alone. A reply without a
+   point is kept for the wrapped strategy's evaluation but not scored
+   (``cluster/missing``), so an unchanged app keeps its evaluation; Laplace
+   declarations are booked in the ledger per node. The wrapped strategy gets the
+   accepted replies only, and its own ``rejected/*`` counts are added to these
+   (never overwritten). A wrapped plain Flower ``FedAvg`` evaluation is computed by
+   :func:`.metrics.aggregate_reply_metrics` (same arithmetic, per key over the
+   replies carrying it) instead of its consistency check, which would abort on
+   honest replies with different metric keys.
 3. Up to ``cluster_client_num`` accepted points are scored with scikit-learn on
    labels = argmax (:func:`flwr_dp_strategies.cluster_scores.cluster_scores`):
    ``cluster/silhouette``, ``cluster/calinski-harabasz``, ``cluster/davies-bouldin``,
@@ -23,6 +40,12 @@ Failed replies (a SuperNode that died mid-round) are skipped and counted as the
 int ``replies/failed`` in the evaluate metrics (and in the train metrics of the
 wrapped strategy, added here if it does not report them); nothing is booked for
 them, and the round is scored with the others.
+
+Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``)
+aggregates raw updates that nobody accounts: every node whose train reply reaches
+it is booked ``NonPrivateDpEvent`` (label ``update/unaccounted (non-private)``) in
+this ledger, so ``privacy/epsilon`` reads inf, never a finite figure that only
+covers the evaluation (issue 16, D9); the train metrics then carry ``privacy/*``.
 
 The server's scores are post-processing of the clients' ε-LDP releases, so they
 spend nothing more. An inference result that arrives *without* a declared
@@ -35,26 +58,30 @@ Points are scored in node-id order (at most ``cluster_client_num``) and kept in
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from logging import WARNING
 from typing import Any, Optional
 
 import numpy as np
 from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.common.logger import log
+from flwr.serverapp.strategy import FedAvg, Strategy
 
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
 from .client_accounting import ClientAccountingMixin, undeclared_replies
-from .metrics import FAILED_REPLIES_KEY, failed_replies, with_failed_replies
-from ..npy_codec import npy_view
-from .reply_screening import named_record
+from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, failed_replies, with_failed_replies
+from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, REJECTION_REASONS, check_weight, decode_real,
+                              named_record)
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
 UNPROTECTED_LABEL = "inference-results/unprotected"
+UNACCOUNTED_TRAIN_LABEL = "update/unaccounted (non-private)"
 RUN_CONFIG_KEYS = {
     "privacy-eval-type": "privacy_eval_type",
     "laplace-eval-eps": "laplace_eval_eps",
@@ -76,6 +103,11 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         inference_key: ArrayRecord key of the inference result in replies.
         ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`;
             by default the wrapped strategy's ledger if it has one.
+        num_classes: the inference vectors' length (None: pinned by the first round whose
+            points agree, see the module docstring).
+        max_inference_abs: largest accepted |value| of an inference vector, > 0.
+        max_weight: largest accepted ``weighted_by_key`` of an evaluate reply (default: the
+            wrapped strategy's, else 1e9).
     """
 
     def __init__(
@@ -90,6 +122,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
+        num_classes: Optional[int] = None,
+        max_inference_abs: float = MAX_INFERENCE_ABS,
+        max_weight: Optional[float] = None,
     ) -> None:
         self.strategy = strategy
         self.eval_type = "NOT_EVAL" if str(eval_type).upper() == "NOT_EVAL" else check_eval_type(eval_type)
@@ -101,6 +136,14 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self.inference_key = inference_key
         inner_ledger = getattr(strategy, "ledger", None)
         self._init_accounting(ledger if ledger is not None else inner_ledger, ledger_path, per_client_metrics, None)
+        self._init_screening(max_weight if max_weight is not None
+                             else getattr(strategy, "max_weight", DEFAULT_MAX_WEIGHT))
+        self.num_classes = None if num_classes is None else check_int("num_classes", num_classes, minimum=1)
+        self.max_inference_abs = float(max_inference_abs)
+        if isinstance(max_inference_abs, bool) or not math.isfinite(self.max_inference_abs) \
+                or self.max_inference_abs <= 0:
+            raise ValueError(f"max_inference_abs must be a finite number > 0, got {max_inference_abs!r}")
+        self._unaccounted_training = getattr(strategy, "ledger", None) is None
         self.scores_history: list[dict[str, float]] = []
         self.points_history: list[dict[int, np.ndarray]] = []
 
@@ -118,17 +161,37 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """The wrapped strategy's training configuration."""
-        return self.strategy.configure_train(server_round, arrays, config, grid)
+        messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        self.remember_instructions("train", server_round, messages)
+        return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """The wrapped strategy's training aggregation, with ``replies/failed`` if it does not report it."""
+        """The wrapped strategy's training aggregation, with ``replies/failed`` if it does not report it.
+
+        A wrapped strategy without a ledger aggregates raw updates: their nodes are booked non-private (D9).
+        """
         replies = list(replies)
+        if self._unaccounted_training:
+            self._book_unaccounted_training(server_round, replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
+        if self._unaccounted_training:
+            return arrays, self.round_metrics(metrics, Counter({"error": failed_replies(replies)}))
         if metrics is not None and FAILED_REPLIES_KEY in metrics:
             return arrays, metrics
         failed = failed_replies(replies)
         return arrays, (with_failed_replies(metrics, failed) if metrics is not None or failed else None)
+
+    def _book_unaccounted_training(self, server_round: int, replies: list[Message]) -> None:
+        """Every node whose (non-failed) train reply reaches an unaccounted strategy: ``NonPrivateDpEvent``."""
+        expected = self._expected_senders(server_round, "train")
+        nodes = {r.metadata.src_node_id for r in replies if not r.has_error()
+                 and (expected is None or self._answers_an_instruction(r, expected))}
+        for node in sorted(nodes):
+            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node,
+                               label=UNACCOUNTED_TRAIN_LABEL)
+        if nodes:
+            self.save_ledger()
 
     # ------------------------------------------------------------------ evaluation
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -138,25 +201,59 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         config["privacy-eval-type"] = self.privacy_eval_type
         config["laplace-eval-eps"] = float(self.laplace_eval_eps)
         config["eval-type"] = self.eval_type
-        return self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        self.remember_instructions("evaluate", server_round, messages)
+        return messages
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screen and book the replies, score the inference results, then the wrapped evaluation."""
         replies = list(replies)
-        length = self._majority_length(replies)
         undeclared = undeclared_replies(replies)
         decoded: dict[int, np.ndarray] = {}  # id(content) -> point, decoded once while screening
-        accepted, rejected = self.screen_and_book(server_round, replies,
-                                                  lambda c: self._check(c, length, decoded))
+        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, decoded),
+                                                  phase="evaluate")
         with_points = [r for r in accepted if decoded.get(id(r.content)) is not None]
         self._book_unprotected(server_round, [r for r in with_points if id(r) in undeclared])
-        metrics = self.strategy.aggregate_evaluate(server_round, accepted) if accepted else None
+        mismatch = self._pin_length(with_points, decoded)
+        if mismatch:
+            with_points = []
+        metrics = self._wrapped_evaluate(server_round, accepted) if accepted else None
         merged = self.round_metrics(metrics, rejected)
-        merged["cluster/missing"] = float(len(accepted) - len(with_points))
+        for reason in REJECTION_REASONS:  # the wrapped strategy's own rejections are added, never overwritten
+            if metrics is not None and isinstance(metrics.get(f"rejected/{reason}"), (int, float)):
+                merged[f"rejected/{reason}"] = float(rejected.get(reason, 0)) + float(metrics[f"rejected/{reason}"])
+        merged["cluster/missing"] = float(len(accepted) - len([r for r in accepted
+                                                               if decoded.get(id(r.content)) is not None]))
+        merged["cluster/length-mismatch"] = float(mismatch)
         if self.eval_type != "NOT_EVAL":
             for key, value in self._score(with_points, decoded).items():
                 merged[key] = value
         return merged
+
+    def _wrapped_evaluate(self, server_round: int, accepted: list[Message]) -> Optional[MetricRecord]:
+        """The wrapped strategy's evaluation of the accepted replies.
+
+        Flower's own ``FedAvg.aggregate_evaluate`` (unchanged by a subclass) is computed with
+        :func:`.metrics.aggregate_reply_metrics` instead: its consistency check would abort
+        the round on honest replies with different metric keys.
+        """
+        strategy = self.strategy
+        if isinstance(strategy, FedAvg) and type(strategy).aggregate_evaluate is FedAvg.aggregate_evaluate:
+            return aggregate_reply_metrics(strategy.evaluate_metrics_aggr_fn, [r.content for r in accepted],
+                                           strategy.weighted_by_key)
+        return strategy.aggregate_evaluate(server_round, accepted)
+
+    def _pin_length(self, with_points: list[Message], decoded: dict[int, np.ndarray]) -> bool:
+        """Without ``num_classes``: pin the length once the valid points of a round agree; True if they do not."""
+        if self.num_classes is not None or not with_points:
+            return False
+        lengths = {decoded[id(r.content)].size for r in with_points}
+        if len(lengths) > 1:
+            log(WARNING, "ClusterEvaluation: inference vectors of lengths %s in one round; not scored until "
+                "they agree (pass num_classes to judge each reply alone)", sorted(lengths))
+            return True
+        self.num_classes = lengths.pop()
+        return False
 
     def _book_unprotected(self, server_round: int, replies: list[Message]) -> None:
         """An inference result sent without a declared release is not DP: book it as such (ε = inf)."""
@@ -166,29 +263,37 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if replies:
             self.save_ledger()
 
-    def _point(self, content: RecordDict) -> Optional[np.ndarray]:
+    def _point(self, content: RecordDict) -> tuple[Optional[np.ndarray], Optional[str]]:
+        """The reply's inference point (float64) and None, or (None, reason); (None, None) if it has none."""
         record = named_record(content, self.inference_key, ArrayRecord)
-        if record is None or len(record) == 0:
-            return None
-        return np.concatenate([np.asarray(npy_view(arr), dtype=np.float64).ravel() for arr in record.values()])
+        if record is None:
+            return None, None
+        parts = []
+        for arr in record.values():
+            values = decode_real(arr)
+            if values is None:
+                return None, "shape"
+            parts.append(values.ravel())
+        point = np.concatenate(parts).astype(np.float64) if parts else np.zeros(0)
+        if point.size == 0 or (self.num_classes is not None and point.size != self.num_classes):
+            return None, "shape"
+        if not np.isfinite(point).all():
+            return None, "non-finite"
+        if float(np.abs(point).max()) > self.max_inference_abs:
+            return None, "values"
+        return point, None
 
-    def _majority_length(self, replies: list[Message]) -> Optional[int]:
-        lengths: Counter[int] = Counter()
-        for reply in replies:
-            if not reply.has_error() and (record := named_record(reply.content, self.inference_key, ArrayRecord)):
-                lengths[sum(int(np.prod(arr.shape)) for arr in record.values())] += 1
-        return max(lengths, key=lambda k: (lengths[k], -k)) if lengths else None
+    def _check(self, content: RecordDict, decoded: dict[int, np.ndarray]) -> Optional[str]:
+        reason = check_weight(content, self._weight_key(), self.max_weight)
+        if reason is not None:
+            return reason
+        point, reason = self._point(content)
+        if point is not None:
+            decoded[id(content)] = point
+        return reason
 
-    def _check(self, content: RecordDict, length: Optional[int], decoded: dict[int, np.ndarray]) -> Optional[str]:
-        try:
-            point = decoded[id(content)] = self._point(content)
-        except Exception:  # noqa: BLE001 - undecodable arrays are malformed
-            return "shape"
-        if point is None:
-            return None  # no inference result: evaluated by the wrapped strategy, not scored
-        if point.size != length:
-            return "shape"
-        return None if np.isfinite(point).all() else "non-finite"
+    def _weight_key(self) -> str:
+        return str(getattr(self.strategy, "weighted_by_key", "num-examples"))
 
     def _score(self, accepted: list[Message], decoded: dict[int, np.ndarray]) -> dict[str, float]:
         chosen = sorted(accepted, key=lambda r: r.metadata.src_node_id)[: self.cluster_client_num]
