@@ -383,6 +383,10 @@ def test_cluster_around_an_unaccounted_strategy_reports_infinite_train_epsilon()
     msgs = configure_train(accounted, [np.zeros(3)])
     _, metrics = accounted.aggregate_train(1, [reply(m, [np.ones(3)], event=GaussianDpEvent(2.0)) for m in msgs])
     assert math.isfinite(metrics["privacy/epsilon"])
+    opted_out = ClusterEvaluation(FedAvg(**fedavg_kwargs()), laplace_eval_eps=10.0, book_unaccounted_training=False)
+    msgs = configure_train(opted_out, [np.zeros(3)])
+    opted_out.aggregate_train(1, [reply(m, [np.ones(3)]) for m in msgs])
+    assert opted_out.ledger.clients == []
 
 
 # ---------------------------------------------------------------------- 8. D8

@@ -46,6 +46,10 @@ aggregates raw updates that nobody accounts: every node whose train reply reache
 it is booked ``NonPrivateDpEvent`` (label ``update/unaccounted (non-private)``) in
 this ledger, so ``privacy/epsilon`` reads inf, never a finite figure that only
 covers the evaluation (issue 16, D9); the train metrics then carry ``privacy/*``.
+``book_unaccounted_training=False`` is the operator's explicit statement that
+those training releases are accounted elsewhere (or are not of the data this
+ledger protects): nothing is booked for them, ``privacy/epsilon`` then covers the
+evaluate-phase releases only, and a WARNING says so once.
 
 The server's scores are post-processing of the clients' ε-LDP releases, so they
 spend nothing more. An inference result that arrives *without* a declared
@@ -108,6 +112,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         max_inference_abs: largest accepted |value| of an inference vector, > 0.
         max_weight: largest accepted ``weighted_by_key`` of an evaluate reply (default: the
             wrapped strategy's, else 1e9).
+        book_unaccounted_training: book the train replies of a wrapped strategy without a
+            ledger as non-private (default True; see the module docstring).
     """
 
     def __init__(
@@ -125,6 +131,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         num_classes: Optional[int] = None,
         max_inference_abs: float = MAX_INFERENCE_ABS,
         max_weight: Optional[float] = None,
+        book_unaccounted_training: bool = True,
     ) -> None:
         self.strategy = strategy
         self.eval_type = "NOT_EVAL" if str(eval_type).upper() == "NOT_EVAL" else check_eval_type(eval_type)
@@ -143,7 +150,10 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if isinstance(max_inference_abs, bool) or not math.isfinite(self.max_inference_abs) \
                 or self.max_inference_abs <= 0:
             raise ValueError(f"max_inference_abs must be a finite number > 0, got {max_inference_abs!r}")
-        self._unaccounted_training = getattr(strategy, "ledger", None) is None
+        self._unaccounted_training = getattr(strategy, "ledger", None) is None and bool(book_unaccounted_training)
+        if getattr(strategy, "ledger", None) is None and not book_unaccounted_training:
+            log(WARNING, "ClusterEvaluation(book_unaccounted_training=False): the wrapped strategy's training "
+                "releases are not booked; privacy/epsilon covers the evaluate-phase releases only")
         self.scores_history: list[dict[str, float]] = []
         self.points_history: list[dict[int, np.ndarray]] = []
 
