@@ -99,8 +99,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self.laplace_eval_eps = check_epsilon(laplace_eval_eps, "laplace_eval_eps")
         self.cluster_client_num = check_int("cluster_client_num", cluster_client_num, minimum=3)
         self.inference_key = inference_key
-        inner_ledger = getattr(strategy, "ledger", None)
-        self._init_accounting(ledger if ledger is not None else inner_ledger, ledger_path, per_client_metrics, None)
+        # the wrapped strategy's ledgers and file are shared (one store), or its ledger if it has no store
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, wrapped=strategy)
         self.scores_history: list[dict[str, float]] = []
         self.points_history: list[dict[int, np.ndarray]] = []
 
