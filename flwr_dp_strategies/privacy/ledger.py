@@ -522,9 +522,9 @@ class PrivacyLedger:
         ledger's events, i.e. one this ledger was neither loaded from nor last saved to. Other
         named ledgers in the file are kept. ``key``: HMAC key (default ``$FLWR_DP_LEDGER_KEY``).
         """
-        from .ledger_file import DEFAULT_MAX_BYTES, MAIN, LedgerStore
+        from .ledger_file import MAIN, LedgerStore
 
-        store = LedgerStore(path, key=key, max_bytes=DEFAULT_MAX_BYTES if max_bytes is None else max_bytes)
+        store = LedgerStore(path, key=key, max_bytes=max_bytes)
         store.claim(MAIN, self, lambda: self)
         store.save()
 
@@ -536,10 +536,9 @@ class PrivacyLedger:
         Every fault (nothing there, a dangling link, an empty, oversized, corrupted, edited or
         invalid file) raises :class:`~.ledger_file.LedgerFileError` naming the file.
         """
-        from .ledger_file import _ORIGIN, DEFAULT_MAX_BYTES, LedgerFileError, read_file
+        from .ledger_file import _ORIGIN, LedgerFileError, read_file
 
-        limit = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
-        found = read_file(path, key=key, max_bytes=limit)
+        found = read_file(path, key=key, max_bytes=max_bytes)
         if found is None:
             raise LedgerFileError(path, "does not exist")
         bodies, checksum = found

@@ -213,10 +213,8 @@ def encode_file(bodies: Mapping[str, str], key: Optional[bytes]) -> bytes:
 
 def decode_file(data: bytes, path: str, key: Optional[bytes]) -> tuple[dict[str, str], str]:
     """(canonical body text by name, checksum) of a file's bytes; :class:`LedgerFileError` if anything is off."""
-    if not data.endswith(b"\n") or b"\n" in data[:-1]:
-        raise LedgerFileError(path, "is not a ledger file (expected one line of JSON; truncated or edited?)")
     try:
-        envelope = strict_loads(data[:-1].decode("ascii"))
+        envelope = strict_loads(data.decode("ascii"))
     except (UnicodeDecodeError, ValueError) as err:
         raise LedgerFileError(path, f"is not valid ledger JSON ({err})") from err
     if not isinstance(envelope, dict) or sorted(envelope) != ["checksum", "format", "ledgers"]:
@@ -267,9 +265,18 @@ def _reject_dangling(path: str) -> bool:
     return True
 
 
-def read_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Optional[bytes]:
+def _cap(max_bytes: Optional[int]) -> int:
+    """``max_bytes``, or the module's :data:`DEFAULT_MAX_BYTES` (read at call time) if None."""
+    cap = DEFAULT_MAX_BYTES if max_bytes is None else max_bytes
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"max_bytes must be an int >= 1, got {cap!r}")
+    return cap
+
+
+def read_bytes(path: str, max_bytes: Optional[int] = None) -> Optional[bytes]:
     """The file's bytes, or None if nothing is at ``path``; anything else there that is not a
     readable, regular, non-empty file of at most ``max_bytes`` raises :class:`LedgerFileError`."""
+    max_bytes = _cap(max_bytes)
     if not _reject_dangling(path):
         return None
     try:
@@ -279,7 +286,7 @@ def read_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Optional[bytes]
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise LedgerFileError(path, "is not a regular file")
+            raise LedgerFileError(path, "is a directory" if stat.S_ISDIR(st.st_mode) else "is not a regular file")
         if st.st_size == 0:
             raise LedgerFileError(path, "is empty (a failed write?); refusing to start from epsilon = 0")
         if st.st_size > max_bytes:
@@ -301,7 +308,7 @@ def read_bytes(path: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Optional[bytes]
 
 
 def read_file(path: PathLike, *, key: Union[None, str, bytes] = None,
-              max_bytes: int = DEFAULT_MAX_BYTES) -> Optional[tuple[dict[str, str], str]]:
+              max_bytes: Optional[int] = None) -> Optional[tuple[dict[str, str], str]]:
     """(canonical body text by name, checksum), or None if nothing is at ``path``."""
     path = os.fspath(path)
     data = read_bytes(path, max_bytes)
@@ -459,16 +466,15 @@ class LedgerStore:
             a path locks it for this process (see the module docstring) and restores
             what is there; nothing there is a fresh start, anything else unreadable raises.
         key: HMAC key (default: ``$FLWR_DP_LEDGER_KEY``, else plain SHA-256).
-        max_bytes: size cap of the file, read and written.
+        max_bytes: size cap of the file, read and written (default :data:`DEFAULT_MAX_BYTES`,
+            256 MiB, a module attribute an operator may raise).
 
     :meth:`claim` gives the ledger of a name, :meth:`save` writes all of them.
     """
 
     def __init__(self, path: Optional[PathLike] = None, *, key: Union[None, str, bytes] = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
-            raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
-        self.max_bytes = max_bytes
+                 max_bytes: Optional[int] = None) -> None:
+        self.max_bytes = _cap(max_bytes)
         self._key = _key_bytes(key)
         self.path: Optional[str] = None
         self._lock: Optional[_FileLock] = None
