@@ -43,10 +43,8 @@ rename, an exclusive lock against a second writer, a size cap, and one
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
