@@ -74,8 +74,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         laplace_eval_eps: ε in (0, inf) sent to clients in LAPLACE mode.
         cluster_client_num: at most this many points are scored per round (>= 3).
         inference_key: ArrayRecord key of the inference result in replies.
-        ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`;
-            by default the wrapped strategy's ledger if it has one.
+        ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`; a wrapped
+            accounting strategy's ledgers and file are shared (one ``ledger_store``): give
+            ``ledger_path`` to either (or the same to both), a ledger to one of them only.
     """
 
     def __init__(
