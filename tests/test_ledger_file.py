@@ -313,10 +313,10 @@ def test_a_save_killed_mid_write_leaves_the_old_file_and_its_temp_file_is_remove
 def test_a_second_process_cannot_open_the_same_ledger_for_writing(tmp_path):
     path = str(tmp_path / "ledger.json")
     holder = textwrap.dedent(f"""
-        import fcntl, os, sys
-        fd = os.open({path + '.lock'!r}, os.O_RDWR | os.O_CREAT)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, str(os.getpid()).encode())
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("lf", {_module_path()!r})
+        lf = importlib.util.module_from_spec(spec); spec.loader.exec_module(lf)
+        store = lf.LedgerStore({path!r})  # the first writer: holds the lock while it lives
         print("locked", flush=True)
         sys.stdin.read()
     """)
