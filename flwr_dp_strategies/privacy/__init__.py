@@ -12,6 +12,7 @@ from .exponential import exponential_mechanism, gumbel_top_k
 from .gaussian import classical_gaussian_sigma, gaussian_mechanism, gaussian_sigma
 from .laplace import laplace_mechanism, laplace_scale
 from .ledger import PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport, privacy_metrics
+from .ledger_file import LedgerFileError, LedgerStore
 from .randomized_response import (
     binary_randomized_response,
     flip_probability,
@@ -26,8 +27,10 @@ from .rng import resolve_rng
 __all__ = [
     "ApproxDpEvent",
     "ExponentialMechanismDpEvent",
+    "LedgerFileError",
     "LedgerPldAccountant",
     "LedgerRdpAccountant",
+    "LedgerStore",
     "PrivacyBudgetExceeded",
     "PrivacyLedger",
     "PrivacyReport",

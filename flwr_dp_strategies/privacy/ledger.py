@@ -31,17 +31,20 @@ Budget. With ``max_epsilon``, :meth:`PrivacyLedger.would_exceed` tells a
 strategy *before* a release whether it would push any client above the budget,
 so the run can stop cleanly with the budget intact.
 
-Persistence. :meth:`PrivacyLedger.to_json` / :meth:`from_json` (and
-:meth:`save` / :meth:`load`, atomic) keep every event, client and round, so a
-restarted server continues the same ledger.
+Persistence. :meth:`PrivacyLedger.to_json` / :meth:`from_json` keep every
+event, client and round (canonical JSON; loading validates every event and the
+structure). :meth:`save` / :meth:`load` go through :mod:`.ledger_file`: one
+file per strategy holding its named ledgers, with a SHA-256 checksum over the
+canonical body (any accidental change is refused; a deliberate forger who
+recomputes it is not caught unless an HMAC key is set), fsync and atomic
+rename, an exclusive lock against a second writer, a size cap, and one
+:class:`~.ledger_file.LedgerFileError` naming the file for every fault.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -460,8 +463,11 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> str:
-        """Serialise the whole ledger (configuration, events, clients, rounds)."""
-        return json.dumps({
+        """Serialise the whole ledger (configuration, events, clients, rounds) as canonical JSON
+        (no whitespace, ASCII, no NaN): the body a ledger file checksums."""
+        from .ledger_file import canonical_json
+
+        return canonical_json({
             "format": LEDGER_FORMAT,
             "target_delta": self.target_delta,
             "neighboring_relation": self.neighboring_relation,
@@ -474,33 +480,74 @@ class PrivacyLedger:
         })
 
     @classmethod
-    def from_json(cls, text: str) -> "PrivacyLedger":
-        """Restore a ledger written by :meth:`to_json`."""
-        data = json.loads(text)
-        if data.get("format") != LEDGER_FORMAT:
-            raise ValueError(f"unsupported ledger format {data.get('format')!r}, expected {LEDGER_FORMAT}")
-        ledger = cls(data["target_delta"], neighboring_relation=data["neighboring_relation"],
-                     max_epsilon=data["max_epsilon"], accounting=data["accounting"])
-        keymap = {old: ledger._register(event_from_dict(ev)) for old, ev in data["events"].items()}
-        ledger._labels = {keymap[k]: v for k, v in data["labels"].items()}
-        ledger._central = {keymap[k]: [int(r) for r in v] for k, v in data["central"].items()}
-        ledger._clients = {c: {keymap[k]: [int(r) for r in v] for k, v in evs.items()} for c, evs in data["clients"].items()}
+    def from_json(cls, text: Union[str, bytes]) -> "PrivacyLedger":
+        """Restore a ledger written by :meth:`to_json`; anything malformed raises ``ValueError``.
+
+        Strict JSON (no duplicate key, no NaN/Infinity), exactly the fields :meth:`to_json`
+        writes, the configuration checked by the constructor, and every event rebuilt from
+        the allow-list and registered through :meth:`_register` (so validated by
+        :func:`~.event_validation.validate_event` and refused if it cannot be accounted under
+        the ledger's relation). Bookings of event descriptions that turn out equal are merged.
+        """
+        from .ledger_file import parse_body
+
+        data = parse_body(text)
+        if data["format"] != LEDGER_FORMAT:
+            raise ValueError(f"unsupported ledger format {data['format']!r}, expected {LEDGER_FORMAT}")
+        try:
+            ledger = cls(data["target_delta"], neighboring_relation=data["neighboring_relation"],
+                         max_epsilon=data["max_epsilon"], accounting=data["accounting"])
+            keymap = {old: ledger._register(event_from_dict(ev)) for old, ev in data["events"].items()}
+        except (TypeError, KeyError, AttributeError, RecursionError, OverflowError) as err:
+            raise ValueError(f"invalid ledger content: {err}") from err
+        for old, label in data["labels"].items():
+            if label:
+                ledger._labels.setdefault(keymap[old], label)
+        for old, rounds in data["central"].items():
+            ledger._central.setdefault(keymap[old], []).extend(rounds)
+        for client, bookings in data["clients"].items():
+            target = ledger._clients.setdefault(_client_id(client), {})
+            for old, rounds in bookings.items():
+                target.setdefault(keymap[old], []).extend(rounds)
         return ledger
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write the ledger to ``path`` atomically (temp file + rename)."""
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ledger-", suffix=".json")
-        with os.fdopen(fd, "w") as handle:
-            handle.write(self.to_json())
-        os.replace(tmp, path)
+    def save(self, path: Union[str, os.PathLike], *, key: Union[None, str, bytes] = None,
+             max_bytes: Optional[int] = None) -> None:
+        """Write the ledger to ``path`` as the ledger file's ``main`` ledger (:mod:`.ledger_file`):
+        checksummed, fsynced, atomic, under the file's lock.
+
+        Refuses (:class:`~.ledger_file.LedgerFileError`) to overwrite a file that holds another
+        ledger's events, i.e. one this ledger was neither loaded from nor last saved to. Other
+        named ledgers in the file are kept. ``key``: HMAC key (default ``$FLWR_DP_LEDGER_KEY``).
+        """
+        from .ledger_file import MAIN, LedgerStore
+
+        store = LedgerStore(path, key=key, max_bytes=max_bytes)
+        store.claim(MAIN, self, lambda: self)
+        store.save()
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike]) -> "PrivacyLedger":
-        """Read a ledger saved with :meth:`save`."""
-        with open(path) as handle:
-            return cls.from_json(handle.read())
+    def load(cls, path: Union[str, os.PathLike], *, name: str = "main", key: Union[None, str, bytes] = None,
+             max_bytes: Optional[int] = None) -> "PrivacyLedger":
+        """Read ledger ``name`` (default ``main``) of a file written by :meth:`save` or a strategy.
+
+        Every fault (nothing there, a dangling link, an empty, oversized, corrupted, edited or
+        invalid file) raises :class:`~.ledger_file.LedgerFileError` naming the file.
+        """
+        from .ledger_file import _ORIGIN, LedgerFileError, read_file
+
+        found = read_file(path, key=key, max_bytes=max_bytes)
+        if found is None:
+            raise LedgerFileError(path, "does not exist")
+        bodies, checksum = found
+        if name not in bodies:
+            raise LedgerFileError(path, f"holds no ledger {name!r} (it holds {sorted(bodies)})")
+        try:
+            ledger = cls.from_json(bodies[name])
+        except Exception as err:  # noqa: BLE001 - whatever fails, the content is not a valid ledger
+            raise LedgerFileError(path, f"ledger {name!r} is not a valid ledger: {err}") from err
+        _ORIGIN[ledger] = (os.path.realpath(os.path.abspath(os.fspath(path))), checksum)
+        return ledger
 
 
 def _upper_bound(epsilon: float) -> float:

@@ -93,7 +93,7 @@ from flwr.supercore.privacy_accounting import PrivacyAccountant
 
 from ..privacy import PrivacyLedger
 from .accounted_fedavg import reply_arrays, reply_weight
-from .client_accounting import resolve_ledger
+from .client_accounting import open_ledgers
 from .metrics import aggregate_reply_metrics, failed_replies, with_failed_replies, with_privacy_metrics
 from .streaming_aggregation import ClippedSum, mean_dtype, npy_view, to_array
 
@@ -109,8 +109,9 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
         ledger: the :class:`PrivacyLedger` that records one central
             ``GaussianDpEvent`` per released aggregate (default: a new
             ``PrivacyLedger(1e-5)``). Its ``max_epsilon`` is the budget.
-        ledger_path: optional JSON file. If it exists at construction the ledger
-            is restored from it (its settings win over ``ledger``) and round
+        ledger_path: optional ledger file (locked while the strategy lives). If it exists
+            at construction the ledger is restored from it (into ``ledger``, which must then
+            be empty with the same delta and relation; see ``open_ledgers``) and round
             numbers continue after the last recorded round; after every recorded
             round the ledger is saved there atomically.
 
@@ -142,7 +143,7 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
         _check_accountable(strategy, noise_multiplier)
         self.ledger_path = None if ledger_path is None else os.fspath(ledger_path)
-        self.ledger = resolve_ledger(ledger, self.ledger_path, "add_or_remove_one")
+        self.ledger_store, self.ledger = open_ledgers(ledger, self.ledger_path, "add_or_remove_one")
         self.round_offset = max(self.ledger.rounds(), default=0)
         self.budget_exhausted = False
         self._skipped_rounds: set[int] = set()
@@ -283,8 +284,7 @@ class AccountedServerSideFixedClipping(DifferentialPrivacyServerSideFixedClippin
 
     def _save(self) -> None:
         """Persist the ledger to ``ledger_path`` (atomic), if configured."""
-        if self.ledger_path is not None:
-            self.ledger.save(self.ledger_path)
+        self.ledger_store.save()
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

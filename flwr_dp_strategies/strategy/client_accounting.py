@@ -56,6 +56,7 @@ from flwr.serverapp import Grid
 
 from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
+from ..privacy.ledger_file import MAIN, LedgerStore
 from ..privacy.validation import check_int
 from .metrics import FAILED_REPLIES_KEY, log_failed_reply, with_privacy_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, REJECTION_REASONS, check_max_weight, has_config_record
@@ -81,9 +82,18 @@ class ClientAccountingMixin:
         per_client_metrics: bool,
         max_reply_bytes: Optional[int],
         neighboring_relation: str = "replace_one",
+        *,
+        wrapped: object = None,
     ) -> None:
-        self.ledger = resolve_ledger(ledger, ledger_path, neighboring_relation)
-        self.ledger_path = ledger_path
+        """Open the strategy's ledgers (:func:`open_ledgers`); ``wrapped``: a strategy this one wraps,
+        whose ledger store (all its named ledgers, and its file) is shared rather than duplicated."""
+        store = getattr(wrapped, "ledger_store", None)
+        if not isinstance(store, LedgerStore):
+            store = None
+            inner = getattr(wrapped, "ledger", None)
+            ledger = ledger if ledger is not None or not isinstance(inner, PrivacyLedger) else inner
+        self.ledger_path = None if ledger_path is None else os.fspath(ledger_path)
+        self.ledger_store, self.ledger = open_ledgers(ledger, self.ledger_path, neighboring_relation, store=store)
         self.per_client_metrics = bool(per_client_metrics)
         self.max_reply_bytes = None if max_reply_bytes is None else check_int(
             "max_reply_bytes", max_reply_bytes, minimum=1)
@@ -244,29 +254,57 @@ class ClientAccountingMixin:
         return merged
 
     def save_ledger(self) -> None:
-        """Persist the ledger to ``ledger_path`` (atomic), if configured."""
-        if self.ledger_path is not None:
-            self.ledger.save(self.ledger_path)
+        """Persist every ledger of the strategy (``self.ledger_store``) to ``ledger_path``, if configured:
+        one checksummed file, written atomically (:mod:`flwr_dp_strategies.privacy.ledger_file`).
+
+        A ``ledger_path`` assigned after construction is bound (locked, checked against what is
+        there) at the first save.
+        """
+        store = self.ledger_store
+        if self.ledger_path is not None and store.path is None:
+            store.bind(self.ledger_path)
+        store.save()
 
 
-def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
-                   neighboring_relation: str = "replace_one") -> PrivacyLedger:
-    """Restore from ``ledger_path`` if it exists, else use ``ledger`` or a new
-    ``PrivacyLedger(1e-5, neighboring_relation=neighboring_relation)``.
+def open_ledgers(
+    ledger: Optional[PrivacyLedger],
+    ledger_path: Optional["os.PathLike[str] | str"],
+    neighboring_relation: str = "replace_one",
+    *,
+    store: Optional[LedgerStore] = None,
+) -> tuple[LedgerStore, PrivacyLedger]:
+    """A strategy's ledger store (locked on ``ledger_path``, restored from it) and its main ledger.
+
+    ``store``: the store of a wrapped strategy, shared (a wrapper books into the same
+    ledgers and file). The main ledger is the file's, restored into ``ledger`` when one
+    is passed (it must then be empty and have the file's ``target_delta`` and
+    ``neighboring_relation``, else :class:`~flwr_dp_strategies.privacy.ledger_file.LedgerFileError`:
+    a conflict is never resolved silently; its ``max_epsilon`` and ``accounting`` apply), else
+    ``ledger``, else a new ``PrivacyLedger(1e-5, neighboring_relation=neighboring_relation)``.
 
     The default relation is ``replace_one``, the relation this package's client-side
     mechanisms are calibrated under (local update noise with Δ = 2C, FM, Analyze Gauss,
     randomized response, Laplace inference vectors); add/remove declarations (DP-SGD)
     are converted soundly into it. Central strategies pass ``add_or_remove_one``.
+    Anything at ``ledger_path`` that is not a valid ledger file (a dangling link, an
+    empty, corrupted or edited file) raises: a path that was given is never a silent
+    fresh start.
     """
-    if ledger_path is not None and os.path.exists(ledger_path):
-        restored = PrivacyLedger.load(ledger_path)
-        log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g, %d clients",
-            ledger_path, restored.epsilon(), restored.target_delta, len(restored.clients))
-        if ledger is not None:
-            log(WARNING, "Both ledger and an existing ledger_path were given; the restored ledger is used.")
-        return restored
-    return ledger if ledger is not None else PrivacyLedger(1e-5, neighboring_relation=neighboring_relation)
+    store = store if store is not None else LedgerStore()
+    if ledger_path is not None:
+        store.bind(ledger_path)
+    main = store.claim(MAIN, ledger, lambda: PrivacyLedger(1e-5, neighboring_relation=neighboring_relation))
+    if ledger_path is not None and (main.clients or main.rounds()):
+        log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g, %d clients (ledgers: %s)",
+            ledger_path, main.epsilon(), main.target_delta, len(main.clients), ", ".join(store.names))
+    return store, main
+
+
+def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
+                   neighboring_relation: str = "replace_one") -> PrivacyLedger:
+    """The main ledger of :func:`open_ledgers` (without keeping its store: save it with
+    ``ledger.save(ledger_path)``, which checks that no one else wrote the file meanwhile)."""
+    return open_ledgers(ledger, ledger_path, neighboring_relation)[1]
 
 
 def undeclared_replies(replies: Iterable[Message]) -> set[int]:
@@ -274,4 +312,4 @@ def undeclared_replies(replies: Iterable[Message]) -> set[int]:
     return {id(r) for r in replies if not r.has_error() and not has_config_record(r.content, PRIVACY_RECORD)}
 
 
-__all__ = ["ClientAccountingMixin", "PHASES", "resolve_ledger", "undeclared_replies"]
+__all__ = ["ClientAccountingMixin", "PHASES", "open_ledgers", "resolve_ledger", "undeclared_replies"]

@@ -176,8 +176,8 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         self.num_selected = check_int("num_selected", num_selected, minimum=1)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon, "epsilon")
         self.layer_of = layer_of if layer_of is not None else default_layer_of
-        self.selection_ledger = selection_ledger if selection_ledger is not None else PrivacyLedger(
-            1e-5, neighboring_relation="replace_one")
+        self.selection_ledger = self.ledger_store.claim(  # persisted with the main ledger, in ledger_path
+            SELECTION_LABEL, selection_ledger, lambda: PrivacyLedger(1e-5, neighboring_relation="replace_one"))
         self._rng = RngSource(rng)
         self._layers: Layers = {}
         self._global_negative: dict[str, np.ndarray] = {}
@@ -207,6 +207,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
                 server_round, len(replies), self.num_selected)
         self.selection_ledger.record(selection_event(self.epsilon, self.num_selected, len(self._layers)),
                                      server_round=server_round, label=SELECTION_LABEL)
+        self.save_ledger()
         arrays = self._aggregate_layers(replies, selected)
         metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
         for key, value in self._selection_metrics(dvg, selected).items():

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, Optional
 
-from dp_accounting.dp_event import DpEvent
+from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
@@ -84,6 +84,7 @@ from .reply_screening import has_config_record, records_of
 from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
+UNAMPLIFIED_LABEL = "round not amplified"
 Segment = tuple[tuple[str, Array], ...]
 
 
@@ -133,7 +134,8 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         self.layer_of = layer_of
         self.amplification = amplification
         self.reports_are_ldp = bool(reports_are_ldp)
-        self.shuffle_ledger = _shuffle_ledger(shuffle_ledger)
+        self.shuffle_ledger = _shuffle_ledger(self.ledger_store.claim(  # persisted with the main ledger
+            "shuffle", shuffle_ledger, lambda: _shuffle_ledger(None)))
         self._explicit_round_delta = (None if shuffle_round_delta is None
                                       else _round_delta(shuffle_round_delta, self.shuffle_ledger))
         self.planned_rounds = None if planned_rounds is None else check_int("planned_rounds", planned_rounds, minimum=1)
@@ -142,6 +144,8 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         self._unamplified: Optional[str] = None
         if self.ledger.clients and not self.shuffle_ledger.rounds():
             self._unamplified = "the client ledger holds earlier rounds that the shuffle ledger does not cover"
+        elif any(label == UNAMPLIFIED_LABEL for _, _, label in self.shuffle_ledger.events()):
+            self._unamplified = "a round before the restart was not amplified"
 
     @property
     def shuffle_round_delta(self) -> float:
@@ -206,8 +210,12 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
             event = shuffle_amplified_event(eps0, n, self.shuffle_round_delta)
             self.shuffle_ledger.record(event, server_round=server_round, label="shuffled round")
         else:
+            if self._unamplified is None and self.shuffle_ledger.rounds():  # persisted, so that after a restart
+                self.shuffle_ledger.record(NonPrivateDpEvent(), server_round=server_round,  # the earlier amplified
+                                           label=UNAMPLIFIED_LABEL)  # rounds are not claimed as the whole account
             self._unamplified = self._unamplified or reason
             self._log_once(INFO, f"shuffle/epsilon claims no amplification: {reason}")
+        self.save_ledger()
         metrics = {"shuffle/reports": n, "shuffle/layers": m, "shuffle/epsilon0": eps0}
         if self.amplification == "paper":
             metrics["shuffle/epsilon-paper"] = eps0 / m

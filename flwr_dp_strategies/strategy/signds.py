@@ -113,7 +113,6 @@ class SignDS(ClientAccountingMixin, FedAvg):
         self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
         self.magrr = magrr
         self.state = MagRRState(r_est=magrr.initial_r_est)
-        ledger = ledger if ledger is not None else PrivacyLedger(1e-5, neighboring_relation="replace_one")
         self._init_accounting(ledger, ledger_path, per_client_metrics, None)
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
