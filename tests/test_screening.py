@@ -121,6 +121,8 @@ BAD_EVALUATE = {
     "weight inf": lambda m: reply(m, metrics={"num-examples": math.inf, "accuracy": 0.5}),
     "weight 1e308": lambda m: reply(m, metrics={"num-examples": 1e308, "accuracy": 0.5}),
     "accuracy nan": lambda m: reply(m, metrics={"num-examples": 5.0, "accuracy": math.nan}),
+    "huge int weight": lambda m: reply(m, metrics={"num-examples": 10**400, "accuracy": 0.5}),
+    "huge int metric": lambda m: reply(m, metrics={"num-examples": 5, "accuracy": 10**400}),
 }
 EVALUATORS = {
     "AccountedFedAvg": lambda: AccountedFedAvg(**fedavg_kwargs()),

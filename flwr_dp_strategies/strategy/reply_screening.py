@@ -117,6 +117,8 @@ def valid_weight(value: object, max_weight: float = DEFAULT_MAX_WEIGHT) -> bool:
     """True iff ``value`` is an int/float (not bool), finite, in (0, max_weight]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
+    if isinstance(value, int):  # no float conversion: a Python int may exceed the float range
+        return 0 < value <= max_weight
     return math.isfinite(value) and 0 < value <= max_weight
 
 
@@ -126,6 +128,8 @@ def finite_metric(value: object) -> bool:
         return all(finite_metric(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
+    if isinstance(value, int):  # int64 is MetricRecord's wire domain; larger ints cannot be averaged as floats
+        return -(2**63) <= value < 2**63
     return math.isfinite(value)
 
 
