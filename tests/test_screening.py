@@ -79,13 +79,18 @@ STRATEGIES = {
 def test_duplicate_and_unknown_senders_are_rejected_as_identity(make):
     strategy = make()
     msgs = configure_train(strategy, [np.zeros(3)])
-    replies = [reply(m, [np.full(3, 1.0)]) for m in msgs]
-    replies.append(reply(msgs[0], [np.full(3, 100.0)]))  # second reply of the same node
+    replies = [reply(m, [np.full(3, 1.0)], event=GaussianDpEvent(2.0)) for m in msgs]
+    eps = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    eps.record(GaussianDpEvent(2.0), server_round=1, client="x", neighboring_relation="replace_one")
+    replies.append(reply(msgs[0], [np.full(3, 100.0)], event=GaussianDpEvent(0.5)))  # second reply, same node
+    replies.append(reply(msgs[1], [np.full(3, 100.0)]))  # second reply, undeclared
     replies.append(other_node_reply(msgs, lambda m: reply(m, [np.full(3, 100.0)])))
     arrays, metrics = strategy.aggregate_train(1, replies)
-    assert metrics["rejected/identity"] == 2
+    assert metrics["rejected/identity"] == 3
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.ones(3))
     assert 999 not in strategy.ledger.clients  # an unknown sender is not booked
+    for m in msgs:  # nor is a duplicate: the first replies' epsilon is unchanged
+        assert strategy.ledger.epsilon(node(m)) == pytest.approx(eps.epsilon(), rel=1e-9)
 
 
 def test_a_reply_to_another_message_id_is_rejected_as_identity():

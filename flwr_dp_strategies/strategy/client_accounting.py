@@ -12,11 +12,13 @@
 * identity (``rejected/identity``): the mixin remembers the messages its
   ``configure_train`` / ``configure_evaluate`` returned; a reply from a node that
   was sent no instruction of that phase in that round (or answering another
-  message id) is dropped unread and nothing is booked for it (it is no client of
-  this federation's round); a second reply of a node in one round is rejected
-  too, and what it declared is still booked under that node (the ledger never
-  under-reports). Without a remembered configuration (a hook called directly)
-  only the duplicate check applies;
+  message id), and every reply of a node after its first one in the round, is
+  dropped unread: nothing is booked for it. Flower's SuperLink stores exactly one
+  reply per instruction (its ``reply_to_message_id`` is unique) and authenticates
+  the sender, so such a reply is not a release of that node through Flower; booking
+  it would let anyone who can inject messages inflate an honest client's ε, and
+  the first reply of the node is screened and booked as usual. Without a
+  remembered configuration (a hook called directly) only the duplicate check applies;
 * failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
   logged, skipped and counted as the int ``replies/failed`` in the round's
   metrics (``rejected/error`` keeps the same count, as a float, for
@@ -186,15 +188,16 @@ class ClientAccountingMixin:
                 reply.content.pop(PRIVACY_RECORD, None)  # unread: no client of this round
                 self._reject(server_round, reply, "identity", rejected)
                 continue
-            duplicate = node in seen
+            if node in seen:  # a second reply of this node in the round: unread, unbooked
+                reply.content.pop(PRIVACY_RECORD, None)
+                self._reject(server_round, reply, "identity", rejected)
+                continue
             seen.add(node)
             reason, declarations = self._declared(reply)
             reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
             if declarations:
                 self.book_declarations(server_round, node, declarations, phase)
                 booked = True
-            if duplicate:
-                reason = "identity"
             if reason is None and check is not None:
                 reason = check(reply.content)
             if reason is None:

@@ -20,7 +20,8 @@ Reasons (:data:`REJECTION_REASONS`; the first failing check names the rejection)
   strategy's ``configure_train`` / ``configure_evaluate`` returned), or the node
   already replied in this round: the *first* reply of a node is screened
   normally, every later one is rejected (Flower's SuperLink accepts one reply
-  per instruction, so a second one is never legitimate);
+  per instruction, so a second one is never legitimate). Identity rejections are
+  dropped unread: nothing is booked for them (see :mod:`.client_accounting`);
 * ``declaration`` - an unreadable or unaccountable privacy declaration (checked by
   the mixin, :mod:`flwr_dp_strategies.declarations` bounds its size and depth);
 * ``structure`` - not exactly one MetricRecord (train: and exactly one ArrayRecord);
