@@ -410,3 +410,15 @@ def test_a_rejected_undeclared_train_reply_is_booked_non_private(make_bad):
     _, metrics = strategy.aggregate_train(1, replies)
     assert strategy.ledger.epsilon(node(msgs[0])) == math.inf
     assert all(math.isfinite(strategy.ledger.epsilon(node(m))) for m in msgs[1:])
+
+
+def test_cluster_around_plain_fedavg_screens_train_replies_instead_of_aborting():
+    strategy = ClusterEvaluation(FedAvg(**fedavg_kwargs()), laplace_eval_eps=10.0)
+    msgs = configure_train(strategy, [np.zeros(3)])
+    replies = [reply(m, [np.ones(3)]) for m in msgs[2:]]
+    replies.append(reply(msgs[0], [np.ones(3)], metrics={"num-examples": 10.0, "loss": 0.5, "extra": 1.0}))
+    replies.append(Message(RecordDict({"a": ArrayRecord([np.ones(3)]), "b": ArrayRecord([np.ones(3)]),
+                                       "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=msgs[1]))
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["rejected/structure"] == 1 and metrics["extra"] == pytest.approx(1.0)
+    np.testing.assert_array_equal(arrays.to_numpy_ndarrays()[0], np.ones(3))

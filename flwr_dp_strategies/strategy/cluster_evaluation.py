@@ -41,9 +41,11 @@ int ``replies/failed`` in the evaluate metrics (and in the train metrics of the
 wrapped strategy, added here if it does not report them); nothing is booked for
 them, and the round is scored with the others.
 
-Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``)
-aggregates raw updates that nobody accounts: every node whose train reply reaches
-it is booked ``NonPrivateDpEvent`` (label ``update/unaccounted (non-private)``) in
+Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
+screened here (train screening of :mod:`.reply_screening` against the arrays
+sent; the wrapped strategy gets the accepted replies; a plain ``FedAvg``'s
+aggregation is computed without its aborting consistency check). It aggregates
+raw updates that nobody accounts: every node whose train reply reaches it is booked ``NonPrivateDpEvent`` (label ``update/unaccounted (non-private)``) in
 this ledger, so ``privacy/epsilon`` reads inf, never a finite figure that only
 covers the evaluation (issue 16, D9); the train metrics then carry ``privacy/*``.
 ``book_unaccounted_training=False`` is the operator's explicit statement that
@@ -63,7 +65,6 @@ Points are scored in node-id order (at most ``cluster_client_num``) and kept in
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from logging import WARNING
 from typing import Any, Optional
@@ -74,14 +75,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.common.logger import log
 from flwr.serverapp.strategy import FedAvg, Strategy
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, failed_replies, with_failed_replies
-from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, REJECTION_REASONS, check_weight, decode_real,
-                              named_record)
+from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, REJECTION_REASONS, ArraySpec, array_spec,
+                              check_weight, decode_real, named_record, screen_train_content)
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
 UNPROTECTED_LABEL = "inference-results/unprotected"
@@ -155,6 +157,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if getattr(strategy, "ledger", None) is None and not book_unaccounted_training:
             log(WARNING, "ClusterEvaluation(book_unaccounted_training=False): the wrapped strategy's training "
                 "releases are not booked; privacy/epsilon covers the evaluate-phase releases only")
+        self._train_spec: Optional[ArraySpec] = None
         self.scores_history: list[dict[str, float]] = []
         self.points_history: list[dict[int, np.ndarray]] = []
 
@@ -174,30 +177,59 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         """The wrapped strategy's training configuration."""
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self.remember_instructions("train", server_round, messages)
+        self._train_spec = array_spec(arrays)
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """The wrapped strategy's training aggregation, with ``replies/failed`` if it does not report it.
 
-        A wrapped strategy without a ledger aggregates raw updates: their nodes are booked non-private (D9).
+        A wrapped strategy with a ledger screens and books its replies itself. One without a
+        ledger gets only the replies that pass this strategy's train screening (identity,
+        structure, weight, metrics, keys, shapes, finite values against the arrays sent),
+        and their nodes are booked non-private (D9) unless ``book_unaccounted_training=False``.
         """
         replies = list(replies)
-        if self._unaccounted_training:
-            self._book_unaccounted_training(server_round, replies)
+        if getattr(self.strategy, "ledger", None) is None:
+            return self._screened_train(server_round, replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
-        if self._unaccounted_training:
-            return arrays, self.round_metrics(metrics, Counter({"error": failed_replies(replies)}))
         if metrics is not None and FAILED_REPLIES_KEY in metrics:
             return arrays, metrics
         failed = failed_replies(replies)
         return arrays, (with_failed_replies(metrics, failed) if metrics is not None or failed else None)
 
-    def _book_unaccounted_training(self, server_round: int, replies: list[Message]) -> None:
-        """Every node whose (non-failed) train reply reaches an unaccounted strategy: ``NonPrivateDpEvent``."""
-        expected = self._expected_senders(server_round, "train")
-        nodes = {r.metadata.src_node_id for r in replies if not r.has_error()
-                 and (expected is None or self._answers_an_instruction(r, expected))}
+    def _screened_train(self, server_round: int, replies: list[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Screen for a ledger-less wrapped strategy; book its raw updates; aggregate the accepted replies."""
+        label = UNACCOUNTED_TRAIN_LABEL if self._unaccounted_training else None
+        accepted, rejected = self.screen_and_book(
+            server_round, replies,
+            lambda c: screen_train_content(c, self._train_spec, self._weight_key(), max_weight=self.max_weight),
+            phase="train", undeclared_label=label)
+        if self._unaccounted_training:
+            self._book_unaccounted_training(server_round, accepted)
+        arrays, metrics = self._wrapped_train(server_round, accepted) if accepted else (None, None)
+        return arrays, self.round_metrics(metrics, rejected)
+
+    def _wrapped_train(self, server_round: int, accepted: list[Message]
+                       ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """The wrapped strategy's training aggregation of screened replies.
+
+        Flower's own ``FedAvg.aggregate_train`` (not overridden) is computed with its own
+        ``aggregate_arrayrecords`` (the same arrays, bit for bit) and
+        :func:`.metrics.aggregate_reply_metrics`: its consistency check would abort the round
+        on honest replies with different metric keys.
+        """
+        strategy = self.strategy
+        if isinstance(strategy, FedAvg) and type(strategy).aggregate_train is FedAvg.aggregate_train:
+            contents = [r.content for r in accepted]
+            return (aggregate_arrayrecords(contents, strategy.weighted_by_key),
+                    aggregate_reply_metrics(strategy.train_metrics_aggr_fn, contents, strategy.weighted_by_key))
+        return strategy.aggregate_train(server_round, accepted)
+
+    def _book_unaccounted_training(self, server_round: int, accepted: list[Message]) -> None:
+        """Every node whose screened train update reaches an unaccounted strategy: ``NonPrivateDpEvent``."""
+        nodes = {r.metadata.src_node_id for r in accepted}
         for node in sorted(nodes):
             self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node,
                                label=UNACCOUNTED_TRAIN_LABEL)
