@@ -422,3 +422,13 @@ def test_cluster_around_plain_fedavg_screens_train_replies_instead_of_aborting()
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert metrics["rejected/structure"] == 1 and metrics["extra"] == pytest.approx(1.0)
     np.testing.assert_array_equal(arrays.to_numpy_ndarrays()[0], np.ones(3))
+
+
+def test_a_non_config_record_under_the_declaration_name_is_screened_not_dropped():
+    strategy = AccountedFedAvg(**fedavg_kwargs())
+    msgs = configure_train(strategy, [np.zeros(3)])
+    replies = [reply(m, [np.ones(3)]) for m in msgs[1:]]
+    bad = reply(msgs[0], [np.ones(3)])
+    bad.content[PRIVACY_RECORD] = ArrayRecord([np.full(3, 100.0)])
+    _, metrics = strategy.aggregate_train(1, replies + [bad])
+    assert metrics["rejected/structure"] == 1

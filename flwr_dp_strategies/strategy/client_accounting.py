@@ -185,16 +185,16 @@ class ClientAccountingMixin:
                 continue
             node = reply.metadata.src_node_id
             if expected is not None and not self._answers_an_instruction(reply, expected):
-                reply.content.pop(PRIVACY_RECORD, None)  # unread: no client of this round
+                _consume_declarations(reply)  # unread: no client of this round
                 self._reject(server_round, reply, "identity", rejected)
                 continue
             if node in seen:  # a second reply of this node in the round: unread, unbooked
-                reply.content.pop(PRIVACY_RECORD, None)
+                _consume_declarations(reply)
                 self._reject(server_round, reply, "identity", rejected)
                 continue
             seen.add(node)
             reason, declarations = self._declared(reply)
-            reply.content.pop(PRIVACY_RECORD, None)  # consumed: a wrapped strategy must not book it again
+            _consume_declarations(reply)  # consumed: a wrapped strategy must not book it again
             if declarations:
                 self.book_declarations(server_round, node, declarations, phase)
                 booked = True
@@ -308,6 +308,13 @@ def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
     """The main ledger of :func:`open_ledgers` (without keeping its store: save it with
     ``ledger.save(ledger_path)``, which checks that no one else wrote the file meanwhile)."""
     return open_ledgers(ledger, ledger_path, neighboring_relation)[1]
+
+
+def _consume_declarations(reply: Message) -> None:
+    """Remove the reply's declaration record (only a ConfigRecord under that name: any other record
+    of that name stays and is screened as part of the content)."""
+    if has_config_record(reply.content, PRIVACY_RECORD):
+        reply.content.pop(PRIVACY_RECORD)
 
 
 def undeclared_replies(replies: Iterable[Message]) -> set[int]:
