@@ -49,11 +49,9 @@ from collections.abc import Callable, Iterable
 from logging import ERROR, INFO, WARNING
 from typing import Optional
 
-from flwr.app import Message, MetricRecord, RecordDict
-from flwr.common.logger import log
-
 from dp_accounting.dp_event import NonPrivateDpEvent
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
