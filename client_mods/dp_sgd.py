@@ -100,9 +100,17 @@ would, spends the whole budget in each round. A round that would push the
 client's cumulative ε above ``target_epsilon`` raises
 :class:`DpSgdBudgetExhausted` before anything is trained or sent.
 
-Not covered: ``poisson_sampling=False`` (shuffled fixed-size batches) is accounted
-as if Poisson, as Opacus does; that is a heuristic, not a proof, and can
-under-state ε (Chua et al. 2024). The training loss is returned to the caller but
+``poisson_sampling=False`` (shuffled fixed-size batches). Opacus' own ε then
+assumes Poisson sampling, a heuristic that can under-state ε (Chua et al. 2024),
+so the trainer does not declare that. It declares what was done: a shuffled
+epoch puts each record in exactly one batch, so replacing one record changes one
+step per epoch, whose clipped-gradient sum moves by at most 2C against noise zC;
+no amplification by sampling is claimed. The declared event is
+``SelfComposedDpEvent(GaussianDpEvent(z/2), epochs)`` under ``replace_one``
+(epochs = ⌈steps / ⌈1/q⌉⌉ passes per history entry; at z = 1, q = 0.01, 500
+steps: ε = 11.48 at δ = 1e-5 where the Poisson event claimed 1.33). An
+add/remove ledger refuses it (a fixed-size shuffled loader has no add/remove
+analysis): book it in a ``replace_one`` ledger. The training loss is returned to the caller but
 never put in the reply (it is not privatised). Without ``secure_mode`` the noise
 comes from torch's PRNG (seeded from OS entropy, or from ``seed`` for tests), which
 is neither cryptographically secure nor protected against floating-point attacks.
@@ -186,7 +194,9 @@ class DpSgdRound:
 
     Attributes:
         state_dict: the new weights (CPU tensors) under the global model's keys, in the received order.
-        event: this round's release, ``SelfComposed(PoissonSampled(q, Gaussian(z)), steps)``.
+        event: this round's release, ``SelfComposed(PoissonSampled(q, Gaussian(z)), steps)`` (Poisson
+            batches) or ``SelfComposed(Gaussian(z/2), passes)`` (shuffled batches).
+        neighboring_relation: the relation ``event`` is calibrated under (declare it with the event).
         epsilon: the client's cumulative ε over all its rounds (Opacus' accountant, at ``delta``).
         epsilon_round_only: ε of this round alone (what a fresh ``PrivacyEngine`` per round reports).
         delta: the δ of both ε values.
@@ -211,6 +221,7 @@ class DpSgdRound:
     rounds: int
     train_loss: float
     grad_sample_mode: str
+    neighboring_relation: str = "add_or_remove_one"
 
     def metrics(self) -> dict[str, Union[int, float]]:
         """The reply's metrics: ``num-examples``, cumulative and round-only ε, z (nothing data-dependent)."""
@@ -236,16 +247,38 @@ class _RoundPlan:
 
 
 # ---------------------------------------------------------------------- accounting helpers
-def dp_sgd_event(history: Sequence[tuple[float, float, int]]) -> dp_event.DpEvent:
-    """The DpEvent of an Opacus accountant history: one SGM(q, z) self-composed per entry."""
+def dp_sgd_event(history: Sequence[tuple[float, float, int]], poisson_sampling: bool = True) -> dp_event.DpEvent:
+    """The DpEvent of an Opacus accountant history.
+
+    Poisson batches: one SGM(q, z) self-composed per entry (add/remove relation).
+    Shuffled fixed-size batches (``poisson_sampling=False``): no amplification; each
+    pass over the data touches a record once, with replace-one sensitivity 2C against
+    noise zC: ``SelfComposed(Gaussian(z/2), passes)`` (replace-one relation; see
+    :func:`dp_sgd_relation`).
+    """
     if not history:
         raise ValueError("history must hold at least one (noise_multiplier, sample_rate, steps) entry")
-    events = [
-        dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(float(q), dp_event.GaussianDpEvent(float(z))), int(steps))
-        for z, q, steps in history
-    ]
+    if poisson_sampling:
+        events = [
+            dp_event.SelfComposedDpEvent(
+                dp_event.PoissonSampledDpEvent(float(q), dp_event.GaussianDpEvent(float(z))), int(steps))
+            for z, q, steps in history
+        ]
+    else:
+        events = [dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(float(z) / 2.0), _passes(q, steps))
+                  for z, q, steps in history]
     return events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
+
+
+def dp_sgd_relation(poisson_sampling: bool) -> str:
+    """The relation :func:`dp_sgd_event` is calibrated under: add/remove for Poisson batches, else replace-one."""
+    return "add_or_remove_one" if poisson_sampling else "replace_one"
+
+
+def _passes(sample_rate: float, steps: int) -> int:
+    """Passes over the data that ``steps`` shuffled batches of rate q make: ⌈steps / ⌈1/q⌉⌉ (at least 1)."""
+    per_pass = max(1, math.ceil(1.0 / float(sample_rate) - 1e-9))
+    return max(1, math.ceil(int(steps) / per_pass))
 
 
 def combined_noise_multiplier(noise_stds: Sequence[float], clip_norms: Sequence[float]) -> float:
@@ -477,8 +510,9 @@ class DpSgdTrainer:
         # building another (a trainer is often made per Flower message, where this halves the set-up)
         self._spare_model: Optional[nn.Module] = probe
         if not self.poisson_sampling:
-            warnings.warn("poisson_sampling=False: the reported epsilon assumes Poisson sampling and is a "
-                          "heuristic for shuffled batches, not a proven bound", stacklevel=2)
+            warnings.warn("poisson_sampling=False: Opacus' epsilon assumes Poisson sampling (a heuristic for "
+                          "shuffled batches); the declared event claims no amplification (replace-one)",
+                          stacklevel=2)
 
     # ------------------------------------------------------------------ validation
     def _new_model(self) -> nn.Module:
@@ -626,7 +660,8 @@ class DpSgdTrainer:
         new_weights = model.state_dict()
         return DpSgdRound(
             state_dict={k: new_weights[k].detach().to("cpu").clone() for k in keys},
-            event=dp_sgd_event(added),
+            event=dp_sgd_event(added, self.poisson_sampling),
+            neighboring_relation=dp_sgd_relation(self.poisson_sampling),
             epsilon=history_epsilon(after, self.target_delta, self.accountant),
             epsilon_round_only=history_epsilon(added, self.target_delta, self.accountant),
             delta=self.target_delta, noise_multiplier=plan.z, sample_rate=plan.sample_rate,
@@ -761,7 +796,7 @@ def dp_sgd_train_reply(
         arrays_key: ArrayRecord({k: result.state_dict[k] for k in arrays.keys()}),
         "metrics": MetricRecord(result.metrics()),
     })
-    declare_release(content, result.event, label=label, neighboring_relation="add_or_remove_one")  # Opacus: Δ = C
+    declare_release(content, result.event, label=label, neighboring_relation=result.neighboring_relation)
     return Message(content=content, reply_to=msg)
 
 

@@ -42,6 +42,7 @@ from client_mods.dp_sgd import (
     choose_grad_sample_mode,
     combined_noise_multiplier,
     dp_sgd_event,
+    dp_sgd_relation,
     dp_sgd_train_reply,
     history_delta,
     load_history,
@@ -391,3 +392,33 @@ def test_example_two_rounds_three_clients(tmp_path):
     assert final["accuracy"] > 0.2  # 10 classes: chance is 0.1
     assert len(results["privacy"]["per_client_epsilon"]) == 3
     assert np.isfinite(final["epsilon_ledger"])
+
+
+def test_shuffled_batches_declare_no_amplification():
+    """Audit: poisson_sampling=False declared PoissonSampled (booked 1.33 at z = 1, q = 0.01, 500 steps) where
+    the sound unamplified bound is 11.48: five passes, each record in one step per pass."""
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    ledger.record(dp_sgd_event([(1.0, 0.01, 500)], poisson_sampling=False), server_round=1, client=1,
+                  neighboring_relation=dp_sgd_relation(False))
+    unamplified = PrivacyLedger(1e-5)
+    unamplified.record(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.0), 5), server_round=1, client=1)
+    poisson = PrivacyLedger(1e-5)
+    poisson.record(dp_sgd_event([(1.0, 0.01, 500)]), server_round=1, client=1)
+    assert poisson.epsilon() == pytest.approx(1.33, abs=0.01)
+    assert unamplified.epsilon() == pytest.approx(11.48, abs=0.01)
+    assert ledger.epsilon() >= unamplified.epsilon()  # replace-one: sensitivity 2C
+    assert dp_sgd_event([(1.0, 0.01, 500)], poisson_sampling=False) == dp_event.SelfComposedDpEvent(
+        dp_event.GaussianDpEvent(0.5), 5)
+    with pytest.raises(ValueError, match="replace_one"):
+        PrivacyLedger(1e-5).record(dp_sgd_event([(1.0, 0.01, 500)], False), server_round=1, client=1,
+                                   neighboring_relation=dp_sgd_relation(False))
+
+
+def test_shuffled_trainer_round_declares_its_passes():
+    x, y = toy_data(64)
+    with pytest.warns(UserWarning, match="no amplification"):
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, local_epochs=2, poisson_sampling=False,
+                               seed=0)
+    result = trainer.train_round(mlp().state_dict(), (x, y), RecordDict())
+    assert result.neighboring_relation == "replace_one"
+    assert result.event == dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(0.5), 2)
