@@ -125,7 +125,7 @@ def test_sensitivity_bounds_hold_on_adversarial_rows(q, c):
     assert np.abs(released(flat, response(c, 0))).sum() == pytest.approx(l1_add)
     assert worst_l1 >= 0.75 * l1_rep
     assert np.linalg.norm(released(np.eye(q)[0], response(c, 0))) == pytest.approx(l2_add)
-    # the paper's bound (|x_j| <= 1 only) is valid but larger
+    # the paper's bound (|x_j| <= 1 only) is larger here (softmax) ...
     assert fm_sensitivity(q, c, calibration="paper") >= l1_rep
 
 
@@ -242,3 +242,9 @@ def test_trainer_releases_once_and_reuses_the_noisy_objective():
     np.testing.assert_array_equal(outs[0], outs[2])  # same start, same stored noisy objective
     assert not np.allclose(outs[0], 0)
     assert outs[0].dtype == np.float32
+
+
+def test_trainer_refuses_add_remove_which_would_release_the_record_count():
+    """Audit: under add/remove the server recovered n exactly (50.000000 / 51.000000) from the upload."""
+    with pytest.raises(ValueError, match="neighboring_relation"):
+        FunctionalMechanismTrainer(1.0, num_classes=3, neighboring_relation="add_or_remove_one")
