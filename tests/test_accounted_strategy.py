@@ -57,7 +57,7 @@ def test_three_rounds_record_three_central_gaussian_events():
         assert len(messages) == M and arrays is not None
         assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
         assert metrics["privacy/delta"] == pytest.approx(1e-5)
-        assert metrics["train-loss"] == pytest.approx(0.5)  # client metrics kept
+        assert "train-loss" not in metrics  # un-noised client metrics are not published (issue 16 C)
         epsilons.append(metrics["privacy/epsilon"])
         current = arrays.to_numpy_ndarrays()[0]
     events = strategy.ledger.events()
@@ -121,26 +121,83 @@ def test_updates_are_clipped_to_c():
     assert mean == pytest.approx(C / math.sqrt(d), abs=4 * (Z * C / M) / math.sqrt(d))
 
 
-def test_missing_reply_records_the_smaller_effective_noise_multiplier():
+def test_missing_reply_keeps_the_fixed_denominator_and_z():
+    """Fixed public denominator m: a missing client contributes nothing, the sensitivity stays C/m."""
     strategy = make_strategy()
     grid = FakeGrid(M)
     current = np.zeros(50)
     messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), grid))
+    updates = [u * 0.01 for u in small_updates()]  # not clipped
     replies = [Message(RecordDict({"arrays": ArrayRecord([current + u]),
                                    "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
-               for m, u in zip(messages[:-1], small_updates())]  # one client never answers
+               for m, u in zip(messages[:-1], updates)]  # one client never answers
     arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None
     (_, event, _), = strategy.ledger.events()
-    assert event.noise_multiplier == pytest.approx(Z * (M - 1) / M)
+    assert event.noise_multiplier == pytest.approx(Z)
+    residual = arrays.to_numpy_ndarrays()[0] - sum(updates[:-1]) / M
+    assert np.abs(residual).max() < 6 * Z * C / M
 
 
-def test_unequal_weights_record_the_smaller_effective_noise_multiplier():
+def test_client_reported_weights_cannot_lower_the_booked_noise():
+    """Audit: num-examples = 1e308 made z_eff = inf/inf = NaN and privacy/epsilon read 0.0 forever."""
     strategy = make_strategy()
-    weights = [10.0, 10.0, 10.0, 30.0]
-    run_round(strategy, 1, np.zeros(50), small_updates(), weights=weights)
+    for rnd, weights in enumerate(([1e308, 1e308, 10.0, 10.0], [10.0, 10.0, 10.0, 30.0], [1e9] * M), start=1):
+        _, (arrays, metrics) = run_round(strategy, rnd, np.zeros(50), small_updates(), weights=weights)
+        assert all(math.isfinite(e.noise_multiplier) and e.noise_multiplier == pytest.approx(Z)
+                   for _, e, _ in strategy.ledger.events())
+    one_round = PrivacyLedger(1e-5)
+    one_round.record(GaussianDpEvent(Z), server_round=1)
+    assert strategy.ledger.epsilon() > one_round.epsilon() > 0
+    assert metrics["rejected/weight"] == 0.0
+
+
+def test_unequal_weights_are_averaged_uniformly_over_m():
+    """D11: FedAvg's data-dependent weights would double the sensitivity; the sum over m does not use them."""
+    strategy = make_strategy(rng=0)
+    updates = [np.full(50, 0.01 * (i + 1)) for i in range(M)]
+    _, (arrays, _) = run_round(strategy, 1, np.zeros(50), updates, weights=[10.0, 10.0, 10.0, 30.0])
+    expected = sum(updates) / M
+    assert np.abs(arrays.to_numpy_ndarrays()[0] - expected).max() < 6 * Z * C / M
     (_, event, _), = strategy.ledger.events()
-    assert event.noise_multiplier == pytest.approx(Z * sum(weights) / (M * max(weights)))
+    assert event.noise_multiplier == pytest.approx(Z)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(noise_multiplier=float("nan")), "noise_multiplier"), (dict(noise_multiplier=float("inf")), "noise_multiplier"),
+    (dict(noise_multiplier=True), "noise_multiplier"), (dict(noise_multiplier=0.0), "noise_multiplier"),
+    (dict(clipping_norm=float("nan")), "clipping_norm"), (dict(clipping_norm=True), "clipping_norm"),
+    (dict(num_sampled_clients=True), "num_sampled_clients"), (dict(num_sampled_clients=2.5), "num_sampled_clients"),
+    (dict(noise_sampler="global"), "noise_sampler"),
+])
+def test_constructor_refuses_nan_inf_and_bool(kwargs, name):
+    args = dict(noise_multiplier=Z, clipping_norm=C, num_sampled_clients=M) | kwargs
+    with pytest.raises(ValueError, match=name):
+        AccountedServerSideFixedClipping(FedAvg(), args["noise_multiplier"], args["clipping_norm"],
+                                         args["num_sampled_clients"], **{k: v for k, v in args.items()
+                                                                         if k == "noise_sampler"})
+
+
+def test_noise_comes_from_os_entropy_not_numpys_global_generator():
+    """Audit: after np.random.seed(0) two runs released identical models (Flower's np.random helper)."""
+    released = []
+    for _ in range(2):
+        np.random.seed(0)
+        _, (arrays, _) = run_round(make_strategy(), 1, np.zeros(50), small_updates())
+        released.append(arrays.to_numpy_ndarrays()[0])
+    assert not np.allclose(released[0], released[1])
+    np.random.seed(0)
+    _, (flower, _) = run_round(make_strategy(noise_sampler="flower"), 1, np.zeros(50), small_updates())
+    np.random.seed(0)
+    _, (again, _) = run_round(make_strategy(noise_sampler="flower"), 1, np.zeros(50), small_updates())
+    np.testing.assert_array_equal(flower.to_numpy_ndarrays()[0], again.to_numpy_ndarrays()[0])  # explicit opt-in
+
+
+def test_publishing_client_metrics_is_booked_as_non_private():
+    strategy = make_strategy(publish_client_metrics=True)
+    _, (_, metrics) = run_round(strategy, 1, np.zeros(50), small_updates())
+    assert metrics["train-loss"] == pytest.approx(0.5)
+    assert strategy.ledger.epsilon() == math.inf
 
 
 def test_replace_one_halves_the_recorded_noise_multiplier():
@@ -183,7 +240,7 @@ def test_client_errors_are_counted_and_the_valid_replies_released():
     assert arrays is not None
     assert metrics["replies/failed"] == 1 and isinstance(metrics["replies/failed"], int)
     (_, event, _), = strategy.ledger.events()
-    assert event.noise_multiplier == pytest.approx(Z * (M - 1) / M)
+    assert event.noise_multiplier == pytest.approx(Z)  # fixed denominator: a missing reply changes nothing
     assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
@@ -55,7 +57,7 @@ def test_fixed_denominator_and_clipping():
     arrays, metrics = strategy.aggregate_train(1, replies_for(msgs, current, big))
     expected = len(msgs) * big / 5.0 / m  # sum of clipped updates / expected count m, not / |S|
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], expected, atol=1e-6)
-    assert metrics["dp/participants"] == len(msgs)
+    assert "dp/participants" not in metrics  # the sample is secret (issue 16 C5)
 
 
 def test_noise_std_is_zc_over_m_and_10_percent_off_is_rejected():
@@ -116,3 +118,38 @@ def test_bad_parameters_name_themselves(args, name):
         AccountedPoissonFixedClipping(*args)
     with pytest.raises(ValueError, match="num_clients"):
         AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 5, num_clients=4)
+
+
+def _keyed_reply(msg: Message, current: np.ndarray, update: np.ndarray, keys: tuple[str, ...]) -> Message:
+    metrics = {"num-examples": 3.0, **{k: 0.5 for k in keys}}
+    return Message(RecordDict({"arrays": ArrayRecord([current + update]), "metrics": MetricRecord(metrics)}),
+                   reply_to=msg)
+
+
+def test_one_added_client_moves_the_clipped_sum_by_at_most_c():
+    """Audit (C6): the majority-metric-key filter let one added client change which others were aggregated
+    (the clipped sum moved by 3C, not C). Acceptance now depends on each reply alone."""
+    m, c = 4, 1.0
+    current, update = np.zeros(3), np.array([3.0, 4.0, 0.0])  # norm 5: clipped to C
+    keys = [("loss",), ("loss",), ("loss", "acc"), ("loss", "acc")]
+    models = []
+    for with_attacker in (False, True):
+        strategy = make(z=1e-12, c=c, m=m, num_clients=m, rng=0)  # q = 1: all four nodes asked
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(m)))
+        replies = [_keyed_reply(msg, current, update, k) for msg, k in zip(msgs, keys)]
+        arrays, _ = strategy.aggregate_train(1, replies if with_attacker else replies[:3])
+        models.append(arrays.to_numpy_ndarrays()[0])
+    moved = np.linalg.norm(models[1] - models[0]) * m  # in units of the clipped sum
+    assert moved == pytest.approx(c, rel=1e-6)
+
+
+def test_sample_size_and_client_metrics_are_not_published_unless_booked_non_private():
+    """Audit (C5): dp/participants (|S|) and the clients' train metrics were published next to each release."""
+    for publish in (False, True):
+        strategy = make(z=1.0, m=5, num_clients=10, rng=4, publish_client_metrics=publish)
+        current = np.zeros(3)
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(10)))
+        _, metrics = strategy.aggregate_train(1, [_keyed_reply(msg, current, np.ones(3), ("loss",)) for msg in msgs])
+        assert "dp/participants" not in metrics
+        assert ("loss" in metrics) is publish
+        assert math.isinf(strategy.ledger.epsilon()) is publish

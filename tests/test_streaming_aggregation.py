@@ -313,22 +313,23 @@ def test_accounted_fedavg_equals_flower_fedavg_on_mixed_models():
 
 
 @pytest.mark.usefixtures("task_identity")
-def test_server_side_fixed_clipping_equals_flowers_wrapper_with_the_same_noise():
-    n, weights = 4, [10.0, 10.0, 10.0, 10.0]
+def test_server_side_fixed_clipping_equals_a_direct_computation_with_the_same_generator():
+    """w + Σ clipped Δ / m + N(0, (zC/m)²) with the generator's own draws (uniform weights: fixed denominator)."""
+    n, z, clip = 4, 0.5, 1.0
     base = mixed_model(0)
     current = ArrayRecord({k: Array(v) for k, v in base.items()})
     models = [{k: (v + s * np.random.default_rng(i).normal(size=v.shape)).astype(v.dtype) for k, v in base.items()}
               for i, s in enumerate((0.001, 0.01, 1.0, 3.0))]
-    results = []
-    for cls in (AccountedServerSideFixedClipping, DifferentialPrivacyServerSideFixedClipping):
-        strategy = cls(FedAvg(min_train_nodes=n, min_available_nodes=n), 0.5, 1.0, n)
-        msgs = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(n)))
-        np.random.seed(7)  # Flower's noise source, in both
-        results.append(strategy.aggregate_train(1, replies_for(msgs, models, weights))[0])
-    ours, theirs = results
-    for key in base:
-        assert ours[key].numpy().dtype == theirs[key].numpy().dtype
-        np.testing.assert_allclose(ours[key].numpy(), theirs[key].numpy(), rtol=1e-5, atol=1e-5)
+    strategy = AccountedServerSideFixedClipping(FedAvg(min_train_nodes=n, min_available_nodes=n), z, clip, n,
+                                                rng=np.random.default_rng(5))
+    msgs = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(n)))
+    ours = strategy.aggregate_train(1, replies_for(msgs, models, [10.0, 20.0, 30.0, 40.0]))[0]
+    clipped = reference_clipped_sum(base, models, [1.0] * n, clip)
+    gen = np.random.default_rng(5)
+    for key, value in base.items():
+        expected = value + clipped[key] / n + gen.normal(0.0, z * clip / n, value.shape)
+        assert ours[key].numpy().dtype == value.dtype
+        np.testing.assert_allclose(ours[key].numpy(), expected.astype(value.dtype), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -348,4 +349,4 @@ def test_poisson_release_equals_a_direct_computation_with_the_same_generator():
         expected = value + clipped[key] / m + gen.normal(0.0, z * clip / m, value.shape)
         assert arrays[key].numpy().dtype == value.dtype
         np.testing.assert_allclose(arrays[key].numpy(), expected.astype(value.dtype), rtol=1e-5, atol=1e-5)
-    assert metrics["dp/participants"] == m
+    assert "dp/participants" not in metrics

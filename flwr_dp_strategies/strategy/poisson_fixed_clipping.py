@@ -36,6 +36,14 @@ count ``N`` (or ``num_clients``). The guarantee needs only that each client's
 inclusion probability is q and the denominator is m, so nodes joining or leaving
 later do not weaken it (they change only the expected number of participants).
 
+Published next to each release: the ledger's figures and the screening counts,
+nothing else. The sample size is not published (amplification by sampling assumes
+the sample is secret: |S| alone costs ε = 1.31 over 100 rounds at N = 100, q = 0.1
+and is unbounded at N = 20, q = 0.5), nor the clients' un-noised train metrics
+(``publish_client_metrics=True`` publishes them and books the rounds as
+non-private). Which replies are accepted depends on each reply alone (the shared
+screening), so one client cannot change which others are aggregated.
+
 Failed replies (a sampled SuperNode that died mid-round) contribute nothing, are
 counted as ``replies/failed`` (train and evaluate metrics) and the round is still
 released and booked: a sampled client that drops out is, for the analysis, a
@@ -45,13 +53,12 @@ is rejected (``rejected/non-finite``) before any of it is added.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Optional
 
 import numpy as np
-from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
+from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -60,11 +67,12 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .accounted_fedavg import reply_arrays
+from .accounted_fixed_clipping import _add_clipped, screened_evaluate
+from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release
 from .client_accounting import ClientAccountingMixin
-from .metrics import aggregate_reply_metrics, failed_replies, with_failed_replies
-from .reply_screening import array_spec, screen_train_content
-from .streaming_aggregation import ClippedSum, add_gaussian_noise, npy_view, to_array
+from .metrics import aggregate_reply_metrics
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
+from .streaming_aggregation import ClippedSum, npy_view
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 
@@ -80,6 +88,10 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         num_clients: N (default: the nodes connected at round 1); q = m/N.
         ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`.
         rng: sampling and noise generator (default: OS entropy).
+        publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
+            booking every such round as non-private (default False: un-noised client metrics
+            next to a DP release would void it).
+        max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
     """
 
     def __init__(
@@ -94,6 +106,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
         rng: RngLike = None,
+        publish_client_metrics: bool = False,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
         if not isinstance(strategy, FedAvg):
             raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
@@ -103,6 +117,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         super().__init__(strategy, noise_multiplier, clipping_norm, m)
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_screening(max_weight)
+        self.publish_client_metrics = bool(publish_client_metrics)
         self.rng = RngSource(rng)
         self.budget_exhausted = False
 
@@ -132,7 +148,9 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             self.sampling_rate, len(nodes))
         config["server-round"] = server_round
         content = RecordDict({self.strategy.arrayrecord_key: arrays, self.strategy.configrecord_key: config})
-        return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in chosen]
+        messages = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in chosen]
+        self.remember_instructions("train", server_round, messages)
+        return messages
 
     def _stop(self, server_round: int) -> None:
         if not self.budget_exhausted:
@@ -142,62 +160,46 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Clip, sum in place, divide by m, add N(0, (zC/m)²), record the sampled-Gaussian event."""
+        """Clip, sum in place, divide by m, add N(0, (zC/m)²), record the sampled-Gaussian event.
+
+        Published next to the release: the ledger's figures and the ``rejected/*`` counts only.
+        Not the sample size (amplification assumes the sample is secret: publishing |S| alone
+        costs ε = 1.31 over 100 rounds at N = 100, q = 0.1), and not the clients' train
+        metrics unless ``publish_client_metrics=True`` (then booked as non-private).
+        """
         if self.budget_exhausted:
             return None, None
         accepted, rejected = self.screen_and_book(
             server_round, replies,
-            lambda c: screen_train_content(c, self._spec, self.strategy.weighted_by_key, check_values=False))
+            lambda c: screen_train_content(c, self._spec, self.strategy.weighted_by_key, check_values=False,
+                                           max_weight=self.max_weight),
+            phase="train")
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
-        accepted = self._add_clipped(server_round, summed, accepted, rejected)
-        arrays = self._release(summed)
+        accepted = _add_clipped(self, server_round, summed, accepted, rejected)
+        sigma = self.noise_multiplier * self.clipping_norm / self.num_sampled_clients
+        arrays = fixed_denominator_release(summed, self.num_sampled_clients, sigma, self.rng())
         self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL,
                            neighboring_relation="add_or_remove_one")
+        metrics = None
+        if self.publish_client_metrics:
+            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, label=NON_PRIVATE_METRICS_LABEL)
+            metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
+                                              self.strategy.weighted_by_key) if accepted else MetricRecord()
         self.save_ledger()
-        metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
-                                          self.strategy.weighted_by_key) if accepted else MetricRecord()
-        merged = self.round_metrics(metrics, rejected)
-        merged["dp/participants"] = float(len(accepted))
-        return arrays, merged
-
-    def _add_clipped(self, server_round: int, summed: ClippedSum, replies: list[Message],
-                     rejected: Counter[str]) -> list[Message]:
-        """Add every reply's clipped update (in the model's key order); the replies added (NaN/inf: rejected)."""
-        keys = list(summed.reference)
-        added = []
-        for reply in replies:
-            record = reply_arrays(reply)
-            if summed.add([record[key] for key in keys]) is None:
-                self._reject(server_round, reply, "non-finite", rejected)
-            else:
-                added.append(reply)
-        return added
-
-    def _release(self, summed: ClippedSum) -> ArrayRecord:
-        """w + S/m + N(0, (zC/m)² I) per key, in each array's dtype (the noise drawn from ``rng``)."""
-        m = self.num_sampled_clients
-        sigma = self.noise_multiplier * self.clipping_norm / m
-        gen = self.rng()
-        out = {}
-        for key, total in summed.result().items():
-            np.divide(total, m, out=total)
-            add_gaussian_noise(total, sigma, gen)
-            reference = summed.reference[key]
-            np.add(total, reference, out=total, casting="same_kind")
-            out[key] = to_array(total.astype(reference.dtype, copy=False))
-        return ArrayRecord(out)
+        return arrays, self.round_metrics(metrics, rejected)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """The wrapped strategy's evaluation, plus ``replies/failed``."""
-        replies = list(replies)
-        failed = failed_replies(replies, server_round)
-        metrics = self.strategy.aggregate_evaluate(server_round, replies)
-        return with_failed_replies(metrics, failed) if metrics is not None or failed else None
+        """Screened evaluate replies, the wrapped FedAvg's metric aggregation, ``replies/failed``."""
+        return screened_evaluate(self, server_round, replies)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """The wrapped strategy's evaluation; nothing once the budget is spent."""
-        return [] if self.budget_exhausted else self.strategy.configure_evaluate(server_round, arrays, config, grid)
+        if self.budget_exhausted:
+            return []
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        self.remember_instructions("evaluate", server_round, messages)
+        return messages
 
     def __repr__(self) -> str:
         return (f"AccountedPoissonFixedClipping(z={self.noise_multiplier}, C={self.clipping_norm}, "
