@@ -51,6 +51,7 @@ from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
 
+from client_mods.reply_metrics import settle_metrics
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import laplace_mechanism
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
@@ -90,6 +91,10 @@ class LaplaceInferenceMod:
         tolerance: accepted deviation from the simplex before projection.
         rng: None (OS entropy), a seed or a numpy Generator.
         secure: floating-point-safe discrete Laplace sampler.
+        release_metrics: send the evaluate metrics (accuracy, the exact ``num-examples``) as they
+            are and declare them non-private (ε = ∞); default False: replaced by the public weight
+            ``{weighted_by_key: 1.0}`` (:mod:`client_mods.reply_metrics`).
+        weighted_by_key: the weight key the server's FedAvg reads.
     """
 
     def __init__(
@@ -102,7 +107,11 @@ class LaplaceInferenceMod:
         tolerance: float = 1e-4,
         rng: RngLike = None,
         secure: bool = False,
+        release_metrics: bool = False,
+        weighted_by_key: str = "num-examples",
     ) -> None:
+        self.release_metrics = bool(release_metrics)
+        self.weighted_by_key = str(weighted_by_key)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon)
         self.sensitivity = check_sensitivity(sensitivity)
         self.seed_calibration = bool(seed_calibration)
@@ -125,6 +134,7 @@ class LaplaceInferenceMod:
         noisy, event = self.protect(record, epsilon)
         reply.content[self.key] = noisy
         declare_release(reply.content, event, label=EVENT_LABEL, neighboring_relation="replace_one")
+        settle_metrics(reply.content, release_metrics=self.release_metrics, weighted_by_key=self.weighted_by_key)
         return reply
 
     def _epsilon_for(self, msg: Message) -> Optional[float]:

@@ -27,7 +27,9 @@ Accounting. Each round's release is ``GaussianDpEvent(σ/Δ₂)``, declared in t
 reply (:func:`flwr_dp_strategies.declare_release`). The server's
 :class:`~flwr_dp_strategies.strategy.AccountedFedAvg` composes a client's
 rounds in RDP/PLD (adaptive composition), far tighter than ε·T.
-Attach it to train only (``@app.train(mods=[LocalUpdateNoiseMod(...)])``);
+Metrics: the reply's train metrics and exact ``num-examples`` are replaced by a
+public weight unless ``release_metrics=True``, which declares them non-private
+(:mod:`client_mods.reply_metrics`). Attach it to train only (``@app.train(mods=[LocalUpdateNoiseMod(...)])``);
 it also passes non-train messages through untouched.
 """
 
@@ -39,6 +41,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
+from client_mods.reply_metrics import settle_metrics
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import gaussian_mechanism, gaussian_sigma
 from flwr_dp_strategies.privacy.release import Release
@@ -66,6 +69,10 @@ class LocalUpdateNoiseMod:
         epsilon, delta: per-round (ε, δ) for the analytic Gaussian calibration.
         sensitivity: Δ₂, default 2C (local DP, see module docstring).
         rng: None (OS entropy), a seed or a numpy Generator.
+        release_metrics: send the reply's metrics (train loss, the exact ``num-examples``) as they
+            are and declare them non-private (ε = ∞); default False: they are replaced by the
+            public weight ``{weighted_by_key: 1.0}`` (:mod:`client_mods.reply_metrics`).
+        weighted_by_key: the weight key the server's FedAvg reads.
     """
 
     def __init__(
@@ -77,7 +84,11 @@ class LocalUpdateNoiseMod:
         delta: Optional[float] = None,
         sensitivity: Optional[float] = None,
         rng: RngLike = None,
+        release_metrics: bool = False,
+        weighted_by_key: str = "num-examples",
     ) -> None:
+        self.release_metrics = bool(release_metrics)
+        self.weighted_by_key = str(weighted_by_key)
         self.clipping_norm = check_positive("clipping_norm", clipping_norm)
         self.sensitivity = 2.0 * self.clipping_norm if sensitivity is None else check_sensitivity(sensitivity)
         if (noise_multiplier is None) == (epsilon is None):
@@ -127,6 +138,7 @@ class LocalUpdateNoiseMod:
         release = self.privatize(received, [npy_view(trained[k]) for k in keys])
         reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, release.value)})
         declare_release(reply.content, release.event, label=EVENT_LABEL, neighboring_relation="replace_one")
+        settle_metrics(reply.content, release_metrics=self.release_metrics, weighted_by_key=self.weighted_by_key)
         return reply
 
 

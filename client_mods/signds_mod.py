@@ -27,6 +27,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
+from client_mods.reply_metrics import settle_metrics
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.npy_codec import ArrayLike, npy_view, to_array
 from flwr_dp_strategies.signds import MagRRConfig, encode_update, round_event
@@ -86,9 +87,11 @@ def flat_update(received: Mapping[str, ArrayLike], trained: Mapping[str, ArrayLi
     return out
 
 
-def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100):
+def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100,
+                    release_metrics: bool = False):
     """A :func:`signds_mod` that refuses (raises, so the reply is an error and nothing leaves)
-    when the server asks for more than the client's own caps: a client bounds its own ε."""
+    when the server asks for more than the client's own caps: a client bounds its own ε.
+    ``release_metrics=True`` sends the train metrics as they are, declared non-private."""
     def capped_signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type.split(".")[0] == "train":
             settings = signds_settings(next(iter(msg.content.config_records.values())))
@@ -98,12 +101,17 @@ def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max
             for name, (value, cap) in asked.items():
                 if value > cap:
                     raise ValueError(f"signds_mod: the server asks {name}={value}, above this client's cap {cap}")
-        return signds_mod(msg, context, call_next)
+        return signds_mod(msg, context, call_next, release_metrics=release_metrics)
     return capped_signds_mod
 
 
-def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Encode the train reply's update as a SignDS upload (see the module docstring)."""
+def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable, *,
+               release_metrics: bool = False) -> Message:
+    """Encode the train reply's update as a SignDS upload (see the module docstring).
+
+    The reply's train metrics and exact ``num-examples`` are replaced by a public weight
+    unless ``release_metrics=True`` (then declared non-private: :mod:`client_mods.reply_metrics`).
+    """
     if msg.metadata.message_type.split(".")[0] != "train":
         return call_next(msg, context)
     if len(msg.content.array_records) != 1 or len(msg.content.config_records) < 1:
@@ -126,6 +134,7 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> 
     })
     declare_release(reply.content, round_event(settings["sign_eps"], settings["magrr"].rr_epsilon),
                     label=EVENT_LABEL, neighboring_relation="replace_one")
+    settle_metrics(reply.content, release_metrics=release_metrics)
     return reply
 
 

@@ -41,7 +41,10 @@ Refused (``ValueError``): randomized response declared under add/remove (it is
 only defined under replacement), ``ZCDpEvent`` with ξ > 0, the sampled-with/without-
 replacement events (their amplification is only derived for one relation each).
 
-Replace-one → add/remove: refused. A replace-one sensitivity says nothing about
+``NoOpDpEvent`` and ``NonPrivateDpEvent`` (and compositions of only these) mean the
+same under both relations and pass unchanged in either direction.
+
+Replace-one → add/remove: refused otherwise. A replace-one sensitivity says nothing about
 adding a record (a count has replace-one sensitivity 0 and add/remove
 sensitivity 1), so no sound conversion exists; calibrate under add/remove.
 """
@@ -73,7 +76,7 @@ def convert_event(event: dp_event.DpEvent, source: str, target: str) -> dp_event
     """
     check_relation(source, "source relation")
     check_relation(target, "target relation")
-    if source == target:
+    if source == target or _relation_free(event):
         return event
     if source == REPLACE_ONE:
         raise ValueError(
@@ -81,6 +84,17 @@ def convert_event(event: dp_event.DpEvent, source: str, target: str) -> dp_event
             f"a replace-one sensitivity does not bound adding or removing a record ({type(event).__name__}); "
             f"calibrate it under add/remove or use a replace_one ledger")
     return _add_remove_to_replace(event)
+
+
+def _relation_free(event: dp_event.DpEvent) -> bool:
+    """Whether ``event`` means the same under every relation (NoOp: nothing released; NonPrivate: ε = ∞)."""
+    if isinstance(event, (dp_event.NoOpDpEvent, dp_event.NonPrivateDpEvent)):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_relation_free(e) for e in event.events)
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _relation_free(event.event)
+    return False
 
 
 def _add_remove_to_replace(event: dp_event.DpEvent) -> dp_event.DpEvent:
