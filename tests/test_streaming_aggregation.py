@@ -350,3 +350,21 @@ def test_poisson_release_equals_a_direct_computation_with_the_same_generator():
         assert arrays[key].numpy().dtype == value.dtype
         np.testing.assert_allclose(arrays[key].numpy(), expected.astype(value.dtype), rtol=1e-5, atol=1e-5)
     assert "dp/participants" not in metrics
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_finite_inputs_never_give_a_non_finite_mean(dtype):
+    """Audit: two float32-max arrays, or a weight of 1e39 / 1e308, gave an all-NaN model; Flower stays finite."""
+    top = np.finfo(dtype).max
+    cases = [
+        ([np.full(2000, top, dtype), np.full(2000, top, dtype)], [1.0, 1.0]),
+        ([np.full(2000, top, dtype), np.full(2000, -top, dtype), np.full(2000, 1.0, dtype)], [1e39, 1e39, 1.0]),
+        ([np.full(2000, 0.5 * top, dtype), np.full(2000, 1.0, dtype)], [1e308, 1.0]),
+    ]
+    for arrays, weights in cases:
+        mean = mean_of_records([{"w": a} for a in arrays], weights)["w"].numpy()
+        assert mean.dtype == dtype and np.isfinite(mean).all()
+        shares = np.array(weights) / max(weights)
+        shares /= shares.sum()  # convex weights first, so the reference itself cannot overflow
+        expected = sum(share * a.astype(np.float64) for a, share in zip(arrays, shares))
+        np.testing.assert_allclose(mean, expected.astype(dtype), rtol=1e-6)

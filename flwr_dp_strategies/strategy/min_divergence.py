@@ -238,6 +238,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
                 if i in picks:
                     for key in keys:
                         mean.add(key, record[key], weight)
+        mean.is_finite()  # replies are pre-scanned: this only marks keys that overflowed for the safe recompute
         return mean.result(list(self._global_meta), round_integers=True)
 
     def _selection_metrics(self, dvg: np.ndarray, selected: list[np.ndarray]) -> dict[str, float]:

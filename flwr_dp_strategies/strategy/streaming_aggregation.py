@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
@@ -151,13 +151,16 @@ class _Scratch:
 # ---------------------------------------------------------------------------------------------- weighted mean
 @dataclass
 class _Slot:
-    """One key's accumulator: ``acc = Σ x`` while every weight equals ``common``, else ``Σ w x``."""
+    """One key's accumulator: ``acc = Σ x`` while every weight equals ``common``, else ``Σ w x``;
+    ``inputs`` keeps the (zero-copy) values and weights added, for the overflow-safe recompute."""
 
     acc: np.ndarray
     dtype: np.dtype
     common: Optional[float]
     total: float = 0.0
     count: int = 0
+    inputs: list = field(default_factory=list)
+    overflowed: bool = False
 
 
 class WeightedMean:
@@ -165,6 +168,14 @@ class WeightedMean:
 
     Keys may receive different weights (layer-wise schemes): every key keeps its own
     total weight. Shapes must agree per key (``ValueError`` otherwise).
+
+    Overflow. The fast path sums :math:`w_i x_i` (or :math:`x_i` for equal weights) in the
+    accumulator dtype, which can overflow for finite inputs (two float32-max arrays; a
+    weight of 1e39 times a large value). :meth:`is_finite` tells such a key from one fed a
+    NaN/inf: if every input of a non-finite accumulator is finite, the key's mean is
+    recomputed as the convex combination :math:`\sum_i a_i x_i`, :math:`a_i = (w_i/w_{max})
+    / \sum_j (w_j/w_{max})`, in float64, whose partial sums never exceed :math:`\max|x|`:
+    the mean of finite values is finite, as in Flower's FedAvg (which also scales first).
     """
 
     def __init__(self) -> None:
@@ -186,8 +197,9 @@ class WeightedMean:
         slot = self._slots.get(key)
         if slot is None:  # the first value is copied in: no zero-filled buffer to read back
             acc = np.array(values, dtype=accumulator_dtype(values.dtype), order="C", copy=True)
-            self._slots[key] = _Slot(acc, values.dtype, weight, weight, 1)
+            self._slots[key] = _Slot(acc, values.dtype, weight, weight, 1, [(values, weight)])
             return
+        slot.inputs.append((values, weight))
         if values.shape != slot.acc.shape:
             raise ValueError(f"array {key!r}: shape {values.shape} differs from {slot.acc.shape}")
         if slot.common is not None and weight != slot.common:
@@ -204,13 +216,22 @@ class WeightedMean:
             self.add(key, values, weight)
 
     def is_finite(self) -> bool:
-        """True if no accumulator holds NaN/±inf (then no added value did, barring overflow)."""
-        return all(all_finite(slot.acc) for slot in self._slots.values())
+        """True unless an added value was NaN/±inf. An accumulator that overflowed on finite
+        inputs is marked for the overflow-safe recompute in :meth:`mean` (and counts as finite)."""
+        for slot in self._slots.values():
+            if all_finite(slot.acc):
+                continue
+            if not all(all_finite(values) for values, _ in slot.inputs):
+                return False
+            slot.overflowed = True
+        return True
 
     def mean(self, key: str, round_integers: bool = False) -> np.ndarray:
         """``key``'s weighted mean in FedAvg's dtype (:func:`cast_mean`); consumes its accumulator."""
         slot = self._slots.pop(key)
         self._scratch.clear()
+        if slot.overflowed or not math.isfinite(slot.total):
+            return cast_mean(_convex_mean(slot.inputs), slot.dtype, round_integers)
         divisor = slot.count if slot.common is not None else slot.total
         np.divide(slot.acc, divisor, out=slot.acc)
         return cast_mean(slot.acc, slot.dtype, round_integers)
@@ -219,6 +240,18 @@ class WeightedMean:
         """The means of ``keys`` (default: all, in order of first appearance) as an ``ArrayRecord``."""
         order = list(self._slots) if keys is None else list(keys)
         return ArrayRecord({key: to_array(self.mean(key, round_integers)) for key in order})
+
+
+def _convex_mean(inputs: Sequence[tuple[np.ndarray, float]]) -> np.ndarray:
+    r""":math:`\sum_i a_i x_i` in float64 with :math:`a_i = (w_i/w_{max}) / \sum_j (w_j/w_{max})`: weights
+    scaled before they are summed and values before they are added, so nothing overflows."""
+    top = max(weight for _, weight in inputs)
+    scaled = [weight / top for _, weight in inputs]
+    total = math.fsum(scaled)
+    out = np.zeros(inputs[0][0].shape, dtype=np.complex128 if inputs[0][0].dtype.kind == "c" else np.float64)
+    for (values, _), share in zip(inputs, scaled):
+        out += (share / total) * np.asarray(values, dtype=out.dtype)
+    return out
 
 
 def _check_weight(weight: float) -> float:
