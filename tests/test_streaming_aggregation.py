@@ -368,3 +368,33 @@ def test_finite_inputs_never_give_a_non_finite_mean(dtype):
         shares /= shares.sum()  # convex weights first, so the reference itself cannot overflow
         expected = sum(share * a.astype(np.float64) for a, share in zip(arrays, shares))
         np.testing.assert_allclose(mean, expected.astype(dtype), rtol=1e-6)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_aggregation_runs_blas_on_one_thread_and_restores_it(monkeypatch):
+    """On a busy machine a multi-threaded BLAS axpy spins against the Ray actors (issue 17): the strategies'
+    aggregation runs in a single-thread BLAS scope, and the process setting is restored afterwards."""
+    from threadpoolctl import threadpool_info
+
+    from flwr_dp_strategies import AccountedFedAvg
+    from flwr_dp_strategies.strategy import accounted_fedavg
+
+    def blas_threads() -> list[int]:
+        return [info["num_threads"] for info in threadpool_info() if info["user_api"] == "blas"]
+
+    seen = []
+    original = accounted_fedavg.mean_of_records
+
+    def spying(*args, **kwargs):
+        seen.append(blas_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(accounted_fedavg, "mean_of_records", spying)
+    before = blas_threads()
+    strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2)
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(2)))
+    strategy.aggregate_train(1, [Message(RecordDict({"arrays": ArrayRecord([np.ones(3)]),
+                                                     "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=m)
+                                 for m in msgs])
+    assert seen and all(n == 1 for n in seen[0])
+    assert blas_threads() == before

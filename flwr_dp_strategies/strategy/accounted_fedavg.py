@@ -55,7 +55,7 @@ from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
 from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, check_weight, records_of,
                               screen_train_content)
-from .streaming_aggregation import NonFiniteReplies, mean_of_records
+from .streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
 
 NON_PRIVATE_LABEL = "update/undeclared (non-private)"
 Hook = TypeVar("Hook", bound=Callable[..., Any])
@@ -119,6 +119,7 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         self._spec = array_spec(arrays)
         return super().configure_train(server_round, arrays, config, grid)
 
+    @single_threaded_blas
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:

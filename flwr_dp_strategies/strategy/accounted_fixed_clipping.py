@@ -83,7 +83,7 @@ from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_releas
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, check_weight, screen_train_content
-from .streaming_aggregation import ClippedSum, npy_view, to_array
+from .streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
 
 NOISE_SAMPLERS = ("os-entropy", "flower")
 
@@ -194,6 +194,7 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
             )
         self.budget_exhausted = True
 
+    @single_threaded_blas
     def aggregate_train(
         self,
         server_round: int,

@@ -72,7 +72,7 @@ from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_releas
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
-from .streaming_aggregation import ClippedSum, npy_view
+from .streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 
@@ -158,6 +158,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
                 server_round, self.ledger.max_epsilon)
         self.budget_exhausted = True
 
+    @single_threaded_blas
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Clip, sum in place, divide by m, add N(0, (zC/m)²), record the sampled-Gaussian event.

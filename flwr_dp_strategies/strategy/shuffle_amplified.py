@@ -81,7 +81,7 @@ from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays
 from .metrics import aggregate_reply_metrics
 from .reply_screening import has_config_record, records_of
-from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
+from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records, single_threaded_blas
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
 UNAMPLIFIED_LABEL = "round not amplified"
@@ -162,6 +162,7 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
             self.planned_rounds = check_int("num_rounds", num_rounds, minimum=1)
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
+    @single_threaded_blas
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:

@@ -77,7 +77,7 @@ from .accounted_fedavg import reply_arrays, reply_weight
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of
-from .streaming_aggregation import npy_view, to_array
+from .streaming_aggregation import npy_view, to_array, single_threaded_blas
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
 EVENT_LABEL = "signds/indices+magrr-bit"
@@ -141,6 +141,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         }
 
     # ------------------------------------------------------------------ aggregate
+    @single_threaded_blas
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, book, rebuild the sign updates, average; then MagRR for the next round."""
