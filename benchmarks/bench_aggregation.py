@@ -17,11 +17,21 @@ real SignDS uploads (``indices``, ``sign``, ``b-hat`` from ``encode_update`` of
 the same client models) rebuilt sparsely into the dense model. Timings include
 each strategy's per-round privacy accounting (the ledger's ε in the round
 metrics).
+
+Loaded machine. With ``busy`` > 0 the dense strategies are timed again while
+``busy`` processes spin on the cores (pure-Python loops, as Ray's client actors
+keep a simulation's cores busy), against ``np.mean`` timed under the same load;
+rows end in ``loaded (k busy processes)``. The target is a loaded ratio within
+1.2x of the idle one: the aggregation runs BLAS on one thread
+(:func:`~flwr_dp_strategies.strategy.streaming_aggregation.blas_single_thread`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import multiprocessing
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Optional
@@ -163,7 +173,36 @@ def _replies(case: Case, strategy: Strategy, msgs: list[Message], dense: list[Ar
     return out
 
 
-def _bench_one(n: int, d: int, repeats: int, seed: int, note: str) -> list[dict]:
+LOADED_CASES = ("flwr FedAvg", "AccountedFedAvg", "AccountedFedAvg unequal weights", "ShuffleAmplifiedFedAvg",
+                "AccountedServerSideFixedClipping", "AccountedPoissonFixedClipping")
+
+
+def _spin(stop_at: float) -> None:
+    """Busy work until ``stop_at`` (a client actor's Python loop)."""
+    x = 0
+    while time.time() < stop_at:
+        for i in range(10_000):
+            x += i * i
+
+
+@contextlib.contextmanager
+def busy_processes(count: int, seconds: float = 600.0):
+    """``count`` processes spinning on the cores while the block runs (terminated on exit)."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_spin, args=(time.time() + seconds,), daemon=True) for _ in range(count)]
+    for proc in procs:
+        proc.start()
+    time.sleep(0.5 if count else 0.0)  # let them reach the loop
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join()
+
+
+def _bench_one(n: int, d: int, repeats: int, seed: int, note: str, busy: int = 0) -> list[dict]:
     stacked = _updates(n, d, seed)
     records = [ArrayRecord([stacked[i]]) for i in range(n)]  # serialised once, shared by every strategy
     current = ArrayRecord([np.zeros(d, dtype=np.float32)])
@@ -171,7 +210,24 @@ def _bench_one(n: int, d: int, repeats: int, seed: int, note: str) -> list[dict]
     baseline_peak = stacked_bytes + peak_bytes(lambda: np.mean(stacked, axis=0))
     rows = []
     params = {"n": n, "d": d, "dtype": "float32", "arrays_per_reply": 1}
+    rows += _time_cases(n, d, repeats, seed, note, stacked, records, current, baseline_peak, params)
+    if busy:
+        with busy_processes(busy):
+            rows += _time_cases(n, d, repeats, seed, note, stacked, records, current, baseline_peak,
+                                params | {"busy_processes": busy}, loaded=busy)
+    rows.append(_payload_floor_row(records, stacked, repeats, params, note))
+    return rows
+
+
+def _time_cases(n: int, d: int, repeats: int, seed: int, note: str, stacked: np.ndarray, records: list,
+                current: ArrayRecord, baseline_peak: int, params: dict, loaded: int = 0) -> list[dict]:
+    """One time row (and, idle only, one peak-memory row) per case."""
+    rows = []
+    suffix = f" loaded ({loaded} busy processes)" if loaded else ""
+    stacked_bytes = stacked.nbytes
     for name, case in _cases(n).items():
+        if loaded and name not in LOADED_CASES:
+            continue
         strategy = case.make()
         msgs = list(strategy.configure_train(1, current, ConfigRecord(), _FakeGrid(n)))
         assert len(msgs) == n, (name, len(msgs))
@@ -186,10 +242,13 @@ def _bench_one(n: int, d: int, repeats: int, seed: int, note: str) -> list[dict]
         sub, base = time_pair(aggregate, lambda _s: np.mean(stacked, axis=0), repeats=repeats)
         assert results[-1] is not None and results[-1]["0"].shape == (d,), name
         notes = "; ".join(x for x in (case.note, note) if x)
-        rows.append(row(NAME, f"{name} n={n} d={d:.0e}", params, metric="time_s", values=sub,
+        rows.append(row(NAME, f"{name} n={n} d={d:.0e}{suffix}", params, metric="time_s", values=sub,
                         baseline="np.mean(stacked (n, d) float32, axis=0)", baseline_values=base,
                         target="<= 1.2x", target_ratio=1.2, notes=notes))
         results.clear()
+        if loaded:
+            del replies, msgs, strategy
+            continue
         peak = peak_bytes(lambda: aggregate(None))
         rows.append(row(NAME, f"{name} n={n} d={d:.0e} peak memory", params, metric="peak_bytes",
                         values=[peak], baseline="stacked matrix + np.mean's peak (tracemalloc)",
@@ -197,7 +256,6 @@ def _bench_one(n: int, d: int, repeats: int, seed: int, note: str) -> list[dict]
                         notes=f"peak = {peak / (4 * d):.2f} model copies (4·d bytes); replies' serialised "
                               f"bytes ({stacked_bytes / 2**20:.0f} MiB) not counted" + (f"; {note}" if note else "")))
         del replies, msgs, strategy
-    rows.append(_payload_floor_row(records, stacked, repeats, params, note))
     return rows
 
 
@@ -219,7 +277,7 @@ def _payload_floor_row(records: list[ArrayRecord], stacked: np.ndarray, repeats:
 
 
 def run(*, ns: tuple[int, ...] = (100, 1000), d: int = 10**6, d_large_n: Optional[int] = None,
-        repeats: int = 5, seed: int = 0) -> list[dict]:
+        repeats: int = 5, seed: int = 0, busy: int = 0) -> list[dict]:
     """Rows per strategy and n: aggregate_train time vs stacked mean (target ≤ 1.2×), and peak memory."""
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
@@ -233,7 +291,7 @@ def run(*, ns: tuple[int, ...] = (100, 1000), d: int = 10**6, d_large_n: Optiona
                 dim, mem_note = choose_d(n, dim)
                 note = "; ".join(x for x in (note, mem_note) if x)
                 reps = repeats if n * dim <= 2 * 10**8 else max(3, repeats // 2)
-                rows += _bench_one(n, dim, reps, seed, note)
+                rows += _bench_one(n, dim, reps, seed, note, busy=busy if n < 1000 else 0)
     finally:
         flwr_logger.setLevel(level)
     return rows

@@ -40,9 +40,9 @@ BENCHMARKS = {
         "tiny": {"clients": 8, "rounds": 5, "repeats": 1},
     }),
     "aggregation": (bench_aggregation.run, {
-        "full": {"ns": (100, 1000), "d": 10**6, "repeats": 5},
-        "quick": {"ns": (100,), "d": 10**6, "repeats": 3},
-        "tiny": {"ns": (3,), "d": 1000, "repeats": 1},
+        "full": {"ns": (100, 1000), "d": 10**6, "repeats": 5, "busy": 3},
+        "quick": {"ns": (100,), "d": 10**6, "repeats": 3, "busy": 3},
+        "tiny": {"ns": (3,), "d": 1000, "repeats": 1, "busy": 1},
     }),
     "noise": (bench_noise.run, {
         "full": {"d": 10**6, "repeats": 9},

@@ -70,7 +70,7 @@ def test_run_demo_two_rounds_three_clients(tmp_path):
 @pytest.mark.integration
 def test_run_demo_compares_methods_in_one_table(tmp_path):
     """Several mechanisms: one results folder each and a summary whose ε says what it protects."""
-    proc = run_demo(["--mechanism", "none", "dp-sgd", "--rounds", "2", "--num-clients", "3",
+    proc = run_demo(["--mechanism", "none", "dp-sgd", "--rounds", "3", "--num-clients", "3",
                      "--results-dir", str(tmp_path)])
     rows = {row["mechanism"]: row for row in json.loads((tmp_path / "summary.json").read_text())}
     assert set(rows) == {"none", "dp-sgd"}
