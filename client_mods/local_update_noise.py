@@ -73,6 +73,9 @@ class LocalUpdateNoiseMod:
             are and declare them non-private (ε = ∞); default False: they are replaced by the
             public weight ``{weighted_by_key: 1.0}`` (:mod:`client_mods.reply_metrics`).
         weighted_by_key: the weight key the server's FedAvg reads.
+        secure: floating-point-safe discrete Gaussian noise on a grid (CKS 2020); the clipped
+            update's coordinates are bounded by C, the public bound it needs. The declared event
+            is then ``ZCDpEvent`` (grid rounding included).
     """
 
     def __init__(
@@ -86,7 +89,9 @@ class LocalUpdateNoiseMod:
         rng: RngLike = None,
         release_metrics: bool = False,
         weighted_by_key: str = "num-examples",
+        secure: bool = False,
     ) -> None:
+        self.secure = bool(secure)
         self.release_metrics = bool(release_metrics)
         self.weighted_by_key = str(weighted_by_key)
         self.clipping_norm = check_positive("clipping_norm", clipping_norm)
@@ -112,7 +117,8 @@ class LocalUpdateNoiseMod:
         update = np.concatenate([(np.asarray(t, np.float64) - r).ravel() for r, t in zip(received, trained)])
         clipped, _ = clip_l2(update, self.clipping_norm)
         release = gaussian_mechanism(clipped, noise_multiplier=self.noise_multiplier,
-                                     sensitivity=self.sensitivity, rng=self.rng())
+                                     sensitivity=self.sensitivity, rng=self.rng(), secure=self.secure,
+                                     value_bound=self.clipping_norm)
         out, start = [], 0
         for r in received:
             out.append((r + release.value[start:start + r.size].reshape(r.shape)).astype(r.dtype))

@@ -11,10 +11,13 @@ from that exact curve (dp-accounting's ``get_sigma_gaussian``), valid for every
 Flower's ``LocalDpMod`` and the DP-SGD seed's eq. (1)) holds only for ε < 1; it
 is offered as :func:`classical_gaussian_sigma` for comparison and rejects ε ≥ 1.
 
-Floating-point caveat: noise comes from numpy's ``Generator.normal`` in float64.
-**This does not resist floating-point attacks** on Gaussian samplers (Jin,
+Floating-point caveat: by default noise comes from numpy's ``Generator.normal`` in
+float64. **This does not resist floating-point attacks** on Gaussian samplers (Jin,
 McMurtry, Rubinstein, Ohrimenko, IEEE S&P 2022); the released ε assumes exact
-real-valued Gaussian noise.
+real-valued Gaussian noise. ``secure=True`` (with a public ``value_bound``) uses
+the discrete Gaussian on a data-independent grid instead
+(:func:`~.discrete_gaussian.secure_gaussian_mechanism`, CKS 2020), whose event is
+the sound ``ZCDpEvent`` including the grid rounding.
 """
 
 from __future__ import annotations
@@ -52,6 +55,8 @@ def gaussian_mechanism(
     noise_multiplier: float,
     sensitivity: float = 1.0,
     rng: RngLike = None,
+    secure: bool = False,
+    value_bound: float | None = None,
 ) -> Release[np.ndarray]:
     """Add N(0, (z·Δ₂)²) noise to every coordinate of ``values``.
 
@@ -60,7 +65,16 @@ def gaussian_mechanism(
         noise_multiplier: z = σ/Δ₂ in (0, inf) (use :func:`gaussian_sigma` / Δ₂ for a target (ε, δ)).
         sensitivity: L2 sensitivity Δ₂ in (0, inf).
         rng: None (OS entropy), an int seed or a numpy Generator.
+        secure: the floating-point-safe discrete Gaussian on a grid (see the module docstring).
+        value_bound: public bound B > 0 on |values|; required when ``secure``.
     """
+    if secure:
+        if value_bound is None:
+            raise ValueError("value_bound must be given (a public bound B in (0, inf) on |values|) when secure=True")
+        from .discrete_gaussian import secure_gaussian_mechanism
+
+        return secure_gaussian_mechanism(values, noise_multiplier=noise_multiplier, sensitivity=sensitivity,
+                                         value_bound=value_bound, rng=rng)
     x = as_finite_array("values", values)
     z = check_positive("noise_multiplier", noise_multiplier)
     sigma = z * check_sensitivity(sensitivity)
