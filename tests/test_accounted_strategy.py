@@ -265,3 +265,23 @@ def test_rejects_unaccountable_setups():
 def test_default_ledger():
     strategy = AccountedServerSideFixedClipping(FedAvg(), Z, C, M)
     assert strategy.ledger.target_delta == 1e-5 and strategy.ledger.max_epsilon is None
+
+
+def test_secure_noise_sampler_releases_grid_points_and_books_the_discrete_gaussian():
+    from dp_accounting.dp_event import ZCDpEvent
+
+    from flwr_dp_strategies.privacy.discrete_gaussian import gaussian_grid
+
+    d = 20_000
+    strategy = make_strategy(noise_sampler="secure", rng=3)
+    update = np.full(d, 0.5 * C / math.sqrt(d))
+    _, (arrays, _) = run_round(strategy, 1, np.zeros(d), [update] * M)
+    released = arrays.to_numpy_ndarrays()[0]
+    residual = released - update
+    sigma = Z * C / M
+    assert abs(residual.std() - sigma) <= 4 * sigma / math.sqrt(2 * d)
+    gamma = gaussian_grid(sigma, C * M / M)
+    np.testing.assert_allclose(released / gamma, np.rint(released / gamma), atol=1e-6)
+    (_, event, _), = strategy.ledger.events()
+    assert isinstance(event, ZCDpEvent) and event.rho == pytest.approx(1 / (2 * Z * Z), rel=1e-4)
+    assert event.rho >= 1 / (2 * Z * Z)

@@ -43,7 +43,10 @@ Scope of the guarantee.
   as non-private (ε = ∞), the truth about publishing them.
 * Only a ``FedAvg`` whose ``aggregate_train`` is not overridden is accepted: a
   server optimiser or a robust aggregator changes the analysis above.
-* Noise from OS entropy (``rng``); Flower's ``np.random`` sampler only with
+* Noise from OS entropy (``rng``); ``noise_sampler="secure"`` draws the discrete
+  Gaussian on a data-independent grid (floating-point safe, booked as ``ZCDpEvent``;
+  :class:`AccountedPoissonFixedClipping` has no such option: dp-accounting bounds
+  Poisson amplification for the continuous Gaussian only). Flower's ``np.random`` sampler only with
   ``noise_sampler="flower"`` (explicit, logged: it is reproducible by anyone who
   seeds NumPy's global generator).
 
@@ -59,6 +62,7 @@ releases nothing, as in Flower.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from collections.abc import Iterable
@@ -79,13 +83,13 @@ from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
 from .accounted_fedavg import reply_arrays
-from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release
+from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, secure_release_event
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, check_weight, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
 
-NOISE_SAMPLERS = ("os-entropy", "flower")
+NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
 
 EVENT_LABEL = "central-gaussian/server-side-fixed-clipping"
 
@@ -105,7 +109,10 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
             numbers continue after the last recorded round; after every recorded
             round the ledger is saved there atomically.
         rng: the noise generator: None (fresh OS entropy, the default), a seed or a Generator (tests).
-        noise_sampler: ``"os-entropy"`` (default) or ``"flower"`` (Flower's ``np.random`` helper).
+        noise_sampler: ``"os-entropy"`` (default), ``"secure"`` (the floating-point-safe discrete
+            Gaussian on a grid, CKS 2020, booked as ``ZCDpEvent`` with the rounding included; the
+            public bound on |S/m| is C·N/m with N the connected nodes) or ``"flower"`` (Flower's
+            ``np.random`` helper).
         publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
             booking every such round as non-private (default False).
         max_weight: replies whose ``weighted_by_key`` value is not in (0, max_weight] are rejected.
@@ -157,6 +164,8 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         self.budget_exhausted = False
         self._skipped_rounds: set[int] = set()
         self._spec: Optional[dict] = None
+        self._dimension = 0
+        self._secure_bound = self.clipping_norm
 
     def __repr__(self) -> str:
         """Compute a string representation of the strategy."""
@@ -164,9 +173,13 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
 
     # ------------------------------------------------------------------ events
     def round_event(self) -> DpEvent:
-        """One release, in the ledger's relation: ``GaussianDpEvent(z)`` (add/remove; z/2 under replace-one)."""
-        return convert_event(GaussianDpEvent(self.noise_multiplier), ADD_OR_REMOVE_ONE,
-                             self.ledger.neighboring_relation)
+        """One release, in the ledger's relation: ``GaussianDpEvent(z)`` (add/remove; z/2 under replace-one),
+        or with ``noise_sampler="secure"`` the discrete Gaussian's ``ZCDpEvent`` (4ρ under replace-one)."""
+        event: DpEvent = GaussianDpEvent(self.noise_multiplier)
+        if self.noise_sampler == "secure":
+            event = secure_release_event(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients,
+                                         self._dimension, self._secure_bound)
+        return convert_event(event, ADD_OR_REMOVE_ONE, self.ledger.neighboring_relation)
 
     nominal_event = round_event
 
@@ -175,10 +188,12 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Configure training, or send nothing if the next release would exceed the budget."""
+        self._spec = array_spec(arrays)
+        self._dimension = sum(math.prod(shape) for shape, _, _ in self._spec.values())
+        self._secure_bound = self.clipping_norm * max(1, len(grid.get_node_ids())) / self.num_sampled_clients
         if self.ledger.would_exceed(central_events=[self.round_event()]):
             self._stop(server_round)
             return []
-        self._spec = array_spec(arrays)
         return super().configure_train(server_round, arrays, config, grid)
 
     def _stop(self, server_round: int) -> None:
@@ -236,7 +251,8 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
             add_gaussian_noise_inplace(values, sigma)
             arrays = ArrayRecord({key: to_array(v) for key, v in zip(arrays.keys(), values)})
         else:
-            arrays = fixed_denominator_release(summed, m, sigma, self.rng())
+            bound = self._secure_bound if self.noise_sampler == "secure" else None
+            arrays = fixed_denominator_release(summed, m, sigma, self.rng(), secure_bound=bound)
         log(INFO, "aggregate_fit: central DP noise with %.4f stdev added", sigma)
         return arrays
 

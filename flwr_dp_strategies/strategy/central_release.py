@@ -20,9 +20,13 @@ generator. Floating-point attacks on the sampler are out of scope.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from dp_accounting import dp_event
 from flwr.app import ArrayRecord
 
+from ..privacy.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
 from .streaming_aggregation import ClippedSum, add_gaussian_noise, to_array
 
 #: Label of the clients' (un-noised) train metrics when a strategy is told to publish them anyway.
@@ -30,16 +34,39 @@ NON_PRIVATE_METRICS_LABEL = "client train metrics (published un-noised: non-priv
 
 
 def fixed_denominator_release(summed: ClippedSum, denominator: int, sigma: float,
-                              generator: np.random.Generator) -> ArrayRecord:
-    r""":math:`w + S/m + \mathcal N(0, \sigma^2 I)` per key, in each array's dtype (consumes ``summed``)."""
+                              generator: np.random.Generator, secure_bound: float | None = None) -> ArrayRecord:
+    r""":math:`w + S/m + \mathcal N(0, \sigma^2 I)` per key, in each array's dtype (consumes ``summed``).
+
+    With ``secure_bound`` B: :math:`S/m` is clamped to [−B, B], rounded to the grid of
+    :func:`~flwr_dp_strategies.privacy.discrete_gaussian.gaussian_grid` and perturbed with
+    discrete Gaussian noise (:func:`secure_release_event` is then the event to book).
+    """
     out = {}
     for key, total in summed.result().items():
         np.divide(total, denominator, out=total)
-        add_gaussian_noise(total, sigma, generator)
+        if secure_bound is None:
+            add_gaussian_noise(total, sigma, generator)
+        else:
+            noisy = secure_gaussian_mechanism(total, noise_multiplier=1.0, sensitivity=sigma,
+                                              value_bound=secure_bound, rng=generator).value
+            total[...] = noisy.reshape(total.shape)
         reference = summed.reference[key]
         np.add(total, reference, out=total, casting="same_kind")
         out[key] = to_array(total.astype(reference.dtype, copy=False))
     return ArrayRecord(out)
 
 
-__all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release"]
+def secure_release_event(noise_multiplier: float, clipping_norm: float, denominator: int, dimension: int,
+                         secure_bound: float) -> dp_event.ZCDpEvent:
+    r"""The zCDP event of the secure release (CKS 2020, Thm 14): neighbours' S/m differ by at most
+    Δ = C/m in L2 and rounding to the grid γ moves each of the D coordinates by at most γ/2, so their
+    grid images differ by at most :math:`\Delta/\gamma + \sqrt D` steps and
+    :math:`\rho = (\Delta/\gamma + \sqrt D)^2 \gamma^2 / (2\sigma^2)` (≈ 1/(2z²))."""
+    sigma = noise_multiplier * clipping_norm / denominator
+    sensitivity = clipping_norm / denominator
+    gamma = gaussian_grid(sigma, secure_bound)
+    steps = sensitivity / gamma + math.sqrt(dimension)
+    return dp_event.ZCDpEvent(rho=(steps * gamma) ** 2 / (2.0 * sigma * sigma))
+
+
+__all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release", "secure_release_event"]
