@@ -102,3 +102,20 @@ def test_local_update_noise_mod_can_draw_secure_noise():
     assert abs(noisy.std() - 1.0) < 4 / math.sqrt(2 * noisy.size)
     [decl] = read_declarations(reply.content)
     assert isinstance(decl.event, dp_event.ZCDpEvent) and decl.event.rho >= 1 / (2 * 0.5**2)
+
+
+def test_analyze_gauss_and_fm_gaussian_can_draw_secure_noise():
+    from flwr_dp_strategies.privacy.covariance import analyze_gauss
+    from flwr_dp_strategies.privacy.functional_mechanism import functional_mechanism, quadratic_statistics
+
+    rows = np.random.default_rng(0).normal(size=(40, 5))
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    moment = rows.T @ rows
+    release = analyze_gauss(moment, epsilon=1.0, delta=1e-5, secure=True, value_bound=40.0, rng=1)
+    np.testing.assert_array_equal(release.value, release.value.T)
+    assert isinstance(release.event, dp_event.ZCDpEvent)
+    with pytest.raises(ValueError, match="value_bound"):
+        analyze_gauss(moment, epsilon=1.0, delta=1e-5, secure=True)
+    stats_ = quadratic_statistics(rows, np.arange(40) % 3, num_classes=3)
+    fm = functional_mechanism(stats_, epsilon=1.0, noise="gaussian", secure=True, rng=2)
+    assert isinstance(fm.event, dp_event.ZCDpEvent)

@@ -38,6 +38,8 @@ Pure numpy; no Flower import.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import math
 
 import numpy as np
@@ -45,6 +47,7 @@ from dp_accounting import dp_event
 
 from .functional_mechanism import RELATIONS, clip_rows
 from .gaussian import gaussian_sigma
+from .discrete_gaussian import secure_gaussian_mechanism
 from .release import Release
 from .rng import RngLike, resolve_rng
 from .validation import as_finite_array, check_epsilon, check_int
@@ -78,11 +81,27 @@ def _check_square(matrix: object) -> np.ndarray:
 
 
 def analyze_gauss(matrix: object, *, epsilon: float, delta: float, neighboring_relation: str = "replace_one",
-                  rng: RngLike = None) -> Release[np.ndarray]:
-    """C + E, E symmetric with i.i.d. N(0, σ²) upper triangle, σ = analytic-Gaussian σ(ε, δ, Δ₂)."""
+                  rng: RngLike = None, secure: bool = False,
+                  value_bound: Optional[float] = None) -> Release[np.ndarray]:
+    """C + E, E symmetric with i.i.d. N(0, σ²) upper triangle, σ = analytic-Gaussian σ(ε, δ, Δ₂).
+
+    ``secure=True``: the upper triangle gets discrete Gaussian noise on a data-independent grid
+    (:mod:`.discrete_gaussian`, floating-point safe) and the event is its ``ZCDpEvent``;
+    ``value_bound`` is a public bound on |C_jk| (n for n unit-norm rows, public under replace-one).
+    """
     m = _check_square(matrix)
     sens = covariance_l2_sensitivity(neighboring_relation)
     sigma = gaussian_sigma(epsilon, delta, sens)
+    if secure:
+        if value_bound is None:
+            raise ValueError("value_bound must be given (a public bound in (0, inf) on |C_jk|) when secure=True")
+        rows, cols = np.triu_indices(m.shape[0])
+        release = secure_gaussian_mechanism(m[rows, cols], noise_multiplier=sigma / sens, sensitivity=sens,
+                                            value_bound=value_bound, rng=rng)
+        noisy = np.zeros_like(m)
+        noisy[rows, cols] = release.value
+        noisy[cols, rows] = release.value
+        return Release(noisy, release.event)
     noisy = m + _symmetric_gaussian(m.shape[0], sigma, resolve_rng(rng))
     return Release(noisy, dp_event.GaussianDpEvent(noise_multiplier=sigma / sens))
 

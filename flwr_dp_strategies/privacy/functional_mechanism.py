@@ -210,20 +210,24 @@ def fm_l2_sensitivity(num_classes: int, *, loss: str = "softmax",
 def functional_mechanism(stats: QuadraticStatistics, *, epsilon: float,
                          neighboring_relation: str = "replace_one", calibration: str = "sound",
                          noise: str = "laplace", delta: float = 1e-5,
-                         rng: RngLike = None) -> Release[QuadraticStatistics]:
+                         rng: RngLike = None, secure: bool = False) -> Release[QuadraticStatistics]:
     """Noise on every released coefficient of the Taylor objective.
 
     ``noise="laplace"`` (FM, pure ε-DP): Laplace(Δ₁/ε); the event records the true ε
     (sound Δ₁ even with ``calibration="paper"``). ``noise="gaussian"`` ((ε, δ)-DP,
     not in the paper): N(0, σ²) with the analytic-Gaussian σ for the dimension-free
     :func:`fm_l2_sensitivity`; far less noise than Laplace for q ≳ 10, since Δ₁
-    grows linearly with q and Δ₂ does not. Its event is ``GaussianDpEvent(σ/Δ₂)``.
+    grows linearly with q and Δ₂ does not. Its event is ``GaussianDpEvent(σ/Δ₂)``; with
+    ``secure=True`` the noise is the floating-point-safe discrete Gaussian on a grid
+    (:mod:`.discrete_gaussian`) and the event its ``ZCDpEvent``.
     """
     eps = check_epsilon(epsilon)
     if _check_choice("noise", noise, FM_NOISES) == "gaussian":
         sens = fm_l2_sensitivity(stats.num_classes, loss=stats.loss, neighboring_relation=neighboring_relation)
         sigma = gaussian_sigma(eps, delta, sens)
-        noisy = gaussian_mechanism(released_vector(stats), noise_multiplier=sigma / sens, sensitivity=sens, rng=rng)
+        # secure: discrete Gaussian on a grid; |coefficients| ≤ n for unit rows (n public under replace-one)
+        noisy = gaussian_mechanism(released_vector(stats), noise_multiplier=sigma / sens, sensitivity=sens, rng=rng,
+                                   secure=secure, value_bound=float(max(stats.count, 1)))
         return Release(from_released_vector(noisy.value, stats), noisy.event)
     kwargs = dict(loss=stats.loss, neighboring_relation=neighboring_relation)
     used = fm_sensitivity(stats.dim, stats.num_classes, calibration=calibration, **kwargs)
