@@ -38,16 +38,15 @@ Pure numpy; no Flower import.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import math
+from typing import Optional
 
 import numpy as np
 from dp_accounting import dp_event
 
+from .discrete_gaussian import secure_gaussian_mechanism
 from .functional_mechanism import RELATIONS, clip_rows
 from .gaussian import gaussian_sigma
-from .discrete_gaussian import secure_gaussian_mechanism
 from .release import Release
 from .rng import RngLike, resolve_rng
 from .validation import as_finite_array, check_epsilon, check_int
