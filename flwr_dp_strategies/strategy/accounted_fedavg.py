@@ -53,7 +53,7 @@ from flwr.serverapp.strategy import FedAvg
 from ..privacy import PrivacyLedger
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, check_weight, records_of,
+from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, records_of,
                               screen_train_content)
 from .streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
 
@@ -182,12 +182,7 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screen, book the declarations (e.g. Laplace-protected inference results), then FedAvg's metrics."""
-        accepted, rejected = self.screen_and_book(
-            server_round, replies, lambda content: check_weight(content, self.weighted_by_key, self.max_weight),
-            phase="evaluate")
-        metrics = aggregate_reply_metrics(self.evaluate_metrics_aggr_fn, [r.content for r in accepted],
-                                          self.weighted_by_key) if accepted else None
-        return self.round_metrics(metrics, rejected)
+        return self.screened_evaluate(server_round, replies, self)
 
 
 __all__ = ["AccountedFedAvg", "finds_non_finite", "reply_arrays", "reply_weight"]

@@ -86,7 +86,7 @@ from .accounted_fedavg import reply_arrays
 from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, secure_release_event
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, check_weight, screen_train_content
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
 
 NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
@@ -270,7 +270,7 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """Screened evaluate replies, the wrapped FedAvg's metric aggregation, ``replies/failed``."""
-        return screened_evaluate(self, server_round, replies)
+        return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:
         """Log the DP settings and the privacy spent so far."""
@@ -294,18 +294,6 @@ def _add_clipped(strategy: Any, server_round: int, summed: ClippedSum, replies: 
     return added
 
 
-def screened_evaluate(strategy: Any, server_round: int, replies: Iterable[Message]) -> MetricRecord:
-    """The shared evaluate phase of the central strategies: screen (weight, metrics, identity), then the
-    wrapped FedAvg's metric aggregation over the accepted replies, with the ledger's figures."""
-    fedavg = strategy.strategy
-    accepted, rejected = strategy.screen_and_book(
-        server_round, replies, lambda c: check_weight(c, fedavg.weighted_by_key, strategy.max_weight),
-        phase="evaluate")
-    metrics = aggregate_reply_metrics(fedavg.evaluate_metrics_aggr_fn, [r.content for r in accepted],
-                                      fedavg.weighted_by_key) if accepted else None
-    return strategy.round_metrics(metrics, rejected)
-
-
 def _check_accountable(strategy: Strategy) -> None:
     """Refuse set-ups the Gaussian-mechanism analysis does not cover."""
     if not isinstance(strategy, FedAvg) or type(strategy).aggregate_train is not FedAvg.aggregate_train:
@@ -315,4 +303,4 @@ def _check_accountable(strategy: Strategy) -> None:
         )
 
 
-__all__ = ["AccountedServerSideFixedClipping", "EVENT_LABEL", "NOISE_SAMPLERS", "screened_evaluate"]
+__all__ = ["AccountedServerSideFixedClipping", "EVENT_LABEL", "NOISE_SAMPLERS"]

@@ -57,7 +57,6 @@ from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Optional
 
-import numpy as np
 from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -67,7 +66,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .accounted_fixed_clipping import _add_clipped, screened_evaluate
+from .accounted_fixed_clipping import _add_clipped
 from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
@@ -191,7 +190,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screened evaluate replies, the wrapped FedAvg's metric aggregation, ``replies/failed``."""
-        return screened_evaluate(self, server_round, replies)
+        return self.screened_evaluate(server_round, replies, self.strategy)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:

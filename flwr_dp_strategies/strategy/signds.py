@@ -169,11 +169,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screened FedAvg evaluation (weighted metric mean of the accepted replies), plus the round's counts."""
-        accepted, rejected = self.screen_and_book(
-            server_round, replies, lambda c: check_weight(c, self.weighted_by_key, self.max_weight), phase="evaluate")
-        metrics = aggregate_reply_metrics(self.evaluate_metrics_aggr_fn, [r.content for r in accepted],
-                                          self.weighted_by_key) if accepted else None
-        return self.round_metrics(metrics, rejected)
+        return self.screened_evaluate(server_round, replies, self)
 
     def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
                           phase: Optional[str]) -> None:
