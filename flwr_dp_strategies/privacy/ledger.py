@@ -43,8 +43,10 @@ rename, an exclusive lock against a second writer, a size cap, and one
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import warnings
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -306,7 +308,8 @@ class PrivacyLedger:
             acc = LedgerRdpAccountant(neighboring_relation=_RELATIONS[self.neighboring_relation])
             event = self._events[key]
             if acc.supports(event):
-                acc.compose(event)
+                with _quiet_numerics():
+                    acc.compose(event)
                 self._rdp_cache[key] = (acc.rdp, acc.approx_epsilon, acc.approx_delta)
             else:
                 self._rdp_cache[key] = None
@@ -339,7 +342,8 @@ class PrivacyLedger:
             if not acc.supports(event):
                 self._pld_cache[cache_key] = None
             else:
-                acc.compose(event)
+                with _quiet_numerics():
+                    acc.compose(event)
                 self._pld_cache[cache_key] = None if acc._contains_non_dp_event else acc._pld
         return self._pld_cache[cache_key]
 
@@ -548,6 +552,15 @@ class PrivacyLedger:
             raise LedgerFileError(path, f"ledger {name!r} is not a valid ledger: {err}") from err
         _ORIGIN[ledger] = (os.path.realpath(os.path.abspath(os.fspath(path))), checksum)
         return ledger
+
+
+@contextlib.contextmanager
+def _quiet_numerics():
+    """Silence NumPy's overflow / divide warnings inside an accountant: a valid event with a tiny noise
+    multiplier legitimately gives an infinite RDP or loss, which the ledger reports as ε = ∞."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
 
 
 def _upper_bound(epsilon: float) -> float:

@@ -233,11 +233,12 @@ class WeightedMean:
         slot.inputs.append((values, weight))
         if values.shape != slot.acc.shape:
             raise ValueError(f"array {key!r}: shape {values.shape} differs from {slot.acc.shape}")
-        if slot.common is not None and weight != slot.common:
-            slot.acc *= slot.common  # from Σ x to Σ w x, once
-            slot.common = None
-        factor = 1.0 if slot.common is not None else weight
-        add_scaled(slot.acc, values, factor, lambda: self._scratch.get(slot.acc.dtype, slot.acc.shape))
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is recomputed safely (is_finite)
+            if slot.common is not None and weight != slot.common:
+                slot.acc *= slot.common  # from Σ x to Σ w x, once
+                slot.common = None
+            factor = 1.0 if slot.common is not None else weight
+            add_scaled(slot.acc, values, factor, lambda: self._scratch.get(slot.acc.dtype, slot.acc.shape))
         slot.total += weight
         slot.count += 1
 
