@@ -102,8 +102,7 @@ def test_noise_std_is_z_c_over_m():
     """Identical in-norm updates: the mean is known, the residual is the noise N(0, (zC/m)^2)."""
     d = 20_000
     update = np.full(d, 0.5 * C / math.sqrt(d))  # norm C/2: not clipped
-    strategy = make_strategy()
-    np.random.seed(12345)  # Flower draws its noise from np.random
+    strategy = make_strategy(rng=12345)  # seeded: deterministic (the default draws from OS entropy)
     _, (arrays, _) = run_round(strategy, 1, np.zeros(d), [update] * M)
     residual = arrays.to_numpy_ndarrays()[0] - update
     sigma = Z * C / M
@@ -114,8 +113,7 @@ def test_noise_std_is_z_c_over_m():
 def test_updates_are_clipped_to_c():
     d = 20_000
     big = np.full(d, 10.0 * C / math.sqrt(d))  # norm 10C -> clipped to C
-    strategy = make_strategy()
-    np.random.seed(1)
+    strategy = make_strategy(rng=1)
     _, (arrays, _) = run_round(strategy, 1, np.zeros(d), [big] * M)
     mean = arrays.to_numpy_ndarrays()[0].mean()
     assert mean == pytest.approx(C / math.sqrt(d), abs=4 * (Z * C / M) / math.sqrt(d))
