@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:
 pytest.importorskip("opacus")
 pytest.importorskip("matplotlib")
 
-from benchmarks import bench_dpsgd, bench_privacy_utility  # noqa: E402
-from benchmarks._common import ROW_KEYS  # noqa: E402
+from flwr_dp_benchmarks import bench_dpsgd, bench_privacy_utility  # noqa: E402
+from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
 TOLERANCE = 0.01
 

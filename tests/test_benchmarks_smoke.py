@@ -15,8 +15,8 @@ if str(ROOT) not in sys.path:
 
 pytest.importorskip("matplotlib")
 
-from benchmarks import run as bench_run  # noqa: E402
-from benchmarks._common import ROW_KEYS  # noqa: E402
+from flwr_dp_benchmarks import run as bench_run  # noqa: E402
+from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.mark.integration
 def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
-    from flwr_dp_strategies.simulation import prepare_process
+    from flwr_dp_experiments.simulation import prepare_process
 
     prepare_process([HERE])
     from plain_app.app import DROP_IN, app, server

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flwr_dp_strategies.feature_maps import hog_features
+from flwr_dp_experiments.feature_maps import hog_features
 
 
 def edge_image(side: int, vertical: bool) -> np.ndarray:
@@ -37,7 +37,7 @@ def test_features_are_per_record_and_invariant_to_the_scalar_standardisation():
     for i in (0, 7, 19):
         np.testing.assert_allclose(batch[i], hog_features(x[i:i + 1], cell=3, bins=4)[0], atol=1e-15)
     np.testing.assert_allclose(hog_features((x - 0.13) / 0.31, cell=3, bins=4), batch, atol=1e-12)
-    import flwr_dp_strategies.feature_maps as fm
+    import flwr_dp_experiments.feature_maps as fm
     saved, fm.CHUNK_ROWS = fm.CHUNK_ROWS, 6
     try:
         np.testing.assert_allclose(hog_features(x, cell=3, bins=4), batch, atol=1e-15)

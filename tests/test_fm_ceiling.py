@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from flwr_dp_strategies.datasets import load_dataset
-from flwr_dp_strategies.feature_maps import hog_features
+from flwr_dp_experiments.datasets import load_dataset
+from flwr_dp_experiments.feature_maps import hog_features
 from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics, solve_objective
 
 HERE = os.path.dirname(os.path.abspath(__file__))

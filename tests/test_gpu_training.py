@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from flwr_dp_strategies.training import evaluate_classifier, resolve_device, train_sgd
+from flwr_dp_experiments.training import evaluate_classifier, resolve_device, train_sgd
 
 
 def _blobs(n: int = 400, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

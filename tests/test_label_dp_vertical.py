@@ -149,7 +149,7 @@ def test_gradient_is_the_noisy_label_cross_entropy_gradient(app_modules):
 def test_mnist_columns_and_split(app_modules):
     """MNIST from a local folder: 28 columns split among the parties, MNIST's own 60 000 / 10 000 split."""
     config, _, task = app_modules
-    from flwr_dp_strategies.datasets import MNIST_FILES, shared_data_dir
+    from flwr_dp_experiments.datasets import MNIST_FILES, shared_data_dir
 
     assert _config(config, dataset="mnist")["dataset"] == "mnist"
     with pytest.raises(ValueError, match="dataset"):
@@ -178,7 +178,7 @@ SWEEP_THEN_APP = """
 import json, sys
 import run_experiment
 run_experiment.main(sys.argv[3:])
-from flwr_dp_strategies.simulation import run_in_process
+from flwr_dp_experiments.simulation import run_in_process
 from label_dp_app.client_app import app as client_app
 from label_dp_app.config import ENV_VAR
 from label_dp_app.server_app import app as server_app

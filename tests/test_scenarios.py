@@ -9,10 +9,10 @@ import pytest
 import torch
 from dp_accounting.dp_event import GaussianDpEvent
 
-from flwr_dp_strategies.baselines import evaluate, get_params, ldp_fl_sigma, ldp_fl_update, local_sgd, make_mlp
-from flwr_dp_strategies.datasets import EMNIST_LETTERS_FILES, load_digits_split, load_emnist_letters, shared_data_dir
+from flwr_dp_experiments.baselines import evaluate, get_params, ldp_fl_sigma, ldp_fl_update, local_sgd, make_mlp
+from flwr_dp_experiments.datasets import EMNIST_LETTERS_FILES, load_digits_split, load_emnist_letters, shared_data_dir
 from flwr_dp_strategies.privacy import gaussian_sigma
-from flwr_dp_strategies.scenarios import Scenario, build_scenario, corrupt_low_quality, partition_indices, share
+from flwr_dp_experiments.scenarios import Scenario, build_scenario, corrupt_low_quality, partition_indices, share
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_iid_partitions_cover_every_index_once_and_are_seeded(digits):
 
 @pytest.mark.parametrize("partitions", [0, 451, 2.5])
 def test_iid_partitions_refuse_more_partitions_than_examples(partitions):
-    from flwr_dp_strategies.datasets import iid_partition_indices
+    from flwr_dp_experiments.datasets import iid_partition_indices
 
     with pytest.raises(ValueError, match=r"num_partitions must be an integer in \[1, 450\]"):
         iid_partition_indices(450, partitions)

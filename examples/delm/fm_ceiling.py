@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from flwr_dp_strategies.datasets import load_dataset, unit_norm_features  # noqa: E402
-from flwr_dp_strategies.feature_maps import hog_features  # noqa: E402
+from flwr_dp_experiments.datasets import load_dataset, unit_norm_features  # noqa: E402
+from flwr_dp_experiments.feature_maps import hog_features  # noqa: E402
 from flwr_dp_strategies.privacy.functional_mechanism import (  # noqa: E402
     fm_noise_std, functional_mechanism, noise_adapted_ridge, quadratic_statistics, solve_objective, sum_statistics)
 

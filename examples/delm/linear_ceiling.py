@@ -5,8 +5,8 @@
 The functional mechanism trains a linear head (hidden layers have no sensitivity bound), so
 no DELM configuration can beat the best linear classifier of the same inputs. This prints its
 test accuracy on the 784 raw pixels, on the 196 pooled unit-norm features DELM uses
-(``flwr_dp_strategies.datasets.unit_norm_features``) and on the 294 HOG features of the
-``-hog`` configurations (``flwr_dp_strategies.feature_maps.hog_features``); see results/RESULTS.md.
+(``flwr_dp_experiments.datasets.unit_norm_features``) and on the 294 HOG features of the
+``-hog`` configurations (``flwr_dp_experiments.feature_maps.hog_features``); see results/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 
-from flwr_dp_strategies.datasets import load_dataset, unit_norm_features  # noqa: E402
-from flwr_dp_strategies.feature_maps import hog_features  # noqa: E402
+from flwr_dp_experiments.datasets import load_dataset, unit_norm_features  # noqa: E402
+from flwr_dp_experiments.feature_maps import hog_features  # noqa: E402
 
 
 def main() -> None:

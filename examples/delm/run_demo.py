@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Simulate the app with the options; print the last round; return the results JSON."""
-    from flwr_dp_strategies.simulation import prepare_process, run_in_process
+    from flwr_dp_experiments.simulation import prepare_process, run_in_process
 
     prepare_process([HERE])
     args = parse_args(argv)

@@ -69,7 +69,7 @@ DELM_CONFIGS: dict[str, dict[str, Any]] = {
     # no PCA (variant nopca): the whole budget on FM over 7x7 pooled pixels (data-independent features)
     "pool4": dict(pool=4, q=None, p=1.0, fm_noise="gaussian"),
     "pool1": dict(pool=1, q=None, p=1.0, fm_noise="gaussian"),
-    # histograms of oriented gradients (flwr_dp_strategies.feature_maps): a data-independent map whose
+    # histograms of oriented gradients (flwr_dp_experiments.feature_maps): a data-independent map whose
     # noise-free least-squares ceiling on MNIST is 0.95 against 0.86 for 14x14 pooled pixels
     "hog": dict(pool=1, q=None, p=1.0, fm_noise="gaussian", features="hog"),
 }
@@ -110,10 +110,10 @@ def parse_delm(method: str) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------- data
 def delm_features(x_std: np.ndarray, dataset: str, pool: int, features: str = "pixels") -> np.ndarray:
-    """Unit-norm rows: pooled pixels (flwr_dp_strategies.datasets.unit_norm_features) or HOG
-    (flwr_dp_strategies.feature_maps.hog_features; the scalar standardisation cancels in it)."""
-    from flwr_dp_strategies.datasets import unit_norm_features
-    from flwr_dp_strategies.feature_maps import hog_features
+    """Unit-norm rows: pooled pixels (flwr_dp_experiments.datasets.unit_norm_features) or HOG
+    (flwr_dp_experiments.feature_maps.hog_features; the scalar standardisation cancels in it)."""
+    from flwr_dp_experiments.datasets import unit_norm_features
+    from flwr_dp_experiments.feature_maps import hog_features
 
     if features == "hog":
         return hog_features(x_std, cell=HOG_CELL[dataset], bins=6)
@@ -121,7 +121,7 @@ def delm_features(x_std: np.ndarray, dataset: str, pool: int, features: str = "p
 
 
 def load_scenario(name: str):
-    from flwr_dp_strategies.scenarios import Scenario, build_scenario
+    from flwr_dp_experiments.scenarios import Scenario, build_scenario
 
     spec = SCENARIOS[name]
     return build_scenario(Scenario(**spec["scenario"]))
@@ -331,7 +331,7 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
 # ----------------------------------------------------------------------------- MLP baselines
 def ldp_fl_round_epsilon_for_total(total: float, rounds: int) -> float:
     """Per-round ε of ldp_fl_update so that the ledger composes ``rounds`` rounds to ``total`` (bisection)."""
-    from flwr_dp_strategies.baselines import ldp_fl_sigma
+    from flwr_dp_experiments.baselines import ldp_fl_sigma
     from dp_accounting.dp_event import GaussianDpEvent, SelfComposedDpEvent
 
     clip = MLP["ldp_clip"]
@@ -358,7 +358,7 @@ def run_mlp(method: str, scen: str, rounds: int, seed: int, log: Callable[[str],
     from flwr.serverapp.strategy import FedProx
 
     from flwr_dp_strategies import AccountedFedAvg
-    from flwr_dp_strategies.baselines import evaluate, get_params, ldp_fl_sigma, ldp_fl_update, local_sgd, make_mlp
+    from flwr_dp_experiments.baselines import evaluate, get_params, ldp_fl_sigma, ldp_fl_update, local_sgd, make_mlp
 
     class AccountedFedProx(AccountedFedAvg, FedProx):
         """Flower's FedProx (sends ``proximal-mu`` in the train config) with our screening and ledger."""

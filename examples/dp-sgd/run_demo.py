@@ -60,7 +60,7 @@ def settings_from(args: argparse.Namespace) -> dict[str, Any]:
 
 def simulate(settings: dict[str, Any], client_cpus: float = 1.0) -> dict[str, Any]:
     """Run the apps in-process (settings via ``DPSGD_RUN_CONFIG``) and return their results JSON."""
-    from flwr_dp_strategies.simulation import prepare_process, run_in_process
+    from flwr_dp_experiments.simulation import prepare_process, run_in_process
 
     prepare_process([REPO, HERE])
     from dpsgd_app.client_app import app as client_app

@@ -68,7 +68,7 @@ def simulate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Run all experiments in one simulation; return each run's results."""
     from flwr.simulation import run_simulation
 
-    from flwr_dp_strategies.simulation import prepare_process
+    from flwr_dp_experiments.simulation import prepare_process
 
     prepare_process([HERE])
 

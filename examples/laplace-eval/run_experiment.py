@@ -51,7 +51,7 @@ SCORE_TITLES = {"silhouette": "silhouette (higher = better)",
 
 def _make_importable() -> None:
     """Let this process and the Ray workers ``import laplace_eval_app`` from a plain checkout, offline."""
-    from flwr_dp_strategies.simulation import prepare_process
+    from flwr_dp_experiments.simulation import prepare_process
 
     prepare_process([HERE])
 
@@ -73,7 +73,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def simulate(settings: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
     """Run the app once with ``run_simulation`` and return the JSON run log its ServerApp wrote."""
-    from flwr_dp_strategies.simulation import run_in_process
+    from flwr_dp_experiments.simulation import run_in_process
 
     _make_importable()
     from laplace_eval_app.client_app import app as client_app

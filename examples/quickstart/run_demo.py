@@ -78,7 +78,7 @@ def settings_from(args: argparse.Namespace, mechanism: str, results_dir: str) ->
 
 def simulate(settings: dict[str, Any], num_gpus: float = 0.0) -> dict[str, Any]:
     """Run the apps in-process (settings via ``QUICKSTART_RUN_CONFIG``) and return their results JSON."""
-    from flwr_dp_strategies.simulation import prepare_process, run_in_process
+    from flwr_dp_experiments.simulation import prepare_process, run_in_process
 
     prepare_process([HERE])
     from quickstart.client_app import app as client_app

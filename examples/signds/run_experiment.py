@@ -112,7 +112,7 @@ def run_settings(method: str, dataset: str, args: argparse.Namespace) -> dict[st
 
 def simulate(settings: dict[str, Any], client_cpus: float = 1.0) -> dict[str, Any]:
     """Run the apps in-process (settings via ``SIGNDS_RUN_CONFIG``); return the run log."""
-    from flwr_dp_strategies.simulation import prepare_process, run_in_process
+    from flwr_dp_experiments.simulation import prepare_process, run_in_process
 
     prepare_process([REPO, HERE])
     from signds_app.client_app import app as client_app

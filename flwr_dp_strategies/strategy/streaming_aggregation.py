@@ -137,7 +137,7 @@ def add_scaled(acc: np.ndarray, values: np.ndarray, factor: float, scratch: Call
 
     BLAS ``axpy`` whenever the dtypes allow, also for ``factor = 1`` (``1·x`` is exact, so
     the sum is bit-identical to ``np.add``; OpenBLAS' axpy streams faster than numpy's add,
-    0.72x against 1.0x of a stacked ``np.mean`` per reply in ``benchmarks/bench_aggregation``).
+    0.72x against 1.0x of a stacked ``np.mean`` per reply in ``flwr_dp_benchmarks/bench_aggregation``).
     """
     axpy = _axpy_function(acc, values)
     if axpy is not None:

@@ -28,7 +28,7 @@ from flwr_dp_strategies import (
     ShuffleAmplifiedFedAvg,
     SignDS,
 )
-from flwr_dp_strategies.datasets import iid_partition_indices, load_digits_split
+from flwr_dp_experiments.datasets import iid_partition_indices, load_digits_split
 
 NODES = 4
 FEDAVG_ARGS = {"fraction_train": 1.0, "fraction_evaluate": 1.0, "min_train_nodes": NODES,

@@ -10,7 +10,7 @@ from typing import Any
 
 from flwr.app import Context
 
-from flwr_dp_strategies.simulation import resolve_run_config as resolve
+from flwr_dp_experiments.simulation import resolve_run_config as resolve
 
 ENV_VAR = "DELM_RUN_CONFIG"
 VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "sum")

@@ -1,11 +1,11 @@
 """Data for the DELM app: unit-norm features of one client's partition, and the server's test set.
 
-The features are :func:`flwr_dp_strategies.datasets.unit_norm_features` of the
+The features are :func:`flwr_dp_experiments.datasets.unit_norm_features` of the
 standardised images (exact de-standardisation, optional pooling, rows / ‖row‖₂):
 per record and data-independent, so free of privacy cost; or, with ``features`` =
-"hog", histograms of oriented gradients (:mod:`flwr_dp_strategies.feature_maps`),
+"hog", histograms of oriented gradients (:mod:`flwr_dp_experiments.feature_maps`),
 equally per record and data-independent. Partitions come from
-:func:`flwr_dp_strategies.scenarios.partition_indices` (IID, or flwr-datasets'
+:func:`flwr_dp_experiments.scenarios.partition_indices` (IID, or flwr-datasets'
 PathologicalPartitioner for n-class), seeded, so every process (a deployed
 SuperNode starts a new one per message) computes the same split.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from flwr_dp_strategies.datasets import load_dataset, unit_norm_features
-from flwr_dp_strategies.feature_maps import hog_features
-from flwr_dp_strategies.scenarios import partition_indices
+from flwr_dp_experiments.datasets import load_dataset, unit_norm_features
+from flwr_dp_experiments.feature_maps import hog_features
+from flwr_dp_experiments.scenarios import partition_indices
 
 
 def pool_of(config: dict[str, Any]) -> int:

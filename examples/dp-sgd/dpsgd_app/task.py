@@ -24,8 +24,8 @@ import os
 import numpy as np
 from torch import nn
 
-from flwr_dp_strategies.datasets import DATASETS, iid_client_shard, load_dataset, shared_data_dir
-from flwr_dp_strategies.training import evaluate_classifier as test
+from flwr_dp_experiments.datasets import DATASETS, iid_client_shard, load_dataset, shared_data_dir
+from flwr_dp_experiments.training import evaluate_classifier as test
 
 SPLIT_SEED = 42
 NUM_CLASSES = 10

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from flwr.app import Context
 
-from flwr_dp_strategies.simulation import resolve_run_config as resolve
+from flwr_dp_experiments.simulation import resolve_run_config as resolve
 
 from .task import DATASETS
 

@@ -26,7 +26,7 @@ import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
-from flwr_dp_strategies.datasets import load_mnist
+from flwr_dp_experiments.datasets import load_mnist
 
 NUM_CLASSES = 10
 IMAGE_SIDE = 8                               # digits

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from flwr.app import Context
 
-from flwr_dp_strategies.simulation import resolve_run_config as resolve
+from flwr_dp_experiments.simulation import resolve_run_config as resolve
 
 ENV_VAR = "LAPLACE_EVAL_RUN_CONFIG"
 PARTITIONERS = ("pathological", "dirichlet")

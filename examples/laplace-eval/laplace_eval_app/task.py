@@ -32,8 +32,8 @@ from flwr_datasets.partitioner import DirichletPartitioner, PathologicalPartitio
 from flwr_datasets.partitioner.partitioner import Partitioner
 from torch import nn
 
-from flwr_dp_strategies.datasets import load_digits_split, load_mnist
-from flwr_dp_strategies.training import train_sgd as train
+from flwr_dp_experiments.datasets import load_digits_split, load_mnist
+from flwr_dp_experiments.training import train_sgd as train
 
 torch.set_num_threads(1)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from flwr.app import Context
 
-from flwr_dp_strategies.simulation import resolve_run_config as resolve
+from flwr_dp_experiments.simulation import resolve_run_config as resolve
 
 ENV_VAR = "QUICKSTART_RUN_CONFIG"
 MECHANISMS = ("central-dp", "central-dp-poisson", "local-dp", "dp-sgd", "none")

@@ -16,9 +16,9 @@ import torch
 from flwr_datasets.partitioner import IidPartitioner
 from torch import nn
 
-from flwr_dp_strategies.datasets import load_digits_split
-from flwr_dp_strategies.training import evaluate_classifier as test
-from flwr_dp_strategies.training import train_sgd as train
+from flwr_dp_experiments.datasets import load_digits_split
+from flwr_dp_experiments.training import evaluate_classifier as test
+from flwr_dp_experiments.training import train_sgd as train
 
 torch.set_num_threads(1)
 

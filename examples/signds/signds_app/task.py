@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from flwr_dp_strategies.datasets import DATASETS, iid_client_shard, load_dataset, shared_data_dir
-from flwr_dp_strategies.training import evaluate_classifier, train_sgd
+from flwr_dp_experiments.datasets import DATASETS, iid_client_shard, load_dataset, shared_data_dir
+from flwr_dp_experiments.training import evaluate_classifier, train_sgd
 
 SPLIT_SEED = 42
 NUM_CLASSES = 10

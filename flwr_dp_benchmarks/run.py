@@ -1,4 +1,4 @@
-"""Run the benchmark suite: ``python benchmarks/run.py [--quick] [--out benchmarks/results]``.
+"""Run the benchmark suite: ``python flwr_dp_benchmarks/run.py [--quick] [--out flwr_dp_benchmarks/results]``.
 
 Writes ``results.json`` (machine + every row with all measured times),
 ``results.md`` (a markdown table) and ``ratios.png`` (ratio to baseline per row,
@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks import bench_aggregation, bench_ledger, bench_noise, bench_signds  # noqa: E402
-from benchmarks import bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
-from benchmarks._common import machine, write_outputs  # noqa: E402
+from flwr_dp_benchmarks import bench_aggregation, bench_ledger, bench_noise, bench_signds  # noqa: E402
+from flwr_dp_benchmarks import bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
+from flwr_dp_benchmarks._common import machine, write_outputs  # noqa: E402
 
 #: name -> (function, kwargs per mode). "tiny" is for the smoke test only (not meaningful timings).
 BENCHMARKS = {
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (no d=1e7, no n=1000)")
     parser.add_argument("--tiny", action="store_true", help="toy sizes for the smoke test (timings meaningless)")
     parser.add_argument("--only", nargs="*", default=(), choices=sorted(BENCHMARKS), help="run only these")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=ROOT / "flwr_dp_benchmarks" / "results")
     parser.add_argument("--merge", action="store_true",
                         help="with --only: replace only those benchmarks' rows in OUT/results.json (same mode)")
     args = parser.parse_args(argv)

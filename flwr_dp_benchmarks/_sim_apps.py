@@ -74,10 +74,10 @@ from flwr_dp_strategies import (
     ShuffleAmplifiedFedAvg,
     SignDS,
 )
-from flwr_dp_strategies.baselines import make_mlp
-from flwr_dp_strategies.datasets import load_digits_split
+from flwr_dp_experiments.baselines import make_mlp
+from flwr_dp_experiments.datasets import load_digits_split
 from flwr_dp_strategies.privacy.functional_mechanism import clip_rows
-from flwr_dp_strategies.training import train_sgd
+from flwr_dp_experiments.training import train_sgd
 
 torch.set_num_threads(1)
 
@@ -493,13 +493,13 @@ def run_segments(clients: int, segments: list[tuple[str, list[tuple[str, int]]]]
     import logging
     import tempfile
 
-    from flwr_dp_strategies.simulation import prepare_process
+    from flwr_dp_experiments.simulation import prepare_process
 
     unknown = [name for _, duels in segments for name, _ in duels if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    prepare_process([root])  # Ray workers import benchmarks._sim_apps by module path
+    prepare_process([root])  # Ray workers import flwr_dp_benchmarks._sim_apps by module path
     from flwr.simulation import run_simulation
 
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:

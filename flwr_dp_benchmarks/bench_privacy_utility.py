@@ -1,7 +1,7 @@
 r"""Privacy–utility: test accuracy at a calibrated ledger ε for each DP method, on digits and MNIST.
 
-    python benchmarks/bench_privacy_utility.py [--quick | --tiny] [--out benchmarks/privacy_utility]
-    python benchmarks/bench_privacy_utility.py --report    # rebuild results.md and the plot from results.json
+    python flwr_dp_benchmarks/bench_privacy_utility.py [--quick | --tiny] [--out flwr_dp_benchmarks/privacy_utility]
+    python flwr_dp_benchmarks/bench_privacy_utility.py --report    # rebuild results.md and the plot from results.json
 
 Writes ``results.json`` (machine, configuration, every run with its accuracy curve),
 ``results.md`` (one table: method, dataset, neighbouring relation, target ε, achieved
@@ -38,7 +38,7 @@ shards (equal FedAvg weights, as Flower's accountant requires).
   Flower allows with fixed clipping): each round is a plain ``Gaussian(z)``.
   **User-level**, add/remove one client (zero-out: fixed weights and denominator).
   Flower's own ε (RDP only) is in the notes.
-* ``ldp-fl`` -- LDP-FL (:func:`flwr_dp_strategies.baselines.ldp_fl_update`): each client
+* ``ldp-fl`` -- LDP-FL (:func:`flwr_dp_experiments.baselines.ldp_fl_update`): each client
   clips its update to C and adds analytic-Gaussian noise for (ε_round, δ) with Δ₂ = 2C,
   every round; ε_round is set so the R rounds compose to the target. **User-level local
   DP**, replace one client's update (ledger ``replace_one``).
@@ -51,7 +51,7 @@ shards (equal FedAvg weights, as Flower's accountant requires).
   that the two releases compose to the target. **Record-level**, replace one record
   of a client's data (the paper's relation); ε does not grow with rounds.
 * ``ours-delm-hog-sum`` -- the same single FM release per client, on histograms of
-  oriented gradients (:func:`flwr_dp_strategies.feature_maps.hog_features`, data-independent)
+  oriented gradients (:func:`flwr_dp_experiments.feature_maps.hog_features`, data-independent)
   instead of pooled pixels, uploaded as the noisy objective itself and solved on the
   server (:class:`~flwr_dp_strategies.NoisyObjectiveSum`, noise-adapted ridge): examples/delm's
   ``delm-nopca-sum-hog``. **Record-level**, replace one record.
@@ -169,7 +169,7 @@ class Federation:
 def make_federation(dataset: str, num_clients: int, *, max_train: Optional[int] = None, seed: int = 42,
                     data_dir: str = "") -> Federation:
     """``num_clients`` shards of ⌊n/num_clients⌋ examples of a seeded permutation (the rest is dropped)."""
-    from flwr_dp_strategies.datasets import load_dataset
+    from flwr_dp_experiments.datasets import load_dataset
 
     x_tr, y_tr, x_te, y_te = load_dataset(dataset, data_dir)
     order = np.random.default_rng(seed).permutation(len(y_tr))
@@ -187,7 +187,7 @@ def fm_features(x: np.ndarray, dataset: str, pool: int) -> np.ndarray:
 
     Every step is a fixed per-record function (no data-dependent constant), so it costs no privacy.
     """
-    from flwr_dp_strategies.datasets import MNIST_MEAN, MNIST_STD
+    from flwr_dp_experiments.datasets import MNIST_MEAN, MNIST_STD
 
     out = np.asarray(x, dtype=np.float64)
     if dataset == "mnist":
@@ -349,14 +349,14 @@ class RunResult:
 
 
 def _init_params(fed: Federation, cfg: dict[str, Any], seed: int) -> Params:
-    from flwr_dp_strategies.baselines import get_params, make_mlp
+    from flwr_dp_experiments.baselines import get_params, make_mlp
 
     return get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed))
 
 
 def _local(fed: Federation, cfg: dict[str, Any], i: int, params: Params, rnd: int, seed: int) -> Params:
     """Client i's non-private local training (the ClientApp's ``local_sgd``)."""
-    from flwr_dp_strategies.baselines import local_sgd
+    from flwr_dp_experiments.baselines import local_sgd
 
     x, y = fed.shards[i]
     return local_sgd(params, x, y, epochs=cfg["local_epochs"], lr=cfg["local_lr"], batch_size=cfg["local_batch"],
@@ -366,7 +366,7 @@ def _local(fed: Federation, cfg: dict[str, Any], i: int, params: Params, rnd: in
 def _train_mlp(fed: Federation, cfg: dict[str, Any], strategy: Any, rounds: int, seed: int,
                reply_fn: ReplyFn) -> list[float]:
     """Run ``rounds`` rounds of ``strategy`` on the MLP; test accuracy after each."""
-    from flwr_dp_strategies.baselines import evaluate
+    from flwr_dp_experiments.baselines import evaluate
 
     arrays, grid, acc = mlp_arrays(_init_params(fed, cfg, seed)), Grid(fed.num_clients), []
     for rnd in range(1, rounds + 1):
@@ -478,7 +478,7 @@ def run_flower_central(fed: Federation, cfg: dict[str, Any], target: float, roun
 def run_ldp_fl(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
     """LDP-FL: every client, every round, clipped update + analytic Gaussian noise; ε_round calibrated."""
     from flwr_dp_strategies import AccountedFedAvg, PrivacyLedger
-    from flwr_dp_strategies.baselines import ldp_fl_sigma, ldp_fl_update
+    from flwr_dp_experiments.baselines import ldp_fl_sigma, ldp_fl_update
 
     clip, n = cfg["ldp_clip"], fed.num_clients
 
@@ -511,7 +511,7 @@ def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
 
     from client_mods.dp_sgd import EPSILON_METRIC, DpSgdTrainer, dp_sgd_event, dp_sgd_train_reply
     from flwr_dp_strategies import AccountedFedAvg, PrivacyLedger
-    from flwr_dp_strategies.baselines import evaluate, make_mlp
+    from flwr_dp_experiments.baselines import evaluate, make_mlp
 
     n, batch = fed.num_clients, cfg["dpsgd_batch"]
     steps = math.ceil(fed.shard_size / batch)  # Opacus: q = 1/⌈N/B⌉, ⌈N/B⌉ steps per epoch
@@ -571,7 +571,7 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     from client_mods.federated_pca import COVARIANCE_KEY, covariance_reply, project
     from client_mods.functional_mechanism import FunctionalMechanismTrainer
     from flwr_dp_strategies import AccountedFedAvg, NoisyObjectiveSum, PrivacyLedger
-    from flwr_dp_strategies.feature_maps import hog_features
+    from flwr_dp_experiments.feature_maps import hog_features
     from flwr_dp_strategies.privacy import gaussian_sigma
     from flwr_dp_strategies.privacy.covariance import top_eigenvectors
     from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
@@ -814,14 +814,14 @@ def plot(result: dict, path: Path) -> None:
 
 def write(result: dict, out: Path) -> list[Path]:
     """results.json, results.md and accuracy_vs_epsilon.png in ``out``."""
-    from benchmarks._common import write_outputs
+    from flwr_dp_benchmarks._common import write_outputs
 
     return write_outputs(result, out, "accuracy_vs_epsilon.png", markdown, plot)
 
 
 def run_mode(mode: str, seed: int = 0, methods: Sequence[str] = METHODS) -> dict:
     """Run ``MODES[mode]`` (only ``methods``) and wrap the rows with the machine, configuration and timings."""
-    from benchmarks._common import machine
+    from flwr_dp_benchmarks._common import machine
 
     kwargs = MODES[mode]
     t0, c0 = time.perf_counter(), time.process_time()
@@ -860,7 +860,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="fewer rounds (≈ 10 min on 2 cores)")
     group.add_argument("--tiny", action="store_true", help="toy sizes for the smoke test (≈ 20 s)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "privacy_utility")
+    parser.add_argument("--out", type=Path, default=ROOT / "flwr_dp_benchmarks" / "privacy_utility")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report", action="store_true",
                         help="only rebuild results.md and the plot from OUT/results.json (nothing is run)")

@@ -24,9 +24,9 @@ import torch
 from dp_accounting import dp_event
 from torch import nn
 
-from .privacy import gaussian_mechanism, gaussian_sigma
-from .privacy.rng import RngLike
-from .privacy.validation import check_positive
+from flwr_dp_strategies.privacy import gaussian_mechanism, gaussian_sigma
+from flwr_dp_strategies.privacy.rng import RngLike
+from flwr_dp_strategies.privacy.validation import check_positive
 
 Params = list[np.ndarray]
 EVAL_BATCH = 8192

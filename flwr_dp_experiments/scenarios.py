@@ -1,7 +1,7 @@
 """Data scenarios of the DELM paper's experiments (§6.1.1 and §6.1.3): who holds which samples.
 
 * IID ("一般场景"): every client gets an equal random share of the training set
-  (:func:`~flwr_dp_strategies.datasets.iid_partition_indices`, flwr-datasets' ``IidPartitioner``).
+  (:func:`~flwr_dp_experiments.datasets.iid_partition_indices`, flwr-datasets' ``IidPartitioner``).
 * n-class non-IID ("1-class", "2-class", any "<n>-class"; McMahan et al. / Zhao et al. 2018,
   the paper's ref. [10]): every client holds samples of exactly n labels, cut by
   flwr-datasets' ``PathologicalPartitioner``. With "first-deterministic" (the default,
@@ -192,7 +192,7 @@ def build_scenario(scenario: Scenario, data_dir: str = ""
                    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray], dict[str, Any]]:
     """Client datasets, the server's test set and a description of ``scenario`` (§6.1).
 
-    Loads :func:`~flwr_dp_strategies.datasets.load_dataset` (standardised features),
+    Loads :func:`~flwr_dp_experiments.datasets.load_dataset` (standardised features),
     partitions the train split with :func:`partition_indices`, then applies
     :func:`corrupt_low_quality` when ``lq_user`` and ``lq_data`` are both > 0. The test
     split is never corrupted. ``meta`` holds the settings, ``num_classes``,

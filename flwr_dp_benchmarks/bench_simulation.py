@@ -4,7 +4,7 @@ One ``run_simulation`` (Ray backend, ``clients`` SuperNodes, one CPU per
 ClientApp actor) runs, after a warm-up round, one *duel* per subject: a fresh
 Flower ``FedAvg`` and a fresh subject, ``rounds`` rounds each, alternating round
 by round on the same Grid in ABBA order (FedAvg r1, X r1, X r2, FedAvg r2, ...;
-see :mod:`benchmarks._sim_apps`), so both see the same machine load within a
+see :mod:`flwr_dp_benchmarks._sim_apps`), so both see the same machine load within a
 second or two. ``passes`` > 1 repeats all duels (every other pass in reverse
 order). Figures are medians of rounds 2..R (round 1 pays one-off costs: Opacus'
 import, the functional mechanism's release, the label randomisation);

@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from .privacy.validation import check_int
+from flwr_dp_strategies.privacy.validation import check_int
 
 CHUNK_ROWS = 8192
 

@@ -1,4 +1,4 @@
-"""DP-SGD client: one round of :class:`client_mods.dp_sgd.DpSgdTrainer` vs Opacus alone vs non-private SGD.
+"""DP-SGD client: one round of :class:`client_mods.dp_sgd_trainer.DpSgdTrainer` vs Opacus alone vs non-private SGD.
 
 Subject: ``DpSgdTrainer(model, noise_multiplier=1.1, max_grad_norm=1.0, batch_size=B,
 grad_sample_mode="auto").train_round(weights, (x, y), RecordDict())`` -- everything a
@@ -31,7 +31,7 @@ same Poisson batches):
   ("ghost" for the all-Linear MLP, "hooks" for the CNN).
 
 Models: the Opacus MNIST example CNN (26 010 parameters, 1×28×28 input) and the DELM
-paper's MLP 784-64-10 (:func:`flwr_dp_strategies.baselines.make_mlp`). Inputs are
+paper's MLP 784-64-10 (:func:`flwr_dp_experiments.baselines.make_mlp`). Inputs are
 synthetic N(0, 1) images and uniform labels (the cost does not depend on the values).
 Times are per step (round time / ⌈N/B⌉ steps) with ``torch.set_num_threads(1)``,
 interleaved subject/baseline runs (``_common.time_pair``), medians.
@@ -50,9 +50,9 @@ from flwr.app import RecordDict
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from client_mods import dp_sgd
+from client_mods import dp_sgd_accounting
 from client_mods.dp_sgd import DpSgdTrainer
-from flwr_dp_strategies.baselines import make_mlp
+from flwr_dp_experiments.baselines import make_mlp
 
 from ._common import row, time_pair
 
@@ -96,7 +96,7 @@ def synthetic_data(name: str, num_examples: int, seed: int = 0) -> tuple[torch.T
 
 
 def round_seeds(seed: int, round_index: int = 0) -> tuple[int, int]:
-    """(sampling seed, noise seed) of a seeded trainer's round (mirrors ``client_mods.dp_sgd._round_seeds``).
+    """(sampling seed, noise seed) of a seeded trainer's round (mirrors ``client_mods.dp_sgd_trainer._round_seeds``).
 
     If the trainer's derivation changes, the baseline just draws other Poisson batches:
     the comparison stays valid in distribution.
@@ -210,7 +210,7 @@ def _cases(name: str, model_fn: Callable[[], nn.Module], weights: dict[str, torc
                     baseline_values=per_step(base), target="<= 1.05x", target_ratio=1.05,
                     notes=f"one round (setup + 1 epoch, {steps} Poisson steps) / steps; ours includes "
                           "state restore/save and the ε queries (RDP curve cached: warm process)"))
-    clear = getattr(getattr(dp_sgd, "_sgm_rdp", None), "cache_clear", None)
+    clear = getattr(getattr(dp_sgd_accounting, "_sgm_rdp", None), "cache_clear", None)
     if clear is not None:  # a ClientApp runs every round in a fresh process: nothing is cached
         sub, base = time_pair(ours, lambda _s: opacus_round(model_fn, weights, data, batch_size=batch, mode=mode,
                                                              seed=seed, report_epsilon=True),

@@ -1,5 +1,0 @@
-"""Benchmark suite of flwr-dp-strategies (issue 7): ``python benchmarks/run.py [--quick]``.
-
-Every benchmark reports a ratio measured in the same process against a baseline
-(medians of interleaved runs); see ``benchmarks/README.md``.
-"""

@@ -1,0 +1,549 @@
+r"""The DP-SGD trainer on Opacus: one Flower round of per-sample-clipped, noised SGD.
+
+Its accounting (the event it returns, the history it keeps) is derived in
+:mod:`client_mods.dp_sgd_accounting`; the Flower glue is :mod:`client_mods.dp_sgd`.
+
+Virtual steps (``max_physical_batch_size``, Opacus' ``BatchMemoryManager``) split a
+logical Poisson batch into physical batches; clipping is per sample and noise is
+added once per logical batch, so the mechanism and its accounting are unchanged.
+
+Target ε. With ``target_epsilon`` (instead of ``noise_multiplier``), z is
+calibrated ONCE, on the client's first round, for the whole planned run of
+``planned_rounds * local_epochs`` epochs -- the binary search of Opacus'
+``make_private_with_epsilon`` (``opacus.accountants.utils.get_noise_multiplier``,
+with the exact step count) -- and stored in the state; later rounds reuse it.
+Calibrating per round, as calling ``make_private_with_epsilon`` every round
+would, spends the whole budget in each round. A round that would push the
+client's cumulative ε above ``target_epsilon`` raises
+:class:`DpSgdBudgetExhausted` before anything is trained or sent.
+
+See :mod:`client_mods.dp_sgd_accounting` for the references.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import math
+import secrets
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import numpy as np
+import torch
+from dp_accounting import dp_event
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from . import dp_sgd_accounting  # noqa: F401  (first: it imports Opacus without its root log handler)
+from opacus import PrivacyEngine
+from opacus.accountants.utils import get_noise_multiplier
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.utils.batch_memory_manager import BatchMemoryManager
+from opacus.validators import ModuleValidator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_nonnegative, check_positive
+
+from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, History, combined_noise_multiplier, dp_sgd_event,
+                                dp_sgd_relation, history_delta, history_epsilon, history_record, load_history)
+
+EPSILON_METRIC = "dp-sgd/epsilon-opacus"
+ROUND_EPSILON_METRIC = "dp-sgd/epsilon-round-only"
+NOISE_METRIC = "dp-sgd/noise-multiplier"
+DECLARATION_LABEL = "dp-sgd/opacus"
+CLIPPING_MODES = ("flat", "per_layer")
+GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost", "functorch")  # "ew" fails on empty Poisson batches
+
+ModelSource = Union[nn.Module, Callable[[], nn.Module]]
+Weights = Union[ArrayRecord, Mapping[str, Any]]
+DataSource = Union[Dataset, tuple[Any, Any]]
+
+# Warnings Opacus raises on every round that say nothing new here.
+_QUIET = ("Secure RNG turned off", "Full backward hook is firing", "Using a non-full backward hook")
+
+
+class DpSgdBudgetExhausted(RuntimeError):
+    """A round would push the client's cumulative ε above ``target_epsilon``: nothing was trained or sent."""
+
+
+@dataclass(frozen=True)
+class DpSgdRound:
+    """What one round of DP-SGD produced.
+
+    Attributes:
+        state_dict: the new weights (CPU tensors) under the global model's keys, in the received order.
+        event: this round's release, ``SelfComposed(PoissonSampled(q, Gaussian(z)), steps)`` (Poisson
+            batches) or ``SelfComposed(Gaussian(z/2), passes)`` (shuffled batches).
+        neighboring_relation: the relation ``event`` is calibrated under (declare it with the event).
+        epsilon: the client's cumulative ε over all its rounds (Opacus' accountant, at ``delta``).
+        epsilon_round_only: ε of this round alone (what a fresh ``PrivacyEngine`` per round reports).
+        delta: the δ of both ε values.
+        noise_multiplier: z (for per-layer clipping the combined z*, equal to z).
+        sample_rate: q of the Poisson sampling.
+        steps: noisy steps taken in this round.
+        num_examples: N, the size of the local dataset.
+        rounds: rounds this client has trained so far, this one included.
+        train_loss: mean training loss of the round (local use only: it is not privatised).
+        grad_sample_mode: the Opacus per-sample gradient mode used.
+    """
+
+    state_dict: dict[str, torch.Tensor]
+    event: dp_event.DpEvent
+    epsilon: float
+    epsilon_round_only: float
+    delta: float
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    num_examples: int
+    rounds: int
+    train_loss: float
+    grad_sample_mode: str
+    neighboring_relation: str = "add_or_remove_one"
+
+    def metrics(self) -> dict[str, Union[int, float]]:
+        """The reply's metrics: ``num-examples``, cumulative and round-only ε, z (nothing data-dependent)."""
+        return {
+            "num-examples": int(self.num_examples),
+            EPSILON_METRIC: float(self.epsilon),
+            ROUND_EPSILON_METRIC: float(self.epsilon_round_only),
+            NOISE_METRIC: float(self.noise_multiplier),
+        }
+
+
+@dataclass(frozen=True)
+class _RoundPlan:
+    """What a round needs before training: restored history, loader, z."""
+
+    history: History
+    rounds: int
+    loader: DataLoader
+    sample_rate: float
+    z: float
+    planned_steps: int
+    noise_seed: int
+
+
+# ---------------------------------------------------------------------- model helpers
+def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters Opacus clips, in its order (``requires_grad`` ones)."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def choose_grad_sample_mode(model: nn.Module, clipping: str = "flat", criterion: Optional[nn.Module] = None) -> str:
+    """Default rule for ``grad_sample_mode="auto"``.
+
+    ``"ghost"`` (ghost clipping: per-sample gradient *norms* without materialising
+    per-sample gradients) when the clipping is flat, the loss has a ``reduction``
+    attribute (ghost needs per-sample losses) and every layer that holds trainable
+    parameters has an Opacus norm sampler (``nn.Linear``, ``nn.Embedding``): on
+    such models per-sample gradients cost 12-59x a non-private step on CPU and
+    ghost 3.5-4.3x (MLP 784-64-10, ``shared/reference/perf-floors.md``).
+    ``"hooks"`` otherwise: with convolutions hooks is as fast as ghost or faster
+    (2.2-2.5x vs 2.2-2.6x on a small CNN) and supports per-layer clipping.
+    """
+    if clipping != "flat" or (criterion is not None and not hasattr(criterion, "reduction")):
+        return "hooks"
+    layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
+    samplers = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
+    return "ghost" if layers and all(type(m) in samplers for m in layers) else "hooks"
+
+
+def as_dataset(data: DataSource) -> Dataset:
+    """A torch Dataset of (input, target) pairs: a Dataset as is, or an ``(x, y)`` pair of arrays."""
+    if isinstance(data, tuple) and len(data) == 2:
+        x, y = (torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for v in data)
+        if len(x) != len(y):
+            raise ValueError(f"dataset inputs and targets must have the same length, got {len(x)} and {len(y)}")
+        data = TensorDataset(x, y)
+    if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
+        raise ValueError("dataset must be a sized torch Dataset of (input, target) pairs or an (x, y) tuple")
+    if len(data) < 1:  # type: ignore[arg-type]
+        raise ValueError("dataset must hold at least 1 example")
+    return data
+
+
+def _resolve_device(device: Union[None, str, torch.device]) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device must be None, 'cpu', 'cuda' or 'cuda:<index>', got {device!r}") from err
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but CUDA is not available")
+    return resolved
+
+
+def _round_seeds(seed: Optional[int], round_index: int) -> tuple[int, int]:
+    """(sampling seed, noise seed): from OS entropy, or derived from ``seed`` and the round."""
+    if seed is None:
+        return secrets.randbits(63), secrets.randbits(63)
+    a, b = np.random.SeedSequence([seed, round_index]).generate_state(2, dtype=np.uint32)
+    return int(a), int(b)
+
+
+@contextlib.contextmanager
+def _quiet_opacus() -> Iterator[None]:
+    with warnings.catch_warnings():
+        for message in _QUIET:
+            warnings.filterwarnings("ignore", message=f".*{message}.*")
+        yield
+
+
+# ---------------------------------------------------------------------- the trainer
+class DpSgdTrainer:
+    """Per-round DP-SGD on Opacus with cumulative accounting across Flower rounds.
+
+    Args:
+        model: a module (deep-copied every round; the original is never wrapped)
+            or a zero-argument factory returning a fresh module.
+        lr, momentum: SGD settings (ignored when ``optimizer_fn`` is given).
+        optimizer_fn: ``params -> torch.optim.Optimizer``; any optimizer is
+            post-processing of the noisy gradients.
+        criterion: loss with ``reduction="mean"`` (default ``nn.CrossEntropyLoss()``);
+            copied every round.
+        noise_multiplier: z in (0, inf); exactly one of it and ``target_epsilon``.
+        target_epsilon: ε in (0, inf) to reach after ``planned_rounds`` rounds.
+        target_delta: δ in (0, 1) of every reported ε (and of the calibration).
+        planned_rounds: rounds this client will train (required with ``target_epsilon``).
+        local_epochs: epochs per round (integer >= 1).
+        max_grad_norm: C in (0, inf); with ``clipping="per_layer"`` one bound per
+            trainable parameter tensor, or one number split as C/sqrt(M).
+        batch_size: expected logical batch size B (q = 1/ceil(N/B)).
+        max_physical_batch_size: split logical batches into physical ones of at most
+            this size (virtual steps); None: no split.
+        clipping: ``"flat"`` or ``"per_layer"``.
+        grad_sample_mode: ``"auto"`` (see :func:`choose_grad_sample_mode`),
+            ``"hooks"``, ``"ghost"`` (flat clipping only) or ``"functorch"``.
+        poisson_sampling: Poisson batches (True: required for the guarantee).
+        secure_mode: Opacus' secure mode (needs ``torchcsprng``; no ``seed``).
+        accountant: Opacus accountant for the reported ε: ``"rdp"`` or ``"prv"``.
+        device: None (CUDA when available, else CPU), or a torch device.
+        seed: None (OS entropy every round) or an int for reproducible tests.
+    """
+
+    def __init__(
+        self,
+        model: ModelSource,
+        *,
+        lr: float = 0.1,
+        momentum: float = 0.0,
+        optimizer_fn: Optional[Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]] = None,
+        criterion: Optional[nn.Module] = None,
+        noise_multiplier: Optional[float] = None,
+        target_epsilon: Optional[float] = None,
+        target_delta: float = 1e-5,
+        planned_rounds: Optional[int] = None,
+        local_epochs: int = 1,
+        max_grad_norm: Union[float, Sequence[float]] = 1.0,
+        batch_size: int = 32,
+        max_physical_batch_size: Optional[int] = None,
+        clipping: str = "flat",
+        grad_sample_mode: str = "auto",
+        poisson_sampling: bool = True,
+        secure_mode: bool = False,
+        accountant: str = "rdp",
+        device: Union[None, str, torch.device] = None,
+        seed: Optional[int] = None,
+    ) -> None:
+        self._model_source = model
+        probe = self._new_model()
+        self.criterion = criterion if criterion is not None else nn.CrossEntropyLoss()
+        self._check_criterion(self.criterion)
+        self.lr = check_positive("lr", lr)
+        self.momentum = self._check_momentum(momentum)
+        self.optimizer_fn = optimizer_fn
+        self.noise_multiplier, self.target_epsilon = self._check_privacy(noise_multiplier, target_epsilon)
+        self.target_delta = check_delta(target_delta, "target_delta")
+        self.planned_rounds = self._check_planned(planned_rounds)
+        self.local_epochs = check_int("local_epochs", local_epochs, minimum=1)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.max_physical_batch_size = None if max_physical_batch_size is None else check_int(
+            "max_physical_batch_size", max_physical_batch_size, minimum=1)
+        self.clipping = self._check_choice("clipping", clipping, CLIPPING_MODES)
+        self.max_grad_norm = self._check_clip(max_grad_norm, probe)
+        self.grad_sample_mode = self._resolve_mode(grad_sample_mode, probe)
+        self.poisson_sampling = bool(poisson_sampling)
+        self.secure_mode = self._check_secure(secure_mode, seed)
+        self.accountant = self._check_choice("accountant", accountant, ACCOUNTANTS)
+        self.device = _resolve_device(device)
+        self.seed = None if seed is None else check_int("seed", seed, minimum=0)
+        self._own_state = RecordDict()
+        # the validated probe is a fresh, never-trained model: the first round loads into it instead of
+        # building another (a trainer is often made per Flower message, where this halves the set-up)
+        self._spare_model: Optional[nn.Module] = probe
+        if not self.poisson_sampling:
+            warnings.warn("poisson_sampling=False: Opacus' epsilon assumes Poisson sampling (a heuristic for "
+                          "shuffled batches); the declared event claims no amplification (replace-one)",
+                          stacklevel=2)
+
+    # ------------------------------------------------------------------ validation
+    def _new_model(self) -> nn.Module:
+        source = self._model_source
+        model = copy.deepcopy(source) if isinstance(source, nn.Module) else source() if callable(source) else None
+        if not isinstance(model, nn.Module):
+            raise ValueError("model must be a torch.nn.Module or a zero-argument callable returning one")
+        errors = ModuleValidator.validate(model, strict=False)
+        if errors:
+            raise ValueError(f"model has layers Opacus cannot train privately ({errors}); "
+                             "fix it with opacus.validators.ModuleValidator.fix(model)")
+        if not trainable_parameters(model):
+            raise ValueError("model must have at least one trainable parameter")
+        return model
+
+    @staticmethod
+    def _check_criterion(criterion: nn.Module) -> None:
+        if not callable(criterion):
+            raise ValueError("criterion must be a callable loss such as nn.CrossEntropyLoss()")
+        if getattr(criterion, "reduction", "mean") != "mean":
+            raise ValueError(f"criterion.reduction must be 'mean', got {criterion.reduction!r}")
+
+    @staticmethod
+    def _check_momentum(momentum: float) -> float:
+        value = check_nonnegative("momentum", momentum)
+        if value >= 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+        return value
+
+    @staticmethod
+    def _check_privacy(noise_multiplier: Optional[float], target_epsilon: Optional[float]
+                       ) -> tuple[Optional[float], Optional[float]]:
+        if noise_multiplier is not None and target_epsilon is not None:
+            raise ValueError("give exactly one of noise_multiplier and target_epsilon, not both")
+        if target_epsilon is not None:
+            return None, check_positive("target_epsilon", target_epsilon)
+        if noise_multiplier is None:
+            raise ValueError("noise_multiplier must be in (0, inf) (or give target_epsilon instead)")
+        return check_positive("noise_multiplier", noise_multiplier), None
+
+    def _check_planned(self, planned_rounds: Optional[int]) -> Optional[int]:
+        if planned_rounds is None:
+            if self.target_epsilon is not None:
+                raise ValueError("planned_rounds must be an integer in [1, inf) when target_epsilon is given")
+            return None
+        return check_int("planned_rounds", planned_rounds, minimum=1)
+
+    @staticmethod
+    def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        return value
+
+    def _check_clip(self, max_grad_norm: Union[float, Sequence[float]], probe: nn.Module) -> Union[float, list[float]]:
+        count = len(trainable_parameters(probe))
+        if self.clipping == "flat":
+            if isinstance(max_grad_norm, (list, tuple, np.ndarray)):
+                raise ValueError("max_grad_norm must be a number in (0, inf) for clipping='flat' "
+                                 "(a list is for clipping='per_layer')")
+            return check_positive("max_grad_norm", max_grad_norm)
+        if not isinstance(max_grad_norm, (list, tuple, np.ndarray)):
+            return [check_positive("max_grad_norm", max_grad_norm) / math.sqrt(count)] * count
+        if len(max_grad_norm) != count:
+            raise ValueError(f"max_grad_norm must hold one bound per trainable parameter tensor "
+                             f"({count} for this model), got {len(max_grad_norm)}")
+        return [check_positive(f"max_grad_norm[{i}]", c) for i, c in enumerate(max_grad_norm)]
+
+    def _resolve_mode(self, mode: str, probe: nn.Module) -> str:
+        self._check_choice("grad_sample_mode", mode, GRAD_SAMPLE_MODES)
+        if mode == "auto":
+            return choose_grad_sample_mode(probe, self.clipping, self.criterion)
+        if mode == "ghost" and self.clipping != "flat":
+            raise ValueError("grad_sample_mode='ghost' supports only clipping='flat'")
+        if mode == "ghost" and not hasattr(self.criterion, "reduction"):
+            raise ValueError("grad_sample_mode='ghost' needs a criterion with a 'reduction' attribute")
+        return mode
+
+    @staticmethod
+    def _check_secure(secure_mode: bool, seed: Optional[int]) -> bool:
+        if not secure_mode:
+            return False
+        if seed is not None:
+            raise ValueError("seed must be None when secure_mode=True (the CSPRNG cannot be seeded)")
+        if importlib.util.find_spec("torchcsprng") is None:
+            raise ImportError("secure_mode=True needs the torchcsprng package (pip install torchcsprng)")
+        return True
+
+    # ------------------------------------------------------------------ accounting
+    def epsilon(self, state: Optional[RecordDict] = None, delta: Optional[float] = None,
+                state_key: str = STATE_KEY) -> float:
+        """The client's cumulative ε (Opacus' accountant) stored in ``state`` at ``delta``."""
+        history, _ = load_history(self._own_state if state is None else state, state_key)
+        return history_epsilon(history, self.target_delta if delta is None else check_delta(delta), self.accountant)
+
+    def _noise_for(self, record: Optional[ConfigRecord], history: History,
+                   sample_rate: float, round_steps: int) -> tuple[float, int]:
+        """(z, planned total steps): the given z, the stored calibration, or a new one (first round only)."""
+        if self.target_epsilon is None:
+            return float(self.noise_multiplier), 0  # type: ignore[arg-type]
+        if record is not None and float(record.get("target-epsilon", 0.0)) > 0:
+            if float(record["target-epsilon"]) != self.target_epsilon:
+                raise ValueError(f"this state was calibrated for target_epsilon={record['target-epsilon']}, "
+                                 f"got target_epsilon={self.target_epsilon}; use a new state")
+            return float(record["noise-multiplier"]), int(record["planned-steps"])
+        if history:
+            raise ValueError("target_epsilon needs a state without earlier releases (z is calibrated "
+                             "once for the whole run); use a new state")
+        planned = int(self.planned_rounds) * round_steps  # type: ignore[arg-type]
+        with warnings.catch_warnings():  # the bisection visits z far from the answer: edge orders there are fine
+            warnings.filterwarnings("ignore", message="Optimal order is the")
+            z = get_noise_multiplier(target_epsilon=self.target_epsilon, target_delta=self.target_delta,
+                                     sample_rate=sample_rate, steps=planned, accountant=self.accountant)
+        return float(z), planned
+
+    def _check_budget(self, history: History, z: float, sample_rate: float, round_steps: int) -> None:
+        if self.target_epsilon is None:
+            return
+        planned = history + [(z, sample_rate, round_steps)]
+        eps = history_epsilon(planned, self.target_delta, self.accountant)
+        if eps > self.target_epsilon * (1 + 1e-9):
+            spent = history_epsilon(history, self.target_delta, self.accountant)
+            raise DpSgdBudgetExhausted(
+                f"another round would reach epsilon={eps:.4g} > target_epsilon={self.target_epsilon:g} "
+                f"at delta={self.target_delta:g} (spent: {spent:.4g})")
+
+    # ------------------------------------------------------------------ one round
+    def train_round(self, weights: Weights, dataset: DataSource, state: Optional[RecordDict] = None,
+                    *, state_key: str = STATE_KEY) -> DpSgdRound:
+        """Load ``weights``, train ``local_epochs`` with DP-SGD, update the accountant in ``state``.
+
+        ``state`` is the client's persistent RecordDict (``context.state`` in Flower;
+        None: an in-memory one owned by this trainer); it is written only after a
+        successful round. Raises ValueError for weights whose keys differ from the
+        model's, :class:`DpSgdBudgetExhausted` when a target-ε budget is spent.
+        """
+        state = self._own_state if state is None else state
+        data = as_dataset(dataset)
+        plan = self._plan(data, state, state_key)
+        model, keys = self._load(weights)
+        after, loss = self._train(model, plan.loader, plan.history, plan.z, plan.noise_seed)
+        state[state_key] = history_record(after, accountant=self.accountant, rounds=plan.rounds + 1,
+                                          noise_multiplier=plan.z, target_epsilon=self.target_epsilon or 0.0,
+                                          planned_steps=plan.planned_steps)
+        added = history_delta(plan.history, after)
+        new_weights = model.state_dict()
+        return DpSgdRound(
+            state_dict={k: new_weights[k].detach().to("cpu").clone() for k in keys},
+            event=dp_sgd_event(added, self.poisson_sampling),
+            neighboring_relation=dp_sgd_relation(self.poisson_sampling),
+            epsilon=history_epsilon(after, self.target_delta, self.accountant),
+            epsilon_round_only=history_epsilon(added, self.target_delta, self.accountant),
+            delta=self.target_delta, noise_multiplier=plan.z, sample_rate=plan.sample_rate,
+            steps=sum(s for _, _, s in added), num_examples=len(data),  # type: ignore[arg-type]
+            rounds=plan.rounds + 1, train_loss=loss, grad_sample_mode=self.grad_sample_mode,
+        )
+
+    def _plan(self, data: Dataset, state: RecordDict, state_key: str) -> "_RoundPlan":
+        """Restore the accountant, build the round's loader, fix z, check the budget."""
+        history, record = load_history(state, state_key)
+        if record is not None and record.get("accountant", self.accountant) != self.accountant:
+            raise ValueError(f"state was accounted with accountant={record['accountant']!r}, "
+                             f"this trainer uses {self.accountant!r}")
+        rounds = int(record["rounds"]) if record is not None else 0
+        sample_seed, noise_seed = _round_seeds(self.seed, rounds)
+        loader = self._loader(data, sample_seed)
+        sample_rate, round_steps = 1.0 / len(loader), self.local_epochs * len(loader)  # Opacus' q and T
+        z, planned = self._noise_for(record, history, sample_rate, round_steps)
+        self._check_budget(history, z, sample_rate, round_steps)
+        return _RoundPlan(history, rounds, loader, sample_rate, z, planned, noise_seed)
+
+    def _loader(self, data: Dataset, seed: int) -> DataLoader:
+        generator = None if self.secure_mode else torch.Generator().manual_seed(seed)
+        return DataLoader(data, batch_size=self.batch_size, shuffle=not self.poisson_sampling, generator=generator)
+
+    def _load(self, weights: Weights) -> tuple[nn.Module, list[str]]:
+        """A fresh model holding ``weights`` (keys checked: a ``_module.`` prefix is refused), on the device."""
+        received = weights.to_torch_state_dict() if isinstance(weights, ArrayRecord) else {
+            k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in weights.items()}
+        model, self._spare_model = (self._spare_model or self._new_model()), None
+        expected = set(model.state_dict())
+        if set(received) != expected:
+            missing, unexpected = sorted(expected - set(received)), sorted(set(received) - expected)
+            raise ValueError(f"weights must have exactly the model's keys: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+        model.load_state_dict(received, strict=True)
+        return model.to(self.device), list(received)
+
+    def _make_private(self, engine: PrivacyEngine, model: nn.Module, loader: DataLoader,
+                      z: float, noise_seed: int) -> tuple[nn.Module, Any, Callable, DataLoader]:
+        params = trainable_parameters(model)
+        optimizer = (self.optimizer_fn(params) if self.optimizer_fn is not None
+                     else torch.optim.SGD(params, lr=self.lr, momentum=self.momentum))
+        generator = None if self.secure_mode else torch.Generator(device=self.device).manual_seed(noise_seed)
+        criterion = copy.deepcopy(self.criterion)
+        out = engine.make_private(
+            module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
+            noise_multiplier=z, max_grad_norm=self.max_grad_norm, poisson_sampling=self.poisson_sampling,
+            clipping=self.clipping, grad_sample_mode=self.grad_sample_mode, noise_generator=generator,
+        )
+        if self.grad_sample_mode == "ghost":
+            return out  # (module, optimizer, criterion, loader)
+        module, dp_optimizer, dp_loader = out
+        return module, dp_optimizer, criterion, dp_loader
+
+    def _train(self, model: nn.Module, loader: DataLoader, history: History, z: float,
+               noise_seed: int) -> tuple[History, float]:
+        """Train in place with a fresh PrivacyEngine holding ``history``; return (new history, mean loss)."""
+        with _quiet_opacus():
+            engine = PrivacyEngine(accountant=self.accountant, secure_mode=self.secure_mode)
+            if history:
+                engine.accountant.load_state_dict({"history": list(history), "mechanism": self.accountant})
+            module, optimizer, criterion, dp_loader = self._make_private(engine, model, loader, z, noise_seed)
+            self._check_combined_z(optimizer, z)
+            try:
+                loss = _run_epochs(module, optimizer, criterion, dp_loader, self.local_epochs,
+                                   self.device, self.max_physical_batch_size)
+            finally:
+                module.to_standard_module()  # removes hooks and per-sample state (#608, #433)
+        return [tuple(e) for e in engine.accountant.history], loss  # type: ignore[misc]
+
+    def _check_combined_z(self, optimizer: Any, z: float) -> None:
+        """Per-layer clipping: the combined z* of Opacus' optimizer must equal the accounted z."""
+        if self.clipping != "per_layer":
+            return
+        clips = list(optimizer.max_grad_norms)
+        sigma = float(optimizer.noise_multiplier) * float(optimizer.max_grad_norm)
+        z_star = combined_noise_multiplier([sigma] * len(clips), clips)
+        if not math.isclose(z_star, z, rel_tol=1e-6):
+            raise RuntimeError(f"Opacus' per-layer noise gives z*={z_star}, not the accounted z={z}")
+
+
+def _run_epochs(module: nn.Module, optimizer: Any, criterion: Callable, loader: DataLoader, epochs: int,
+                device: torch.device, max_physical: Optional[int]) -> float:
+    """The DP-SGD loop; returns the mean loss over non-empty physical batches (nan if none)."""
+    total, count = torch.zeros((), device=device), 0
+    module.train()
+    for _ in range(epochs):
+        manager = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=max_physical, optimizer=optimizer)
+                   if max_physical else contextlib.nullcontext(loader))
+        with manager as batches:
+            for inputs, targets in batches:
+                optimizer.zero_grad()
+                loss = criterion(module(inputs.to(device)), targets.to(device))
+                loss.backward()
+                optimizer.step()
+                if len(targets):
+                    total += loss.detach() * len(targets)
+                    count += len(targets)
+    return float(total / count) if count else float("nan")
+
+
+__all__ = [
+    "CLIPPING_MODES",
+    "DECLARATION_LABEL",
+    "DataSource",
+    "DpSgdBudgetExhausted",
+    "DpSgdRound",
+    "DpSgdTrainer",
+    "EPSILON_METRIC",
+    "GRAD_SAMPLE_MODES",
+    "NOISE_METRIC",
+    "ROUND_EPSILON_METRIC",
+    "as_dataset",
+    "choose_grad_sample_mode",
+    "trainable_parameters",
+]
