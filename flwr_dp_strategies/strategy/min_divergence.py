@@ -81,9 +81,11 @@ from flwr.serverapp import Grid
 from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger, gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
-from .accounted_fedavg import AccountedFedAvg, reply_arrays, reply_weight
+from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays, reply_weight
 from .metrics import aggregate_reply_metrics
-from .streaming_aggregation import WeightedMean, npy_view
+from .streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
+
+_SIGN_BLOCK = 1 << 16  # reply entries checked for NaN/inf and compared in sign while in cache
 
 SELECTION_LABEL = "selection"
 Layers = dict[str, list[str]]
@@ -110,6 +112,24 @@ def flip_count(global_negative: np.ndarray, reply: np.ndarray, out: Optional[np.
     flat = np.asarray(reply).reshape(-1)
     negative = np.less(flat, 0, out=None if out is None else out.reshape(-1))
     return int(np.count_nonzero(np.not_equal(global_negative.reshape(-1), negative, out=negative)))
+
+
+def finite_flip_count(global_negative: np.ndarray, reply: np.ndarray, scratch: np.ndarray) -> Optional[int]:
+    """:func:`flip_count`, or None if ``reply`` holds NaN/inf: one pass over the reply, block by block.
+
+    Each block of the reply (``scratch.size`` entries) is read from memory once and, while
+    it is in cache, checked for NaN/inf (:func:`~.streaming_aggregation.all_finite`) and
+    compared with the global signs: the finiteness screen costs no extra pass over the
+    payload (issue 17: the screen and the sign pass were two passes).
+    """
+    flat, negative = np.asarray(reply).reshape(-1), global_negative.reshape(-1)
+    step, flips = scratch.size, 0
+    for start in range(0, flat.size, step):
+        block = flat[start:start + step]
+        if not all_finite(block):
+            return None
+        flips += flip_count(negative[start:start + step], block, scratch[:block.size])
+    return flips
 
 
 def layer_divergence(global_arrays: Sequence[np.ndarray], reply_arrays: Sequence[np.ndarray]) -> float:
@@ -193,6 +213,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         self._global_meta = {key: (v.shape, v.dtype) for key, v in values.items()}
         return super().configure_train(server_round, arrays, config, grid)
 
+    @finds_non_finite
     def aggregate_accepted(
         self, server_round: int, replies: list[Message]
     ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
@@ -215,17 +236,25 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         return arrays, metrics
 
     def _divergences(self, replies: list[Message]) -> np.ndarray:
-        """``dvg[i, j]`` (eq. 14) for reply i and layer j, each payload read zero-copy once."""
+        """``dvg[i, j]`` (eq. 14) for reply i and layer j, each payload read zero-copy once.
+
+        Raises :class:`NonFiniteReplies` (nothing selected, nothing booked) naming the replies
+        that hold NaN/inf, found in the same pass (:func:`finite_flip_count`).
+        """
         sizes = [sum(self._global_negative[k].size for k in keys) for keys in self._layers.values()]
-        largest = max((v.size for v in self._global_negative.values()), default=0)
-        scratch = np.empty(largest, dtype=bool)
+        scratch = np.empty(_SIGN_BLOCK, dtype=bool)
         out = np.zeros((len(replies), len(self._layers)), dtype=np.float64)
+        bad = []
         for i, reply in enumerate(replies):
             record = reply_arrays(reply)
             for j, keys in enumerate(self._layers.values()):
-                flips = sum(flip_count(self._global_negative[k], npy_view(record[k]),
-                                       scratch[:self._global_negative[k].size]) for k in keys)
-                out[i, j] = flips / sizes[j] if sizes[j] else 0.0
+                counts = [finite_flip_count(self._global_negative[k], npy_view(record[k]), scratch) for k in keys]
+                if None in counts:
+                    bad.append(i)
+                    break
+                out[i, j] = sum(counts) / sizes[j] if sizes[j] else 0.0
+        if bad:
+            raise NonFiniteReplies(bad)
         return out
 
     def _aggregate_layers(self, replies: list[Message], selected: list[np.ndarray]) -> ArrayRecord:
