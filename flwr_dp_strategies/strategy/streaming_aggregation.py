@@ -20,9 +20,9 @@ each reply's payload **zero-copy** and add it into **one accumulator per key**:
   :math:`S = \sum_i a_i s_i \Delta_i`, :math:`\Delta_i = x_i - w`,
   :math:`s_i = \min(1, C/\lVert\Delta_i\rVert_2)`: per reply one pass forms
   :math:`\Delta_i` block by block (1 MiB, in cache) and sums the blocks' ``dot``
-  into :math:`\lVert\Delta_i\rVert_2^2` (a Python float); at the end the sum
-  :math:`\sum_i a_i s_i x_i - (\sum_i a_i s_i)\,w` is formed block-major (each
-  accumulator block stays in cache while every reply is added to it). A reply whose squared norm is not finite holds
+  into :math:`\lVert\Delta_i\rVert_2^2` (a Python float), then one ``axpy`` adds
+  :math:`a_i s_i x_i` to the accumulator; :math:`(\sum_i a_i s_i)\,w` is
+  subtracted once at the end. A reply whose squared norm is not finite holds
   NaN/inf: it is refused before anything of it is added.
 
 Memory: the accumulators (one model), at most one scratch buffer (the largest
@@ -55,7 +55,6 @@ from threadpoolctl import ThreadpoolController
 from flwr_dp_strategies.npy_codec import ArrayLike, npy_view, to_array
 
 _NOISE_CHUNK = 1 << 16
-_SUM_BLOCK = 1 << 16  # elements of an accumulator block summed over all replies (256 KiB of float32)
 _BLOCK_BYTES = 1 << 20  # blocks of the clipped difference squared while still in (L2) cache
 _BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
 
@@ -333,23 +332,18 @@ class ClippedSum:
         clipping_norm: :math:`C > 0`.
 
     :meth:`add` takes a reply's arrays in the order of ``reference`` and a factor
-    :math:`f_i` (1 for a plain sum, e.g. a FedAvg weight :math:`n_i`). Per reply it
-    computes :math:`\lVert x_i - w\rVert_2^2`: the difference is formed block by block
-    (1 MiB) in a small buffer that stays in cache, each block's ``dot`` summed in a
-    Python float, so the norm is that of the exact float difference; it returns the
-    norm and remembers :math:`c_i = f_i \min(1, C/\lVert x_i - w\rVert_2)` with a
-    zero-copy reference to the reply's arrays.
+    :math:`f_i` (1 for a plain sum, e.g. a FedAvg weight :math:`n_i`). Per reply:
 
-    :meth:`result` then forms :math:`S = \sum_i c_i x_i - (\sum_i c_i)\,w` (the same
-    sum by linearity) **block-major**: for each 256 KiB block of the accumulator, one
-    ``axpy`` per reply and one for :math:`w`, so the accumulator block stays in cache
-    and each reply is read once more from memory (the accumulator is written once,
-    not once per reply: per reply 3 streams of d instead of 5; ``flwr_dp_benchmarks/
-    bench_aggregation.py`` measures it against a stacked ``np.mean``). Its rounding
-    error is that of adding :math:`w` back to each clipped update before averaging,
-    as Flower's wrapper does. Buffers: the accumulators (one model) and one block;
-    the replies' payloads are kept alive until :meth:`result` (they are in memory
-    anyway while the strategy aggregates).
+    1. :math:`\lVert x_i - w\rVert_2^2`: the difference is formed block by block
+       (1 MiB) in a small buffer that stays in cache, each block's ``dot`` summed
+       in a Python float, so the norm is that of the exact float difference;
+    2. :math:`c_i = f_i \min(1, C/\lVert x_i - w\rVert_2)` and
+       :math:`acc \leftarrow acc + c_i x_i` (one ``axpy``, :math:`x_i` still in cache).
+
+    :meth:`result` returns :math:`S = acc - (\sum_i c_i)\,w`, the same sum by
+    linearity. Its rounding error is that of adding :math:`w` back to each clipped
+    update before averaging, as Flower's wrapper does. Buffers: the accumulators
+    (one model) and one block.
     """
 
     def __init__(self, reference: Mapping[str, np.ndarray], clipping_norm: float) -> None:
@@ -359,7 +353,6 @@ class ClippedSum:
         self.reference = {key: np.asarray(values) for key, values in reference.items()}
         self._sums = {key: np.zeros(v.shape, dtype=accumulator_dtype(v.dtype)) for key, v in self.reference.items()}
         self._offset = 0.0  # Σ c_i: the multiple of w to subtract from the accumulators
-        self._pending: list[tuple[list[np.ndarray], float]] = []  # (arrays, c_i), summed in result()
         self._scratch = _Scratch()
         self.count = 0
         self.clipped = 0
@@ -378,7 +371,8 @@ class ClippedSum:
                 return None
         scale = min(1.0, self.clipping_norm / norm) if norm > 0 else 1.0
         coefficient = factor * scale
-        self._pending.append((values, coefficient))
+        for acc, x in zip(self._sums.values(), values):
+            add_scaled(acc, x, coefficient, lambda acc=acc: self._scratch.get(acc.dtype, acc.shape))
         self._offset += coefficient
         self.clipped += scale < 1.0
         self.count += 1
@@ -416,31 +410,11 @@ class ClippedSum:
     def result(self) -> dict[str, np.ndarray]:
         """:math:`S` per key, in the accumulators (consumes them: call once, after the last :meth:`add`)."""
         self._scratch.clear()
-        for index, (acc, ref) in enumerate(zip(self._sums.values(), self.reference.values())):
-            terms = [(values[index], c) for values, c in self._pending]
+        for acc, ref in zip(self._sums.values(), self.reference.values()):
             if self._offset:
-                terms.append((ref, -self._offset))
-            _sum_block_major(acc, terms)
-        self._pending.clear()
+                add_scaled(acc, ref, -self._offset, lambda acc=acc: np.empty_like(acc))
         self._offset = 0.0
         return self._sums
-
-
-def _sum_block_major(acc: np.ndarray, terms: Sequence[tuple[np.ndarray, float]]) -> None:
-    r""":math:`acc \leftarrow acc + \sum_j c_j x_j`, block by block of ``acc`` (each block stays in cache
-    while every :math:`x_j` is added to it); non-contiguous inputs are added whole."""
-    flat = acc.reshape(-1)
-    contiguous = acc.flags.c_contiguous and all(x.flags.c_contiguous for x, _ in terms)
-    if not contiguous or flat.size <= _SUM_BLOCK:
-        for x, c in terms:
-            add_scaled(acc, x, c, lambda: np.empty_like(acc))
-        return
-    flats = [(x.reshape(-1), c) for x, c in terms]
-    scratch = np.empty(_SUM_BLOCK, dtype=acc.dtype)
-    for start in range(0, flat.size, _SUM_BLOCK):
-        block = flat[start:start + _SUM_BLOCK]
-        for x, c in flats:
-            add_scaled(block, x[start:start + _SUM_BLOCK], c, lambda n=block.size: scratch[:n])
 
 
 def add_gaussian_noise(values: np.ndarray, sigma: float, rng: np.random.Generator) -> None:
