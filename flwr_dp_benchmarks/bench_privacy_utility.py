@@ -31,6 +31,11 @@ shards (equal FedAvg weights, as Flower's accountant requires).
   Poisson client sampling with rate q; the ledger composes
   ``PoissonSampled(q, Gaussian(z))`` per round (amplified). **User-level**, add or
   remove one client's whole data.
+* ``ours-central-adaptive`` -- :class:`~flwr_dp_strategies.AccountedAdaptiveClipping`: the
+  same Poisson sampling, fixed denominator and booked event as ``ours-central-poisson``
+  (z is the combined multiplier of the clipped sum and the centred unclipped count), C
+  learnt from C₀ = 0.1 toward the median update norm (Andrew et al. 2021); no C to tune.
+  **User-level**, add or remove one client.
 * ``flower-central`` -- Flower's ``DifferentialPrivacyServerSideFixedClipping`` (through
   :class:`~flwr_dp_strategies.strategy.AccountedServerSideFixedClipping`, which only
   books Flower's release in the ledger) over FedAvg sampling the same m = qN clients
@@ -95,13 +100,14 @@ from dp_accounting import dp_event  # noqa: E402
 DELTA = 1e-5
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 8.0)
 DATASETS = ("digits", "mnist")
-METHODS = ("ours-central-poisson", "flower-central", "ldp-fl", "ours-delm-fm", "ours-delm-hog-sum", "dp-sgd")
+METHODS = ("ours-central-poisson", "ours-central-adaptive", "flower-central", "ldp-fl", "ours-delm-fm", "ours-delm-hog-sum", "dp-sgd")
 REFERENCE = "fedavg"
 CALIBRATION_TOLERANCE = 3e-3  # achieved ε in [target·(1 − tol), target]
 
 #: Neighbouring relation of each method, as stated in every row.
 RELATIONS = {
     "ours-central-poisson": "user-level: add/remove one client (central DP, Poisson-sampled clients, amplified)",
+    "ours-central-adaptive": "user-level: add/remove one client (central DP, adaptive C, Poisson, amplified)",
     "flower-central": "user-level: add/remove one client (central DP, zero-out, no amplification)",
     "ldp-fl": "user-level local DP: replace one client's update",
     "ours-delm-fm": "record-level: replace one record of a client's data",
@@ -109,11 +115,13 @@ RELATIONS = {
     "dp-sgd": "record-level: add/remove one record of a client's data",
     "fedavg": "— (non-private, ε = ∞)",
 }
-LEDGER_RELATION = {"ours-central-poisson": "add_or_remove_one", "flower-central": "add_or_remove_one",
+LEDGER_RELATION = {"ours-central-poisson": "add_or_remove_one", "ours-central-adaptive": "add_or_remove_one",
+                   "flower-central": "add_or_remove_one",
                    "ldp-fl": "replace_one", "ours-delm-fm": "replace_one", "ours-delm-hog-sum": "replace_one",
                    "dp-sgd": "add_or_remove_one",
                    "fedavg": "add_or_remove_one"}
-LABELS = {"ours-central-poisson": "ours: central DP, Poisson sampling", "flower-central": "Flower central DP",
+LABELS = {"ours-central-poisson": "ours: central DP, Poisson sampling",
+          "ours-central-adaptive": "ours: central DP, adaptive clipping, Poisson", "flower-central": "Flower central DP",
           "ldp-fl": "LDP-FL", "ours-delm-fm": "ours: DELM functional mechanism",
           "ours-delm-hog-sum": "ours: FM on HOG, server-side solve", "dp-sgd": "DP-SGD (Opacus)",
           "fedavg": "FedAvg (non-private)"}
@@ -434,6 +442,39 @@ def run_central_poisson(fed: Federation, cfg: dict[str, Any], target: float, rou
                      notes=f"q={q:g}, m={m}, z={z:.3g}, C={cfg['central_clip']:g}, σ=zC/m={z * cfg['central_clip'] / m:.3g}")
 
 
+def run_central_adaptive(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
+                         seed: int) -> RunResult:
+    """Ours: AccountedAdaptiveClipping (Poisson q, fixed denominator m), z calibrated as for the fixed C."""
+    from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
+    from flwr.serverapp.strategy import FedAvg
+
+    from flwr_dp_strategies import AccountedAdaptiveClipping, PrivacyLedger
+
+    n = fed.num_clients
+    m = max(1, int(round(cfg["central_fraction"] * n)))
+    q = m / n
+
+    def eps_of(z: float, method: str) -> float:
+        return ledger_epsilon("add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(z))] * rounds,
+                              method=method)
+
+    z, _ = calibrate(eps_of, target, increasing=False, lo=0.1, hi=3000.0)
+    count_std = max(m / 20.0, z)  # the noise split needs z < 2σ_b
+    strategy = AccountedAdaptiveClipping(FedAvg(fraction_evaluate=0.0), z, m, initial_clipping_norm=0.1,
+                                         clipped_count_stddev=count_std, num_clients=n,
+                                         ledger=PrivacyLedger(DELTA), rng=np.random.default_rng([seed, 1]))
+
+    def reply(i: int, msg: Any, rnd: int) -> Any:
+        new = _local(fed, cfg, i, arrays_params(msg.content["arrays"]), rnd, seed)
+        return params_reply(msg, new, fed.shard_size)
+
+    acc = _train_mlp(fed, cfg, strategy, rounds, seed, reply)
+    eps, eps_rdp = _ledger_pair(strategy.ledger)
+    return RunResult(acc, eps, eps_rdp, {"noise_multiplier": z, "clipped_count_stddev": count_std, "sample_rate": q,
+                                         "expected_clients_per_round": m, "final_clip": strategy.clipping_norm},
+                     notes=f"q={q:g}, m={m}, z={z:.3g}, C0=0.1 → C={strategy.clipping_norm:.3g}, σ_b={count_std:.3g}")
+
+
 def run_flower_central(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
                        seed: int) -> RunResult:
     """Flower's server-side fixed clipping (m clients sampled per round, no amplification), Flower's accountant."""
@@ -638,6 +679,7 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
 RUNNERS: dict[str, Callable[[Federation, dict[str, Any], float, int, int], RunResult]] = {
     "fedavg": run_fedavg,
     "ours-central-poisson": run_central_poisson,
+    "ours-central-adaptive": run_central_adaptive,
     "flower-central": run_flower_central,
     "ldp-fl": run_ldp_fl,
     "ours-delm-fm": run_delm_fm,
