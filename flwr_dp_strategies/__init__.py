@@ -10,6 +10,7 @@ from .federated_pca import LdpFederatedPCA
 from .layer_shuffler import LayerShuffler
 from .privacy import PrivacyLedger
 from .strategy import (
+    AccountedAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LdpFederatedPCA",
+    "AccountedAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
