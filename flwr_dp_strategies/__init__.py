@@ -11,6 +11,7 @@ from .layer_shuffler import LayerShuffler
 from .privacy import PrivacyLedger
 from .strategy import (
     AccountedAdaptiveClipping,
+    AccountedClientSideAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LdpFederatedPCA",
     "AccountedAdaptiveClipping",
+    "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",

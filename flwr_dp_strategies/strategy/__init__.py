@@ -45,6 +45,7 @@ the others (nothing is booked for a failed reply).
 
 from .accounted_fedavg import AccountedFedAvg
 from .adaptive_clipping import AccountedAdaptiveClipping
+from .client_side_adaptive_clipping import AccountedClientSideAdaptiveClipping
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
@@ -57,6 +58,7 @@ from .metrics import privacy_metric_record, with_privacy_metrics
 
 __all__ = [
     "AccountedAdaptiveClipping",
+    "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
