@@ -20,6 +20,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from client_mods import signds_mod
 from flwr_dp_strategies import (
+    AccountedAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -39,6 +40,7 @@ DROP_IN = {
     "AccountedFedAvg": lambda: AccountedFedAvg(**FEDAVG_ARGS),
     "AccountedServerSideFixedClipping": lambda: AccountedServerSideFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES),
     "AccountedPoissonFixedClipping": lambda: AccountedPoissonFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, 2),
+    "AccountedAdaptiveClipping": lambda: AccountedAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1, NODES),
     "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
     "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(NODES, 1.0, **FEDAVG_ARGS),
