@@ -229,12 +229,21 @@ def test_drop_in_binds_flowers_arguments_positionally_with_flowers_meaning():
     ({"clipped_count_stddev": False}, "clipped_count_stddev"), ({"num_clients": 5}, "num_clients"),
     ({"sampling": "uniform"}, "sampling"), ({"per_client_metrics": 1}, "per_client_metrics"),
     ({"publish_client_metrics": "yes"}, "publish_client_metrics"), ({"max_weight": math.nan}, "max_weight"),
-    ({"rng": -1}, "rng"), ({"strategy": None}, "strategy"),
+    ({"rng": -1}, "rng"), ({"strategy": None}, "strategy"), ({"ledger": "ledger.json"}, "ledger"),
+    ({"ledger_path": 3}, "ledger_path"),
+    ({"ledger": PrivacyLedger(DELTA, neighboring_relation="replace_one")}, "ledger"),
 ])
 def test_every_argument_is_validated_and_named(kwargs, name):
     args = {"strategy": FedAvg(), "noise_multiplier": 0.5, "num_sampled_clients": 10, **kwargs}
     with pytest.raises(ValueError, match=name):
         AccountedAdaptiveClipping(**args)
+
+
+def test_a_replace_one_ledger_books_the_fixed_sample_round_at_half_the_multiplier():
+    ledger = PrivacyLedger(DELTA, neighboring_relation="replace_one")
+    strategy = AccountedAdaptiveClipping(FedAvg(), 0.3, 4, sampling="fixed", ledger=ledger, rng=0)
+    train_round(strategy, 1, np.zeros(2), [np.zeros(2)] * 4, 4)
+    assert [e for _, e, _ in ledger.events()] == [GaussianDpEvent(0.15)]
 
 
 def test_zero_norm_updates_do_not_crash_and_count_as_unclipped():

@@ -113,7 +113,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
 
 from ..privacy import PrivacyLedger
-from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
 from .accounted_fixed_clipping import _add_clipped
@@ -166,6 +166,18 @@ def geometric_update(clipping_norm: float, unclipped_fraction: float, target_unc
     r""":math:`C_{t+1} = C_t \exp(-\eta(\bar b - \gamma))`, kept in [MIN_CLIPPING_NORM, MAX_CLIPPING_NORM]."""
     updated = clipping_norm * math.exp(-learning_rate * (unclipped_fraction - target_unclipped_quantile))
     return min(MAX_CLIPPING_NORM, max(MIN_CLIPPING_NORM, updated))
+
+
+def _check_ledger_args(ledger: object, ledger_path: object, sampling: str) -> None:
+    """``ledger``: None or a PrivacyLedger (add/remove-one under Poisson sampling: dp-accounting has no
+    replace-one form of the sampled Gaussian); ``ledger_path``: None, a str or a path."""
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise ValueError(f"ledger must be None or a PrivacyLedger, got {type(ledger).__name__}")
+    if sampling == "poisson" and ledger is not None and ledger.neighboring_relation != ADD_OR_REMOVE_ONE:
+        raise ValueError("ledger must use neighboring_relation='add_or_remove_one' with sampling='poisson' "
+                         f"(got {ledger.neighboring_relation!r}); use sampling='fixed' for a replace_one ledger")
+    if ledger_path is not None and not isinstance(ledger_path, (str, os.PathLike)):
+        raise ValueError(f"ledger_path must be None, a str or an os.PathLike, got {type(ledger_path).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------- the strategy
@@ -235,6 +247,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         self.target_unclipped_quantile = 1.0 - clipped_target
         self.sampling = sampling
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
+        _check_ledger_args(ledger, ledger_path, sampling)
         self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path),
                               check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE)
         self._init_screening(max_weight)
@@ -253,9 +266,12 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         return self.num_sampled_clients / self.num_clients
 
     def round_event(self) -> DpEvent:
-        """One round: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (Poisson) or ``GaussianDpEvent(z)`` (fixed)."""
+        """One round, add/remove-one: ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (Poisson) or
+        ``GaussianDpEvent(z)`` (fixed); in the ledger's relation (a replace-one ledger, ``sampling="fixed"``
+        only, books ``GaussianDpEvent(z/2)``: replacing a client moves the pair by twice as much)."""
         gaussian = GaussianDpEvent(self.noise_multiplier)
-        return gaussian if self.sampling == "fixed" else PoissonSampledDpEvent(self.sampling_rate, gaussian)
+        event = gaussian if self.sampling == "fixed" else PoissonSampledDpEvent(self.sampling_rate, gaussian)
+        return convert_event(event, ADD_OR_REMOVE_ONE, self.ledger.neighboring_relation)
 
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -305,8 +321,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         fraction = noisy_unclipped_fraction(unclipped - len(accepted) / 2.0, self.clipped_count_stddev, m, generator)
         self.clipping_norm = geometric_update(clipping_norm, fraction, self.target_unclipped_quantile,
                                               self.clip_norm_lr)
-        self.ledger.record(self.round_event(), server_round=server_round, label=self.event_label,
-                           neighboring_relation=ADD_OR_REMOVE_ONE)
+        self.ledger.record(self.round_event(), server_round=server_round, label=self.event_label)
         metrics = self._published_metrics(server_round, accepted)
         metrics[CLIPPING_NORM_METRIC] = float(clipping_norm)
         metrics[UNCLIPPED_FRACTION_METRIC] = float(fraction)
