@@ -201,6 +201,15 @@ def test_z_at_or_above_twice_the_count_std_is_refused_naming_both_parameters():
             DifferentialPrivacyServerSideAdaptiveClipping(*args)
 
 
+def test_the_split_is_andrews_formula_and_survives_extreme_multipliers():
+    from flwr_dp_strategies.strategy.adaptive_clipping import update_noise_multiplier
+
+    for z, sigma_b in ((0.5, 1.0), (1.0, 5.0), (0.99, 0.5)):
+        assert update_noise_multiplier(z, sigma_b) == pytest.approx((z ** -2 - (2 * sigma_b) ** -2) ** -0.5, rel=1e-12)
+    assert update_noise_multiplier(1e-300, 1.0) == pytest.approx(1e-300, rel=1e-12)
+    assert math.isfinite(update_noise_multiplier(1.0 - 1e-12, 0.5))
+
+
 def test_drop_in_binds_flowers_arguments_positionally_with_flowers_meaning():
     args = (1.0, 100, 0.3, 0.4, 0.1, 6.0)
     for ours_cls, flowers_cls in ((AccountedAdaptiveClipping, DifferentialPrivacyServerSideAdaptiveClipping),

@@ -149,8 +149,8 @@ def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float
             f"noise_multiplier must be < 2 * clipped_count_stddev (the count's noise multiplier, sensitivity 1/2), "
             f"got noise_multiplier={z!r} and clipped_count_stddev={sigma_b!r}; raise clipped_count_stddev "
             f"(default num_sampled_clients/20) or lower noise_multiplier")
-    inverse_square = z ** -2 - (2.0 * sigma_b) ** -2
-    return float(inverse_square ** -0.5)
+    ratio = z / (2.0 * sigma_b)  # z_Δ = z / sqrt(1 - ratio²): the same number, no overflow for a tiny z
+    return float(z / math.sqrt((1.0 - ratio) * (1.0 + ratio)))
 
 
 def noisy_unclipped_fraction(centred_count: float, stddev: float, denominator: int,
