@@ -174,6 +174,20 @@ def test_budget_stops_training_before_it_is_exceeded():
     assert list(strategy.configure_evaluate(60, ArrayRecord([current]), ConfigRecord(), FakeGrid(100))) == []
 
 
+def test_ledger_path_persists_and_a_restarted_server_continues_the_rounds(tmp_path):
+    path = tmp_path / "ledger.json"
+    first = server(m=4, rng=2, ledger_path=path)
+    for rnd in (1, 2):
+        train_round(first, rnd, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
+    eps_two = first.ledger.epsilon()
+    restored = server(m=4, rng=2, ledger_path=str(path))
+    assert restored.ledger.epsilon() == pytest.approx(eps_two) and restored.round_offset == 2
+    _, metrics = train_round(restored, 1, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
+    assert restored.ledger.rounds() == [1, 2, 3]
+    assert PrivacyLedger.load(path).epsilon() == pytest.approx(metrics["privacy/epsilon"]) and metrics[
+        "privacy/epsilon"] > eps_two
+
+
 def test_only_noised_figures_are_published_unless_client_metrics_are_booked_non_private():
     for publish in (False, True):
         strategy = server(m=4, rng=1, publish_client_metrics=publish)

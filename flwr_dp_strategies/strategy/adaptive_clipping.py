@@ -200,7 +200,8 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         num_clients: N >= m (default: the nodes connected at round 1); q = m/N (``sampling="poisson"``).
         sampling: ``"poisson"`` (default, amplified accounting) or ``"fixed"`` (the wrapped FedAvg's
             sample, booked without amplification).
-        ledger, ledger_path, per_client_metrics: as :class:`AccountedPoissonFixedClipping`.
+        ledger, ledger_path, per_client_metrics: as :class:`AccountedServerSideFixedClipping` (a ledger
+            restored from ``ledger_path`` continues its round numbers; C restarts at C₀, which costs nothing).
         rng: sampling and noise generator (default: fresh OS entropy per use).
         publish_client_metrics: also publish the clients' aggregated train metrics, booking every such
             round as non-private.
@@ -250,6 +251,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         _check_ledger_args(ledger, ledger_path, sampling)
         self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path),
                               check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE)
+        self.round_offset = max(self.ledger.rounds(), default=0)  # a restored ledger: round numbers continue
         self._init_screening(max_weight)
         self.publish_client_metrics = check_bool("publish_client_metrics", publish_client_metrics)
         self.rng = RngSource(rng)
@@ -321,7 +323,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         fraction = noisy_unclipped_fraction(unclipped - len(accepted) / 2.0, self.clipped_count_stddev, m, generator)
         self.clipping_norm = geometric_update(clipping_norm, fraction, self.target_unclipped_quantile,
                                               self.clip_norm_lr)
-        self.ledger.record(self.round_event(), server_round=server_round, label=self.event_label)
+        self.ledger.record(self.round_event(), server_round=server_round + self.round_offset, label=self.event_label)
         metrics = self._published_metrics(server_round, accepted)
         metrics[CLIPPING_NORM_METRIC] = float(clipping_norm)
         metrics[UNCLIPPED_FRACTION_METRIC] = float(fraction)
@@ -337,7 +339,8 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         """Nothing, or (``publish_client_metrics``) the clients' aggregated train metrics, booked non-private."""
         if not self.publish_client_metrics:
             return MetricRecord()
-        self.ledger.record(NonPrivateDpEvent(), server_round=server_round, label=NON_PRIVATE_METRICS_LABEL)
+        self.ledger.record(NonPrivateDpEvent(), server_round=server_round + self.round_offset,
+                           label=NON_PRIVATE_METRICS_LABEL)
         if not accepted:
             return MetricRecord()
         return aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn,  # type: ignore[attr-defined]
