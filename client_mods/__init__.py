@@ -13,6 +13,9 @@ Mods (act on a message):
   :func:`laplace_eval_epsilon` - the seed's ε for a target noise magnitude.
 * :class:`LocalUpdateNoiseMod` - clip + analytic-Gaussian noise on model
   updates in train replies (local DP, LDP-FL).
+* :func:`adaptive_clipping_mod` - central DP with adaptive clipping: clip the
+  train update to the server's C_t and report the unclipped bit (for
+  :class:`flwr_dp_strategies.AccountedClientSideAdaptiveClipping`).
 * :func:`signds_mod` - SignDS encoding of the train update (a few sorted
   indices, a sign and a MagRR bit replace the weights), seed 004.
 
@@ -38,6 +41,7 @@ Trainers (act on local data):
   Imported lazily (Opacus takes seconds to import and reconfigures logging).
 """
 
+from .adaptive_clipping_mod import adaptive_clipping_mod
 from .federated_pca import covariance_reply, project, projection_from_state, store_projection
 from .functional_mechanism import FunctionalMechanismTrainer
 from .label_dp import LabelDP
@@ -79,6 +83,7 @@ def __getattr__(name: str):
 __all__ = [
     *_DP_SGD_NAMES,
     "FunctionalMechanismTrainer",
+    "adaptive_clipping_mod",
     "LABEL_DP_DECLARATION",
     "covariance_reply",
     "project",

@@ -10,6 +10,8 @@ from .federated_pca import LdpFederatedPCA
 from .layer_shuffler import LayerShuffler
 from .privacy import PrivacyLedger
 from .strategy import (
+    AccountedAdaptiveClipping,
+    AccountedClientSideAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -24,6 +26,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LdpFederatedPCA",
+    "AccountedAdaptiveClipping",
+    "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",

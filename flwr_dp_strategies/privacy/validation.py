@@ -104,3 +104,10 @@ def _all_finite(arr: np.ndarray) -> bool:
         if np.isfinite(np.add.reduce(arr, axis=None)):
             return True
     return bool(np.all(np.isfinite(arr)))
+
+
+def check_bool(name: str, value: object) -> bool:
+    """A flag must be a real ``bool`` (``0``, ``"yes"`` or ``None`` are refused, not coerced)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return bool(value)

@@ -10,6 +10,12 @@
 * :class:`AccountedPoissonFixedClipping` - Flower's server-side fixed clipping
   with Poisson client sampling and a fixed denominator, accounted with
   amplification by sampling (which Flower's accountant refuses).
+* :class:`AccountedAdaptiveClipping` - Flower's server-side adaptive clipping
+  (Andrew et al. 2021) made correct (unclipped-fraction update, centred count,
+  noise with the round's own C, fixed denominator) and accounted as one
+  (Poisson-sampled) Gaussian mechanism per round;
+  :class:`AccountedClientSideAdaptiveClipping` - the same with clients clipping
+  (``client_mods.adaptive_clipping_mod``).
 * :class:`ClusterEvaluation` - wraps any strategy; scores the clients'
   (Laplace-protected) inference results with silhouette / Calinski-Harabasz /
   Davies-Bouldin every evaluate round (seed 000).
@@ -38,6 +44,8 @@ the others (nothing is booked for a failed reply).
 """
 
 from .accounted_fedavg import AccountedFedAvg
+from .adaptive_clipping import AccountedAdaptiveClipping
+from .client_side_adaptive_clipping import AccountedClientSideAdaptiveClipping
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
@@ -49,6 +57,8 @@ from .signds import SignDS
 from .metrics import privacy_metric_record, with_privacy_metrics
 
 __all__ = [
+    "AccountedAdaptiveClipping",
+    "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",

@@ -21,11 +21,15 @@ generator. Floating-point attacks on the sampler are out of scope.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from logging import WARNING
 
 import numpy as np
 from dp_accounting import dp_event
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
 
+from ..privacy import PrivacyLedger
 from ..privacy.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
 from .streaming_aggregation import ClippedSum, add_gaussian_noise, to_array
 
@@ -69,4 +73,28 @@ def secure_release_event(noise_multiplier: float, clipping_norm: float, denomina
     return dp_event.ZCDpEvent(rho=(steps * gamma) ** 2 / (2.0 * sigma * sigma))
 
 
-__all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release", "secure_release_event"]
+def poisson_sample(nodes: Iterable[int], rate: float, generator: np.random.Generator) -> list[int]:
+    """Poisson sampling: each node (in sorted order, one uniform draw each) is kept independently
+    with probability ``rate``; the sample is never resampled or topped up."""
+    ordered = sorted(nodes)
+    keep = generator.random(len(ordered)) < rate
+    return [node for node, kept in zip(ordered, keep) if kept]
+
+
+def train_instructions(fedavg: object, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                       nodes: Iterable[int]) -> list[Message]:
+    """The train messages FedAvg would send to ``nodes`` (its record keys, ``server-round`` in the config)."""
+    config["server-round"] = server_round
+    content = RecordDict({fedavg.arrayrecord_key: arrays,  # type: ignore[attr-defined]
+                          fedavg.configrecord_key: config})  # type: ignore[attr-defined]
+    return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node) for node in nodes]
+
+
+def log_budget_stop(server_round: int, ledger: PrivacyLedger) -> None:
+    """Say (once, the caller remembers) that training stops before ``server_round`` would exceed the budget."""
+    log(WARNING, "Privacy budget: round %d would exceed max_epsilon=%s; no further training.",
+        server_round, ledger.max_epsilon)
+
+
+__all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release", "log_budget_stop", "poisson_sample",
+           "secure_release_event", "train_instructions"]

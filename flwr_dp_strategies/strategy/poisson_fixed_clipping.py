@@ -54,11 +54,11 @@ is rejected (``rejected/non-finite``) before any of it is added.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Optional
 
 from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
@@ -67,7 +67,8 @@ from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
 from .accounted_fixed_clipping import _add_clipped
-from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release
+from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
+                              poisson_sample, train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
@@ -142,19 +143,16 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         if self.ledger.would_exceed(central_events=[self.round_event()]):
             self._stop(server_round)
             return []
-        chosen = [n for n, keep in zip(nodes, self.rng().random(len(nodes)) < self.sampling_rate) if keep]
+        chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
         log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(chosen),
             self.sampling_rate, len(nodes))
-        config["server-round"] = server_round
-        content = RecordDict({self.strategy.arrayrecord_key: arrays, self.strategy.configrecord_key: config})
-        messages = [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=n) for n in chosen]
+        messages = train_instructions(self.strategy, server_round, arrays, config, chosen)
         self.remember_instructions("train", server_round, messages)
         return messages
 
     def _stop(self, server_round: int) -> None:
         if not self.budget_exhausted:
-            log(WARNING, "Privacy budget: round %d would exceed max_epsilon=%s; no further training.",
-                server_round, self.ledger.max_epsilon)
+            log_budget_stop(server_round, self.ledger)
         self.budget_exhausted = True
 
     @single_threaded_blas

@@ -357,8 +357,12 @@ class ClippedSum:
         self.count = 0
         self.clipped = 0
 
-    def add(self, arrays: Sequence[ArrayLike], factor: float = 1.0) -> Optional[float]:
-        """Clip ``x − w`` to norm C and add ``factor ·`` it; returns ‖x − w‖₂, or None (nothing added) if not finite."""
+    def add(self, arrays: Sequence[ArrayLike], factor: float = 1.0, *, limit: Optional[float] = None) -> Optional[float]:
+        """Clip ``x − w`` to norm C and add ``factor ·`` it; returns ‖x − w‖₂, or None (nothing added) if not finite.
+
+        With ``limit``: a reply with ‖x − w‖₂ > ``limit`` is not added (its norm is returned, the
+        caller compares), e.g. a reply a client should have clipped to C itself.
+        """
         values = [npy_view(a) for a in arrays]
         if len(values) != len(self.reference):
             raise ValueError(f"{len(values)} arrays in a reply, {len(self.reference)} in the model")
@@ -369,6 +373,8 @@ class ClippedSum:
             norm = self._exact_norm(values)
             if norm is None:
                 return None
+        if limit is not None and norm > limit:
+            return norm
         scale = min(1.0, self.clipping_norm / norm) if norm > 0 else 1.0
         coefficient = factor * scale
         for acc, x in zip(self._sums.values(), values):

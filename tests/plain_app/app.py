@@ -18,8 +18,10 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from client_mods import signds_mod
+from client_mods import adaptive_clipping_mod, signds_mod
 from flwr_dp_strategies import (
+    AccountedAdaptiveClipping,
+    AccountedClientSideAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -39,6 +41,9 @@ DROP_IN = {
     "AccountedFedAvg": lambda: AccountedFedAvg(**FEDAVG_ARGS),
     "AccountedServerSideFixedClipping": lambda: AccountedServerSideFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES),
     "AccountedPoissonFixedClipping": lambda: AccountedPoissonFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, 2),
+    "AccountedAdaptiveClipping": lambda: AccountedAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1, NODES),
+    "AccountedClientSideAdaptiveClipping": lambda: AccountedClientSideAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1,
+                                                                                       NODES),
     "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
     "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(NODES, 1.0, **FEDAVG_ARGS),
@@ -84,7 +89,13 @@ def signds_when_asked(msg: Message, context: Context, call_next):
     return signds_mod(msg, context, call_next) if "signds-sign-k" in config else call_next(msg, context)
 
 
-@app.train(mods=[signds_when_asked])
+def adaptive_clipping_when_asked(msg: Message, context: Context, call_next):
+    """Test glue: a client of AccountedClientSideAdaptiveClipping would simply use ``mods=[adaptive_clipping_mod]``."""
+    config = next(iter(msg.content.config_records.values()), {})
+    return adaptive_clipping_mod(msg, context, call_next) if "clipping_norm" in config else call_next(msg, context)
+
+
+@app.train(mods=[signds_when_asked, adaptive_clipping_when_asked])
 def train(msg: Message, context: Context) -> Message:
     x, y = _partition(context)
     weights = _sgd(msg.content["arrays"].to_numpy_ndarrays(), x, y)

@@ -1,0 +1,122 @@
+r"""Adaptive clipping with the clipping done by the clients, correct and accounted.
+
+A drop-in for Flower's ``DifferentialPrivacyClientSideAdaptiveClipping`` (same
+arguments; new ones keyword-only, as :class:`~.adaptive_clipping.AdaptiveClippingMixin`).
+The round, its noise and its accounting are those of
+:class:`~.adaptive_clipping.AccountedAdaptiveClipping` (see that module for the
+derivation); only where clipping happens differs:
+
+* ``configure_train`` sends :math:`C_t` in the train config under Flower's key
+  ``"clipping_norm"`` (``flwr.supercore.differential_privacy.KEY_CLIPPING_NORM``);
+* the client (``client_mods.adaptive_clipping_mod``) clips its update to
+  :math:`C_t` and returns the bit :math:`b_i = \mathbb 1[\lVert\Delta_i\rVert_2 \le C_t]`
+  (*unclipped*) under :data:`KEY_UNCLIPPED_BIT` in its MetricRecord. For
+  compatibility with Flower's own ``adaptiveclipping_mod``, a reply carrying only
+  Flower's ``"norm_bit"`` (1 when the update *was clipped*) is read as
+  :math:`b_i = 1 - \text{norm\_bit}`; a reply carrying both must have them agree;
+* the server does not trust either: a bit other than exactly 0 or 1 (or none,
+  or two that disagree), and an update whose norm exceeds
+  :math:`C_t(1 + 10^{-6})`, reject the reply (``rejected/values``) before any
+  of it is added; the accepted updates are still clipped to :math:`C_t` on the
+  server (a no-op for honest clients), so one client moves the sum by at most
+  :math:`C_t` and the centred count by ½ whatever it sends, and the round is
+  the same Gaussian mechanism with multiplier z.
+
+The server then noises the sum with :math:`z_\Delta C_t/m` (fixed denominator m)
+and the centred count with :math:`\sigma_b`, publishes ``dp/clipping-norm`` and
+``dp/unclipped-fraction`` and books ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``
+(``GaussianDpEvent(z)`` with ``sampling="fixed"``), exactly like the server-side class.
+The bit is a client metric: it is never published (only its noised sum is).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClipping
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
+
+from .accounted_fedavg import reply_arrays
+from .adaptive_clipping import AdaptiveClippingMixin
+from .reply_screening import records_of
+from .streaming_aggregation import ClippedSum
+
+#: MetricRecord key of the client's bit: 1 if its update's norm was <= the clipping norm (unclipped), else 0.
+KEY_UNCLIPPED_BIT = "unclipped_bit"
+#: Relative slack on the norm of an update a client clipped itself (float rounding of w + clipped update).
+NORM_TOLERANCE = 1e-6
+
+EVENT_LABEL = "central-gaussian/client-side-adaptive-clipping"
+
+
+def _as_bit(value: object) -> Optional[int]:
+    """0 or 1 if ``value`` is exactly that number (int or float, not bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in (0, 1):
+        return None
+    return int(value)
+
+
+def read_unclipped_bit(content: RecordDict) -> Optional[int]:
+    """The reply's unclipped bit (see the module docstring), or None if absent, malformed or inconsistent."""
+    records = records_of(content, MetricRecord)
+    if len(records) != 1:
+        return None
+    record = records[0]
+    ours = _as_bit(record[KEY_UNCLIPPED_BIT]) if KEY_UNCLIPPED_BIT in record else None
+    flowers = _as_bit(record[KEY_NORM_BIT]) if KEY_NORM_BIT in record else None
+    if (KEY_UNCLIPPED_BIT in record and ours is None) or (KEY_NORM_BIT in record and flowers is None):
+        return None  # present but not exactly 0 or 1
+    if ours is not None and flowers is not None and ours != 1 - flowers:
+        return None
+    if ours is not None:
+        return ours
+    return None if flowers is None else 1 - flowers
+
+
+class AccountedClientSideAdaptiveClipping(AdaptiveClippingMixin, DifferentialPrivacyClientSideAdaptiveClipping):
+    """Client-side adaptive clipping (Andrew et al. 2021), correct and accounted: see the module docstring.
+
+    Drop-in for Flower's ``DifferentialPrivacyClientSideAdaptiveClipping``; arguments as
+    :class:`~.adaptive_clipping.AdaptiveClippingMixin`. Use ``client_mods.adaptive_clipping_mod``
+    (or Flower's ``adaptiveclipping_mod``) on the clients.
+    """
+
+    event_label = EVENT_LABEL
+
+    def train_config(self, config: ConfigRecord) -> ConfigRecord:
+        """The config with this round's clipping norm (Flower's key)."""
+        config[KEY_CLIPPING_NORM] = float(self.clipping_norm)
+        return config
+
+    def add_updates(self, server_round: int, summed: ClippedSum, replies: list[Message],
+                    rejected: Counter[str]) -> tuple[list[Message], int]:
+        """Add every reply with a valid bit and an update of norm <= C(1 + 1e-6); the others are rejected
+        (``values``; NaN/inf: ``non-finite``) before any of their update is added."""
+        keys = list(summed.reference)
+        limit = summed.clipping_norm * (1.0 + NORM_TOLERANCE)
+        added, unclipped = [], 0
+        for reply in replies:
+            bit = read_unclipped_bit(reply.content)
+            if bit is None:
+                self._reject(server_round, reply, "values", rejected)
+                continue
+            record = reply_arrays(reply)
+            norm = summed.add([record[key] for key in keys], limit=limit)
+            if norm is None:
+                self._reject(server_round, reply, "non-finite", rejected)
+            elif norm > limit:
+                self._reject(server_round, reply, "values", rejected)
+            else:
+                added.append(reply)
+                unclipped += bit
+        return added, unclipped
+
+    def __repr__(self) -> str:
+        return (f"AccountedClientSideAdaptiveClipping(z={self.noise_multiplier}, C={self.clipping_norm:.6g}, "
+                f"m={self.num_sampled_clients}, gamma={self.target_unclipped_quantile}, sampling={self.sampling!r})")
+
+
+__all__ = ["AccountedClientSideAdaptiveClipping", "EVENT_LABEL", "KEY_UNCLIPPED_BIT", "NORM_TOLERANCE",
+           "read_unclipped_bit"]
