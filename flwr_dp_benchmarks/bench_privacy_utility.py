@@ -824,7 +824,7 @@ def plot(result: dict, path: Path) -> None:
 
     rows = result["rows"]
     styles = {"mnist": "-", "digits": "--"}
-    colors = dict(zip(METHODS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:brown", "tab:purple")))
+    colors = {method: f"C{i}" for i, method in enumerate(METHODS)}  # one colour per method, however many
     fig, ax = plt.subplots(figsize=(12, 5.5))
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for method in METHODS:
