@@ -1,0 +1,1 @@
+"""A Flower app: user-level central DP with adaptive clipping on sklearn digits (``flwr run .``)."""
