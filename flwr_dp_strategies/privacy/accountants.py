@@ -12,6 +12,10 @@ RDP (Mironov 2017), per order α:
   ε-DP ⇒ ε²/2-zCDP (Bun & Steinke 2016, Prop. 3.3), so RDP(α) = min(ε, α·ε²/2).
 * ``ApproxDpEvent(ε, δ)``: RDP cannot express δ > 0; these are kept aside and
   added by basic composition: ε_total = ε_RDP(δ − Σδᵢ) + Σεᵢ.
+* ``SkellamDpEvent(Δ₁, Δ₂, μ)``: Agarwal, Kairouz & Liu 2021, Thm 3.5
+  (:func:`~.skellam.skellam_rdp`). Not known to PLD (ε_PLD = ∞, the ledger's
+  ``"best"`` mode takes RDP) and never amplified by sampling (refused by
+  :mod:`.event_validation`; dp-accounting's RDP only amplifies Gaussians).
 
 PLD (Meiser & Mohammadi 2018; Doroshenko et al. 2022), pessimistic estimates:
 
@@ -35,6 +39,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
+from .skellam import SkellamDpEvent, skellam_rdp
 
 
 
@@ -86,6 +91,10 @@ class LedgerRdpAccountant(rdp_privacy_accountant.RdpAccountant):
             if do_compose:
                 self.approx_epsilon += count * float(event.epsilon)
                 self.approx_delta += count * float(event.delta)
+            return None
+        if isinstance(event, SkellamDpEvent):
+            if do_compose:
+                self._rdp += count * skellam_rdp(self._orders, event.l1_sensitivity, event.l2_sensitivity, event.mu)
             return None
         return super()._maybe_compose(event, count, do_compose)
 

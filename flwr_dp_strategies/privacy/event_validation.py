@@ -32,6 +32,9 @@ event                               parameters
 ``ExponentialMechanismDpEvent``,    epsilon ∈ (0, ∞)
 ``PureDpEvent``
 ``ApproxDpEvent``                   epsilon ∈ (0, ∞), delta ∈ (0, 1)
+``SkellamDpEvent``                  l1_sensitivity, l2_sensitivity ∈ (0, ∞), mu ∈ (0, 1e18];
+                                    never inside a sampled event (no amplification
+                                    bound is derived for it)
 =================================== =============================================
 
 Every real parameter must be a finite ``int``/``float`` (``bool`` is refused,
@@ -52,6 +55,7 @@ from typing import Any
 from dp_accounting import dp_event
 
 from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
+from .skellam import MAX_MU, SkellamDpEvent
 
 MAX_DEPTH = 32
 MAX_NODES = 4096
@@ -147,17 +151,20 @@ def _composed(event: Any, path: str, depth: int, budget: list[int]) -> None:
 
 
 def _poisson(event: Any, path: str, depth: int, budget: list[int]) -> None:
+    _refuse_sampled_skellam(event, path)
     _real(event, "sampling_probability", path, low=0.0, low_open=False, high=1.0, high_open=False)
     _validate(event.event, f"{path}.event", depth + 1, budget)
 
 
 def _without_replacement(event: Any, path: str, depth: int, budget: list[int]) -> None:
+    _refuse_sampled_skellam(event, path)
     size = _integer(event, "source_dataset_size", path, low=1)
     _integer(event, "sample_size", path, low=0, high=size)
     _validate(event.event, f"{path}.event", depth + 1, budget)
 
 
 def _with_replacement(event: Any, path: str, depth: int, budget: list[int]) -> None:
+    _refuse_sampled_skellam(event, path)
     _integer(event, "source_dataset_size", path, low=1)
     _integer(event, "sample_size", path, low=0)
     _validate(event.event, f"{path}.event", depth + 1, budget)
@@ -170,6 +177,32 @@ def _pure(event: Any, path: str, depth: int, budget: list[int]) -> None:
 def _approx(event: Any, path: str, depth: int, budget: list[int]) -> None:
     _real(event, "epsilon", path, low=0.0, low_open=True)
     _real(event, "delta", path, low=0.0, low_open=True, high=1.0, high_open=True)
+
+
+def _skellam(event: Any, path: str, depth: int, budget: list[int]) -> None:
+    _real(event, "l1_sensitivity", path, low=0.0, low_open=True)
+    _real(event, "l2_sensitivity", path, low=0.0, low_open=True)
+    _real(event, "mu", path, low=0.0, low_open=True, high=MAX_MU, high_open=False)
+
+
+def _refuse_sampled_skellam(event: Any, path: str) -> None:
+    """A sampled event must not contain a SkellamDpEvent: dp-accounting amplifies only Gaussians
+    and no amplification bound for Skellam is implemented here (book the un-sampled event)."""
+    stack, seen = [(event.event, f"{path}.event")], 0
+    while stack and seen < MAX_NODES:
+        inner, where = stack.pop()
+        seen += 1
+        if isinstance(inner, SkellamDpEvent):
+            raise ValueError(f"{where}: SkellamDpEvent inside {type(event).__name__} is refused: no privacy "
+                             f"amplification by sampling is derived for the Skellam mechanism; book the "
+                             f"SkellamDpEvent itself (unamplified)")
+        if isinstance(inner, dp_event.SelfComposedDpEvent):
+            stack.append((inner.event, f"{where}.event"))
+        elif isinstance(inner, dp_event.ComposedDpEvent) and isinstance(inner.events, (list, tuple)):
+            stack.extend((e, f"{where}.events[{i}]") for i, e in enumerate(inner.events))
+        elif isinstance(inner, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent,
+                                dp_event.SampledWithReplacementDpEvent)):
+            stack.append((inner.event, f"{where}.event"))
 
 
 _CHECKS = {
@@ -188,6 +221,7 @@ _CHECKS = {
     ExponentialMechanismDpEvent: _pure,
     PureDpEvent: _pure,
     ApproxDpEvent: _approx,
+    SkellamDpEvent: _skellam,
 }
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "validate_event"]

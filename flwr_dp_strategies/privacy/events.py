@@ -19,6 +19,9 @@ mechanism nor for a generic (ε, δ) release, so this module adds three, which
   shuffle-amplified output). PLD: the pessimistic (ε, δ) PLD; RDP cannot express
   δ > 0, so the RDP path adds these by basic composition (ε sums, δ sums).
 
+:class:`~flwr_dp_strategies.privacy.skellam.SkellamDpEvent` (Δ₁, Δ₂, μ), defined
+in :mod:`.skellam` with its RDP bound, is registered here for serialisation.
+
 Events are serialised to plain JSON dicts (:func:`event_to_dict`) and restored
 only into an allow-list of known classes (:func:`event_from_dict`), so a ledger
 file cannot name arbitrary code.
@@ -32,6 +35,7 @@ from typing import Any
 import attr
 from dp_accounting import dp_event
 
+from .skellam import SkellamDpEvent
 from .validation import check_delta, check_epsilon
 
 
@@ -85,7 +89,7 @@ _NATIVE = (
 )
 EVENT_CLASSES: dict[str, type[dp_event.DpEvent]] = {
     cls.__name__: cls
-    for cls in (*_NATIVE, ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent)
+    for cls in (*_NATIVE, ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent, SkellamDpEvent)
 }
 
 
