@@ -36,8 +36,9 @@ each coordinate; Rényi divergences of product distributions add, Σ Δᵢ² ≤
 Σ|Δᵢ| ≤ Δ₁, and a sum of minima is at most the minimum of the sums. The first
 term is the Gaussian mechanism's :math:`\alpha\Delta_2^2/(2\sigma^2)` at σ² = μ;
 the second is the price of discreteness, O(1/μ²) for large μ. The theorem is
-stated for integer orders; RDP is non-decreasing in α (van Erven & Harremoës
-2014, Thm 3), so a non-integer order α is charged the bound at ⌈α⌉
+stated for integer orders; a non-integer order is charged the bound at 2 when
+α < 2 (RDP is non-decreasing in α, van Erven & Harremoës 2014, Thm 3) and the
+chord of the convex function (α − 1)·D_α between ⌊α⌋ and ⌈α⌉ above 2
 (:func:`skellam_rdp`). The tests compare the bound with the exact Rényi
 divergence of the one-dimensional shift, summed over the pmf.
 
@@ -113,16 +114,32 @@ def sample_skellam(mu: float, size: int | tuple[int, ...], rng: RngLike = None) 
     return gen.poisson(m / 2.0, size=shape).astype(np.int64) - gen.poisson(m / 2.0, size=shape).astype(np.int64)
 
 
+def _integer_order_bound(a: np.ndarray, l1: float, l2: float, m: float) -> np.ndarray:
+    """Thm 3.5 at integer orders ``a`` (> 1)."""
+    return a * l2 * l2 / (2.0 * m) + np.minimum(((2.0 * a - 1.0) * l2 * l2 + 6.0 * l1) / (4.0 * m * m),
+                                                 3.0 * l1 / (2.0 * m))
+
+
 def skellam_rdp(orders: object, l1_sensitivity: float, l2_sensitivity: float, mu: float) -> np.ndarray:
-    """RDP of the Skellam mechanism at each order (module docstring; non-integer α charged at ⌈α⌉)."""
+    """RDP of the Skellam mechanism at each order (Thm 3.5; module docstring).
+
+    Integer orders get the theorem's bound. A non-integer α ∈ (1, 2) is charged the
+    bound at 2 (RDP is non-decreasing in α); α ∈ (m, m + 1), m ≥ 2, the
+    interpolation of (α − 1)·ε(α) between m and m + 1, divided by α − 1: (α − 1)D_α
+    = log E_Q[(P/Q)^α] is convex in α (Hölder; van Erven & Harremoës 2014), so it
+    lies below the chord through its values at m and m + 1, which the theorem bounds.
+    """
     l1, l2, m = check_skellam_parameters(l1_sensitivity, l2_sensitivity, mu)
     alpha = np.atleast_1d(np.asarray(orders, dtype=np.float64))
     if alpha.size == 0 or not np.all(np.isfinite(alpha)) or np.any(alpha <= 1.0):
         raise ValueError(f"orders must be finite numbers in (1, inf), got {orders!r}")
-    a = np.ceil(alpha)
-    gaussian = a * l2 * l2 / (2.0 * m)
-    discrete = np.minimum(((2.0 * a - 1.0) * l2 * l2 + 6.0 * l1) / (4.0 * m * m), 3.0 * l1 / (2.0 * m))
-    return gaussian + discrete
+    low = np.maximum(np.floor(alpha), 2.0)
+    high = np.maximum(np.ceil(alpha), 2.0)
+    weight = alpha - np.floor(alpha)
+    chord = ((1.0 - weight) * (low - 1.0) * _integer_order_bound(low, l1, l2, m)
+             + weight * (high - 1.0) * _integer_order_bound(high, l1, l2, m)) / (alpha - 1.0)
+    return np.where(alpha < 2.0, _integer_order_bound(np.full_like(alpha, 2.0), l1, l2, m),
+                    np.where(weight == 0.0, _integer_order_bound(high, l1, l2, m), chord))
 
 
 def skellam_event(l2_sensitivity: float, mu: float, dim: int) -> SkellamDpEvent:
