@@ -58,6 +58,11 @@ target noise multiplier z the calibration takes μ = (z·Δ̃₂)², so the Gaus
 of the RDP bound is α/(2z²), as for ``GaussianDpEvent(z)``; in update units the
 noise standard deviation is z·Δ̃₂/s ≥ z·C. Decoding is post-processing.
 
+Floating point. Steps (a)–(c) run in float64 and may overshoot C by a relative
+1e-16; privacy does not depend on them, only on the norm bound that step (d)
+enforces on the integers, and on the Skellam noise (:mod:`.skellam` for its
+sampler's floating-point caveat).
+
 Randomness. The rotation signs are public (``rotation_seed``, shared by clients
 and server, taken from the raw PCG64 bit stream, which NumPy keeps stable across
 versions). The rounding and the noise use a private generator (:mod:`.rng`: OS
