@@ -43,7 +43,7 @@ chord of the convex function (α − 1)·D_α between ⌊α⌋ and ⌈α⌉ abov
 known, so at large ε, where the Gaussian's best order is below 2, Skellam costs
 more than the Gaussian with the same z = √μ/Δ₂: ε = 110 against 96 for z = 1 and
 100 releases, 7.09 against 7.08 for z = 5 and 50 releases (δ = 1e-5, Δ₂ = 300,
-Δ₁ = 8·Δ₂). The tests compare the bound with the exact Rényi
+Δ₁ = √4096·Δ₂). The tests compare the bound with the exact Rényi
 divergence of the one-dimensional shift, summed over the pmf.
 
 Sampler. :func:`sample_skellam` draws the two Poissons with NumPy's
