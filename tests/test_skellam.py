@@ -255,3 +255,18 @@ def test_out_of_domain_skellam_parameters_are_never_booked(l1, l2, mu):
             call()
     assert (ledger.epsilon(), ledger.epsilon("a")) == before
     assert ledger.clients == ["a"]
+
+
+def test_a_replace_one_ledger_books_an_add_remove_skellam_event_at_twice_the_sensitivities():
+    """Replacing one client moves the integer sum by x − x': at most 2·L2 in L2 and 2·L1 in L1."""
+    from flwr_dp_strategies.privacy.relations import convert_event
+    from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
+
+    event = SkellamDpEvent(30.0, 3.0, 400.0)
+    converted = convert_event(event, "add_or_remove_one", "replace_one")
+    assert (converted.l1_sensitivity, converted.l2_sensitivity, converted.mu) == (60.0, 6.0, 400.0)
+    replace = PrivacyLedger(1e-5, accounting="rdp", neighboring_relation="replace_one")
+    add_remove = PrivacyLedger(1e-5, accounting="rdp")
+    replace.record(event, server_round=1, neighboring_relation="add_or_remove_one")
+    add_remove.record(event, server_round=1, neighboring_relation="add_or_remove_one")
+    assert replace.epsilon() > add_remove.epsilon()

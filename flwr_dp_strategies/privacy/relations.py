@@ -56,6 +56,7 @@ import math
 from dp_accounting import dp_event
 
 from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
+from .skellam import SkellamDpEvent
 
 ADD_OR_REMOVE_ONE = "add_or_remove_one"
 REPLACE_ONE = "replace_one"
@@ -118,6 +119,8 @@ def _add_remove_to_replace(event: dp_event.DpEvent) -> dp_event.DpEvent:
         if event.xi != 0:
             raise ValueError("ZCDpEvent with xi > 0 has no group-privacy conversion to 'replace_one'")
         return dp_event.ZCDpEvent(4.0 * float(event.rho), 0.0)
+    if isinstance(event, SkellamDpEvent):  # x - x' of two integer vectors within (L1, L2): (2 L1, 2 L2)
+        return SkellamDpEvent(2.0 * float(event.l1_sensitivity), 2.0 * float(event.l2_sensitivity), event.mu)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return dp_event.SelfComposedDpEvent(_add_remove_to_replace(event.event), event.count)
     if isinstance(event, dp_event.ComposedDpEvent):
