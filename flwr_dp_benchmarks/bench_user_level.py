@@ -321,8 +321,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel processes")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--rounds", type=int, help="override the mode's number of rounds")
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
+    if args.rounds is not None:
+        MODES[mode]["overrides"]["rounds"] = int(args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
     runs = args.out / "runs.jsonl"
     runs.unlink(missing_ok=True)
