@@ -35,3 +35,22 @@ def test_dp_accounting_warning_adds_no_root_handler_and_flower_logs_once():
     output = result.stdout + result.stderr
     assert "failed to converge" in output  # the warning itself still reaches the user
     assert output.count("flower-line-marker") == 1, output[-2000:]
+
+
+# ---------------------------------------------------------------------------- 6. helpers where they belong
+def test_shared_helpers_live_in_the_module_of_what_they_do():
+    import numpy as np
+    from flwr.app import Array, ArrayRecord
+
+    from flwr_dp_strategies.strategy import accounted_fedavg, accounted_fixed_clipping, reply_screening
+    from flwr_dp_strategies.strategy.streaming_aggregation import ClippedSum
+
+    assert reply_screening.reply_arrays.__module__ == reply_screening.__name__
+    assert reply_screening.reply_weight.__module__ == reply_screening.__name__
+    assert accounted_fedavg.reply_arrays is reply_screening.reply_arrays  # public name kept as a re-export
+    assert not hasattr(accounted_fixed_clipping, "_add_clipped")
+    summed = ClippedSum({"w": np.zeros(3)}, clipping_norm=1.0)
+    records = [ArrayRecord({"w": Array(np.array([3.0, 4.0, 0.0]))}), ArrayRecord({"w": Array(np.array([np.nan, 0, 0]))})]
+    assert summed.add_records(records) == [1]
+    assert np.allclose(summed.result()["w"], [0.6, 0.8, 0.0])
+

@@ -53,7 +53,7 @@ from flwr.serverapp.strategy import FedAvg
 from ..privacy import PrivacyLedger
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, records_of,
+from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, reply_arrays, reply_weight,
                               screen_train_content)
 from .streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
 
@@ -70,16 +70,6 @@ def finds_non_finite(hook: Hook) -> Hook:
     """
     hook.finds_non_finite = True  # type: ignore[attr-defined]
     return hook
-
-
-def reply_weight(reply: Message, weighted_by_key: str) -> float:
-    """The reply's weight as FedAvg reads it: the first MetricRecord's ``weighted_by_key``."""
-    return float(records_of(reply.content, MetricRecord)[0][weighted_by_key])  # type: ignore[arg-type]
-
-
-def reply_arrays(reply: Message) -> ArrayRecord:
-    """The reply's (single, screened) ArrayRecord."""
-    return records_of(reply.content, ArrayRecord)[0]
 
 
 class AccountedFedAvg(ClientAccountingMixin, FedAvg):
@@ -148,10 +138,7 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             except NonFiniteReplies as err:
                 if not err.indices:
                     raise
-                bad = set(err.indices)
-                for index in sorted(bad):
-                    self._reject(server_round, accepted[index], "non-finite", rejected)
-                accepted = [r for i, r in enumerate(accepted) if i not in bad]
+                accepted = self.drop_rejected(server_round, accepted, err.indices, "non-finite", rejected)
                 continue
             return arrays, metrics, accepted
         return None, None, []
@@ -185,4 +172,4 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         return self.screened_evaluate(server_round, replies, self)
 
 
-__all__ = ["AccountedFedAvg", "finds_non_finite", "reply_arrays", "reply_weight"]
+__all__ = ["AccountedFedAvg", "finds_non_finite", "reply_arrays", "reply_weight"]  # the last two: from .reply_screening

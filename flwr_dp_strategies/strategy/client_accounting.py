@@ -230,6 +230,14 @@ class ClientAccountingMixin:
                                neighboring_relation=declaration.neighboring_relation,
                                replace_one_event=declaration.replace_one_event)
 
+    def drop_rejected(self, server_round: int, replies: list[Message], indices: Iterable[int], reason: str,
+                      rejected: Counter[str]) -> list[Message]:
+        """``replies`` without those at ``indices``, each of which is rejected (logged, counted) for ``reason``."""
+        bad = set(indices)
+        for index in sorted(bad):
+            self._reject(server_round, replies[index], reason, rejected)
+        return [reply for index, reply in enumerate(replies) if index not in bad]
+
     @staticmethod
     def _reject(server_round: int, reply: Message, reason: str, rejected: Counter[str]) -> None:
         rejected[reason] += 1

@@ -66,12 +66,11 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .accounted_fixed_clipping import _add_clipped
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
                               poisson_sample, train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
@@ -173,7 +172,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
                                            max_weight=self.max_weight),
             phase="train")
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
-        accepted = _add_clipped(self, server_round, summed, accepted, rejected)
+        accepted = self.drop_rejected(server_round, accepted, summed.add_records([reply_arrays(r) for r in accepted]),
+                                      "non-finite", rejected)
         sigma = self.noise_multiplier * self.clipping_norm / self.num_sampled_clients
         arrays = fixed_denominator_release(summed, self.num_sampled_clients, sigma, self.rng())
         self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL,

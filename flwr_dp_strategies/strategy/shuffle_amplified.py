@@ -78,9 +78,9 @@ from ..privacy.accountants import basic_pure_epsilon
 from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
-from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays
+from .accounted_fedavg import AccountedFedAvg, finds_non_finite
 from .metrics import aggregate_reply_metrics
-from .reply_screening import has_config_record, records_of
+from .reply_screening import has_config_record, records_of, reply_arrays
 from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records, single_threaded_blas
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")

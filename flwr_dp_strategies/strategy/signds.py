@@ -73,10 +73,9 @@ from ..privacy.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
-from .accounted_fedavg import reply_arrays, reply_weight
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
 from .streaming_aggregation import npy_view, to_array, single_threaded_blas
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
