@@ -54,3 +54,29 @@ def test_shared_helpers_live_in_the_module_of_what_they_do():
     assert summed.add_records(records) == [1]
     assert np.allclose(summed.result()["w"], [0.6, 0.8, 0.0])
 
+
+# ---------------------------------------------------------------------------- 2. lean metrics
+def test_a_clean_round_publishes_no_reject_counter_and_a_rejection_publishes_only_its_own(task_identity):
+    import numpy as np
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    from conftest import FakeGrid
+    from flwr_dp_strategies import AccountedFedAvg
+
+    strategy = AccountedFedAvg(min_train_nodes=3, min_available_nodes=3)
+    current = [np.zeros(3)]
+
+    def replies(rnd, bad=None):
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), FakeGrid(3)))
+        out = []
+        for i, msg in enumerate(msgs):
+            values = np.full(3, np.nan) if i == bad else np.ones(3)
+            out.append(Message(RecordDict({"arrays": ArrayRecord([values]),
+                                           "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}), reply_to=msg))
+        return out
+
+    _, clean = strategy.aggregate_train(1, replies(1))
+    assert not [key for key in clean if key.startswith("rejected/")]
+    assert clean["replies/failed"] == 0  # the total stays
+    _, dirty = strategy.aggregate_train(2, replies(2, bad=0))
+    assert {key: value for key, value in dirty.items() if key.startswith("rejected/")} == {"rejected/non-finite": 1.0}

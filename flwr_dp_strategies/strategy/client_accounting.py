@@ -5,7 +5,8 @@
 * a :class:`~flwr_dp_strategies.privacy.PrivacyLedger` (restored from and saved
   to ``ledger_path`` when given, so a restarted ServerApp loses nothing);
 * reply screening (:mod:`.reply_screening`): malformed replies are dropped and
-  counted under ``rejected/<reason>`` in the round's metrics, the round goes on;
+  counted under ``rejected/<reason>`` in the round's metrics (only the reasons that
+  rejected something: an absent key means 0), the round goes on;
   every train and evaluate reply of every strategy goes through
   :meth:`ClientAccountingMixin.screen_and_book`, so subclass hooks only ever see
   screened replies;
@@ -21,8 +22,7 @@
   remembered configuration (a hook called directly) only the duplicate check applies;
 * failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
   logged, skipped and counted as the int ``replies/failed`` in the round's
-  metrics (``rejected/error`` keeps the same count, as a float, for
-  compatibility); nothing is booked for them, since they carry no content;
+  metrics (``rejected/error`` keeps the same count, as a float, when it is not 0); nothing is booked for them, since they carry no content;
 * a train reply that books no declaration (none, or an unreadable one) and is
   rejected for its content (NaN, wrong shape, bad keys...) is booked as
   ``NonPrivateDpEvent`` by strategies that book undeclared updates
@@ -263,12 +263,15 @@ class ClientAccountingMixin:
         return None, declarations
 
     def round_metrics(self, metrics: Optional[MetricRecord], rejected: Counter[str]) -> MetricRecord:
-        """``metrics`` plus ``replies/failed`` (int), ``rejected/<reason>`` counts (all reasons, zeros
-        included) and the ledger's figures. ``rejected["error"]`` is the number of failed replies."""
+        """``metrics`` plus ``replies/failed`` (int), the ledger's figures and a ``rejected/<reason>``
+        count (float) for each reason that rejected a reply in this round: a reason that rejected
+        nothing is absent (read it as 0), so a clean round adds no ``rejected/*`` key.
+        ``rejected["error"]`` is the number of failed replies."""
         merged = with_privacy_metrics(metrics, self.ledger)
         merged[FAILED_REPLIES_KEY] = int(rejected.get("error", 0))
         for reason in REJECTION_REASONS:
-            merged[f"rejected/{reason}"] = float(rejected.get(reason, 0))
+            if rejected.get(reason, 0):
+                merged[f"rejected/{reason}"] = float(rejected[reason])
         if self.per_client_metrics:
             for client in self.ledger.clients:
                 merged[f"privacy/epsilon/node-{client}"] = float(self.ledger.epsilon(client))

@@ -264,7 +264,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         merged = self.round_metrics(metrics, rejected)
         for reason in REJECTION_REASONS:  # the wrapped strategy's own rejections are added, never overwritten
             if metrics is not None and isinstance(metrics.get(f"rejected/{reason}"), (int, float)):
-                merged[f"rejected/{reason}"] = float(rejected.get(reason, 0)) + float(metrics[f"rejected/{reason}"])
+                total = float(rejected.get(reason, 0)) + float(metrics[f"rejected/{reason}"])
+                if total:
+                    merged[f"rejected/{reason}"] = total
         merged["cluster/missing"] = float(len(accepted) - len([r for r in accepted
                                                                if decoded.get(id(r.content)) is not None]))
         merged["cluster/length-mismatch"] = float(mismatch)

@@ -6,7 +6,7 @@ into the global model without a word. Every strategy of this package instead
 puts each train *and* evaluate reply through this one screening path (driven by
 :meth:`.client_accounting.ClientAccountingMixin.screen_and_book`), drops the bad
 ones with a named reason, reports the counts in the round's metrics
-(``rejected/<reason>``, every reason listed, zeros included), then aggregates the
+(``rejected/<reason>``, only the reasons that rejected a reply: an absent key is 0), then aggregates the
 rest. Whether a reply is accepted depends on that reply alone (and on what the
 server sent), never on the other replies of the round: one added client cannot
 change which others are aggregated.
