@@ -272,11 +272,12 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:
-        """Log the DP settings and the privacy spent so far."""
-        super().summary()
+        """Log the privacy spent so far, then Flower's DP settings and the wrapped strategy's summary
+        (whose ``└──>`` line closes the tree, as in Flower)."""
         report = self.ledger.report()
         log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d central releases",
             report.epsilon, report.delta, report.method, len(self.ledger.rounds()))
+        super().summary()
 
 
 def _check_accountable(strategy: Strategy) -> None:

@@ -358,11 +358,12 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:
-        """Flower's DP settings, then the split of z and the privacy spent."""
-        super().summary()  # type: ignore[misc]
+        """The split of z and the privacy spent, then Flower's DP settings and the wrapped strategy's
+        summary (whose ``└──>`` line closes the tree, as in Flower)."""
         log(INFO, "\t├──> z=%s split into z_update=%.4g and count std %.4g; target unclipped quantile %.3g; "
             "epsilon=%.4f at delta=%g", self.noise_multiplier, self.update_noise_multiplier,
             self.clipped_count_stddev, self.target_unclipped_quantile, self.ledger.epsilon(), self.ledger.target_delta)
+        super().summary()  # type: ignore[misc]
 
 
 class AccountedAdaptiveClipping(AdaptiveClippingMixin, DifferentialPrivacyServerSideAdaptiveClipping):

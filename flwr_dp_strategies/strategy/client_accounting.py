@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from contextvars import ContextVar
+from collections.abc import Callable, Iterable, Iterator
 from logging import ERROR, INFO, WARNING
 from typing import Optional
 
@@ -63,6 +65,28 @@ from .reply_screening import (DEFAULT_MAX_WEIGHT, REJECTION_REASONS, check_max_w
                               has_config_record)
 
 PHASES = ("train", "evaluate")
+
+_REPLIES_LOGGED: ContextVar[bool] = ContextVar("replies_logged", default=False)
+
+
+@contextmanager
+def replies_already_logged() -> Iterator[None]:
+    """Inside the block, :meth:`ClientAccountingMixin.screen_and_book` does not log Flower's
+    ``Received N results and M failures`` line: a wrapper that logged it hands its accepted replies
+    to the wrapped strategy, and the line must appear once per round and phase."""
+    token = _REPLIES_LOGGED.set(True)
+    try:
+        yield
+    finally:
+        _REPLIES_LOGGED.reset(token)
+
+
+def log_received(phase: Optional[str], replies: list[Message]) -> None:
+    """Flower's ``FedAvg`` line, verbatim: ``aggregate_train: Received 3 results and 1 failures``."""
+    if not replies or phase not in PHASES or _REPLIES_LOGGED.get():
+        return
+    failures = sum(1 for reply in replies if reply.has_error())
+    log(INFO, "%s: Received %s results and %s failures", f"aggregate_{phase}", len(replies) - failures, failures)
 
 ContentCheck = Callable[[RecordDict], Optional[str]]
 
@@ -158,7 +182,8 @@ class ClientAccountingMixin:
     ) -> tuple[list[Message], Counter[str]]:
         """The replies to aggregate, and the count of rejected ones per reason.
 
-        In order: failed replies (``error``), identity (``identity``, see the module
+        Logs Flower's ``aggregate_<phase>: Received N results and M failures`` line first (once:
+        not again inside :func:`replies_already_logged`). In order: failed replies (``error``), identity (``identity``, see the module
         docstring; ``phase`` names the instructions to compare with, default the
         last configured phase), the declaration (``declaration``), then
         ``check(content)`` (a reason or None). Acceptance depends on each reply alone.
@@ -174,6 +199,8 @@ class ClientAccountingMixin:
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
         phase = phase if phase is not None else self.__dict__.get("_last_phase")
+        replies = list(replies)
+        log_received(phase, replies)
         expected = self._expected_senders(server_round, phase)
         seen: set[int] = set()
         booked = False
@@ -343,4 +370,5 @@ def undeclared_replies(replies: Iterable[Message]) -> set[int]:
     return {id(r) for r in replies if not r.has_error() and not has_config_record(r.content, PRIVACY_RECORD)}
 
 
-__all__ = ["ClientAccountingMixin", "PHASES", "open_ledgers", "resolve_ledger", "undeclared_replies"]
+__all__ = ["ClientAccountingMixin", "PHASES", "log_received", "open_ledgers", "replies_already_logged",
+           "resolve_ledger", "undeclared_replies"]

@@ -80,7 +80,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
-from .client_accounting import ClientAccountingMixin, undeclared_replies
+from .client_accounting import ClientAccountingMixin, replies_already_logged, undeclared_replies
 from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, failed_replies, with_failed_replies
 from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, REJECTION_REASONS, ArraySpec, array_spec,
                               check_weight, decode_real, named_record, screen_train_content)
@@ -225,7 +225,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             contents = [r.content for r in accepted]
             return (aggregate_arrayrecords(contents, strategy.weighted_by_key),
                     aggregate_reply_metrics(strategy.train_metrics_aggr_fn, contents, strategy.weighted_by_key))
-        return strategy.aggregate_train(server_round, accepted)
+        with replies_already_logged():  # logged by this strategy's screening
+            return strategy.aggregate_train(server_round, accepted)
 
     def _book_unaccounted_training(self, server_round: int, accepted: list[Message]) -> None:
         """Every node whose screened train update reaches an unaccounted strategy: ``NonPrivateDpEvent``."""
@@ -286,7 +287,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if isinstance(strategy, FedAvg) and type(strategy).aggregate_evaluate is FedAvg.aggregate_evaluate:
             return aggregate_reply_metrics(strategy.evaluate_metrics_aggr_fn, [r.content for r in accepted],
                                            strategy.weighted_by_key)
-        return strategy.aggregate_evaluate(server_round, accepted)
+        with replies_already_logged():  # logged by this strategy's screening
+            return strategy.aggregate_evaluate(server_round, accepted)
 
     def _pin_length(self, with_points: list[Message], decoded: dict[int, np.ndarray]) -> bool:
         """Without ``num_classes``: pin the length once the valid points of a round agree; True if they do not."""
