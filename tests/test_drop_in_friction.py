@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -80,3 +82,154 @@ def test_a_clean_round_publishes_no_reject_counter_and_a_rejection_publishes_onl
     assert clean["replies/failed"] == 0  # the total stays
     _, dirty = strategy.aggregate_train(2, replies(2, bad=0))
     assert {key: value for key, value in dirty.items() if key.startswith("rejected/")} == {"rejected/non-finite": 1.0}
+
+
+# ---------------------------------------------------------------------------- 4. constructors
+def _parents():
+    from flwr.serverapp.strategy import (DifferentialPrivacyClientSideAdaptiveClipping,
+                                         DifferentialPrivacyServerSideAdaptiveClipping,
+                                         DifferentialPrivacyServerSideFixedClipping, FedAvg)
+
+    import flwr_dp_strategies as fds
+
+    return {
+        fds.AccountedFedAvg: FedAvg,
+        fds.ShuffleAmplifiedFedAvg: FedAvg,
+        fds.MinDivergenceExpSampling: FedAvg,
+        fds.NoisyObjectiveSum: FedAvg,
+        fds.SignDS: FedAvg,
+        fds.AccountedServerSideFixedClipping: DifferentialPrivacyServerSideFixedClipping,
+        fds.AccountedPoissonFixedClipping: DifferentialPrivacyServerSideFixedClipping,
+        fds.AccountedAdaptiveClipping: DifferentialPrivacyServerSideAdaptiveClipping,
+        fds.AccountedClientSideAdaptiveClipping: DifferentialPrivacyClientSideAdaptiveClipping,
+    }
+
+
+def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keyword_only_extras():
+    import inspect
+
+    import flwr_dp_strategies as fds
+
+    parents = _parents()
+    strategies = {getattr(fds, name) for name in fds.__all__ if isinstance(getattr(fds, name), type)
+                  and hasattr(getattr(fds, name), "aggregate_train")}
+    assert strategies == set(parents) | {fds.ClusterEvaluation}  # no strategy left unchecked
+    for ours, parent in parents.items():
+        mine = list(inspect.signature(ours).parameters.values())
+        theirs = list(inspect.signature(parent).parameters.values())
+        assert [(p.name, p.kind, p.default) for p in mine[:len(theirs)]] == \
+            [(p.name, p.kind, p.default) for p in theirs], ours.__name__
+        extra = [p.name for p in mine[len(theirs):] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        assert not extra, (ours.__name__, extra)
+    # a wrapper of any strategy, as Flower's DP wrappers: the wrapped strategy first, the rest keyword-only
+    wrapper = list(inspect.signature(fds.ClusterEvaluation).parameters.values())
+    assert (wrapper[0].name, wrapper[0].kind) == ("strategy", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in wrapper[1:])
+
+
+def test_positional_fedavg_arguments_keep_fedavg_meaning():
+    from flwr.serverapp.strategy import FedAvg
+
+    import flwr_dp_strategies as fds
+
+    signds = fds.SignDS(0.1, 1.0, 3, 4, 5)
+    assert (signds.fraction_train, signds.fraction_evaluate, signds.min_train_nodes) == (0.1, 1.0, 3)
+    assert signds.params.sign_k == 0.01 and signds.params.sign_eps == 100.0  # defaults, not 0.1 / 1.0
+    selection = fds.MinDivergenceExpSampling(0.5, num_selected=2, epsilon=1.0)
+    assert selection.fraction_train == 0.5 and selection.num_selected == 2
+    assert fds.NoisyObjectiveSum(0.5, num_classes=3).fraction_train == 0.5
+    with pytest.raises(TypeError, match="num_selected"):  # the old positional form cannot pass silently
+        fds.MinDivergenceExpSampling(2, 1.0)
+    poisson = fds.AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, num_sampled_clients=3)
+    assert poisson.num_sampled_clients == 3 and poisson.accountant is None
+
+
+def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_identity):
+    import numpy as np
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.supercore.privacy_accounting import (NeighboringRelation, PrivacyConfig, SamplingMethod)
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    from conftest import FakeGrid
+    from flwr_dp_strategies import AccountedPoissonFixedClipping
+
+    def accountant(method, relation=NeighboringRelation.ADD_OR_REMOVE_ONE):
+        return RdpAccountant(PrivacyConfig(target_delta=1e-5, population_size=4, neighboring_relation=relation,
+                                           sampling_method=method))
+
+    with pytest.raises(ValueError, match="POISSON"):
+        AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2,
+                                      accountant=accountant(SamplingMethod.NO_AMPLIFICATION))
+    with pytest.raises(ValueError, match="population_size"):
+        AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON),
+                                      num_clients=5)
+    flower = accountant(SamplingMethod.POISSON)
+    strategy = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=flower, rng=0)
+    assert strategy.num_clients == 4
+    current = ArrayRecord({"w": Array(np.zeros(3))})
+    messages = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(4)))
+    replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(3))}),
+                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=m) for m in messages]
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert flower.num_releases == 1  # the same Poisson(q = 2/4)-sampled Gaussian, by Flower's RDP accountant
+    assert strategy.privacy_spent().epsilon == pytest.approx(metrics["privacy/epsilon-rdp"], rel=0.05)
+
+
+# ---------------------------------------------------------------------------- 3. Flower's log lines
+def _messages(strategy, phase, rnd, n=3):
+    import numpy as np
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from conftest import FakeGrid
+
+    configure = strategy.configure_train if phase == "train" else strategy.configure_evaluate
+    return list(configure(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
+
+
+def _replies(messages, train=True):
+    import numpy as np
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+    content = (lambda: {"arrays": ArrayRecord([np.ones(3)])}) if train else dict
+    return [Message(RecordDict({**content(), "metrics": MetricRecord({"num-examples": 5, "accuracy": 0.5})}),
+                    reply_to=m) for m in messages]
+
+
+def test_flowers_received_line_is_logged_once_per_round_and_phase(task_identity, caplog):
+    import logging
+
+    from flwr.serverapp.strategy import FedAvg
+
+    import flwr_dp_strategies as fds
+
+    kw = {"min_train_nodes": 3, "min_evaluate_nodes": 3, "min_available_nodes": 3}
+    for strategy in (fds.AccountedFedAvg(**kw), fds.ClusterEvaluation(fds.AccountedFedAvg(**kw)),
+                     fds.ClusterEvaluation(FedAvg(**kw)),
+                     fds.AccountedServerSideFixedClipping(FedAvg(**kw), 1.0, 1.0, 3)):
+        for phase in ("train", "evaluate"):
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="flwr"):
+                replies = _replies(_messages(strategy, phase, 1), train=phase == "train")
+                getattr(strategy, f"aggregate_{phase}")(1, replies)
+            lines = [r.getMessage() for r in caplog.records if "results and" in r.getMessage()]
+            assert lines == [f"aggregate_{phase}: Received 3 results and 0 failures"], (strategy, phase, lines)
+
+
+def test_summary_lines_stay_inside_flowers_tree(caplog):
+    import logging
+
+    from flwr.serverapp.strategy import FedAvg
+
+    import flwr_dp_strategies as fds
+
+    for strategy in (fds.AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 3),
+                     fds.AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 3),
+                     fds.AccountedAdaptiveClipping(FedAvg(), 0.1, 3),
+                     fds.AccountedClientSideAdaptiveClipping(FedAvg(), 0.1, 3)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="flwr"):
+            strategy.summary()
+        top = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("\t├──>", "\t└──>"))]
+        assert any("epsilon=" in line for line in top), strategy  # the ledger is in the summary
+        assert top[-1].startswith("\t└──>") and all(line.startswith("\t├──>") for line in top[:-1]), (strategy, top)

@@ -76,7 +76,8 @@ def assert_failed_count(metrics: MetricRecord, count: int = 1) -> None:
     lambda: AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N),
     lambda: ShuffleAmplifiedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N,
                                    shuffler=LayerShuffler(0)),
-    lambda: MinDivergenceExpSampling(N, None, min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N),
+    lambda: MinDivergenceExpSampling(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, num_selected=N,
+                                     epsilon=None),
 ], ids=["AccountedFedAvg", "ShuffleAmplifiedFedAvg", "MinDivergenceExpSampling"])
 def test_fedavg_family_aggregates_the_survivors_and_books_only_them(make):
     strategy = make()

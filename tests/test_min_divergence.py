@@ -45,7 +45,8 @@ def reply_to(msg: Message, arrays: dict[str, np.ndarray], *, weight: float = 10.
 
 
 def make(n: int, num_selected: int, epsilon, **kwargs) -> MinDivergenceExpSampling:
-    return MinDivergenceExpSampling(num_selected, epsilon, min_train_nodes=n, min_available_nodes=n, **kwargs)
+    return MinDivergenceExpSampling(min_train_nodes=n, min_available_nodes=n, num_selected=num_selected, epsilon=epsilon,
+                                    **kwargs)
 
 
 def brute_force_divergence(global_arrays: list[np.ndarray], reply_arrays: list[np.ndarray]) -> float:
@@ -278,13 +279,13 @@ def test_all_rejected_gives_no_model_and_books_no_selection():
 @pytest.mark.parametrize("num_selected", [0, -1, 1.5, True])
 def test_num_selected_is_validated(num_selected):
     with pytest.raises(ValueError, match=r"num_selected.*\[1, inf\)"):
-        MinDivergenceExpSampling(num_selected, 1.0)
+        MinDivergenceExpSampling(num_selected=num_selected, epsilon=1.0)
 
 
 @pytest.mark.parametrize("epsilon", [-1.0, 0.0, float("nan"), float("inf"), "1"])
 def test_epsilon_is_validated(epsilon):
     with pytest.raises(ValueError, match=r"epsilon.*\(0, inf\)"):
-        MinDivergenceExpSampling(1, epsilon)
+        MinDivergenceExpSampling(num_selected=1, epsilon=epsilon)
 
 
 # ---------------------------------------------------------------------- 8. randomness

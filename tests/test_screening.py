@@ -71,7 +71,7 @@ def other_node_reply(msgs: list[Message], make) -> Message:
 STRATEGIES = {
     "AccountedFedAvg": lambda: AccountedFedAvg(**fedavg_kwargs()),
     "Shuffle": lambda: ShuffleAmplifiedFedAvg(**fedavg_kwargs(), shuffler=LayerShuffler(0)),
-    "MinDivergence": lambda: MinDivergenceExpSampling(N, None, **fedavg_kwargs()),
+    "MinDivergence": lambda: MinDivergenceExpSampling(num_selected=N, epsilon=None, **fedavg_kwargs()),
 }
 
 

@@ -54,6 +54,7 @@ class _AbslWithoutRootHandler:
         def emit(msg: object, *args: object, **kwargs: Any) -> None:
             if name == "exception":
                 kwargs.setdefault("exc_info", True)
+            kwargs.setdefault("stacklevel", 2)  # the record names the library line that logged
             logging.getLogger(ABSL_LOGGER).log(level, msg, *args, **kwargs)
 
         return emit
@@ -62,6 +63,7 @@ class _AbslWithoutRootHandler:
         """absl's ``log(level, ...)``: absl levels (-1 = WARNING, ...) converted to Python's."""
         converter = self._absl_logging.converter
         standard = converter.absl_to_standard(level) if level <= converter.ABSL_DEBUG else logging.DEBUG
+        kwargs.setdefault("stacklevel", 2)
         logging.getLogger(ABSL_LOGGER).log(standard, msg, *args, **kwargs)
 
 

@@ -1,7 +1,8 @@
 r"""FedAvg that accounts what its clients release and survives malformed replies.
 
-Drop-in for :class:`flwr.serverapp.strategy.FedAvg` (same arguments, plus
-``ledger``, ``ledger_path``, ``per_client_metrics`` and ``max_reply_bytes``).
+Drop-in for :class:`flwr.serverapp.strategy.FedAvg`: FedAvg's arguments in FedAvg's
+order, plus the keyword-only ``ledger``, ``ledger_path``, ``per_client_metrics``,
+``max_reply_bytes`` and ``max_weight``.
 Use it with the client mods of :mod:`client_mods` (local update noise, Laplace
 inference protection, label DP, DP-SGD): each declares its releases in the
 reply, and this strategy books them per node and publishes the ε spent in every
@@ -42,11 +43,11 @@ get pre-scanned replies unless marked with :func:`finds_non_finite`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from dp_accounting.dp_event import NonPrivateDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
@@ -72,11 +73,25 @@ def finds_non_finite(hook: Hook) -> Hook:
     return hook
 
 
+MetricsAggregationFn = Callable[[list[RecordDict], str], MetricRecord]
+FEDAVG_PARAMETERS = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
+                     "min_available_nodes", "weighted_by_key", "arrayrecord_key", "configrecord_key",
+                     "train_metrics_aggr_fn", "evaluate_metrics_aggr_fn")
+"""FedAvg's constructor parameters (Flower 1.41), in order: every FedAvg of this package takes them
+first, positionally or by name, with FedAvg's meaning; its own parameters are keyword-only."""
+
+
+def fedavg_arguments(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """FedAvg's arguments picked by name from a subclass constructor's ``locals()``."""
+    return {name: scope[name] for name in FEDAVG_PARAMETERS}
+
+
 class AccountedFedAvg(ClientAccountingMixin, FedAvg):
     """FedAvg + reply screening + a ledger of the clients' declared releases.
 
     Args:
-        *args, **kwargs: those of :class:`flwr.serverapp.strategy.FedAvg`.
+        fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s,
+            in FedAvg's order and with its meaning and defaults.
         ledger: the ledger to book into (default: a new ``PrivacyLedger(1e-5)``).
         ledger_path: JSON file the ledger is restored from (if it exists) and saved
             to after every booking, so a restarted ServerApp loses nothing.
@@ -87,17 +102,27 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             1e9, see :data:`.reply_screening.DEFAULT_MAX_WEIGHT`).
     """
 
+    # pylint: disable=too-many-arguments
     def __init__(
         self,
-        *args: Any,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(**fedavg_arguments(locals()))
         self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes)
         self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None
@@ -172,4 +197,6 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         return self.screened_evaluate(server_round, replies, self)
 
 
-__all__ = ["AccountedFedAvg", "finds_non_finite", "reply_arrays", "reply_weight"]  # the last two: from .reply_screening
+# reply_arrays and reply_weight live in .reply_screening; re-exported here, where they were public first
+__all__ = ["AccountedFedAvg", "FEDAVG_PARAMETERS", "fedavg_arguments", "finds_non_finite", "reply_arrays",
+           "reply_weight"]

@@ -75,6 +75,7 @@ from ..signds import update_state
 from ..privacy.validation import check_int
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
+from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
 from .streaming_aggregation import npy_view, to_array, single_threaded_blas
 
@@ -85,28 +86,46 @@ HEADER_ALLOWANCE = 1024  # bytes of .npy header tolerated beyond a payload's lar
 
 
 class SignDS(ClientAccountingMixin, FedAvg):
-    """SignDS + MagRR on Flower's FedAvg. Arguments: the SignDS parameters (domains as MindSpore),
-    ``max_dim_out`` (most indices a client may send), ``magrr`` (MagRR constants), the ledger
-    options of :class:`AccountedFedAvg`, ``max_weight`` (largest accepted ``weighted_by_key``,
-    default 1e9), and FedAvg's own keyword arguments."""
+    """SignDS + MagRR on Flower's FedAvg; clients must run :func:`client_mods.signds_mod`.
 
+    Needs its client counterpart: every ClientApp adds ``client_mods.signds_mod`` to its train
+    function (``@app.train(mods=[signds_mod])``), which replaces the trained weights by the SignDS
+    upload. Without it no reply is usable and the model never changes: the first such round logs
+    one WARNING saying so.
+
+    Arguments: FedAvg's (``fraction_train`` ... ``evaluate_metrics_aggr_fn``, in FedAvg's order and
+    meaning), then keyword-only: the SignDS parameters (domains as MindSpore), ``max_dim_out``
+    (most indices a client may send), ``magrr`` (MagRR constants), the ledger options of
+    :class:`AccountedFedAvg` and ``max_weight`` (largest accepted ``weighted_by_key``, default 1e9).
+    """
+
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
         sign_k: float = 0.01,
         sign_eps: float = 100.0,
         sign_thr_ratio: float = 0.6,
         sign_global_lr: float = 0.1,
         sign_dim_out: int = 0,
-        *,
         max_dim_out: int = MAX_DIM_OUT,
         magrr: MagRRConfig = MagRRConfig(),
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
-        **fedavg_kwargs: Any,
     ) -> None:
-        super().__init__(**fedavg_kwargs)
+        super().__init__(**fedavg_arguments(locals()))
         self.params = SignDSParams(sign_k, sign_eps, sign_thr_ratio, sign_dim_out)
         self.sign_global_lr = check_global_lr(sign_global_lr)
         self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
@@ -188,7 +207,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         array_records = records_of(content, ArrayRecord)
         if len(array_records) != 1:
             return "structure"
-        reason = check_weight(content, self.weighted_by_key)
+        reason = check_weight(content, self.weighted_by_key, self.max_weight)
         if reason is not None:
             return reason
         record = array_records[0]
