@@ -119,8 +119,9 @@ def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keywor
         theirs = list(inspect.signature(parent).parameters.values())
         assert [(p.name, p.kind, p.default) for p in mine[:len(theirs)]] == \
             [(p.name, p.kind, p.default) for p in theirs], ours.__name__
-        extra = [p.name for p in mine[len(theirs):] if p.kind is not inspect.Parameter.KEYWORD_ONLY]
-        assert not extra, (ours.__name__, extra)
+        extra = [p.name for p in mine[len(theirs):] if p.kind is not inspect.Parameter.KEYWORD_ONLY
+                 and not (ours is fds.AccountedFedAvg and p.kind is inspect.Parameter.VAR_KEYWORD)]
+        assert not extra, (ours.__name__, extra)  # AccountedFedAvg's **kwargs: the MRO's next class (FedProx)
     # a wrapper of any strategy, as Flower's DP wrappers: the wrapped strategy first, the rest keyword-only
     wrapper = list(inspect.signature(fds.ClusterEvaluation).parameters.values())
     assert (wrapper[0].name, wrapper[0].kind) == ("strategy", inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -154,9 +155,9 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     from conftest import FakeGrid
     from flwr_dp_strategies import AccountedPoissonFixedClipping
 
-    def accountant(method, relation=NeighboringRelation.ADD_OR_REMOVE_ONE):
+    def accountant(method, relation=NeighboringRelation.ADD_OR_REMOVE_ONE, max_epsilon=None):
         return RdpAccountant(PrivacyConfig(target_delta=1e-5, population_size=4, neighboring_relation=relation,
-                                           sampling_method=method))
+                                           sampling_method=method, max_epsilon=max_epsilon))
 
     with pytest.raises(ValueError, match="POISSON"):
         AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2,
@@ -174,6 +175,9 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     _, metrics = strategy.aggregate_train(1, replies)
     assert flower.num_releases == 1  # the same Poisson(q = 2/4)-sampled Gaussian, by Flower's RDP accountant
     assert strategy.privacy_spent().epsilon == pytest.approx(metrics["privacy/epsilon-rdp"], rel=0.05)
+    tight = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON,
+                                                                                     max_epsilon=0.5))
+    assert list(tight.configure_train(1, current, ConfigRecord(), FakeGrid(4))) == [] and tight.budget_exhausted
 
 
 # ---------------------------------------------------------------------------- 3. Flower's log lines
@@ -233,3 +237,18 @@ def test_summary_lines_stay_inside_flowers_tree(caplog):
         top = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("\t├──>", "\t└──>"))]
         assert any("epsilon=" in line for line in top), strategy  # the ledger is in the summary
         assert top[-1].startswith("\t└──>") and all(line.startswith("\t├──>") for line in top[:-1]), (strategy, top)
+
+
+
+def test_accounted_fedavg_combines_with_another_fedavg_variant():
+    from flwr.serverapp.strategy import FedProx
+
+    from flwr_dp_strategies import AccountedFedAvg
+
+    class AccountedFedProx(AccountedFedAvg, FedProx):
+        pass
+
+    strategy = AccountedFedProx(0.5, proximal_mu=0.1, min_train_nodes=3)
+    assert (strategy.fraction_train, strategy.proximal_mu, strategy.min_train_nodes) == (0.5, 0.1, 3)
+    with pytest.raises(TypeError):
+        AccountedFedAvg(proximal_mu=0.1)  # FedAvg takes no such argument

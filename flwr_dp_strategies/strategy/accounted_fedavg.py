@@ -100,6 +100,9 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             not counted) exceed this many bytes.
         max_weight: reject replies whose ``weighted_by_key`` exceeds this (default
             1e9, see :data:`.reply_screening.DEFAULT_MAX_WEIGHT`).
+        **kwargs: passed on to the next constructor of the MRO, for a FedAvg variant combined
+            with this class (``class AccountedFedProx(AccountedFedAvg, FedProx)`` takes
+            ``proximal_mu=``); FedAvg itself accepts none.
     """
 
     # pylint: disable=too-many-arguments
@@ -121,8 +124,9 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(**fedavg_arguments(locals()))
+        super().__init__(**fedavg_arguments(locals()), **kwargs)
         self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes)
         self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None

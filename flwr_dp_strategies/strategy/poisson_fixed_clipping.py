@@ -54,7 +54,7 @@ is rejected (``rejected/non-finite``) before any of it is added.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Optional
 
 from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
@@ -182,7 +182,11 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
 
     def _stop(self, server_round: int) -> None:
         if not self.budget_exhausted:
-            log_budget_stop(server_round, self.ledger)
+            if self.ledger.would_exceed(central_events=[self.round_event()]):
+                log_budget_stop(server_round, self.ledger)
+            else:
+                log(WARNING, "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "
+                    "no further training.", server_round, self.accountant.config.max_epsilon)
         self.budget_exhausted = True
 
     @single_threaded_blas
