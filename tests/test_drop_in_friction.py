@@ -239,6 +239,86 @@ def test_summary_lines_stay_inside_flowers_tree(caplog):
         assert top[-1].startswith("\t└──>") and all(line.startswith("\t├──>") for line in top[:-1]), (strategy, top)
 
 
+# ---------------------------------------------------------------------------- 5. wrappers and counterparts
+def test_cluster_evaluation_reads_the_wrapped_strategys_attributes():
+    from flwr.serverapp.strategy import FedAvg
+
+    import flwr_dp_strategies as fds
+
+    inner = FedAvg(fraction_train=0.3, weighted_by_key="n")
+    wrapped = fds.ClusterEvaluation(inner)
+    assert wrapped.fraction_train == 0.3 and wrapped.weighted_by_key == "n"
+    assert wrapped.train_metrics_aggr_fn is inner.train_metrics_aggr_fn
+    assert wrapped.min_available_nodes == inner.min_available_nodes
+    assert wrapped.ledger is not None and wrapped.max_weight == fds.ClusterEvaluation(FedAvg()).max_weight  # its own
+    with pytest.raises(AttributeError, match="no_such_setting"):
+        wrapped.no_such_setting  # noqa: B018
+
+
+def _warnings(caplog, needle):
+    import logging
+
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and needle in r.getMessage()]
+
+
+def test_cluster_evaluation_says_once_what_an_unchanged_client_must_add(task_identity, caplog):
+    from flwr.serverapp.strategy import FedAvg
+
+    import flwr_dp_strategies as fds
+
+    strategy = fds.ClusterEvaluation(FedAvg(min_evaluate_nodes=3, min_available_nodes=3))
+    for rnd in (1, 2):
+        strategy.aggregate_evaluate(rnd, _replies(_messages(strategy, "evaluate", rnd), train=False))
+    hints = _warnings(caplog, "LaplaceInferenceMod")
+    assert len(hints) == 1 and "'inference'" in hints[0] and "@app.evaluate(mods=" in hints[0]
+
+
+def test_signds_says_once_that_its_clients_lack_signds_mod(task_identity, caplog):
+    import flwr_dp_strategies as fds
+
+    strategy = fds.SignDS(min_train_nodes=3, min_available_nodes=3)
+    for rnd in (1, 2):
+        arrays, _ = strategy.aggregate_train(rnd, _replies(_messages(strategy, "train", rnd)))
+        assert arrays is None
+    hints = _warnings(caplog, "signds_mod")
+    assert len(hints) == 1 and "@app.train(mods=[signds_mod])" in hints[0]
+    assert fds.SignDS.__doc__.splitlines()[0].count("signds_mod")  # said in the docstring's first line
+
+
+def test_client_mods_name_their_server_counterpart_in_one_error(task_identity):
+    import numpy as np
+    from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+
+    import importlib
+
+    from client_mods import LaplaceInferenceMod, signds_mod
+
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    plain_config = ConfigRecord({"lr": 0.1})  # what FedAvg's app sends
+
+    def plain_reply(msg, ctx):
+        return Message(RecordDict({"arrays": ArrayRecord([np.ones(2)]),
+                                   "metrics": MetricRecord({"num-examples": 3, "accuracy": 0.5})}), reply_to=msg)
+
+    def message(kind):
+        return Message(RecordDict({"arrays": ArrayRecord([np.zeros(2)]), "config": plain_config}), dst_node_id=7,
+                       message_type=kind)
+
+    with pytest.raises(KeyError) as err:
+        signds_mod(message(MessageType.TRAIN), context, plain_reply)
+    assert "flwr_dp_strategies.SignDS" in str(err.value) and not str(err.value).startswith(("'", '"'))
+    with pytest.raises(ValueError, match="ClusterEvaluation") as err:
+        LaplaceInferenceMod()(message(MessageType.EVALUATE), context, plain_reply)
+    assert "LaplaceInferenceMod(epsilon=" in str(err.value)
+    with pytest.raises(ValueError, match="'inference'") as err:
+        LaplaceInferenceMod(epsilon=1.0)(message(MessageType.EVALUATE), context, plain_reply)
+    assert "Return it in the reply" in str(err.value)
+    for name, counterpart in (("laplace_inference", "ClusterEvaluation"), ("signds_mod", "flwr_dp_strategies.SignDS")):
+        module = importlib.import_module(f"client_mods.{name}")  # the counterpart in the docstring's first lines
+        assert counterpart in "\n".join(module.__doc__.splitlines()[:8]), name
+    assert "flwr_dp_strategies.SignDS" in signds_mod.__doc__.splitlines()[0]
+    assert "inference" in "\n".join(LaplaceInferenceMod.__doc__.splitlines()[:5])
+
 
 def test_accounted_fedavg_combines_with_another_fedavg_variant():
     from flwr.serverapp.strategy import FedProx

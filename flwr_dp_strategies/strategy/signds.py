@@ -60,10 +60,12 @@ defaults), where MagRR's growth phase then feeds back and diverges. Lower
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import WARNING
 from typing import Any, Optional
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
@@ -135,6 +137,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._asked = 0
+        self._hinted = False  # the missing-client-mod WARNING, logged once
 
     # ------------------------------------------------------------------ configure
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -172,6 +175,8 @@ class SignDS(ClientAccountingMixin, FedAvg):
         undeclared = undeclared_replies(replies)
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d),
                                                   phase="train", undeclared_label=NON_PRIVATE_LABEL)
+        if not accepted:
+            self._hint_missing_mod(server_round, replies, keys)
         self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
         r_est_used = self.state.r_est
         step = step_size(r_est_used, max(self._asked, 1), self.magrr)
@@ -184,6 +189,19 @@ class SignDS(ClientAccountingMixin, FedAvg):
                            **self._upload_sizes(accepted)}.items():
             merged[f"signds/{key}"] = float(value)
         return arrays, merged
+
+    def _hint_missing_mod(self, server_round: int, replies: list[Message], model_keys: list[str]) -> None:
+        """Once: say that replies carrying the model's own arrays come from clients without ``signds_mod``."""
+        if self._hinted:
+            return
+        plain = [r for r in replies if not r.has_error()
+                 and any(set(record.keys()) == set(model_keys) for record in records_of(r.content, ArrayRecord))]
+        if plain:
+            self._hinted = True
+            log(WARNING, "SignDS: %d train replies of round %d carry the model's own arrays instead of the SignDS "
+                "upload (%s), so they are rejected and the model is not updated: the ClientApps do not run "
+                "client_mods.signds_mod. Add it to the train function: @app.train(mods=[signds_mod])",
+                len(plain), server_round, ", ".join(UPLOAD_KEYS))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screened FedAvg evaluation (weighted metric mean of the accepted replies), plus the round's counts."""
