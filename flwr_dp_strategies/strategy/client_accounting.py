@@ -22,7 +22,8 @@
   remembered configuration (a hook called directly) only the duplicate check applies;
 * failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
   logged, skipped and counted as the int ``replies/failed`` in the round's
-  metrics (``rejected/error`` keeps the same count, as a float, when it is not 0); nothing is booked for them, since they carry no content;
+  metrics (``rejected/error`` keeps the same count, as a float, when it is not 0);
+  nothing is booked for them, since they carry no content;
 * a train reply that books no declaration (none, or an unreadable one) and is
   rejected for its content (NaN, wrong shape, bad keys...) is booked as
   ``NonPrivateDpEvent`` by strategies that book undeclared updates
@@ -45,9 +46,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from collections.abc import Callable, Iterable, Iterator
 from logging import ERROR, INFO, WARNING
 from typing import Optional
 
@@ -183,8 +184,8 @@ class ClientAccountingMixin:
         """The replies to aggregate, and the count of rejected ones per reason.
 
         Logs Flower's ``aggregate_<phase>: Received N results and M failures`` line first (once:
-        not again inside :func:`replies_already_logged`). In order: failed replies (``error``), identity (``identity``, see the module
-        docstring; ``phase`` names the instructions to compare with, default the
+        not again inside :func:`replies_already_logged`). In order: failed replies (``error``),
+        identity (``identity``, see the module docstring; ``phase`` names the instructions to compare with, default the
         last configured phase), the declaration (``declaration``), then
         ``check(content)`` (a reason or None). Acceptance depends on each reply alone.
 

@@ -126,7 +126,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         check_positive("noise_multiplier", noise_multiplier)
         check_positive("clipping_norm", clipping_norm)
         m = check_int("num_sampled_clients", num_sampled_clients, minimum=1)
-        super().__init__(strategy, noise_multiplier, clipping_norm, m)  # Flower's wrapper checks no-amplification
+        super().__init__(strategy, noise_multiplier, clipping_norm, m)  # not accountant: Flower refuses POISSON ones
         if accountant is not None:
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
@@ -238,8 +238,9 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
     def summary(self) -> None:
         """Log the privacy spent so far, then Flower's DP settings and the wrapped FedAvg's summary."""
         report = self.ledger.report()
+        rate = "m/N, N = the nodes at round 1" if self.sampling_rate is None else f"{self.sampling_rate:.4g}"
         log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d Poisson-sampled releases (q=%s)",
-            report.epsilon, report.delta, report.method, len(self.ledger.rounds()), self.sampling_rate)
+            report.epsilon, report.delta, report.method, len(self.ledger.rounds()), rate)
         super().summary()
 
     def __repr__(self) -> str:
