@@ -262,24 +262,30 @@ def _warnings(caplog, needle):
 
 
 def test_cluster_evaluation_says_once_what_an_unchanged_client_must_add(task_identity, caplog):
+    import logging
+
     from flwr.serverapp.strategy import FedAvg
 
     import flwr_dp_strategies as fds
 
     strategy = fds.ClusterEvaluation(FedAvg(min_evaluate_nodes=3, min_available_nodes=3))
-    for rnd in (1, 2):
-        strategy.aggregate_evaluate(rnd, _replies(_messages(strategy, "evaluate", rnd), train=False))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for rnd in (1, 2):
+            strategy.aggregate_evaluate(rnd, _replies(_messages(strategy, "evaluate", rnd), train=False))
     hints = _warnings(caplog, "LaplaceInferenceMod")
     assert len(hints) == 1 and "'inference'" in hints[0] and "@app.evaluate(mods=" in hints[0]
 
 
 def test_signds_says_once_that_its_clients_lack_signds_mod(task_identity, caplog):
+    import logging
+
     import flwr_dp_strategies as fds
 
     strategy = fds.SignDS(min_train_nodes=3, min_available_nodes=3)
-    for rnd in (1, 2):
-        arrays, _ = strategy.aggregate_train(rnd, _replies(_messages(strategy, "train", rnd)))
-        assert arrays is None
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        for rnd in (1, 2):
+            arrays, _ = strategy.aggregate_train(rnd, _replies(_messages(strategy, "train", rnd)))
+            assert arrays is None
     hints = _warnings(caplog, "signds_mod")
     assert len(hints) == 1 and "@app.train(mods=[signds_mod])" in hints[0]
     assert fds.SignDS.__doc__.splitlines()[0].count("signds_mod")  # said in the docstring's first line
