@@ -86,7 +86,6 @@ Private are DP-SGD Implementations?", ICML 2024.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Sequence
 from functools import lru_cache
@@ -96,14 +95,12 @@ import numpy as np
 from dp_accounting import dp_event
 from flwr.app import ConfigRecord, RecordDict
 
-_ROOT_HANDLERS = list(logging.getLogger().handlers)
-from opacus.accountants import RDPAccountant, create_accountant  # noqa: E402  (Opacus calls basicConfig)
-from opacus.accountants.analysis import rdp as rdp_analysis  # noqa: E402
+from flwr_dp_strategies.privacy._logging import no_new_root_handlers
 
-# Undo the root handler Opacus' import added: it made every Flower log line print twice.
-for _handler in logging.getLogger().handlers[:]:
-    if _handler not in _ROOT_HANDLERS:
-        logging.getLogger().removeHandler(_handler)
+# Opacus calls logging.basicConfig() on import: its root handler would print every Flower line twice.
+with no_new_root_handlers():
+    from opacus.accountants import RDPAccountant, create_accountant
+    from opacus.accountants.analysis import rdp as rdp_analysis
 
 STATE_KEY = "dp-sgd/opacus"
 STATE_FORMAT = 1

@@ -1,5 +1,12 @@
 r"""Local Laplace protection of inference results (seed 000; MindSpore ``LAPLACE`` eval).
 
+Needs two things from the app: the evaluate function returns its inference result as an
+ArrayRecord ``"inference"`` in the reply (what the mod noises, what the server's
+:class:`flwr_dp_strategies.ClusterEvaluation` scores), and an ε, either the mod's own
+``epsilon`` or the server's (``epsilon=None``: the ServerApp's strategy is wrapped in
+``ClusterEvaluation``, which sends ``privacy-eval-type`` and ``laplace-eval-eps``). Without
+them every evaluate reply fails with one error naming what to add; nothing leaves un-noised.
+
 What a client releases. After evaluation the ClientApp returns, in its reply, an
 ArrayRecord (key ``"inference"`` by default) holding its inference result: one or
 more probability vectors :math:`x \in \Delta^{k-1} = \{x \ge 0, \sum_c x_c = 1\}`,
@@ -82,6 +89,10 @@ def laplace_eval_epsilon(noise_bound: float = 1e-5, probability: float = 0.9, *,
 class LaplaceInferenceMod:
     """Flower mod: Laplace noise on the inference results of evaluate replies (ε-LDP per vector).
 
+    Needs: an ArrayRecord ``key`` (default ``"inference"``) in the evaluate reply, and ``epsilon``
+    or a server strategy wrapped in :class:`flwr_dp_strategies.ClusterEvaluation` (see the
+    module docstring).
+
     Args:
         epsilon: the true LDP ε of one vector's release, in (0, inf); None: use the
             server's ``laplace-eval-eps`` (see module docstring).
@@ -129,8 +140,11 @@ class LaplaceInferenceMod:
             return reply
         record = reply.content.array_records.get(self.key)
         if record is None:
-            raise ValueError(f"LaplaceInferenceMod: the evaluate reply has no ArrayRecord {self.key!r}; "
-                             "refusing to send un-noised inference results")
+            raise ValueError(
+                f"LaplaceInferenceMod noises the inference result the evaluate function returns, but this reply has "
+                f"no ArrayRecord {self.key!r} (its records: {sorted(reply.content.keys())}). Return it in the reply, "
+                f"e.g. RecordDict({{'metrics': MetricRecord(...), {self.key!r}: ArrayRecord({{'probabilities': "
+                "Array(mean_softmax)}})}) (what ClusterEvaluation scores), or remove the mod. Nothing was sent.")
         noisy, event = self.protect(record, epsilon)
         reply.content[self.key] = noisy
         declare_release(reply.content, event, label=EVENT_LABEL, neighboring_relation="replace_one")
@@ -146,8 +160,11 @@ class LaplaceInferenceMod:
             server_eps = check_epsilon(float(server_eps), CONFIG_LAPLACE_EVAL_EPS)
         if self.epsilon is None:
             if mode not in ("LAPLACE", "NOT_ENCRYPT"):
-                raise ValueError("LaplaceInferenceMod(epsilon=None) needs the server's privacy-eval-type "
-                                 "(LAPLACE with laplace-eval-eps, or NOT_ENCRYPT) in the evaluate config")
+                raise ValueError(
+                    "LaplaceInferenceMod(epsilon=None) takes its epsilon from the server, but this evaluate message "
+                    f"carries no {CONFIG_PRIVACY_EVAL_TYPE!r} (LAPLACE with {CONFIG_LAPLACE_EVAL_EPS!r}, or "
+                    "NOT_ENCRYPT): wrap the ServerApp's strategy in flwr_dp_strategies.ClusterEvaluation, which sends "
+                    "them, or give the mod its own epsilon: LaplaceInferenceMod(epsilon=...). Nothing was sent.")
             return server_eps
         return self.epsilon if server_eps is None else min(self.epsilon, server_eps)
 

@@ -1,5 +1,10 @@
 """Flower mod: replace a train reply's weights by its SignDS upload (seed 004).
 
+Needs its server counterpart: the ServerApp's strategy must be
+:class:`flwr_dp_strategies.SignDS` (it takes FedAvg's arguments), which puts the SignDS
+parameters in every train config; with any other strategy the mod refuses every train
+message with one error saying so (nothing leaves the client).
+
 Attach to train: ``@app.train(mods=[signds_mod])``. The train function returns the
 trained weights as usual; the mod
 
@@ -47,11 +52,29 @@ CONFIG_KEYS = {
 }
 
 
+class SignDSConfigMissing(KeyError):
+    """The train config lacks SignDS parameters: the server does not run ``flwr_dp_strategies.SignDS``."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted, as a key
+        return str(self.args[0])
+
+
 def signds_settings(config: ConfigRecord) -> dict:
-    """The encoder's keyword arguments from a train message's ConfigRecord; KeyError names a missing key."""
+    """The encoder's keyword arguments from a train message's ConfigRecord.
+
+    Raises :class:`SignDSConfigMissing` (a KeyError) naming the missing keys and the server
+    strategy that sends them.
+    """
     missing = [key for key in CONFIG_KEYS.values() if key not in config]
+    if len(missing) == len(CONFIG_KEYS):
+        raise SignDSConfigMissing(
+            "signds_mod needs the server strategy flwr_dp_strategies.SignDS: this train message carries none of "
+            "the SignDS parameters it sends (signds-sign-k, signds-sign-eps, ...), so the ServerApp runs another "
+            "strategy. Use SignDS(...) in the ServerApp (it takes FedAvg's arguments), or remove signds_mod "
+            "from @app.train(mods=[...]). Nothing was sent.")
     if missing:
-        raise KeyError(f"signds_mod: the train config lacks {missing}; use flwr_dp_strategies.SignDS on the server")
+        raise SignDSConfigMissing(f"signds_mod: the train config lacks {missing}; the ServerApp's "
+                                  "flwr_dp_strategies.SignDS sends them all (a different version?). Nothing was sent.")
     magrr = MagRRConfig(rr_epsilon=float(config[CONFIG_KEYS["rr_epsilon"]]),
                         growth_margin=float(config[CONFIG_KEYS["growth_margin"]]),
                         shrink_margin=float(config[CONFIG_KEYS["shrink_margin"]]))
@@ -107,9 +130,9 @@ def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max
 
 def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable, *,
                release_metrics: bool = False) -> Message:
-    """Encode the train reply's update as a SignDS upload (see the module docstring).
+    """Encode the train reply's update as a SignDS upload; needs the server's flwr_dp_strategies.SignDS.
 
-    The reply's train metrics and exact ``num-examples`` are replaced by a public weight
+    See the module docstring. The reply's train metrics and exact ``num-examples`` are replaced by a public weight
     unless ``release_metrics=True`` (then declared non-private: :mod:`client_mods.reply_metrics`).
     """
     if msg.metadata.message_type.split(".")[0] != "train":
@@ -138,4 +161,4 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable, *,
     return reply
 
 
-__all__ = ["CONFIG_KEYS", "EVENT_LABEL", "flat_update", "make_signds_mod", "signds_mod", "signds_settings"]
+__all__ = ["CONFIG_KEYS", "EVENT_LABEL", "SignDSConfigMissing", "flat_update", "make_signds_mod", "signds_mod", "signds_settings"]

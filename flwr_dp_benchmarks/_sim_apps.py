@@ -124,7 +124,7 @@ VARIANTS: dict[str, Variant] = {
     "ShuffleAmplifiedFedAvg": Variant(lambda n: ShuffleAmplifiedFedAvg(**fedavg_args(n)),
                                       what="layer-wise shuffle of the updates, plain clients"),
     "MinDivergenceExpSampling": Variant(
-        lambda n: MinDivergenceExpSampling(max(1, n // 2), 1.0, **fedavg_args(n)),
+        lambda n: MinDivergenceExpSampling(num_selected=max(1, n // 2), epsilon=1.0, **fedavg_args(n)),
         what="k = n/2 replies per layer by the exponential mechanism (epsilon = 1), plain clients"),
     "SignDS + signds_mod": Variant(lambda n: SignDS(sign_k=0.01, sign_eps=100.0, **fedavg_args(n)), client="signds",
                                    what="SignDS server, signds_mod on the clients' train (k = 1 %, sign_eps = 100)"),

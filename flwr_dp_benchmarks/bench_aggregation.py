@@ -114,7 +114,8 @@ def _cases(n: int) -> dict[str, Case]:
             lambda: ShuffleAmplifiedFedAvg(min_train_nodes=n, min_available_nodes=n, shuffler=LayerShuffler(0)),
             note="one layer; NaN/inf found from the streamed mean, as AccountedFedAvg"),
         "MinDivergenceExpSampling": Case(
-            lambda: MinDivergenceExpSampling(max(1, n // 2), 1.0, min_train_nodes=n, min_available_nodes=n, rng=0),
+            lambda: MinDivergenceExpSampling(min_train_nodes=n, min_available_nodes=n, num_selected=max(1, n // 2),
+                                             epsilon=1.0, rng=0),
             note="k = n/2, epsilon = 1: a sign-divergence pass over every reply, then the mean of k"),
         "SignDS": Case(
             lambda: SignDS(min_train_nodes=n, min_available_nodes=n), payloads="signds",

@@ -637,8 +637,9 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     eps1, eps2 = shares[0] * total, shares[1] * total
     nodes = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
                  ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"))
-    strategy = (NoisyObjectiveSum(c, client_noise_std=fm_noise_std(dim, c, epsilon=eps2, noise="gaussian", delta=DELTA),
-                                  ridge_fraction=0.5, **nodes) if solve else AccountedFedAvg(**nodes))
+    strategy = (NoisyObjectiveSum(**nodes, num_classes=c, ridge_fraction=0.5,
+                                  client_noise_std=fm_noise_std(dim, c, epsilon=eps2, noise="gaussian", delta=DELTA))
+                if solve else AccountedFedAvg(**nodes))
     contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={})
                 for i in range(n)]
     rngs = [np.random.default_rng([seed, 3, i]) for i in range(n)]

@@ -304,7 +304,7 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_released_as_without
         if with_bad:
             replies.append(BAD[reason](msgs[0] if reason == "identity" else msgs[3], current))
         arrays, metrics = strategy.aggregate_train(1, replies)
-        assert metrics[f"rejected/{reason}"] == float(with_bad)
+        assert metrics.get(f"rejected/{reason}", 0) == float(with_bad)
         assert sum(v for k, v in metrics.items() if k.startswith("rejected/")) == float(with_bad)
         assert len(strategy.ledger.events()) == 1
         results.append((arrays.to_numpy_ndarrays()[0], metrics["dp/unclipped-fraction"], strategy.clipping_norm))
@@ -320,7 +320,7 @@ def test_evaluate_replies_are_screened():
     bad = Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": math.nan})}), reply_to=msgs[3])
     metrics = strategy.aggregate_evaluate(1, good + [bad])
     assert metrics["eval-acc"] == pytest.approx(0.4)
-    assert metrics["rejected/metrics"] == 1.0
+    assert metrics.get("rejected/metrics", 0) == 1.0
 
 
 # ---------------------------------------------------------------------------------------------- (7) client side
@@ -382,7 +382,7 @@ def test_the_client_side_server_rejects_a_bad_bit_or_an_unclipped_update(case):
         if with_bad:
             replies.append(_with_metrics(msgs[2], current, update, bits))
         arrays, metrics = strategy.aggregate_train(1, replies)
-        assert metrics["rejected/values"] == float(with_bad)
+        assert metrics.get("rejected/values", 0) == float(with_bad)
         results.append((arrays.to_numpy_ndarrays()[0], metrics["dp/unclipped-fraction"]))
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert results[0][1] == results[1][1]
@@ -395,7 +395,7 @@ def test_a_float32_model_clipped_by_the_mod_passes_the_servers_norm_check():
     msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
     update = np.random.default_rng(1).normal(size=current.size)
     _, metrics = strategy.aggregate_train(1, [_client(m, update) for m in msgs])
-    assert metrics["rejected/values"] == 0.0
+    assert metrics.get("rejected/values", 0) == 0.0
 
 
 # ---------------------------------------------------------------------------------------------- (8) property

@@ -96,7 +96,7 @@ def test_booked_event_never_depends_on_reported_weights(name):
     weights = [1e308, 1e308, 10.0, 10.0]
     _, metrics = strategy.aggregate_train(
         1, [train_reply(m, current + 0.01, {"num-examples": w}) for m, w in zip(msgs, weights)])
-    assert metrics["rejected/weight"] == 2.0
+    assert metrics.get("rejected/weight", 0) == 2.0
     assert [e for _, e, _ in strategy.ledger.events()] == [ref.round_event()]
     assert 0 < strategy.ledger.epsilon() < math.inf
 
@@ -115,7 +115,7 @@ def test_max_weight_bounds_the_reported_weight():
     weights = [100.0, 100.5, 1.0, 1.0]
     _, metrics = strategy.aggregate_train(
         1, [train_reply(m, current, {"num-examples": w}) for m, w in zip(msgs, weights)])
-    assert metrics["rejected/weight"] == 1.0
+    assert metrics.get("rejected/weight", 0) == 1.0
 
 
 # ---------------------------------------------------------------------------- issue 17: train screening

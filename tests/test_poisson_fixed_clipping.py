@@ -111,7 +111,7 @@ def test_budget_stops_training_before_it_is_exceeded():
 @pytest.mark.parametrize("args, name", [
     ((FedAvg(), 0.0, 1.0, 5), "noise_multiplier"),
     ((FedAvg(), 1.0, -1.0, 5), "clipping_norm"),
-    ((FedAvg(), 1.0, 1.0, 0), "clients_per_round"),
+    ((FedAvg(), 1.0, 1.0, 0), "num_sampled_clients"),
 ])
 def test_bad_parameters_name_themselves(args, name):
     with pytest.raises(ValueError, match=name):

@@ -48,7 +48,7 @@ def _kw() -> dict:
 STRATEGIES: dict[str, Callable[[], object]] = {
     "AccountedFedAvg": lambda: AccountedFedAvg(**_kw()),
     "ShuffleAmplifiedFedAvg": lambda: ShuffleAmplifiedFedAvg(**_kw(), shuffler=LayerShuffler(0)),
-    "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(2, None, **_kw()),
+    "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(num_selected=2, epsilon=None, **_kw()),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **_kw()),
     "ClusterEvaluation(FedAvg)": lambda: ClusterEvaluation(FedAvg(**_kw()), book_unaccounted_training=False),
     "ClusterEvaluation(AccountedFedAvg)": lambda: ClusterEvaluation(AccountedFedAvg(**_kw())),

@@ -98,10 +98,10 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[Any, int], dict[str, floa
         lambda p: ShuffleAmplifiedFedAvg(**NODES, reports_are_ldp=True, shuffle_round_delta=1e-7, ledger_path=p),
         lambda s, r: _train(s, r, [PureDpEvent(epsilon=1.0)])),
     "MinDivergenceExpSampling": (
-        lambda p: MinDivergenceExpSampling(2, 1.0, **NODES, rng=0, ledger_path=p),
+        lambda p: MinDivergenceExpSampling(num_selected=2, epsilon=1.0, **NODES, rng=0, ledger_path=p),
         lambda s, r: _train(s, r, [GaussianDpEvent(3.0)])),
     "NoisyObjectiveSum": (
-        lambda p: NoisyObjectiveSum(2, **NODES, ridge=1e-3, ledger_path=p),
+        lambda p: NoisyObjectiveSum(num_classes=2, **NODES, ridge=1e-3, ledger_path=p),
         lambda s, r: _train(s, r, [GaussianDpEvent(3.0)], model=lambda _: ArrayRecord(
             {"head.weight": Array(np.zeros((3, 2)))}), content=_fm_content)),
     "SignDS": (lambda p: SignDS(sign_k=0.05, sign_eps=10.0, **NODES, ledger_path=p),
@@ -111,8 +111,8 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[Any, int], dict[str, floa
     "ClusterEvaluation(AccountedFedAvg(path))": (
         lambda p: ClusterEvaluation(AccountedFedAvg(**NODES, ledger_path=p), laplace_eval_eps=2.0), _train_eval),
     "ClusterEvaluation(MinDivergence), wrapper path": (
-        lambda p: ClusterEvaluation(MinDivergenceExpSampling(2, 1.0, **NODES, rng=0), laplace_eval_eps=2.0,
-                                    ledger_path=p), _train_eval),
+        lambda p: ClusterEvaluation(MinDivergenceExpSampling(**NODES, num_selected=2, epsilon=1.0, rng=0),
+                                    laplace_eval_eps=2.0, ledger_path=p), _train_eval),
     "ClusterEvaluation(FedAvg)": (
         lambda p: ClusterEvaluation(FedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p),
         lambda s, r: {**_train(s, r), **_evaluate(s, r)}),

@@ -262,15 +262,16 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     elif variant == "shuffle":
         strategy = ShuffleAmplifiedFedAvg(**strategy_kwargs(n), reports_are_ldp=False)
     elif variant in ("enhanced", "nopca-enhanced"):
-        strategy = MinDivergenceExpSampling(min(cfg["num_selected"], max(1, n // 2)), cfg["selection_epsilon"], rng=seed,
-                                            **strategy_kwargs(n))
+        strategy = MinDivergenceExpSampling(**strategy_kwargs(n), num_selected=min(cfg["num_selected"], max(1, n // 2)),
+                                            epsilon=cfg["selection_epsilon"], rng=seed)
     elif variant == "nopca-sum":
         sigma = fm_noise_std(q, c, epsilon=eps2, noise=cfg["fm_noise"], delta=DELTA, neighboring_relation=RELATION)
         cfg["ridge_fraction"] = SUM_RIDGE_FRACTION
-        strategy = NoisyObjectiveSum(c, client_noise_std=sigma, ridge_fraction=SUM_RIDGE_FRACTION,
+        strategy = NoisyObjectiveSum(num_classes=c, client_noise_std=sigma, ridge_fraction=SUM_RIDGE_FRACTION,
                                      **strategy_kwargs(n))
     elif variant == "enhanced-nosampling":
-        strategy = MinDivergenceExpSampling(min(cfg["num_selected"], max(1, n // 2)), None, rng=seed, **strategy_kwargs(n))
+        strategy = MinDivergenceExpSampling(**strategy_kwargs(n), num_selected=min(cfg["num_selected"], max(1, n // 2)),
+                                            epsilon=None, rng=seed)
     else:
         raise ValueError(f"unknown DELM variant {variant!r}")
     for i in range(n):

@@ -5,6 +5,7 @@ Every mechanism returns a :class:`Release` (output + dp-accounting DpEvent);
 :class:`PrivacyLedger` composes the events per client and for the federation.
 """
 
+from ._logging import route_absl_warnings as _route_absl_warnings
 from .accountants import LedgerPldAccountant, LedgerRdpAccountant
 from .bounds import amplify_by_subsampling, basic_composition, strong_composition, textbook_bounds
 from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent, event_from_dict, event_to_dict
@@ -23,6 +24,9 @@ from .randomized_response import (
 from .release import Release
 from .shuffle import shuffle_amplified_epsilon, shuffle_amplified_event
 from .rng import resolve_rng
+
+# dp-accounting's absl warnings must never add a root log handler (every Flower line would print twice)
+_route_absl_warnings()
 
 __all__ = [
     "ApproxDpEvent",

@@ -1,7 +1,8 @@
 r"""FedAvg that accounts what its clients release and survives malformed replies.
 
-Drop-in for :class:`flwr.serverapp.strategy.FedAvg` (same arguments, plus
-``ledger``, ``ledger_path``, ``per_client_metrics`` and ``max_reply_bytes``).
+Drop-in for :class:`flwr.serverapp.strategy.FedAvg`: FedAvg's arguments in FedAvg's
+order, plus the keyword-only ``ledger``, ``ledger_path``, ``per_client_metrics``,
+``max_reply_bytes`` and ``max_weight``.
 Use it with the client mods of :mod:`client_mods` (local update noise, Laplace
 inference protection, label DP, DP-SGD): each declares its releases in the
 reply, and this strategy books them per node and publishes the ε spent in every
@@ -42,18 +43,18 @@ get pre-scanned replies unless marked with :func:`finds_non_finite`.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Optional, TypeVar
 
 from dp_accounting.dp_event import NonPrivateDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from ..privacy import PrivacyLedger
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, records_of,
+from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, reply_arrays, reply_weight,
                               screen_train_content)
 from .streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
 
@@ -72,21 +73,25 @@ def finds_non_finite(hook: Hook) -> Hook:
     return hook
 
 
-def reply_weight(reply: Message, weighted_by_key: str) -> float:
-    """The reply's weight as FedAvg reads it: the first MetricRecord's ``weighted_by_key``."""
-    return float(records_of(reply.content, MetricRecord)[0][weighted_by_key])  # type: ignore[arg-type]
+MetricsAggregationFn = Callable[[list[RecordDict], str], MetricRecord]
+FEDAVG_PARAMETERS = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
+                     "min_available_nodes", "weighted_by_key", "arrayrecord_key", "configrecord_key",
+                     "train_metrics_aggr_fn", "evaluate_metrics_aggr_fn")
+"""FedAvg's constructor parameters (Flower 1.41), in order: every FedAvg of this package takes them
+first, positionally or by name, with FedAvg's meaning; its own parameters are keyword-only."""
 
 
-def reply_arrays(reply: Message) -> ArrayRecord:
-    """The reply's (single, screened) ArrayRecord."""
-    return records_of(reply.content, ArrayRecord)[0]
+def fedavg_arguments(scope: Mapping[str, Any]) -> dict[str, Any]:
+    """FedAvg's arguments picked by name from a subclass constructor's ``locals()``."""
+    return {name: scope[name] for name in FEDAVG_PARAMETERS}
 
 
 class AccountedFedAvg(ClientAccountingMixin, FedAvg):
     """FedAvg + reply screening + a ledger of the clients' declared releases.
 
     Args:
-        *args, **kwargs: those of :class:`flwr.serverapp.strategy.FedAvg`.
+        fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s,
+            in FedAvg's order and with its meaning and defaults.
         ledger: the ledger to book into (default: a new ``PrivacyLedger(1e-5)``).
         ledger_path: JSON file the ledger is restored from (if it exists) and saved
             to after every booking, so a restarted ServerApp loses nothing.
@@ -95,11 +100,25 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             not counted) exceed this many bytes.
         max_weight: reject replies whose ``weighted_by_key`` exceeds this (default
             1e9, see :data:`.reply_screening.DEFAULT_MAX_WEIGHT`).
+        **kwargs: passed on to the next constructor of the MRO, for a FedAvg variant combined
+            with this class (``class AccountedFedProx(AccountedFedAvg, FedProx)`` takes
+            ``proximal_mu=``); FedAvg itself accepts none.
     """
 
+    # pylint: disable=too-many-arguments
     def __init__(
         self,
-        *args: Any,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
@@ -107,7 +126,7 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         max_weight: float = DEFAULT_MAX_WEIGHT,
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
+        super().__init__(**fedavg_arguments(locals()), **kwargs)
         self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes)
         self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None
@@ -148,10 +167,7 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             except NonFiniteReplies as err:
                 if not err.indices:
                     raise
-                bad = set(err.indices)
-                for index in sorted(bad):
-                    self._reject(server_round, accepted[index], "non-finite", rejected)
-                accepted = [r for i, r in enumerate(accepted) if i not in bad]
+                accepted = self.drop_rejected(server_round, accepted, err.indices, "non-finite", rejected)
                 continue
             return arrays, metrics, accepted
         return None, None, []
@@ -185,4 +201,6 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         return self.screened_evaluate(server_round, replies, self)
 
 
-__all__ = ["AccountedFedAvg", "finds_non_finite", "reply_arrays", "reply_weight"]
+# reply_arrays and reply_weight live in .reply_screening; re-exported here, where they were public first
+__all__ = ["AccountedFedAvg", "FEDAVG_PARAMETERS", "fedavg_arguments", "finds_non_finite", "reply_arrays",
+           "reply_weight"]

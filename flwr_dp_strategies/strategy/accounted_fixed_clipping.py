@@ -64,10 +64,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
 from collections.abc import Iterable
 from logging import INFO, WARNING
-from typing import Any, Optional
+from typing import Optional
 
 from dp_accounting.dp_event import DpEvent, GaussianDpEvent, NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -82,11 +81,10 @@ from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .accounted_fedavg import reply_arrays
 from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, secure_release_event
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
 
 NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
@@ -225,7 +223,8 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
                                            max_weight=self.max_weight),
             phase="train")
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
-        accepted = _add_clipped(self, server_round, summed, accepted, rejected)
+        accepted = self.drop_rejected(server_round, accepted, summed.add_records([reply_arrays(r) for r in accepted]),
+                                      "non-finite", rejected)
         if not accepted or (self.accountant is not None
                             and not validate_replies(accepted, self.num_sampled_clients, strict=True)):
             return None, self.round_metrics(None, rejected)
@@ -273,25 +272,12 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:
-        """Log the DP settings and the privacy spent so far."""
-        super().summary()
+        """Log the privacy spent so far, then Flower's DP settings and the wrapped strategy's summary
+        (whose ``└──>`` line closes the tree, as in Flower)."""
         report = self.ledger.report()
         log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d central releases",
             report.epsilon, report.delta, report.method, len(self.ledger.rounds()))
-
-
-def _add_clipped(strategy: Any, server_round: int, summed: ClippedSum, replies: list[Message],
-                 rejected: Counter[str]) -> list[Message]:
-    """Add every reply's clipped update (in the model's key order); the replies added (NaN/inf: rejected)."""
-    keys = list(summed.reference)
-    added = []
-    for reply in replies:
-        record = reply_arrays(reply)
-        if summed.add([record[key] for key in keys]) is None:
-            strategy._reject(server_round, reply, "non-finite", rejected)
-        else:
-            added.append(reply)
-    return added
+        super().summary()
 
 
 def _check_accountable(strategy: Strategy) -> None:

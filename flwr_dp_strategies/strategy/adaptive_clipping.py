@@ -116,12 +116,11 @@ from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
-from .accounted_fixed_clipping import _add_clipped
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
                               poisson_sample, train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
 
 EVENT_LABEL = "central-gaussian/adaptive-clipping"
@@ -359,11 +358,12 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:
-        """Flower's DP settings, then the split of z and the privacy spent."""
-        super().summary()  # type: ignore[misc]
+        """The split of z and the privacy spent, then Flower's DP settings and the wrapped strategy's
+        summary (whose ``└──>`` line closes the tree, as in Flower)."""
         log(INFO, "\t├──> z=%s split into z_update=%.4g and count std %.4g; target unclipped quantile %.3g; "
             "epsilon=%.4f at delta=%g", self.noise_multiplier, self.update_noise_multiplier,
             self.clipped_count_stddev, self.target_unclipped_quantile, self.ledger.epsilon(), self.ledger.target_delta)
+        super().summary()  # type: ignore[misc]
 
 
 class AccountedAdaptiveClipping(AdaptiveClippingMixin, DifferentialPrivacyServerSideAdaptiveClipping):
@@ -377,7 +377,8 @@ class AccountedAdaptiveClipping(AdaptiveClippingMixin, DifferentialPrivacyServer
     def add_updates(self, server_round: int, summed: ClippedSum, replies: list[Message],
                     rejected: Counter[str]) -> tuple[list[Message], int]:
         """Clip and add every update (NaN/inf: rejected); b_i = 1 for every update not scaled down."""
-        added = _add_clipped(self, server_round, summed, replies, rejected)
+        added = self.drop_rejected(server_round, replies, summed.add_records([reply_arrays(r) for r in replies]),
+                                   "non-finite", rejected)
         return added, summed.count - summed.clipped
 
     def __repr__(self) -> str:

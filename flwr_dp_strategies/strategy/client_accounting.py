@@ -5,7 +5,8 @@
 * a :class:`~flwr_dp_strategies.privacy.PrivacyLedger` (restored from and saved
   to ``ledger_path`` when given, so a restarted ServerApp loses nothing);
 * reply screening (:mod:`.reply_screening`): malformed replies are dropped and
-  counted under ``rejected/<reason>`` in the round's metrics, the round goes on;
+  counted under ``rejected/<reason>`` in the round's metrics (only the reasons that
+  rejected something: an absent key means 0), the round goes on;
   every train and evaluate reply of every strategy goes through
   :meth:`ClientAccountingMixin.screen_and_book`, so subclass hooks only ever see
   screened replies;
@@ -21,8 +22,8 @@
   remembered configuration (a hook called directly) only the duplicate check applies;
 * failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
   logged, skipped and counted as the int ``replies/failed`` in the round's
-  metrics (``rejected/error`` keeps the same count, as a float, for
-  compatibility); nothing is booked for them, since they carry no content;
+  metrics (``rejected/error`` keeps the same count, as a float, when it is not 0);
+  nothing is booked for them, since they carry no content;
 * a train reply that books no declaration (none, or an unreadable one) and is
   rejected for its content (NaN, wrong shape, bad keys...) is booked as
   ``NonPrivateDpEvent`` by strategies that book undeclared updates
@@ -45,7 +46,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from logging import ERROR, INFO, WARNING
 from typing import Optional
 
@@ -63,6 +66,28 @@ from .reply_screening import (DEFAULT_MAX_WEIGHT, REJECTION_REASONS, check_max_w
                               has_config_record)
 
 PHASES = ("train", "evaluate")
+
+_REPLIES_LOGGED: ContextVar[bool] = ContextVar("replies_logged", default=False)
+
+
+@contextmanager
+def replies_already_logged() -> Iterator[None]:
+    """Inside the block, :meth:`ClientAccountingMixin.screen_and_book` does not log Flower's
+    ``Received N results and M failures`` line: a wrapper that logged it hands its accepted replies
+    to the wrapped strategy, and the line must appear once per round and phase."""
+    token = _REPLIES_LOGGED.set(True)
+    try:
+        yield
+    finally:
+        _REPLIES_LOGGED.reset(token)
+
+
+def log_received(phase: Optional[str], replies: list[Message]) -> None:
+    """Flower's ``FedAvg`` line, verbatim: ``aggregate_train: Received 3 results and 1 failures``."""
+    if not replies or phase not in PHASES or _REPLIES_LOGGED.get():
+        return
+    failures = sum(1 for reply in replies if reply.has_error())
+    log(INFO, "%s: Received %s results and %s failures", f"aggregate_{phase}", len(replies) - failures, failures)
 
 ContentCheck = Callable[[RecordDict], Optional[str]]
 
@@ -158,8 +183,9 @@ class ClientAccountingMixin:
     ) -> tuple[list[Message], Counter[str]]:
         """The replies to aggregate, and the count of rejected ones per reason.
 
-        In order: failed replies (``error``), identity (``identity``, see the module
-        docstring; ``phase`` names the instructions to compare with, default the
+        Logs Flower's ``aggregate_<phase>: Received N results and M failures`` line first (once:
+        not again inside :func:`replies_already_logged`). In order: failed replies (``error``),
+        identity (``identity``, see the module docstring; ``phase`` names the instructions to compare with, default the
         last configured phase), the declaration (``declaration``), then
         ``check(content)`` (a reason or None). Acceptance depends on each reply alone.
 
@@ -174,6 +200,8 @@ class ClientAccountingMixin:
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
         phase = phase if phase is not None else self.__dict__.get("_last_phase")
+        replies = list(replies)
+        log_received(phase, replies)
         expected = self._expected_senders(server_round, phase)
         seen: set[int] = set()
         booked = False
@@ -230,6 +258,14 @@ class ClientAccountingMixin:
                                neighboring_relation=declaration.neighboring_relation,
                                replace_one_event=declaration.replace_one_event)
 
+    def drop_rejected(self, server_round: int, replies: list[Message], indices: Iterable[int], reason: str,
+                      rejected: Counter[str]) -> list[Message]:
+        """``replies`` without those at ``indices``, each of which is rejected (logged, counted) for ``reason``."""
+        bad = set(indices)
+        for index in sorted(bad):
+            self._reject(server_round, replies[index], reason, rejected)
+        return [reply for index, reply in enumerate(replies) if index not in bad]
+
     @staticmethod
     def _reject(server_round: int, reply: Message, reason: str, rejected: Counter[str]) -> None:
         rejected[reason] += 1
@@ -255,12 +291,15 @@ class ClientAccountingMixin:
         return None, declarations
 
     def round_metrics(self, metrics: Optional[MetricRecord], rejected: Counter[str]) -> MetricRecord:
-        """``metrics`` plus ``replies/failed`` (int), ``rejected/<reason>`` counts (all reasons, zeros
-        included) and the ledger's figures. ``rejected["error"]`` is the number of failed replies."""
+        """``metrics`` plus ``replies/failed`` (int), the ledger's figures and a ``rejected/<reason>``
+        count (float) for each reason that rejected a reply in this round: a reason that rejected
+        nothing is absent (read it as 0), so a clean round adds no ``rejected/*`` key.
+        ``rejected["error"]`` is the number of failed replies."""
         merged = with_privacy_metrics(metrics, self.ledger)
         merged[FAILED_REPLIES_KEY] = int(rejected.get("error", 0))
         for reason in REJECTION_REASONS:
-            merged[f"rejected/{reason}"] = float(rejected.get(reason, 0))
+            if rejected.get(reason, 0):
+                merged[f"rejected/{reason}"] = float(rejected[reason])
         if self.per_client_metrics:
             for client in self.ledger.clients:
                 merged[f"privacy/epsilon/node-{client}"] = float(self.ledger.epsilon(client))
@@ -332,4 +371,5 @@ def undeclared_replies(replies: Iterable[Message]) -> set[int]:
     return {id(r) for r in replies if not r.has_error() and not has_config_record(r.content, PRIVACY_RECORD)}
 
 
-__all__ = ["ClientAccountingMixin", "PHASES", "open_ledgers", "resolve_ledger", "undeclared_replies"]
+__all__ = ["ClientAccountingMixin", "PHASES", "log_received", "open_ledgers", "replies_already_logged",
+           "resolve_ledger", "undeclared_replies"]

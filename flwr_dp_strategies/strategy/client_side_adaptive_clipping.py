@@ -38,9 +38,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClipping
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
-from .accounted_fedavg import reply_arrays
 from .adaptive_clipping import AdaptiveClippingMixin
-from .reply_screening import records_of
+from .reply_screening import records_of, reply_arrays
 from .streaming_aggregation import ClippedSum
 
 #: MetricRecord key of the client's bit: 1 if its update's norm was <= the clipping norm (unclipped), else 0.

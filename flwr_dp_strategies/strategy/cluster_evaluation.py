@@ -1,5 +1,13 @@
 """Cluster-score evaluation of (Laplace-protected) client inference results (seed 000).
 
+Needs its client counterpart: each ClientApp's evaluate function returns its inference
+result (e.g. the mean softmax output) as an ArrayRecord ``"inference"`` in the reply, and
+adds :class:`client_mods.LaplaceInferenceMod` to its mods
+(``@app.evaluate(mods=[LaplaceInferenceMod()])``). Without them nothing is scored
+(``cluster/*`` read 0.0 and ``cluster/missing`` counts the replies) and the first such
+round logs one WARNING saying what to add. Every other attribute (``fraction_train``,
+``weighted_by_key``, ...) is read from the wrapped strategy.
+
 :class:`ClusterEvaluation` wraps any Message-API strategy (training and the
 wrapped strategy's own evaluation are unchanged) and adds MindSpore's
 unsupervised evaluation to every evaluate round:
@@ -80,7 +88,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
-from .client_accounting import ClientAccountingMixin, undeclared_replies
+from .client_accounting import ClientAccountingMixin, replies_already_logged, undeclared_replies
 from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, failed_replies, with_failed_replies
 from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, REJECTION_REASONS, ArraySpec, array_spec,
                               check_weight, decode_real, named_record, screen_train_content)
@@ -98,6 +106,11 @@ RUN_CONFIG_KEYS = {
 
 class ClusterEvaluation(ClientAccountingMixin, Strategy):
     """Wrap ``strategy``; score the clients' inference results by clustering every evaluate round.
+
+    Clients must return an ArrayRecord ``inference_key`` from evaluate and run
+    :class:`client_mods.LaplaceInferenceMod` (see the module docstring). Attributes this class
+    does not have (``fraction_train``, ``weighted_by_key``, ``train_metrics_aggr_fn``, ...) are
+    read from ``strategy``.
 
     Args:
         strategy: any Message-API strategy (FedAvg, AccountedFedAvg, ...).
@@ -158,8 +171,24 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             log(WARNING, "ClusterEvaluation(book_unaccounted_training=False): the wrapped strategy's training "
                 "releases are not booked; privacy/epsilon covers the evaluate-phase releases only")
         self._train_spec: Optional[ArraySpec] = None
+        self._hinted: set[str] = set()  # counterpart hints already logged (once each)
         self.scores_history: list[dict[str, float]] = []
         self.points_history: list[dict[int, np.ndarray]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        """An attribute this wrapper lacks is the wrapped strategy's (``fraction_train``, ...): an app
+        that reads its strategy's settings keeps working when wrapped."""
+        if name.startswith("__") or name == "strategy":
+            raise AttributeError(name)
+        try:
+            strategy = self.__dict__["strategy"]
+        except KeyError:
+            raise AttributeError(name) from None
+        try:
+            return getattr(strategy, name)
+        except AttributeError:
+            raise AttributeError(f"{type(self).__name__!r} object (wrapping {type(strategy).__name__}) "
+                                 f"has no attribute {name!r}") from None
 
     @classmethod
     def from_run_config(cls, strategy: Strategy, run_config: Mapping[str, Any], **kwargs: Any) -> "ClusterEvaluation":
@@ -225,7 +254,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             contents = [r.content for r in accepted]
             return (aggregate_arrayrecords(contents, strategy.weighted_by_key),
                     aggregate_reply_metrics(strategy.train_metrics_aggr_fn, contents, strategy.weighted_by_key))
-        return strategy.aggregate_train(server_round, accepted)
+        with replies_already_logged():  # logged by this strategy's screening
+            return strategy.aggregate_train(server_round, accepted)
 
     def _book_unaccounted_training(self, server_round: int, accepted: list[Message]) -> None:
         """Every node whose screened train update reaches an unaccounted strategy: ``NonPrivateDpEvent``."""
@@ -256,6 +286,13 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, decoded),
                                                   phase="evaluate")
         with_points = [r for r in accepted if decoded.get(id(r.content)) is not None]
+        if accepted and not with_points:
+            self._hint_once("inference", "ClusterEvaluation: none of the %d evaluate replies of round %d carries an "
+                            "ArrayRecord %r, so nothing is scored (cluster/* read 0.0). Each ClientApp's evaluate "
+                            "function must return its inference result (e.g. the mean softmax output) as "
+                            "ArrayRecord %r in the reply and add client_mods.LaplaceInferenceMod to its mods: "
+                            "@app.evaluate(mods=[LaplaceInferenceMod()])",
+                            len(accepted), server_round, self.inference_key, self.inference_key)
         self._book_unprotected(server_round, [r for r in with_points if id(r) in undeclared])
         mismatch = self._pin_length(with_points, decoded)
         if mismatch:
@@ -264,7 +301,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         merged = self.round_metrics(metrics, rejected)
         for reason in REJECTION_REASONS:  # the wrapped strategy's own rejections are added, never overwritten
             if metrics is not None and isinstance(metrics.get(f"rejected/{reason}"), (int, float)):
-                merged[f"rejected/{reason}"] = float(rejected.get(reason, 0)) + float(metrics[f"rejected/{reason}"])
+                total = float(rejected.get(reason, 0)) + float(metrics[f"rejected/{reason}"])
+                if total:
+                    merged[f"rejected/{reason}"] = total
         merged["cluster/missing"] = float(len(accepted) - len([r for r in accepted
                                                                if decoded.get(id(r.content)) is not None]))
         merged["cluster/length-mismatch"] = float(mismatch)
@@ -284,7 +323,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if isinstance(strategy, FedAvg) and type(strategy).aggregate_evaluate is FedAvg.aggregate_evaluate:
             return aggregate_reply_metrics(strategy.evaluate_metrics_aggr_fn, [r.content for r in accepted],
                                            strategy.weighted_by_key)
-        return strategy.aggregate_evaluate(server_round, accepted)
+        with replies_already_logged():  # logged by this strategy's screening
+            return strategy.aggregate_evaluate(server_round, accepted)
 
     def _pin_length(self, with_points: list[Message], decoded: dict[int, np.ndarray]) -> bool:
         """Without ``num_classes``: pin the length once the valid points of a round agree; True if they do not."""
@@ -298,8 +338,19 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self.num_classes = lengths.pop()
         return False
 
+    def _hint_once(self, key: str, message: str, *args: object) -> None:
+        """One WARNING per missing counterpart and strategy instance."""
+        if key not in self._hinted:
+            self._hinted.add(key)
+            log(WARNING, message, *args)
+
     def _book_unprotected(self, server_round: int, replies: list[Message]) -> None:
         """An inference result sent without a declared release is not DP: book it as such (ε = inf)."""
+        if replies and self.privacy_eval_type == "LAPLACE":
+            self._hint_once("laplace", "ClusterEvaluation: %d inference results of round %d arrived without a Laplace "
+                            "declaration and are booked as non-private (epsilon = inf). Add "
+                            "client_mods.LaplaceInferenceMod to each ClientApp's evaluate mods: "
+                            "@app.evaluate(mods=[LaplaceInferenceMod()])", len(replies), server_round)
         for reply in replies:
             self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=reply.metadata.src_node_id,
                                label=UNPROTECTED_LABEL)

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent, SelfComposedDpEvent
@@ -81,8 +81,9 @@ from flwr.serverapp import Grid
 from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger, gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
-from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays, reply_weight
+from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments, finds_non_finite
 from .metrics import aggregate_reply_metrics
+from .reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
 from .streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
 
 _SIGN_BLOCK = 1 << 16  # reply entries checked for NaN/inf and compared in sign while in cache
@@ -167,21 +168,34 @@ class MinDivergenceExpSampling(AccountedFedAvg):
     """Per layer, the weighted mean of k replies drawn by the ε exponential mechanism on −divergence.
 
     Args:
-        num_selected: k, replies aggregated per layer (integer ≥ 1).
-        epsilon: ε per draw in (0, inf), or None for the deterministic lowest-k variant (not DP).
-        *args, **fedavg_kwargs: those of :class:`flwr.serverapp.strategy.FedAvg`.
+        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order. Every other
+            argument is keyword-only.
+        num_selected: k, replies aggregated per layer (integer ≥ 1); required.
+        epsilon: ε per draw in (0, inf), or None for the deterministic lowest-k variant (not DP);
+            required (no default: the choice between DP and non-DP selection is the caller's).
         layer_of: maps an array key to its layer (default :func:`default_layer_of`).
         selection_ledger: where the selection's events are booked (default:
             ``PrivacyLedger(1e-5, neighboring_relation="replace_one")``).
         rng: None (fresh OS entropy for every draw), an int seed or a numpy Generator.
-        ledger, ledger_path, per_client_metrics, max_reply_bytes: as :class:`AccountedFedAvg`.
+        ledger, ledger_path, per_client_metrics, max_reply_bytes, max_weight: as :class:`AccountedFedAvg`.
     """
 
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
         num_selected: int,
         epsilon: Optional[float],
-        *args: Any,
         layer_of: Optional[Callable[[str], str]] = None,
         selection_ledger: Optional[PrivacyLedger] = None,
         rng: RngLike = None,
@@ -189,10 +203,10 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
-        **fedavg_kwargs: Any,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        super().__init__(*args, ledger=ledger, ledger_path=ledger_path, per_client_metrics=per_client_metrics,
-                         max_reply_bytes=max_reply_bytes, **fedavg_kwargs)
+        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path,
+                         per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
         self.num_selected = check_int("num_selected", num_selected, minimum=1)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon, "epsilon")
         self.layer_of = layer_of if layer_of is not None else default_layer_of

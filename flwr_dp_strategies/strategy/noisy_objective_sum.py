@@ -47,18 +47,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from ..npy_codec import npy_view
+from ..privacy import PrivacyLedger
 from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noise_adapted_ridge, solve_objective
 from ..privacy.validation import check_int, check_nonnegative, check_positive
-from .accounted_fedavg import AccountedFedAvg
+from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from .metrics import aggregate_reply_metrics
-from .reply_screening import array_spec, records_of
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of
 
 LINEAR_KEY = "fm.linear"
 QUADRATIC_KEY = "fm.quadratic"
@@ -68,8 +69,10 @@ class NoisyObjectiveSum(AccountedFedAvg):
     """Server-side solve of the summed noisy FM objectives (one head key in, the head out).
 
     Args:
-        num_classes: c ≥ 2 of the head (``loss="logistic"``: c = 2, head of shape (q, 1)).
-        *args, **kwargs: those of :class:`~.accounted_fedavg.AccountedFedAvg`.
+        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order; ``ledger``,
+            ``ledger_path``, ``per_client_metrics``, ``max_reply_bytes``, ``max_weight``: as
+            :class:`~.accounted_fedavg.AccountedFedAvg`. Every other argument is keyword-only.
+        num_classes: c ≥ 2 of the head (``loss="logistic"``: c = 2, head of shape (q, 1)); required.
         ridge: λ ≥ 0 of the solved objective f̄/n + ½λ‖W‖² (n = the summed
             ``weighted_by_key`` of the contributors).
         client_noise_std: the per-coefficient noise std of one client's release
@@ -83,10 +86,35 @@ class NoisyObjectiveSum(AccountedFedAvg):
         weights_key: the head's key in the arrays the server sends (the only key).
     """
 
-    def __init__(self, num_classes: int, *args: Any, ridge: float = 0.0, client_noise_std: Optional[float] = None,
-                 ridge_fraction: float = 0.5, psd_floor: float = 0.0, loss: str = "softmax",
-                 weights_key: str = "head.weight", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    # pylint: disable=too-many-arguments,too-many-locals
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
+        num_classes: int,
+        ridge: float = 0.0,
+        client_noise_std: Optional[float] = None,
+        ridge_fraction: float = 0.5,
+        psd_floor: float = 0.0,
+        loss: str = "softmax",
+        weights_key: str = "head.weight",
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        max_reply_bytes: Optional[int] = None,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
+    ) -> None:
+        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path,
+                         per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")

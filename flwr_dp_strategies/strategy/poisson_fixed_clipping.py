@@ -10,7 +10,7 @@ estimator):
 
 * **Poisson sampling**: in every round each of the ``N`` connected nodes is
   asked to train independently with probability :math:`q = m/N`, ``m`` =
-  ``clients_per_round`` (the expected number), from a generator seeded from OS
+  ``num_sampled_clients`` (the expected number), from a generator seeded from OS
   entropy; the sample is never resampled or topped up.
 * **Fixed denominator**: the released model is
 
@@ -54,7 +54,7 @@ is rejected (``rejected/non-finite``) before any of it is added.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Optional
 
 from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
@@ -62,16 +62,16 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, PrivacyAccountant, SamplingMethod
 
 from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .accounted_fixed_clipping import _add_clipped
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
                               poisson_sample, train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, screen_train_content
+from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
@@ -80,12 +80,23 @@ EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacyServerSideFixedClipping):
     """Flower's server-side fixed clipping with Poisson client sampling and a fixed denominator.
 
+    Drop-in for Flower's ``DifferentialPrivacyServerSideFixedClipping``: its arguments in its order
+    (``strategy, noise_multiplier, clipping_norm, num_sampled_clients``, then the keyword-only
+    ``accountant``); ``num_sampled_clients`` is here the *expected* sample size m. Every other
+    argument is keyword-only.
+
     Args:
         strategy: a FedAvg (its config/metrics handling and evaluation are used).
         noise_multiplier: z in (0, inf).
         clipping_norm: C in (0, inf).
-        clients_per_round: m, the expected number of clients per round (>= 1).
-        num_clients: N (default: the nodes connected at round 1); q = m/N.
+        num_sampled_clients: m, the expected number of clients per round (>= 1).
+        accountant: optional Flower ``PrivacyAccountant``, configured with
+            ``sampling_method=SamplingMethod.POISSON`` and ``population_size`` N (Flower's other
+            sampling methods do not describe this sampling): every released round is also composed
+            there as ``GaussianPrivacyEvent(z, sample_size=m, population_size=N)``, i.e. the same
+            Poisson(q = m/N)-sampled Gaussian, and its ``max_epsilon`` stops training like the ledger's.
+        num_clients: N (default: the accountant's ``population_size``, else the nodes connected
+            at round 1); q = m/N.
         ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`.
         rng: sampling and noise generator (default: OS entropy).
         publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
@@ -99,8 +110,9 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         strategy: FedAvg,
         noise_multiplier: float,
         clipping_norm: float,
-        clients_per_round: int,
+        num_sampled_clients: int,
         *,
+        accountant: Optional[PrivacyAccountant] = None,
         num_clients: Optional[int] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
@@ -113,8 +125,11 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
         check_positive("noise_multiplier", noise_multiplier)
         check_positive("clipping_norm", clipping_norm)
-        m = check_int("clients_per_round", clients_per_round, minimum=1)
-        super().__init__(strategy, noise_multiplier, clipping_norm, m)
+        m = check_int("num_sampled_clients", num_sampled_clients, minimum=1)
+        super().__init__(strategy, noise_multiplier, clipping_norm, m)  # not accountant: Flower refuses POISSON ones
+        if accountant is not None:
+            num_clients = _check_poisson_accountant(accountant, num_clients)
+        self.accountant = accountant
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self._init_screening(max_weight)
@@ -131,6 +146,21 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         """The event of one round: Poisson(q)-sampled Gaussian with noise multiplier z."""
         return PoissonSampledDpEvent(self.sampling_rate, GaussianDpEvent(self.noise_multiplier))
 
+    def flower_event(self) -> Optional[GaussianPrivacyEvent]:
+        """The same round for Flower's accountant (None without one): q = m/N as sample/population."""
+        if self.accountant is None:
+            return None
+        return GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier, sample_size=self.num_sampled_clients,
+                                    population_size=self.accountant.config.population_size)
+
+    def _would_exceed(self) -> bool:
+        """One more round would exceed the ledger's ``max_epsilon`` or the Flower accountant's."""
+        if self.ledger.would_exceed(central_events=[self.round_event()]):
+            return True
+        flower = self.flower_event()
+        return flower is not None and self.accountant.config.max_epsilon is not None \
+            and self.accountant.would_exceed(flower)
+
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
@@ -140,7 +170,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             self.num_clients = check_int("num_clients", len(nodes), minimum=self.num_sampled_clients)
         self.current_arrays = arrays
         self._spec = array_spec(arrays)
-        if self.ledger.would_exceed(central_events=[self.round_event()]):
+        if self._would_exceed():
             self._stop(server_round)
             return []
         chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
@@ -152,7 +182,11 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
 
     def _stop(self, server_round: int) -> None:
         if not self.budget_exhausted:
-            log_budget_stop(server_round, self.ledger)
+            if self.ledger.would_exceed(central_events=[self.round_event()]):
+                log_budget_stop(server_round, self.ledger)
+            else:
+                log(WARNING, "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "
+                    "no further training.", server_round, self.accountant.config.max_epsilon)
         self.budget_exhausted = True
 
     @single_threaded_blas
@@ -173,11 +207,13 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
                                            max_weight=self.max_weight),
             phase="train")
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
-        accepted = _add_clipped(self, server_round, summed, accepted, rejected)
+        accepted = self.drop_rejected(server_round, accepted, summed.add_records([reply_arrays(r) for r in accepted]),
+                                      "non-finite", rejected)
         sigma = self.noise_multiplier * self.clipping_norm / self.num_sampled_clients
         arrays = fixed_denominator_release(summed, self.num_sampled_clients, sigma, self.rng())
         self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL,
                            neighboring_relation="add_or_remove_one")
+        self._compose_release(self.flower_event())  # Flower's accountant, if any (logs as Flower does)
         metrics = None
         if self.publish_client_metrics:
             self.ledger.record(NonPrivateDpEvent(), server_round=server_round, label=NON_PRIVATE_METRICS_LABEL)
@@ -199,9 +235,31 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         self.remember_instructions("evaluate", server_round, messages)
         return messages
 
+    def summary(self) -> None:
+        """Log the privacy spent so far, then Flower's DP settings and the wrapped FedAvg's summary."""
+        report = self.ledger.report()
+        rate = "m/N, N = the nodes at round 1" if self.sampling_rate is None else f"{self.sampling_rate:.4g}"
+        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d Poisson-sampled releases (q=%s)",
+            report.epsilon, report.delta, report.method, len(self.ledger.rounds()), rate)
+        super().summary()
+
     def __repr__(self) -> str:
         return (f"AccountedPoissonFixedClipping(z={self.noise_multiplier}, C={self.clipping_norm}, "
                 f"m={self.num_sampled_clients}, q={self.sampling_rate})")
+
+
+def _check_poisson_accountant(accountant: PrivacyAccountant, num_clients: Optional[int]) -> int:
+    """N from a Flower accountant configured for this sampling; ValueError naming what to change otherwise."""
+    config = accountant.config
+    if config.sampling_method is not SamplingMethod.POISSON:
+        raise ValueError(
+            "AccountedPoissonFixedClipping samples clients by Poisson sampling: give it a Flower accountant "
+            f"configured with sampling_method=SamplingMethod.POISSON (got {config.sampling_method.value!r}), "
+            "or use AccountedServerSideFixedClipping for Flower's fixed-size, no-amplification accounting")
+    if num_clients is not None and num_clients != config.population_size:
+        raise ValueError(f"num_clients={num_clients} differs from the accountant's population_size="
+                         f"{config.population_size}: both are N, the population sampled with q = m/N")
+    return int(config.population_size)
 
 
 __all__ = ["AccountedPoissonFixedClipping", "EVENT_LABEL"]

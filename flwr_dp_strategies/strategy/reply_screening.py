@@ -6,7 +6,7 @@ into the global model without a word. Every strategy of this package instead
 puts each train *and* evaluate reply through this one screening path (driven by
 :meth:`.client_accounting.ClientAccountingMixin.screen_and_book`), drops the bad
 ones with a named reason, reports the counts in the round's metrics
-(``rejected/<reason>``, every reason listed, zeros included), then aggregates the
+(``rejected/<reason>``, only the reasons that rejected a reply: an absent key is 0), then aggregates the
 rest. Whether a reply is accepted depends on that reply alone (and on what the
 server sent), never on the other replies of the round: one added client cannot
 change which others are aggregated.
@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from typing import Optional, TypeVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from .streaming_aggregation import all_finite, npy_view
 
@@ -88,6 +88,16 @@ def records_of(content: RecordDict, kind: type[R]) -> list[R]:
     costs more per reply than adding a small model.
     """
     return [record for record in content.values() if isinstance(record, kind)]
+
+
+def reply_arrays(reply: Message) -> ArrayRecord:
+    """The reply's (single, screened) ArrayRecord."""
+    return records_of(reply.content, ArrayRecord)[0]
+
+
+def reply_weight(reply: Message, weighted_by_key: str) -> float:
+    """The reply's weight as FedAvg reads it: the first MetricRecord's ``weighted_by_key``."""
+    return float(records_of(reply.content, MetricRecord)[0][weighted_by_key])  # type: ignore[arg-type]
 
 
 def named_record(content: RecordDict, name: str, kind: type[R]) -> Optional[R]:
@@ -225,5 +235,5 @@ def _check_array(
 
 
 __all__ = ["DEFAULT_MAX_WEIGHT", "MAX_INFERENCE_ABS", "REJECTION_REASONS", "array_spec", "check_max_weight",
-           "check_weight", "decode_real", "finite_metric", "has_config_record", "named_record", "records_of",
+           "check_weight", "decode_real", "finite_metric", "has_config_record", "named_record", "records_of", "reply_arrays", "reply_weight",
            "screen_evaluate_content", "screen_train_content", "valid_weight"]

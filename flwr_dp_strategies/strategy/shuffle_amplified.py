@@ -78,9 +78,9 @@ from ..privacy.accountants import basic_pure_epsilon
 from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
-from .accounted_fedavg import AccountedFedAvg, finds_non_finite, reply_arrays
+from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments, finds_non_finite
 from .metrics import aggregate_reply_metrics
-from .reply_screening import has_config_record, records_of
+from .reply_screening import DEFAULT_MAX_WEIGHT, has_config_record, records_of, reply_arrays
 from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records, single_threaded_blas
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
@@ -100,7 +100,9 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
     """AccountedFedAvg whose accepted updates are layer-wise shuffled before averaging.
 
     Args:
-        *args, **kwargs: those of :class:`AccountedFedAvg` (FedAvg's, ``ledger``, ...).
+        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order; ``ledger``,
+            ``ledger_path``, ``per_client_metrics``, ``max_reply_bytes``, ``max_weight``: as
+            :class:`AccountedFedAvg` (keyword-only, like every argument below).
         shuffler: the :class:`LayerShuffler` (default: OS-entropy randomness).
         layer_of: key → layer name (default: the part before the last ``.``).
         amplification: ``"fmt"`` (sound, see the module docstring), ``"none"``,
@@ -115,9 +117,20 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         planned_rounds: T for that default (default: ``num_rounds`` of :meth:`start`).
     """
 
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
-        *args: Any,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
         shuffler: Optional[LayerShuffler] = None,
         layer_of: Optional[Callable[[str], str]] = None,
         amplification: str = "fmt",
@@ -125,11 +138,16 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         shuffle_ledger: Optional[PrivacyLedger] = None,
         shuffle_round_delta: Optional[float] = None,
         planned_rounds: Optional[int] = None,
-        **kwargs: Any,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        max_reply_bytes: Optional[int] = None,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
         if amplification not in AMPLIFICATIONS:
             raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
-        super().__init__(*args, **kwargs)
+        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path,
+                         per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
         self.shuffler = shuffler if shuffler is not None else LayerShuffler()
         self.layer_of = layer_of
         self.amplification = amplification

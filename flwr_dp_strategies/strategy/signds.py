@@ -60,10 +60,12 @@ defaults), where MagRR's growth phase then feeds back and diverges. Lower
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import WARNING
 from typing import Any, Optional
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
@@ -73,10 +75,10 @@ from ..privacy.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
-from .accounted_fedavg import reply_arrays, reply_weight
 from .client_accounting import ClientAccountingMixin, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of
+from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
 from .streaming_aggregation import npy_view, to_array, single_threaded_blas
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
@@ -86,28 +88,46 @@ HEADER_ALLOWANCE = 1024  # bytes of .npy header tolerated beyond a payload's lar
 
 
 class SignDS(ClientAccountingMixin, FedAvg):
-    """SignDS + MagRR on Flower's FedAvg. Arguments: the SignDS parameters (domains as MindSpore),
-    ``max_dim_out`` (most indices a client may send), ``magrr`` (MagRR constants), the ledger
-    options of :class:`AccountedFedAvg`, ``max_weight`` (largest accepted ``weighted_by_key``,
-    default 1e9), and FedAvg's own keyword arguments."""
+    """SignDS + MagRR on Flower's FedAvg; clients must run :func:`client_mods.signds_mod`.
 
+    Needs its client counterpart: every ClientApp adds ``client_mods.signds_mod`` to its train
+    function (``@app.train(mods=[signds_mod])``), which replaces the trained weights by the SignDS
+    upload. Without it no reply is usable and the model never changes: the first such round logs
+    one WARNING saying so.
+
+    Arguments: FedAvg's (``fraction_train`` ... ``evaluate_metrics_aggr_fn``, in FedAvg's order and
+    meaning), then keyword-only: the SignDS parameters (domains as MindSpore), ``max_dim_out``
+    (most indices a client may send), ``magrr`` (MagRR constants), the ledger options of
+    :class:`AccountedFedAvg` and ``max_weight`` (largest accepted ``weighted_by_key``, default 1e9).
+    """
+
+    # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
         self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
         sign_k: float = 0.01,
         sign_eps: float = 100.0,
         sign_thr_ratio: float = 0.6,
         sign_global_lr: float = 0.1,
         sign_dim_out: int = 0,
-        *,
         max_dim_out: int = MAX_DIM_OUT,
         magrr: MagRRConfig = MagRRConfig(),
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
-        **fedavg_kwargs: Any,
     ) -> None:
-        super().__init__(**fedavg_kwargs)
+        super().__init__(**fedavg_arguments(locals()))
         self.params = SignDSParams(sign_k, sign_eps, sign_thr_ratio, sign_dim_out)
         self.sign_global_lr = check_global_lr(sign_global_lr)
         self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
@@ -117,6 +137,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._asked = 0
+        self._hinted = False  # the missing-client-mod WARNING, logged once
 
     # ------------------------------------------------------------------ configure
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -154,6 +175,8 @@ class SignDS(ClientAccountingMixin, FedAvg):
         undeclared = undeclared_replies(replies)
         accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d),
                                                   phase="train", undeclared_label=NON_PRIVATE_LABEL)
+        if not accepted:
+            self._hint_missing_mod(server_round, replies, keys)
         self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
         r_est_used = self.state.r_est
         step = step_size(r_est_used, max(self._asked, 1), self.magrr)
@@ -166,6 +189,19 @@ class SignDS(ClientAccountingMixin, FedAvg):
                            **self._upload_sizes(accepted)}.items():
             merged[f"signds/{key}"] = float(value)
         return arrays, merged
+
+    def _hint_missing_mod(self, server_round: int, replies: list[Message], model_keys: list[str]) -> None:
+        """Once: say that replies carrying the model's own arrays come from clients without ``signds_mod``."""
+        if self._hinted:
+            return
+        plain = [r for r in replies if not r.has_error()
+                 and any(set(record.keys()) == set(model_keys) for record in records_of(r.content, ArrayRecord))]
+        if plain:
+            self._hinted = True
+            log(WARNING, "SignDS: %d train replies of round %d carry the model's own arrays instead of the SignDS "
+                "upload (%s), so they are rejected and the model is not updated: the ClientApps do not run "
+                "client_mods.signds_mod. Add it to the train function: @app.train(mods=[signds_mod])",
+                len(plain), server_round, ", ".join(UPLOAD_KEYS))
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screened FedAvg evaluation (weighted metric mean of the accepted replies), plus the round's counts."""
@@ -189,7 +225,7 @@ class SignDS(ClientAccountingMixin, FedAvg):
         array_records = records_of(content, ArrayRecord)
         if len(array_records) != 1:
             return "structure"
-        reason = check_weight(content, self.weighted_by_key)
+        reason = check_weight(content, self.weighted_by_key, self.max_weight)
         if reason is not None:
             return reason
         record = array_records[0]

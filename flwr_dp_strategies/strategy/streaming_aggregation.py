@@ -384,6 +384,13 @@ class ClippedSum:
         self.count += 1
         return norm
 
+    def add_records(self, records: Sequence[Mapping[str, ArrayLike]]) -> list[int]:
+        """:meth:`add` each record's arrays (looked up in the model's key order); the indices of
+        the records not added because their update holds NaN/inf."""
+        keys = list(self.reference)
+        return [index for index, record in enumerate(records)
+                if self.add([record[key] for key in keys]) is None]
+
     def _squared_distance(self, key: str, x: np.ndarray) -> float:
         """‖x − w‖₂² of one key, from cache-sized blocks of the difference."""
         ref = self.reference[key]

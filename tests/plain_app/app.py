@@ -46,7 +46,7 @@ DROP_IN = {
                                                                                        NODES),
     "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
-    "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(NODES, 1.0, **FEDAVG_ARGS),
+    "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(num_selected=NODES, epsilon=1.0, **FEDAVG_ARGS),
     "ShuffleAmplifiedFedAvg": lambda: ShuffleAmplifiedFedAvg(**FEDAVG_ARGS),
 }
 

@@ -65,14 +65,15 @@ def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int,
         noise_std = fm_noise_std(q, classes, epsilon=fm_epsilon(config), noise=str(config["fm-noise"]),
                                  delta=float(config["target-delta"]), neighboring_relation=RELATION,
                                  calibration=str(config["fm-calibration"]))
-        return NoisyObjectiveSum(classes, client_noise_std=noise_std, ridge_fraction=SUM_RIDGE_FRACTION, **nodes)
+        return NoisyObjectiveSum(**nodes, num_classes=classes, client_noise_std=noise_std,
+                                 ridge_fraction=SUM_RIDGE_FRACTION)
     if variant == "basic":
         return AccountedFedAvg(**nodes)
     if variant == "shuffle":
         return ShuffleAmplifiedFedAvg(**nodes, reports_are_ldp=False)
     selected = min(int(config["num-selected"]), max(1, clients // 2))
     epsilon: Optional[float] = float(config["selection-epsilon"]) if variant == "enhanced" else None
-    return MinDivergenceExpSampling(selected, epsilon, **nodes)
+    return MinDivergenceExpSampling(num_selected=selected, epsilon=epsilon, **nodes)
 
 
 def federated_projection(grid: Grid, config: dict[str, Any], dim: int, ledger: PrivacyLedger,
