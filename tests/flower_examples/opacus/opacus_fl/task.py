@@ -5,10 +5,10 @@ from collections import OrderedDict
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from flwr_datasets import FederatedDataset
+from offline_shims.hf import FederatedDataset  # CHANGED: local data, no Hugging Face download
 from flwr_datasets.partitioner import IidPartitioner
 from torch.utils.data import DataLoader
-from torchvision.transforms import Compose, Normalize, ToTensor
+from offline_shims.transforms import Compose, Normalize, ToTensor  # CHANGED: torch ops, no torchvision
 from tqdm import tqdm
 
 fds = None  # Cache FederatedDataset

@@ -3,11 +3,11 @@
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from datasets import load_dataset
-from flwr_datasets import FederatedDataset
+from offline_shims.hf import load_dataset  # CHANGED: local data, no Hugging Face download
+from offline_shims.hf import FederatedDataset  # CHANGED: local data, no Hugging Face download
 from flwr_datasets.partitioner import IidPartitioner
 from torch.utils.data import DataLoader
-from torchvision.transforms import Compose, Normalize, ToTensor
+from offline_shims.transforms import Compose, Normalize, ToTensor  # CHANGED: torch ops, no torchvision
 
 
 class Net(nn.Module):
