@@ -14,9 +14,16 @@ and checks that
 * nothing is printed or warned beyond what the unmodified app prints with Flower's ``FedAvg``
   (the ``FedAvg`` case of each app, run in the same session): no Python warning, no WARNING or
   ERROR log line that Flower's own run does not show;
-* no log line is printed twice by two handlers, and no handler was added to the root logger.
+* no log line is printed twice by two handlers, and no handler was added to the root logger
+  (for the Opacus app: none beyond the one Opacus' own import adds in Flower's unmodified run,
+  which already prints its lines twice).
+
+The Opacus app's clients also declare each round's DP-SGD spend, read from their own
+``PrivacyEngine`` (2 imports and 3 lines, ``OPACUS_CLIENT_DECLARED_REPLY``); its check adds that
+Flower's example reports the same per-round epsilon every round while the ledger's grows.
 
 Each run is a subprocess, so imported apps, Ray and logging state never leak between cases.
+Differences from Flower that these runs show are listed in ``docs/differences-from-flower.md``.
 """
 
 from __future__ import annotations
@@ -193,12 +200,21 @@ def log_records(output: str) -> list[tuple[str, str]]:
     return out
 
 
-def duplicated_records(output: str) -> list[str]:
-    """Messages printed in two formats: the same record handled twice (e.g. by a root handler too)."""
+def _formats_by_message(output: str) -> dict[str, set[str]]:
     formats: dict[str, set[str]] = {}
     for name, message in log_records(output):
         formats.setdefault(message, set()).add(name)
-    return sorted(_shape(m) for m, names in formats.items() if len(names) > 1 and len(m) >= 12)
+    return formats
+
+
+def duplicated_records(output: str) -> list[str]:
+    """Messages printed in two formats: the same record handled twice (e.g. by a root handler too)."""
+    return sorted(_shape(m) for m, names in _formats_by_message(output).items() if len(names) > 1 and len(m) >= 12)
+
+
+def duplicating_handlers(output: str) -> set[frozenset[str]]:
+    """The sets of formats in which one record was printed more than once (one set per extra handler)."""
+    return {frozenset(names) for m, names in _formats_by_message(output).items() if len(names) > 1 and len(m) >= 12}
 
 
 def _shape(message: str) -> str:
@@ -285,6 +301,11 @@ def test_flower_example_with_our_strategy(app, strategy, tmp_path, tmp_path_fact
                 assert epsilon == math.inf, (rnd, metrics)
         epsilons = [_as_float(train[str(r)]["privacy/epsilon"]) for r in range(1, ROUNDS + 1)]
         assert epsilons == sorted(epsilons), epsilons  # composition never lowers the spend
+        if app == "opacus":  # Flower's example reports one round's epsilon (a fresh PrivacyEngine every round)
+            theirs = baseline(app, tmp_path_factory).report["results"][0]["train_metrics_clientapp"]
+            per_round = [float(theirs[str(r)]["max_epsilon"]) for r in range(1, ROUNDS + 1)]
+            assert per_round == pytest.approx([per_round[0]] * ROUNDS), per_round
+            assert epsilons[-1] > epsilons[0], epsilons  # the ledger composes the rounds
 
     # Quiet: nothing beyond what Flower's own run of the same app prints and warns. Flower's own
     # Opacus example already prints its log lines twice (Opacus' import calls logging.basicConfig):
@@ -294,8 +315,11 @@ def test_flower_example_with_our_strategy(app, strategy, tmp_path, tmp_path_fact
         assert flower.report["root_handlers_added"] == [] and duplicated_records(flower.output) == []
     added = set(run.report["root_handlers_added"]) - set(flower.report["root_handlers_added"])
     assert added == set(), added
-    twice = set(duplicated_records(run.output)) - set(duplicated_records(flower.output))
-    assert twice == set(), (sorted(twice), tail)
+    if not duplicating_handlers(flower.output):
+        assert duplicated_records(run.output) == [], tail
+    else:  # Flower's Opacus app: from when Opacus is imported (a race with the first rounds), each line twice
+        extra = duplicating_handlers(run.output) - duplicating_handlers(flower.output)
+        assert extra == set(), (extra, duplicated_records(run.output), tail)
     if strategy != "FedAvg":
         ours = {(w["category"], _shape(w["message"])) for w in run.report["warnings"]}
         theirs = {(w["category"], _shape(w["message"])) for w in flower.report["warnings"]}
@@ -316,3 +340,28 @@ def test_importing_our_package_adds_no_root_log_handler(module):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
+
+
+FRICTION_ABSL = (
+    "dp-accounting's RdpAccountant logs through absl ('_compute_log_a_frac failed to converge', fractional "
+    "orders at q = 1/7, z = 1: Flower's Opacus example); with no root handler yet that adds one, and every "
+    "Flower log line then prints twice (absl root handler friction being fixed in the library)")
+
+
+@pytest.mark.xfail(strict=True, reason=FRICTION_ABSL)
+def test_accounting_a_sampled_round_adds_no_root_log_handler():
+    """The ledger's epsilon of one Opacus-example round (Poisson q = 1/7, z = 1, 7 steps) leaves logging alone."""
+    code = (
+        "import logging\n"
+        "before = list(logging.getLogger().handlers)\n"
+        "from dp_accounting import dp_event as e\n"
+        "from flwr_dp_strategies import PrivacyLedger\n"
+        "ledger = PrivacyLedger(1e-5)\n"
+        "event = e.SelfComposedDpEvent(e.PoissonSampledDpEvent(1 / 7, e.GaussianDpEvent(1.0)), 7)\n"
+        "ledger.record(event, server_round=1, client=1, label='opacus round')\n"
+        "assert 0 < ledger.metrics()['privacy/epsilon'] < float('inf')\n"
+        "print([repr(h) for h in logging.getLogger().handlers if h not in before])\n")
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]", (proc.stdout, proc.stderr[-1000:])
