@@ -96,11 +96,16 @@ def load_flower_tests(strategy_name: str) -> types.ModuleType:
     sys.modules[f"{PACKAGE}.strategy_utils"] = importlib.import_module("flwr.serverapp.strategy.strategy_utils")
     # strategy_utils_test imports ``parameterized`` (a Flower dev dependency, not installed here) for
     # tests of Flower's own utilities, which are not run; only its create_mock_reply is used.
-    if "parameterized" not in sys.modules and importlib.util.find_spec("parameterized") is None:
+    stubbed = "parameterized" not in sys.modules and importlib.util.find_spec("parameterized") is None
+    if stubbed:
         stub = types.ModuleType("parameterized")
         stub.parameterized = types.SimpleNamespace(expand=lambda *a, **k: (lambda f: f))  # type: ignore[attr-defined]
-        sys.modules.setdefault("parameterized", stub)
-    return importlib.import_module(f"{PACKAGE}.fedavgm_test")
+        sys.modules["parameterized"] = stub
+    try:
+        return importlib.import_module(f"{PACKAGE}.fedavgm_test")
+    finally:
+        if stubbed:  # visible to the vendored module only
+            del sys.modules["parameterized"]
 
 
 FLOWER_TESTS = [
