@@ -4,7 +4,8 @@ The examples ask Hugging Face for ``uoft-cs/cifar10`` (quickstart-pytorch, opacu
 ``hitorilabs/iris`` (quickstart-sklearn). Here:
 
 * ``uoft-cs/cifar10`` -> MNIST from the local IDX files (``$FLWR_DP_DATA_DIR/mnist`` or
-  ``../shared/data/mnist``, read by :func:`flwr_dp_experiments.datasets.load_mnist`), each
+  ``../shared/data/mnist``, :func:`flwr_dp_experiments.datasets.shared_data_dir`; only the
+  images used are decompressed), each
   28 x 28 digit zero-padded to 32 x 32 and repeated over 3 channels: CIFAR-10's shape
   (``img``: a 32 x 32 RGB PIL image, ``label``: 0..9), so the examples' ``Net`` is unchanged.
   Only the first :data:`CIFAR_SHAPED_TRAIN` / :data:`CIFAR_SHAPED_TEST` examples are used
@@ -20,6 +21,7 @@ shuffled before it is partitioned) and hands the split to the example's own part
 
 from __future__ import annotations
 
+import gzip
 import os
 from typing import Any, Optional
 
@@ -27,22 +29,33 @@ import numpy as np
 from datasets import Dataset, Features, Image, Value
 from PIL import Image as PILImage
 
-CIFAR_SHAPED_TRAIN = int(os.environ.get("FLOWER_EXAMPLES_TRAIN_SIZE", "1000"))
-CIFAR_SHAPED_TEST = int(os.environ.get("FLOWER_EXAMPLES_TEST_SIZE", "500"))
+CIFAR_SHAPED_TRAIN = int(os.environ.get("FLOWER_EXAMPLES_TRAIN_SIZE", "400"))
+CIFAR_SHAPED_TEST = int(os.environ.get("FLOWER_EXAMPLES_TEST_SIZE", "200"))
 IRIS_COLUMNS = {"sepal_length": 0, "sepal_width": 1, "petal_length": 2, "petal_width": 3}
 
 
-def _mnist_as_cifar(split: str) -> Dataset:
-    from flwr_dp_experiments.datasets import load_mnist
+def _read_idx_head(path: str, count: int, item_bytes: int, header_bytes: int) -> np.ndarray:
+    """The first ``count`` items of a gzip'ed IDX file (only those bytes are decompressed)."""
+    with gzip.open(path, "rb") as handle:
+        handle.read(header_bytes)
+        data = handle.read(count * item_bytes)
+    if len(data) != count * item_bytes:
+        raise ValueError(f"{path} holds fewer than {count} items")
+    return np.frombuffer(data, dtype=np.uint8).reshape(count, -1)
 
-    x_train, y_train, x_test, y_test = load_mnist()
-    x, y, n = (x_train, y_train, CIFAR_SHAPED_TRAIN) if split == "train" else (x_test, y_test, CIFAR_SHAPED_TEST)
-    images = np.rint(x[:n].reshape(-1, 28, 28) * 255.0).astype(np.uint8)
+
+def _mnist_as_cifar(split: str) -> Dataset:
+    from flwr_dp_experiments.datasets import MNIST_FILES, shared_data_dir
+
+    n = CIFAR_SHAPED_TRAIN if split == "train" else CIFAR_SHAPED_TEST
+    images_file, labels_file = (os.path.join(shared_data_dir("mnist"), name) for name in MNIST_FILES[split])
+    images = _read_idx_head(images_file, n, 28 * 28, 16).reshape(-1, 28, 28)
+    labels = _read_idx_head(labels_file, n, 1, 8).reshape(-1)
     images = np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None], 3, axis=-1)
     # PIL images under an Image feature, as the Hub's CIFAR-10: transforms get what they get there
     features = Features({"img": Image(), "label": Value("int64")})
     return Dataset.from_dict({"img": [PILImage.fromarray(im) for im in images],
-                              "label": y[:n].astype(np.int64).tolist()}, features=features)
+                              "label": labels.astype(np.int64).tolist()}, features=features)
 
 
 def _iris(split: str) -> Dataset:
