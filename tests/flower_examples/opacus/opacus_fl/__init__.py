@@ -1,0 +1,1 @@
+"""opacus: Training with Sample-Level Differential Privacy using Opacus Privacy Engine."""

@@ -1,0 +1,1 @@
+"""quickstart-sklearn-example."""
