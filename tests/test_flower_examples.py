@@ -103,23 +103,16 @@ OPACUS_CLIENT_DECLARED_REPLY = (
     "    return Message(\n"
     "        content=content,\n")
 
-FRICTION_POISSON_ARGS = (
-    "AccountedPoissonFixedClipping's 4th parameter is `clients_per_round`, so Flower's keyword "
-    "`num_sampled_clients` is a TypeError (constructor argument order/names being aligned with "
-    "DifferentialPrivacyServerSideFixedClipping)")
-
 CASES = [
     ("quickstart-pytorch", "FedAvg"),
     ("quickstart-pytorch", "AccountedFedAvg"),
     ("quickstart-pytorch", "AccountedServerSideFixedClipping"),
-    pytest.param("quickstart-pytorch", "AccountedPoissonFixedClipping",
-                 marks=pytest.mark.xfail(strict=True, reason=FRICTION_POISSON_ARGS)),
+    ("quickstart-pytorch", "AccountedPoissonFixedClipping"),
     ("quickstart-pytorch", "AccountedAdaptiveClipping"),
     ("quickstart-sklearn", "FedAvg"),
     ("quickstart-sklearn", "AccountedFedAvg"),
     ("quickstart-sklearn", "AccountedServerSideFixedClipping"),
-    pytest.param("quickstart-sklearn", "AccountedPoissonFixedClipping",
-                 marks=pytest.mark.xfail(strict=True, reason=FRICTION_POISSON_ARGS)),
+    ("quickstart-sklearn", "AccountedPoissonFixedClipping"),
     ("quickstart-sklearn", "AccountedAdaptiveClipping"),
     ("opacus", "FedAvg"),
     ("opacus", "AccountedFedAvg"),
@@ -342,13 +335,6 @@ def test_importing_our_package_adds_no_root_log_handler(module):
     assert proc.stdout.strip().splitlines()[-1] == "[]", proc.stdout
 
 
-FRICTION_ABSL = (
-    "dp-accounting's RdpAccountant logs through absl ('_compute_log_a_frac failed to converge', fractional "
-    "orders at q = 1/7, z = 1: Flower's Opacus example); with no root handler yet that adds one, and every "
-    "Flower log line then prints twice (absl root handler friction being fixed in the library)")
-
-
-@pytest.mark.xfail(strict=True, reason=FRICTION_ABSL)
 def test_accounting_a_sampled_round_adds_no_root_log_handler():
     """The ledger's epsilon of one Opacus-example round (Poisson q = 1/7, z = 1, 7 steps) leaves logging alone."""
     code = (

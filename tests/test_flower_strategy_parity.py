@@ -135,12 +135,9 @@ NO_SENDER = ("differences-from-flower.md#sender: the ledger books each reply und
              "(metadata.src_node_id); Flower's mock replies have none (a Mock), so booking raises ValueError")
 UNIFORM = ("differences-from-flower.md#weights: central DP averages over the public denominator m "
            "(uniform weights); Flower's FedAvg and its DP wrapper weight by num-examples (here 1 and 2)")
-UNCONFIGURED_POISSON = (
-    "UNINTENTIONAL (to route): AccountedPoissonFixedClipping.aggregate_train before any configure_train "
-    "raises AttributeError: 'AccountedPoissonFixedClipping' object has no attribute '_spec'")
-UNCONFIGURED_ADAPTIVE = (
-    "UNINTENTIONAL (to route): AccountedAdaptiveClipping.aggregate_train before any configure_train raises "
-    "ValueError: event.sampling_probability must be a real number in [0, 1], got None")
+UNCONFIGURED_POISSON = UNCONFIGURED_ADAPTIVE = (
+    "differences-from-flower.md#configure-first: aggregate_train before any configure_train raises Flower's "
+    "AggregationError (as FedAvgM does without a model): the round's model and q = m/N are set there")
 
 # (strategy, test, mode) -> why it fails; "UNINTENTIONAL" ones are listed for a fix, the others are
 # rows of docs/differences-from-flower.md

@@ -117,7 +117,7 @@ from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
-                              poisson_sample, train_instructions)
+                              poisson_sample, require_configured, train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
@@ -306,6 +306,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, add the clipped updates and bits, release with this round's C, then update C and book."""
+        require_configured(self)
         if self.budget_exhausted:
             return None, None
         accepted, rejected = self.screen_and_book(

@@ -98,3 +98,19 @@ def log_budget_stop(server_round: int, ledger: PrivacyLedger) -> None:
 
 __all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release", "log_budget_stop", "poisson_sample",
            "secure_release_event", "train_instructions"]
+
+
+def require_configured(strategy: object) -> None:
+    """Raise Flower's ``AggregationError`` when ``aggregate_train`` comes before ``configure_train``.
+
+    The round's model (the reference every update is clipped against and screened by) and the
+    sampling rate q = m/N are fixed by ``configure_train``, as ``Strategy.start`` calls it; without
+    them nothing can be clipped or booked (Flower's FedAvgM raises the same error for its model).
+    """
+    from flwr.serverapp.exception import AggregationError
+
+    if getattr(strategy, "_spec", None) is None:
+        raise AggregationError(f"{type(strategy).__name__}.aggregate_train called before configure_train: the "
+                               "round's model and the sampling rate q = m/N are set there (Strategy.start calls "
+                               "configure_train first)")
+

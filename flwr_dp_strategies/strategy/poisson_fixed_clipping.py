@@ -68,7 +68,7 @@ from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
-                              poisson_sample, train_instructions)
+                              poisson_sample, require_configured, train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
@@ -199,6 +199,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         costs ε = 1.31 over 100 rounds at N = 100, q = 0.1), and not the clients' train
         metrics unless ``publish_client_metrics=True`` (then booked as non-private).
         """
+        require_configured(self)
         if self.budget_exhausted:
             return None, None
         accepted, rejected = self.screen_and_book(
