@@ -281,13 +281,15 @@ class LocalSimulation:
     # -- runs -------------------------------------------------------------------------------------------------
     def run(self, app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_supernodes: int,
             num_cpus: int = 1, num_gpus: float = 0.0, on_line: Optional[Callable[[str], None]] = None,
-            timeout_s: Optional[float] = None) -> None:
+            federation_config: Optional[Mapping[str, Any]] = None, timeout_s: Optional[float] = None) -> None:
         """``flwr run app_dir`` with ``run_config`` on ``num_supernodes`` simulated SuperNodes; wait for the end.
 
         Keys of ``run_config`` must be in the app's ``[tool.flwr.app.config]``
         (Flower refuses others). ``on_line`` gets every streamed line (no ANSI
-        colours). Raises when ``flwr run`` fails; whether the app succeeded is
-        for the caller to check (the file it writes).
+        colours). ``federation_config`` adds other simulation settings (e.g.
+        ``{"init-args-num-cpus": 2}``: the CPUs Ray may use). Raises when ``flwr
+        run`` fails; whether the app succeeded is for the caller to check (the
+        file it writes).
         """
         if self._process is None or self.home is None:
             raise RuntimeError("LocalSimulation.run() before start() (use it as a context manager)")
@@ -297,8 +299,9 @@ class LocalSimulation:
             raise ValueError(f"run config keys {unknown} are not in {app_dir / 'pyproject.toml'}")
         config_file = write_run_config(Path(self.home) / f"run-config-{len(self._runs)}-{time.time_ns()}.toml",
                                        run_config)
-        federation = (f"num-supernodes={int(num_supernodes)} client-resources-num-cpus={int(num_cpus)} "
-                      f"client-resources-num-gpus={float(num_gpus)}")
+        federation = {"num-supernodes": int(num_supernodes), "client-resources-num-cpus": int(num_cpus),
+                      "client-resources-num-gpus": float(num_gpus), **(federation_config or {})}
+        federation = " ".join(f"{key}={_toml_value(key, value)}" for key, value in federation.items())
         command = [_executable("flwr"), "run", str(app_dir), CONNECTION, "--run-config", config_file,
                    "--federation-config", federation, "--stream"]
         self._write(f"$ {' '.join(command)}\n")
@@ -376,8 +379,8 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
 def run_app(app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_supernodes: int,
             results_path: str | os.PathLike, log_file: Optional[str | os.PathLike] = None,
             simulation: Optional[LocalSimulation] = None, verbose: bool = False, num_cpus: float = 1,
-            num_gpus: float = 0.0, echo: Optional[str] = None,
-            on_line: Optional[Callable[[str], None]] = None) -> Any:
+            num_gpus: float = 0.0, federation_config: Optional[Mapping[str, Any]] = None,
+            echo: Optional[str] = None, on_line: Optional[Callable[[str], None]] = None) -> Any:
     """Run the Flower app in ``app_dir`` once and return the JSON its ServerApp wrote to ``results_path``.
 
     With ``simulation`` (a started :class:`LocalSimulation`) the run goes to
@@ -396,7 +399,8 @@ def run_app(app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_su
         log_file = log_file if log_file is not None else results_path.parent / "flower.log"
         with LocalSimulation(log_file, verbose=verbose) as sim:
             return run_app(app_dir, run_config, num_supernodes=num_supernodes, results_path=results_path,
-                           simulation=sim, num_cpus=num_cpus, num_gpus=num_gpus, echo=echo, on_line=on_line)
+                           simulation=sim, num_cpus=num_cpus, num_gpus=num_gpus,
+                           federation_config=federation_config, echo=echo, on_line=on_line)
     callback = on_line
     if echo is not None and not simulation.verbose:
         pattern = re.compile(echo)
@@ -408,7 +412,7 @@ def run_app(app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_su
                 on_line(line)
 
     simulation.run(app_dir, run_config, num_supernodes=num_supernodes, num_cpus=max(1, math.ceil(num_cpus)),
-                   num_gpus=num_gpus, on_line=callback)
+                   num_gpus=num_gpus, federation_config=federation_config, on_line=callback)
     if not results_path.exists():
         raise RuntimeError(f"the ServerApp did not write {results_path}; see the Flower log {simulation.log_file}")
     with open(results_path) as handle:

@@ -1,8 +1,9 @@
-"""Run configuration with defaults, for `flwr run` and for `run_simulation` (whose run config is empty).
+"""Run configuration with defaults, for `flwr run`, and for apps started without a run config.
 
 Precedence (later wins): :data:`DEFAULTS` < JSON in the ``QUICKSTART_RUN_CONFIG``
-environment variable (set by ``run_demo.py``) < ``context.run_config`` (filled
-by ``flwr run`` from pyproject.toml and ``--run-config``).
+environment variable (for apps started some other way) < ``context.run_config``
+(filled by ``flwr run`` from pyproject.toml and ``--run-config``; ``run_demo.py``
+passes its options that way).
 """
 
 from __future__ import annotations
