@@ -122,7 +122,8 @@ def plot_run(
     ax_acc.set(xlabel="round", ylabel=accuracy_label, ylim=(0, 1), title=title or f"accuracy ({method})")
 
     epsilon_series = dict(epsilon_series or {"": "epsilon"})
-    if any(row.get(key) is not None for row in rows for key in epsilon_series.values()):
+    private = any(row.get(key) is not None for row in rows for key in epsilon_series.values())
+    if private:
         for label, key in epsilon_series.items():
             ax_eps.plot(rounds, _series(rows, key), marker="o", label=label or None,
                         color="tab:red" if len(epsilon_series) == 1 else None)
@@ -131,8 +132,9 @@ def plot_run(
         ax_eps.set(ylabel=epsilon_label, ylim=(0, None))
     else:
         ax_eps.text(0.5, 0.5, no_dp_text, ha="center", va="center", transform=ax_eps.transAxes)
-    ax_eps.set(xlabel="round", title=epsilon_title or ("privacy spent" + ("" if delta is None else
-                                                                            f" (delta={delta:g})")))
+        ax_eps.set(xticks=[], yticks=[])
+    suffix = "" if delta is None or not private else f" (delta={delta:g})"
+    ax_eps.set(xlabel="round", title=epsilon_title or f"privacy spent{suffix}")
 
     for ax, panel in zip(ax_more, panels):
         for label, key in panel["series"].items():
@@ -141,7 +143,8 @@ def plot_run(
             ax.legend(fontsize=7)
         ax.set(xlabel="round", ylabel=panel.get("ylabel", ""), title=panel.get("title", ""))
     for ax in axes[0]:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if private or ax is not ax_eps:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -183,6 +183,8 @@ class LocalSimulation:
         # The SuperLink starts flower-superexec, flwr-simulation, ... by name: this environment's first.
         env["PATH"] = os.pathsep.join([os.path.dirname(_executable("flwr")), env.get("PATH", "")])
         env["PYTHONUNBUFFERED"] = "1"
+        # SuperExec looks for new runs every second by default; a run waits for that twice (ServerApp, simulation).
+        env.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.1")
         return env
 
     def _write(self, line: str) -> None:
