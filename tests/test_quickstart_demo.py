@@ -1,6 +1,7 @@
 """End-to-end: examples/quickstart/run_demo.py (local SuperLink in simulation mode + ``flwr run``, Ray backend).
 
-The demo runs as a script in a subprocess, as the README tells users to run it,
+The demo runs as a script in a subprocess, as the README tells users to run it
+(one ``flwr run`` whose ServerApp runs the methods one after the other),
 so that its stdout is exactly what a user sees: a short header, one progress
 bar per method, the table and the plot's path; Flower's and Ray's logs go to
 ``<results-dir>/flower.log``. 3 methods x 2 rounds x 3 clients: about 1.5 min

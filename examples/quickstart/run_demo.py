@@ -4,12 +4,14 @@
         [--mechanism none central-dp central-dp-poisson local-dp dp-sgd] [--noise-multiplier 0.5]
         [--results-dir DIR] [--verbose]
 
-Every mechanism named (default: all five) is one run of the Flower app in this
-folder the way Flower 1.41 supports (``flwr run``): a local SuperLink in
-simulation mode is started once (in its own process group; it and everything
-it started are ended on exit, on an error and on Ctrl-C), and each mechanism
-is submitted to it with ``flwr run . <connection> --run-config ...
---federation-config num-supernodes=N`` (see ``flwr_dp_experiments.simulation``).
+The mechanisms named (default: all five) run the Flower app in this folder the
+way Flower 1.41 supports (``flwr run``): a local SuperLink in simulation mode is
+started (it and everything it started are ended on exit, on an error and on
+Ctrl-C) and the app is submitted to it once with ``flwr run . <connection>
+--run-config ... --federation-config num-supernodes=N`` (see
+``flwr_dp_experiments.simulation``); its ``mechanisms`` run config makes the
+ServerApp run them one after the other, each from the same initial model with
+a fresh strategy and ledger (one simulation start instead of one per method).
 The ServerApp writes ``DIR/<mechanism>/results.{json,png}``; at the end a table
 compares the methods (final accuracy, ε, and what ε protects) and is saved as
 ``DIR/summary.{json,md,png}``. With a single mechanism the results go to ``DIR``
@@ -37,8 +39,9 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 if REPO not in sys.path:  # a plain checkout: flwr_dp_experiments next to examples/
     sys.path.insert(0, REPO)
 LOG_FILE = "flower.log"
-#: The ServerApp's per-round line (quickstart/results.py: format_row).
+#: The ServerApp's per-round line (quickstart/results.py: format_row) and its line before each mechanism.
 ROUND_LINE = re.compile(r"^round (\d+)  accuracy ([0-9.]+)  epsilon (\S+)")
+MECHANISM_LINE = re.compile(r"^mechanism (\S+)$")
 MECHANISMS = ("none", "central-dp", "central-dp-poisson", "local-dp", "dp-sgd")
 TITLES = {
     "none": "FedAvg (no DP)",
@@ -86,23 +89,34 @@ def settings_from(args: argparse.Namespace, mechanism: str, results_dir: str) ->
     }
 
 
-def simulate(sim: Any, settings: dict[str, Any], num_gpus: float = 0.0,
-             on_round: Optional[Callable[[int, float, float], None]] = None) -> dict[str, Any]:
-    """Run the app once with ``flwr run`` on the started LocalSimulation ``sim``; return its results JSON.
+def simulate(sim: Any, settings: dict[str, Any], mechanisms: list[str], num_gpus: float = 0.0,
+             on_line: Optional[Callable[[str], None]] = None) -> dict[str, dict[str, Any]]:
+    """Run the app once with ``flwr run`` on the started LocalSimulation ``sim``; return each mechanism's results.
 
-    ``on_round(round, accuracy, epsilon)`` is called on each per-round line the ServerApp prints.
+    One mechanism: ``settings["mechanism"]``, results in ``settings["results-dir"]``; several: the
+    ``mechanisms`` run config, results in ``<results-dir>/<mechanism>/``. ``on_line`` gets every line.
     """
     from flwr_dp_experiments.results import RESULTS_JSON
     from flwr_dp_experiments.simulation import run_app
 
-    def on_line(line: str) -> None:
-        match = ROUND_LINE.match(line)
-        if match and on_round is not None:
-            on_round(int(match.group(1)), float(match.group(2)), float(match.group(3)))
-
-    return run_app(HERE, settings, num_supernodes=int(settings["num-partitions"]), simulation=sim,
-                   num_gpus=num_gpus, on_line=on_line,
-                   results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
+    root = settings["results-dir"]
+    folders = {m: root if len(mechanisms) == 1 else os.path.join(root, m) for m in mechanisms}
+    for folder in folders.values():  # a stale results.json is never mistaken for this run's
+        if os.path.exists(os.path.join(folder, RESULTS_JSON)):
+            os.remove(os.path.join(folder, RESULTS_JSON))
+    settings = {**settings, "mechanism": mechanisms[0]}
+    if len(mechanisms) > 1:
+        settings["mechanisms"] = ",".join(mechanisms)
+    run_app(HERE, settings, num_supernodes=int(settings["num-partitions"]), simulation=sim, num_gpus=num_gpus,
+            on_line=on_line, results_path=os.path.join(folders[mechanisms[-1]], RESULTS_JSON))
+    results = {}
+    for mechanism, folder in folders.items():
+        path = os.path.join(folder, RESULTS_JSON)
+        if not os.path.exists(path):
+            raise RuntimeError(f"the ServerApp did not write {path}; see the Flower log {sim.log_file}")
+        with open(path) as handle:
+            results[mechanism] = json.load(handle)
+    return results
 
 
 def summary_rows(all_results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,24 +215,35 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     print(f"quickstart: {len(mechanisms)} method{'s' * (len(mechanisms) > 1)}, {args.num_clients} clients, "
           f"{args.rounds} rounds on sklearn digits (Flower simulation: local SuperLink + flwr run)")
     print(f"Flower and Ray logs: {log_file}" + ("" if args.verbose else " (--verbose prints them)"), flush=True)
-    all_results = {}
     progress, tasks = progress_bars(mechanisms, args.rounds)
+    current: list[Any] = []  # the task of the mechanism running now
+
+    def switch(mechanism: str) -> None:
+        if current and current[0] == tasks[mechanism]:
+            return
+        if current:
+            progress.stop_task(current.pop())
+        current.append(tasks[mechanism])
+        progress.start_task(current[0])
+        progress.update(current[0], status="starting")
+
+    def on_line(line: str) -> None:
+        if (match := MECHANISM_LINE.match(line)) and match.group(1) in tasks:
+            switch(match.group(1))
+        elif (match := ROUND_LINE.match(line)) and current:
+            progress.update(current[0], completed=int(match.group(1)),
+                            status=status(float(match.group(2)), float(match.group(3))))
+
     with LocalSimulation(log_file, verbose=args.verbose) as sim, progress:
-        for mechanism in mechanisms:
-            task = tasks[mechanism]
-            progress.start_task(task)
-            progress.update(task, status="starting")
-            out = results_dir if len(mechanisms) == 1 else os.path.join(results_dir, mechanism)
-
-            def on_round(rnd: int, accuracy: float, epsilon: float, task: Any = task) -> None:
-                progress.update(task, completed=rnd, status=status(accuracy, epsilon))
-
-            all_results[mechanism] = simulate(sim, settings_from(args, mechanism, out), args.client_gpus, on_round)
-            rows = all_results[mechanism]["rounds"]
+        switch(mechanisms[0])
+        all_results = simulate(sim, settings_from(args, mechanisms[0], results_dir), mechanisms, args.client_gpus,
+                               on_line)
+        for mechanism, results in all_results.items():
+            rows = results["rounds"]
             final = status(rows[-1]["accuracy"], math.inf if rows[-1]["epsilon"] is None else rows[-1]["epsilon"]) \
                 if rows else "no rounds"
-            progress.update(task, completed=len(rows), status=final)
-            progress.stop_task(task)
+            progress.update(tasks[mechanism], completed=len(rows), status=final)
+        progress.stop_task(current[0])
     print(f"\n{args.num_clients} clients, {args.rounds} rounds, digits; final round:")
     if len(mechanisms) > 1:
         print(write_summary(all_results, results_dir))
