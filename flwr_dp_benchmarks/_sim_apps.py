@@ -1,6 +1,6 @@
 """One ServerApp and one ClientApp serving every variant of ``bench_simulation`` and ``bench_scale``.
 
-The ServerApp plays, in one ``run_simulation`` (one Ray cluster, the same
+The ServerApp plays, in one ``flwr run`` (one Ray cluster, the same
 SuperNodes, the same Grid), a warm-up FedAvg round and then *duels*: a fresh
 Flower ``FedAvg`` and a fresh subject (one of our strategies, or FedAvg with one
 of our client mods / trainers), ``rounds`` rounds each, alternated round by
@@ -8,10 +8,10 @@ round in ABBA order (FedAvg r1, X r1, X r2, FedAvg r2, FedAvg r3, ...). Each
 round is driven by :class:`Run`, which is ``Strategy.start``'s loop (configure
 train, ``send_and_receive``, aggregate train, configure evaluate,
 ``send_and_receive``, aggregate evaluate) one round at a time; none of our
-strategies overrides ``start``. The settings come as JSON in the environment
-variable :data:`ENV_VAR` (``run_simulation`` gives an empty run config; Ray
-workers inherit the environment); the measurements are written as JSON to
-``settings["out"]`` after every duel.
+strategies overrides ``start``. The settings come as JSON in the ``settings``
+run config of the app folder ``sim_app/`` (or in the environment variable
+:data:`ENV_VAR`); the measurements are written as JSON to ``settings["out"]``
+after every duel.
 
 What a round records:
 
@@ -430,8 +430,10 @@ def duel(grid: Grid, subject: str, rounds: int, n: int, local_epochs: int, memor
     return record
 
 
-def load_settings() -> dict[str, Any]:
-    settings = json.loads(os.environ.get(ENV_VAR, "") or "{}")
+def load_settings(context: Optional[Context] = None) -> dict[str, Any]:
+    """The ``settings`` run config (JSON), else the JSON in :data:`ENV_VAR`."""
+    text = str(context.run_config.get("settings", "")) if context is not None else ""
+    settings = json.loads(text or os.environ.get(ENV_VAR, "") or "{}")
     for key in ("clients", "segments", "out"):
         if key not in settings:
             raise KeyError(f"{ENV_VAR} lacks {key!r}")
@@ -445,7 +447,7 @@ server = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     """A warm-up FedAvg round, then every segment's duels on this Grid; the records go to ``settings["out"]``."""
     started = time.time()
-    settings = load_settings()
+    settings = load_settings(context)
     n, local_epochs = int(settings["clients"]), int(settings.get("local_epochs", 3))
     memory = MemoryProbe()
     if settings.get("pull_interval") and hasattr(grid, "pull_interval"):
@@ -481,51 +483,36 @@ SHARED: dict[tuple, dict[str, Any]] = {}
 def run_segments(clients: int, segments: list[tuple[str, list[tuple[str, int]]]], *, local_epochs: int = 3,
                  pull_interval: Optional[float] = None, ray_cpus: Optional[int] = None,
                  quiet: bool = True) -> dict[str, dict[str, Any]]:
-    """Run the segments ``(name, [(subject, rounds), ...])`` in ONE ``run_simulation``.
+    """Run the segments ``(name, [(subject, rounds), ...])`` in ONE ``flwr run`` (app folder ``sim_app/``).
 
     ``clients`` SuperNodes; Ray gets ``ray_cpus`` CPUs (default: every CPU of this
     process), one CPU per ClientApp actor. ``pull_interval``: how often the
     ServerApp's Grid polls for replies (None: Flower's 0.1 s, which quantises
-    each phase to 0.1 s steps). Flower's INFO log is silenced with
-    ``quiet`` (warnings stay). Returns, per segment name, ``{"duels": [...],
-    "wall_s": run_simulation's wall time, "warmup_s": the warm-up round, "shared_run": ...}``.
+    each phase to 0.1 s steps). Flower's log goes to a temporary file with
+    ``quiet``, to stdout too without. Returns, per segment name, ``{"duels":
+    [...], "wall_s": the run's wall time (SuperLink start to results),
+    "warmup_s": the warm-up round, "shared_run": ...}``.
     """
-    import logging
     import tempfile
 
-    from flwr_dp_experiments.simulation import prepare_process
+    from flwr_dp_experiments.simulation import run_app
 
     unknown = [name for _, duels in segments for name, _ in duels if name not in VARIANTS]
     if unknown:
         raise ValueError(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    prepare_process([root])  # Ray workers import flwr_dp_benchmarks._sim_apps by module path
-    from flwr.simulation import run_simulation
-
+    app_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sim_app")
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
         path = os.path.join(folder, "duels.json")
-        os.environ[ENV_VAR] = json.dumps({
+        settings = json.dumps({
             "clients": int(clients), "local_epochs": int(local_epochs), "out": path, "pull_interval": pull_interval,
             "segments": [{"name": name, "duels": [{"subject": subject, "rounds": int(rounds)}
                                                   for subject, rounds in duels]}
                          for name, duels in segments]})
-        logger = logging.getLogger("flwr")
-        level = logger.level
-        if quiet:
-            logger.setLevel(logging.WARNING)
         t0 = time.perf_counter()
-        try:
-            run_simulation(server_app=server, client_app=app, num_supernodes=int(clients),
-                           backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                           "init_args": {"num_cpus": int(ray_cpus or cpus())}})
-        finally:
-            logger.setLevel(level)
-            os.environ.pop(ENV_VAR, None)
+        result = run_app(app_dir, {"settings": settings}, num_supernodes=int(clients), results_path=path,
+                         log_file=os.path.join(folder, "flower.log"), verbose=not quiet,
+                         federation_config={"init-args-num-cpus": int(ray_cpus or cpus())})
         wall = time.perf_counter() - t0
-        if not os.path.exists(path):
-            raise RuntimeError("the benchmark ServerApp wrote no results; see the Flower log above")
-        with open(path) as handle:
-            result = json.load(handle)
     return {name: {"duels": result["segments"].get(name, []), "wall_s": wall, "warmup_s": result.get("warmup_s"),
                    "shared_run": len(segments) > 1}
             for name, _ in segments}

@@ -1,6 +1,6 @@
 """Scale: rounds with 1 000 simulated clients and the Laplace cluster evaluation vs Flower's FedAvg round.
 
-One ``run_simulation`` with ``clients`` SuperNodes (Ray backend, one CPU per
+One ``flwr run`` with ``clients`` SuperNodes (Ray backend, one CPU per
 ClientApp actor; see :mod:`flwr_dp_benchmarks._sim_apps`) plays a warm-up FedAvg round
 (Ray starts its actors; dropped), then ``rounds`` rounds of Flower's ``FedAvg``
 and of CE alternated round by round in ABBA order (FedAvg, CE, CE, FedAvg,

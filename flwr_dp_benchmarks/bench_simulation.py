@@ -1,6 +1,6 @@
 """Every strategy and client mechanism against Flower's FedAvg in the same Flower simulation (digits MLP).
 
-One ``run_simulation`` (Ray backend, ``clients`` SuperNodes, one CPU per
+One ``flwr run`` (Ray backend, ``clients`` SuperNodes, one CPU per
 ClientApp actor) runs, after a warm-up round, one *duel* per subject: a fresh
 Flower ``FedAvg`` and a fresh subject, ``rounds`` rounds each, alternating round
 by round on the same Grid in ABBA order (FedAvg r1, X r1, X r2, FedAvg r2, ...;

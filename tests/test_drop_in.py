@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 
@@ -13,19 +12,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 @pytest.mark.integration
 def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
-    from flwr_dp_experiments.simulation import prepare_process
+    from flwr_dp_experiments.simulation import prepare_process, run_app
 
     prepare_process([HERE])
-    from plain_app.app import DROP_IN, app, server
+    from plain_app.app import DROP_IN
 
     out = tmp_path / "metrics.json"
-    os.environ["PLAIN_APP_STRATEGIES"] = ",".join(DROP_IN)
-    os.environ["PLAIN_APP_OUT"] = str(out)
-    from flwr.simulation import run_simulation
-
-    run_simulation(server_app=server, client_app=app, num_supernodes=4,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-    results = json.loads(out.read_text())
+    results = run_app(os.path.join(HERE, "plain_app"), {"strategies": ",".join(DROP_IN), "out": str(out)},
+                      num_supernodes=4, results_path=out)
     assert set(results) == set(DROP_IN)
     for name, result in results.items():
         assert result["changed"], name  # the model was trained and released

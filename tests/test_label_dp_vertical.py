@@ -172,18 +172,15 @@ def test_batches_are_label_independent_epochs(app_modules):
     assert np.array_equal(party.next_batch(0), np.arange(100))
 
 
-#: In the same subprocess as the sweep (saves a Python start): the ServerApp that ``flwr run`` starts,
+#: In the same subprocess as the sweep (saves a Python start): the app run once with ``flwr run``,
 #: with the run config (JSON) in argv[1] and the JSON it must write in argv[2]; argv[3:] is the sweep's.
 SWEEP_THEN_APP = """
 import json, sys
 import run_experiment
 run_experiment.main(sys.argv[3:])
-from flwr_dp_experiments.simulation import run_in_process
-from label_dp_app.client_app import app as client_app
-from label_dp_app.config import ENV_VAR
-from label_dp_app.server_app import app as server_app
-run_in_process(server_app, client_app, num_supernodes=2, settings=json.loads(sys.argv[1]), env_var=ENV_VAR,
-               results_path=sys.argv[2])
+from flwr_dp_experiments.simulation import run_app
+run_app(run_experiment.HERE, json.loads(sys.argv[1]), num_supernodes=2, results_path=sys.argv[2],
+        echo=run_experiment.APP_LINES)
 """
 
 

@@ -40,7 +40,7 @@ def example_path():
 
 
 def test_pyproject_run_config_matches_code_defaults(example_path):
-    """run_simulation gives an empty run config: the code defaults must equal pyproject's."""
+    """The code defaults (for apps started without a run config) must equal pyproject's."""
     from laplace_eval_app.config import DEFAULTS
 
     with open(example_path / "pyproject.toml", "rb") as handle:

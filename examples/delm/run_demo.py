@@ -1,22 +1,29 @@
-"""Run the DELM Flower app in-process (Flower simulation, Ray backend).
+"""Run the DELM Flower app once (``flwr run`` on a local SuperLink in simulation mode, Ray backend).
 
     python examples/delm/run_demo.py [--variant basic|enhanced|enhanced-nosampling|shuffle|sum]
         [--features pixels|hog] [--rounds 20] [--num-clients 20] [--dataset digits|mnist|emnist-letters] [--data-dir DIR]
         [--scheme iid|1-class|2-class] [--epsilon 1.0] [--results-dir DIR]
 
-The same app runs with ``flwr run examples/delm`` (see README.md). The settings
-travel as JSON in ``DELM_RUN_CONFIG`` (``run_simulation`` gives the apps an
-empty run config); keys not given fall back to ``delm_app/config.py``.
+The options become the run config of ``flwr run`` (``flwr_dp_experiments.simulation.run_app``
+starts a private SuperLink, submits the app and ends the SuperLink after the run); keys not
+given fall back to pyproject.toml's ``[tool.flwr.app.config]``. The app's own lines (rounds,
+PCA) are printed; Flower's and Ray's logs go to ``<results-dir>/flower.log``.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:  # a plain checkout: flwr_dp_experiments next to examples/
+    sys.path.insert(0, REPO)
+#: The ServerApp's own lines, printed; Flower's log goes to the log file.
+APP_LINES = r"^(round \d|LDP-FPCA|no PCA)"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,22 +47,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Simulate the app with the options; print the last round; return the results JSON."""
-    from flwr_dp_experiments.simulation import prepare_process, run_in_process
+    from flwr_dp_experiments.simulation import prepare_process, run_app
 
-    prepare_process([HERE])
+    prepare_process([REPO, HERE])
     args = parse_args(argv)
-    from delm_app.client_app import app as client_app
-    from delm_app.config import ENV_VAR
     from delm_app.results import RESULTS_JSON
-    from delm_app.server_app import app as server_app
 
     settings = {"variant": args.variant, "num-server-rounds": args.rounds, "num-partitions": args.num_clients,
                 "dataset": args.dataset, "data-dir": args.data_dir, "scheme": args.scheme, "epsilon": args.epsilon,
                 "components": args.components, "features": args.features,
                 "results-dir": os.path.abspath(args.results_dir)}
     start = time.perf_counter()
-    results = run_in_process(server_app, client_app, num_supernodes=args.num_clients, settings=settings,
-                             env_var=ENV_VAR, results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
+    results = run_app(HERE, settings, num_supernodes=args.num_clients, echo=APP_LINES,
+                      results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
     last, privacy = results["rounds"][-1], results["privacy"]
     print(f"\nDELM {args.variant} on {args.dataset} ({args.scheme}, {args.num_clients} clients, {args.rounds} rounds): "
           f"accuracy {last['accuracy']:.3f}, epsilon {privacy['epsilon']:.3f} ({privacy['unit']}, "

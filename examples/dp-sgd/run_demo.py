@@ -1,24 +1,31 @@
-"""Run the DP-SGD ServerApp and ClientApp in-process (Flower simulation, Ray backend).
+"""Run the DP-SGD Flower app once (``flwr run`` on a local SuperLink in simulation mode, Ray backend).
 
     python examples/dp-sgd/run_demo.py [--rounds 5] [--num-clients 5] [--noise-multiplier 1.0]
         [--target-epsilon EPS] [--dataset digits|mnist] [--data-dir DIR] [--results-dir DIR] ...
 
-``flwr.simulation.run_simulation`` gives the apps an empty run config, so the
-settings travel as JSON in the ``DPSGD_RUN_CONFIG`` environment variable (read
-by ``dpsgd_app.config.resolve_run_config``; Ray workers inherit it). At the end
-a table is printed: accuracy, the ledger's ε, Opacus' cumulative ε and the
-per-round ε that Flower's Opacus example would report.
+The options become the run config of ``flwr run``
+(``flwr_dp_experiments.simulation.run_app`` starts a private SuperLink, submits the
+app and ends the SuperLink after the run). The app's per-round lines are printed;
+Flower's and Ray's logs go to ``<results-dir>/flower.log``. At the end a table is
+printed: accuracy, the ledger's ε, Opacus' cumulative ε and the per-round ε that
+Flower's Opacus example would report.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:  # a plain checkout: flwr_dp_experiments next to examples/
+    sys.path.insert(0, REPO)
+#: The ServerApp's per-round line (dpsgd_app/results.py), printed; Flower's log goes to the log file.
+APP_LINES = r"^round \d+  accuracy"
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options (defaults: those of dpsgd_app/config.py)."""
@@ -39,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=None, help="MLP hidden units (default 32 digits, 64 MNIST)")
     parser.add_argument("--noise-seed", type=int, default=-1, help=">= 0 only for reproducible runs")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
-    parser.add_argument("--client-cpus", type=float, default=1.0,
+    parser.add_argument("--client-cpus", type=int, default=1,
                         help="CPUs per simulated client (Ray actor); 2 on a 2-core machine means one actor")
     return parser.parse_args(argv)
 
@@ -58,19 +65,13 @@ def settings_from(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def simulate(settings: dict[str, Any], client_cpus: float = 1.0) -> dict[str, Any]:
-    """Run the apps in-process (settings via ``DPSGD_RUN_CONFIG``) and return their results JSON."""
-    from flwr_dp_experiments.simulation import prepare_process, run_in_process
+def simulate(settings: dict[str, Any], client_cpus: int = 1) -> dict[str, Any]:
+    """Run the app with ``flwr run`` (settings as its run config) and return its results JSON."""
+    from flwr_dp_experiments.results import RESULTS_JSON
+    from flwr_dp_experiments.simulation import run_app
 
-    prepare_process([REPO, HERE])
-    from dpsgd_app.client_app import app as client_app
-    from dpsgd_app.config import ENV_VAR
-    from dpsgd_app.results import RESULTS_JSON
-    from dpsgd_app.server_app import app as server_app
-
-    return run_in_process(server_app, client_app, num_supernodes=int(settings["num-partitions"]),
-                          settings=settings, env_var=ENV_VAR, num_cpus=client_cpus,
-                          results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
+    return run_app(HERE, settings, num_supernodes=int(settings["num-partitions"]), num_cpus=client_cpus,
+                   echo=APP_LINES, results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
 
 
 def _fmt(value: float | None) -> str:

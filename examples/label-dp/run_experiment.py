@@ -1,16 +1,17 @@
-"""Accuracy of vertical FL with label DP against ε: run the sweep in-process and write the results.
+"""Accuracy of vertical FL with label DP against ε: run the sweep and write the results.
 
     python examples/label-dp/run_experiment.py [--eps 0.5 1 2 4 8 inf] [--repeats 2]
         [--rounds 80] [--results-dir DIR]
 
 Runs the label party (ServerApp) and 2 feature parties (ClientApps) with
-Flower's ``run_simulation`` (Ray backend): one simulation for the whole sweep
-(see ``label_dp_app/sweep.py``), one experiment per (ε, repeat); repeat r uses
+``flwr run`` on a local SuperLink in simulation mode (Ray backend): one run for
+the whole sweep (the app's ``sweep-file`` run config, see
+``label_dp_app/sweep.py``), one experiment per (ε, repeat); repeat r uses
 model/batch seed ``seed + r``, and the label randomisation is drawn from fresh
 OS entropy each time. ``inf`` means no label DP (training on the true labels).
-``run_simulation`` gives the apps an empty run config: the base settings are
-``label_dp_app/config.py: DEFAULTS`` (= pyproject's), optionally overridden by
-JSON in ``LABEL_DP_RUN_CONFIG``; the sweep's own settings override both.
+The base settings are pyproject's run config; the sweep's own settings override
+them. The app's progress lines are printed; Flower's and Ray's logs go to
+``<results-dir>/flower.log``.
 
 Writes ``<results-dir>/results.json`` (every run, plus mean/min/max test accuracy
 per ε) and ``<results-dir>/accuracy_vs_eps.png``, and prints the table.
@@ -22,10 +23,16 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:  # a plain checkout: flwr_dp_experiments next to examples/
+    sys.path.insert(0, REPO)
+#: The ServerApp's own lines, printed; Flower's log goes to the log file.
+APP_LINES = r"^(experiment \d|round \d|label eps|sweep of)"
 RESULTS_JSON = "results.json"
 RESULTS_PNG = "accuracy_vs_eps.png"
 
@@ -64,28 +71,24 @@ def experiments(args: argparse.Namespace) -> list[dict[str, Any]]:
             for eps in args.eps for r in range(args.repeats)]
 
 
-def simulate(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Run all experiments in one simulation; return each run's results."""
-    from flwr.simulation import run_simulation
+def simulate(runs: list[dict[str, Any]], results_dir: str) -> list[dict[str, Any]]:
+    """Run all experiments in one ``flwr run`` (the app's ``sweep-file``); return each run's results."""
+    from flwr_dp_experiments.simulation import app_config, run_app
 
-    from flwr_dp_experiments.simulation import prepare_process
-
-    prepare_process([HERE])
-
-    from label_dp_app.client_app import app as client_app
-    from label_dp_app.config import resolve_run_config
-    from label_dp_app.sweep import build_sweep_app
-
-    sink: list[dict[str, Any]] = []
-    run_simulation(
-        server_app=build_sweep_app(runs, sink),
-        client_app=client_app,
-        num_supernodes=int(resolve_run_config()["num-parties"]),  # one SuperNode per feature party
-        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
-    )
-    if len(sink) != len(runs):
-        raise RuntimeError(f"only {len(sink)} of {len(runs)} runs finished; see the Flower log above")
-    return sink
+    results_dir = os.path.abspath(results_dir)
+    os.makedirs(results_dir, exist_ok=True)
+    sweep_file = os.path.join(results_dir, "sweep.json")
+    with open(sweep_file, "w") as handle:
+        json.dump(runs, handle)  # label-epsilon inf is written as Infinity, which json reads back
+    out = os.path.join(results_dir, "sweep-results.json")
+    results = run_app(HERE, {"sweep-file": sweep_file, "results-file": out, "results-dir": results_dir},
+                      num_supernodes=int(app_config(HERE)["num-parties"]),  # one SuperNode per feature party
+                      results_path=out, echo=APP_LINES)
+    if len(results) != len(runs):
+        raise RuntimeError(f"only {len(results)} of {len(runs)} runs finished; see {results_dir}/flower.log")
+    for path in (sweep_file, out):  # results.json (written by main) holds every run
+        os.remove(path)
+    return results
 
 
 def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(format_table(results["summary"]))
         return results
     start = time.perf_counter()
-    runs = simulate(experiments(args))
+    runs = simulate(experiments(args), args.results_dir)
     summary = summarise(runs)
     wall = time.perf_counter() - start
     results = {"summary": summary, "runs": runs, "repeats": args.repeats, "rounds": args.rounds,

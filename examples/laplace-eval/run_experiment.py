@@ -4,7 +4,8 @@
         [--laplace-eps 230260] [--repetitions 20] [--results-dir DIR]
         [--dataset mnist --data-dir /work/shared/data/mnist]
 
-(a) Two Flower simulations (``run_simulation``, Ray backend) of the app with the
+(a) Two Flower simulations (``flwr run`` on a local SuperLink in simulation mode,
+Ray backend) of the app with the
 same seeds, so the same training trajectory: ``NOT_ENCRYPT`` (clients upload
 their mean softmax vectors as is) and ``LAPLACE`` at ``--laplace-eps`` (true
 LDP ε per vector and round, sensitivity 2). Per score (silhouette,
@@ -23,8 +24,9 @@ Outputs in ``--results-dir`` (default ``examples/laplace-eval/results``):
 ``results.json`` (everything), ``results.md`` (the tables), ``results.png``
 (score against round, clean and noisy) and the two run logs
 ``run-not-encrypt.json`` / ``run-laplace.json`` (per-round figures and the
-vectors the server received). ``run_simulation`` gives the apps an empty run
-config, so the settings travel as JSON in ``LAPLACE_EVAL_RUN_CONFIG``.
+vectors the server received). The settings are each run's run config
+(``flwr_dp_experiments.simulation.run_app``); the app's per-round lines are
+printed, Flower's and Ray's logs go to ``<results-dir>/flower.log``.
 """
 
 from __future__ import annotations
@@ -32,12 +34,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any, Optional
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:  # a plain checkout: flwr_dp_experiments next to examples/
+    sys.path.insert(0, REPO)
+#: The ServerApp's per-round line (laplace_eval_app/server_app.py: format_row), printed.
+APP_LINES = r"^round \d+/\d+  accuracy"
 #: True LDP ε per vector (sensitivity 2). 460 520 is the noise of MindSpore's default
 #: laplace_eval_eps = 230 260 (scale 1/230 260); 230 260 is that number taken as the true ε.
 EPSILONS = (460520.0, 230260.0, 1e3, 1e2, 10.0, 1.0)
@@ -50,10 +58,10 @@ SCORE_TITLES = {"silhouette": "silhouette (higher = better)",
 
 
 def _make_importable() -> None:
-    """Let this process and the Ray workers ``import laplace_eval_app`` from a plain checkout, offline."""
+    """Let this process ``import laplace_eval_app`` (drift table, scores) from a plain checkout, offline."""
     from flwr_dp_experiments.simulation import prepare_process
 
-    prepare_process([HERE])
+    prepare_process([REPO, HERE])
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -72,16 +80,11 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def simulate(settings: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
-    """Run the app once with ``run_simulation`` and return the JSON run log its ServerApp wrote."""
-    from flwr_dp_experiments.simulation import run_in_process
+    """Run the app once with ``flwr run`` and return the JSON run log its ServerApp wrote."""
+    from flwr_dp_experiments.simulation import run_app
 
-    _make_importable()
-    from laplace_eval_app.client_app import app as client_app
-    from laplace_eval_app.config import ENV_VAR
-    from laplace_eval_app.server_app import app as server_app
-
-    return run_in_process(server_app, client_app, num_supernodes=num_supernodes, settings=settings,
-                          env_var=ENV_VAR, results_path=settings["results-file"])
+    return run_app(HERE, settings, num_supernodes=num_supernodes, echo=APP_LINES,
+                   results_path=settings["results-file"])
 
 
 def trajectories(run: dict[str, Any]) -> dict[str, np.ndarray]:

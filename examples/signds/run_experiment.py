@@ -5,9 +5,9 @@
     python examples/signds/run_experiment.py --datasets digits --methods signds-eps10 \
         --num-clients 10 --rounds 3 --set initial-r-est=0.01 --results-dir /tmp/signds
 
-For each dataset it runs the Flower app (``signds_app``) in-process with
-``run_simulation`` (Ray backend, 100 IID clients, all of them every round,
-central evaluation every round) once per method of :data:`METHODS`:
+For each dataset it runs the Flower app (``signds_app``) with ``flwr run`` on a
+local SuperLink in simulation mode (Ray backend, 100 IID clients, all of them
+every round, central evaluation every round) once per method of :data:`METHODS`:
 
 * ``fedavg`` - Flower's FedAvg, dense upload of d float32 weights, no privacy;
 * ``signds-default`` - SignDS at MindSpore's defaults (sign_k 0.01, sign_eps 100,
@@ -17,8 +17,9 @@ central evaluation every round) once per method of :data:`METHODS`:
   upload ≤ 0.25 % of dense (``search.py``, the plain-loop emulation, found it).
 
 All methods share the local training of the dataset (E epochs of SGD at lr).
-``run_simulation`` gives the apps an empty run config, so the settings travel as
-JSON in ``SIGNDS_RUN_CONFIG``. Outputs in ``--results-dir`` (default
+The settings are the run config of each ``flwr run``
+(``flwr_dp_experiments.simulation``); the app's per-round lines are printed, Flower's
+and Ray's logs go to ``<results-dir>/flower.log``. Outputs in ``--results-dir`` (default
 ``examples/signds/results``): ``results.json`` (everything), ``results.md``
 (tables), ``results.png`` (accuracy, r_est and cumulative ε against the round)
 and one ``run-<method>-<dataset>.json`` log per run.
@@ -30,11 +31,16 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from typing import Any, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+if REPO not in sys.path:  # a plain checkout: flwr_dp_experiments next to examples/
+    sys.path.insert(0, REPO)
+#: The ServerApp's own lines (``[strategy/dataset] ...``), printed; Flower's log goes to the log file.
+APP_LINES = r"^\["
 UPLOAD_LIMIT = 0.0025  # the seed's ratio: 656 / 266 084 = 0.247 %
 
 #: Per dataset: rounds of the committed run and of --quick.
@@ -90,7 +96,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                         help="run-config override for every run (repeatable), e.g. initial-r-est=0.01")
     parser.add_argument("--data-dir", default="", help="MNIST folder (default: ../shared/data/mnist of the repo)")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
-    parser.add_argument("--client-cpus", type=float, default=1.0, help="CPUs per simulated client (Ray actor)")
+    parser.add_argument("--client-cpus", type=int, default=1, help="CPUs per simulated client (Ray actor)")
     parser.add_argument("--render", action="store_true",
                         help="only rewrite results.md and results.png from an existing results.json")
     return parser.parse_args(argv)
@@ -110,19 +116,14 @@ def run_settings(method: str, dataset: str, args: argparse.Namespace) -> dict[st
     return settings
 
 
-def simulate(settings: dict[str, Any], client_cpus: float = 1.0) -> dict[str, Any]:
-    """Run the apps in-process (settings via ``SIGNDS_RUN_CONFIG``); return the run log."""
-    from flwr_dp_experiments.simulation import prepare_process, run_in_process
-
-    prepare_process([REPO, HERE])
-    from signds_app.client_app import app as client_app
-    from signds_app.config import ENV_VAR
-    from signds_app.server_app import app as server_app
+def simulate(settings: dict[str, Any], client_cpus: int = 1) -> dict[str, Any]:
+    """Run the app with ``flwr run`` (settings as its run config); return the run log."""
+    from flwr_dp_experiments.simulation import run_app
 
     path = os.path.join(settings["results-dir"], f"run-{settings['run-name']}.json")
     started = time.perf_counter()
-    run = run_in_process(server_app, client_app, num_supernodes=int(settings["num-partitions"]),
-                         settings=settings, env_var=ENV_VAR, num_cpus=client_cpus, results_path=path)
+    run = run_app(HERE, settings, num_supernodes=int(settings["num-partitions"]), num_cpus=client_cpus,
+                  echo=APP_LINES, results_path=path)
     run["simulation_wall_s"] = time.perf_counter() - started
     return run
 
@@ -173,7 +174,7 @@ def markdown(results: dict[str, Any]) -> str:
     """The tables of results.md."""
     lines = ["# SignDS vs FedAvg: accuracy, upload and ε per round", "",
              f"{results['num_clients']} IID clients (flwr-datasets IidPartitioner), all of them every round; central "
-             "test accuracy after every round; Flower `run_simulation` (Ray), "
+             "test accuracy after every round; `flwr run` on a local SuperLink in simulation mode (Ray), "
              f"{results['client_cpus']:g} CPU per client, 2 cores. Total wall time {results['wall_s']:.0f} s"
              f"{' (--quick)' if results['quick'] else ''}.", "",
              "ε: local DP per client (any two updates of a client are neighbours, `replace_one`), δ = 1e-5; per "

@@ -3,8 +3,10 @@
 The only line that changes per strategy is the one in :func:`make_strategy`
 (``DROP_IN`` maps a name to that one line). SignDS also needs its client mod,
 added to the ClientApp's train function: the one client-side line.
-The ServerApp runs every strategy named in ``PLAIN_APP_STRATEGIES`` for 2 rounds
-in one simulation and writes the final metrics to ``PLAIN_APP_OUT`` (JSON).
+The ServerApp runs every strategy named in the ``strategies`` run config (or the
+``PLAIN_APP_STRATEGIES`` environment variable) for 2 rounds in one run and writes
+the final metrics to ``out`` (or ``PLAIN_APP_OUT``), as JSON. The folder's
+pyproject.toml makes it a Flower app for ``flwr run``.
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ server = ServerApp()
 @server.main()
 def main(grid: Grid, context: Context) -> None:
     out = {}
-    for name in os.environ["PLAIN_APP_STRATEGIES"].split(","):
+    names = str(context.run_config.get("strategies", "")) or os.environ["PLAIN_APP_STRATEGIES"]
+    for name in names.split(","):
         strategy = make_strategy(name)
         initial = ArrayRecord([np.zeros((64, 10), np.float32), np.zeros(10, np.float32)])
         result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=2, train_config=ConfigRecord())
@@ -126,5 +129,5 @@ def main(grid: Grid, context: Context) -> None:
         out[name] = {"train": {k: float(v) for k, v in dict(train).items() if isinstance(v, (int, float))},
                      "evaluate": {k: float(v) for k, v in dict(evaluate).items() if isinstance(v, (int, float))},
                      "changed": bool(np.abs(result.arrays.to_numpy_ndarrays()[0]).sum() > 0)}
-    with open(os.environ["PLAIN_APP_OUT"], "w") as handle:
+    with open(str(context.run_config.get("out", "")) or os.environ["PLAIN_APP_OUT"], "w") as handle:
         json.dump(out, handle)

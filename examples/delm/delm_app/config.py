@@ -1,4 +1,4 @@
-"""Run configuration with defaults, for `flwr run` and for `run_simulation` (whose run config is empty).
+"""Run configuration with defaults, for `flwr run`, and for apps started without a run config.
 
 Precedence (later wins): :data:`DEFAULTS` < JSON in ``DELM_RUN_CONFIG`` (set by
 ``run_demo.py``) < ``context.run_config`` (``flwr run``: pyproject.toml and ``--run-config``).

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 
+from flwr_dp_experiments.results import RESULTS_JSON, RESULTS_PNG, write_run_results
+from flwr_dp_experiments.results import finite as _finite
 from flwr_dp_strategies.privacy import PrivacyLedger
 
 from . import task
-
-RESULTS_JSON = "results.json"
-RESULTS_PNG = "results.png"
-
-
-def _finite(value: Optional[float]) -> Optional[float]:
-    return None if value is None or not math.isfinite(value) else float(value)
-
 
 @dataclass
 class RoundLog:
@@ -51,39 +42,15 @@ class RoundLog:
 
 
 def write_results(log: RoundLog, extra: dict[str, Any], results_dir: str) -> str:
-    """results.json and results.png in ``results_dir``; returns the JSON path."""
-    os.makedirs(results_dir, exist_ok=True)
+    """results.json and results.png in ``results_dir`` (the shared writer); returns the JSON path."""
     report = log.ledger.report()
-    data = {
-        "config": log.config, "rounds": log.rows,
-        "privacy": {"epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
-                    "neighboring_relation": log.ledger.neighboring_relation,
-                    "unit": "record-level (one example of one client; worst client)",
-                    "clients": len(log.ledger.clients)},
-        **extra,
-    }
-    path = os.path.join(results_dir, RESULTS_JSON)
-    with open(path, "w") as handle:
-        json.dump(data, handle, indent=2)
-    plot(data, os.path.join(results_dir, RESULTS_PNG))
-    return path
-
-
-def plot(data: dict[str, Any], path: str) -> None:
-    """Accuracy and ε against the round."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = [row["round"] for row in data["rounds"]]
-    fig, (ax_acc, ax_eps) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax_acc.plot(rounds, [row["accuracy"] for row in data["rounds"]], marker=".")
-    ax_acc.set(xlabel="round", ylabel="central test accuracy", ylim=(0, 1),
-               title=f"DELM {data['config']['variant']} ({data['config']['dataset']}, {data['config']['scheme']})")
-    ax_eps.plot(rounds, [row["epsilon"] for row in data["rounds"]], marker=".", color="tab:red")
-    ax_eps.set(xlabel="round", ylabel="epsilon (record-level, replace-one)",
-               title=f"privacy spent (delta={data['privacy']['delta']:g})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    privacy = {"epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
+               "neighboring_relation": log.ledger.neighboring_relation,
+               "unit": "record-level (one example of one client; worst client)",
+               "clients": len(log.ledger.clients)}
+    config = log.config
+    return write_run_results(results_dir, f"DELM {config['variant']}", log.rows,
+                             extra={"config": config, "privacy": privacy, **extra}, delta=report.delta,
+                             title=f"DELM {config['variant']} ({config['dataset']}, {config['scheme']})",
+                             epsilon_label="epsilon (record-level, replace-one)",
+                             json_name=RESULTS_JSON, png_name=RESULTS_PNG)

@@ -9,8 +9,8 @@ metrics ``num-examples``, ``dp-sgd/epsilon-opacus`` (cumulative),
 ``dp-sgd/noise-multiplier``, and the declaration of this round's DpEvent, which
 the server's AccountedFedAvg books in its ledger.
 
-Settings come from the server's ConfigRecord so that ``run_simulation`` (empty
-run config) works. In a real deployment a client should fix its own privacy
+Settings come from the server's ConfigRecord (the ClientApp needs no run config
+of its own). In a real deployment a client should fix its own privacy
 settings (e.g. from ``--node-config``) rather than take them from the server:
 the guarantee protects the client's data, so the client decides.
 """

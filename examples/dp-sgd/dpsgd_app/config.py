@@ -1,4 +1,4 @@
-"""Run configuration with defaults, for `flwr run` and for `run_simulation` (whose run config is empty).
+"""Run configuration with defaults, for `flwr run`, and for apps started without a run config.
 
 Precedence (later wins): :data:`DEFAULTS` < JSON in the ``DPSGD_RUN_CONFIG``
 environment variable (set by ``run_demo.py``) < ``context.run_config`` (filled

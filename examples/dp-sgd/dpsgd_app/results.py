@@ -2,27 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, MetricRecord
 
 from client_mods.dp_sgd import EPSILON_METRIC, NOISE_METRIC, ROUND_EPSILON_METRIC
+from flwr_dp_experiments.results import RESULTS_JSON, RESULTS_PNG, write_run_results
+from flwr_dp_experiments.results import finite as _finite
 from flwr_dp_strategies.privacy import PrivacyLedger
 
 from . import task
-
-RESULTS_JSON = "results.json"
-RESULTS_PNG = "results.png"
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON-safe float: None for missing or non-finite values."""
-    return None if value is None or not math.isfinite(value) else float(value)
-
 
 @dataclass
 class RoundLog:
@@ -81,45 +71,14 @@ def privacy_summary(ledger: PrivacyLedger) -> dict[str, Any]:
 
 
 def write_results(log: RoundLog, config: dict[str, Any], results_dir: str) -> str:
-    """Write results.json and results.png into ``results_dir``; return the JSON path."""
-    os.makedirs(results_dir, exist_ok=True)
-    data = {"config": config, "initial_accuracy": log.initial_accuracy, "rounds": log.rows,
-            "privacy": privacy_summary(log.ledger)}
-    path = os.path.join(results_dir, RESULTS_JSON)
-    with open(path, "w") as handle:
-        json.dump(data, handle, indent=2)
-    plot_results(data, os.path.join(results_dir, RESULTS_PNG))
-    return path
-
-
-def plot_results(data: dict[str, Any], path: str) -> None:
-    """Accuracy and ε against the round (matplotlib Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = data["rounds"]
-    rounds = [row["round"] for row in rows]
-    fig, (ax_acc, ax_eps) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ax_acc.plot([0] + rounds, [data["initial_accuracy"]] + [row["accuracy"] for row in rows], marker="o")
-    ax_acc.set(xlabel="round", ylabel="central test accuracy", ylim=(0, 1),
-               title=f"DP-SGD on {data['config']['dataset']}")
-    curves = [("epsilon_ledger", "server ledger (declared events, min of RDP/PLD)", "-", "o", 1.5),
-              ("epsilon_ledger_rdp", "server ledger, RDP only", "-", "", 0.8),
-              ("epsilon_opacus_max", "Opacus accountant, cumulative (max over clients)", "--", "s", 1.5),
-              ("epsilon_flower_example", "Flower's Opacus example: fresh engine per round", ":", "x", 1.5)]
-    for key, label, style, marker, width in curves:
-        ax_eps.plot(rounds, [row.get(key) for row in rows], linestyle=style, marker=marker or None,
-                    linewidth=width, label=label)
-    target = float(data["config"].get("target-epsilon", 0.0))
-    if target > 0:
-        ax_eps.axhline(target, color="grey", linewidth=0.8, label=f"target epsilon {target:g}")
-    ax_eps.set(xlabel="round", ylabel="epsilon (record level)", ylim=(0, None),
-               title=f"privacy spent per client (delta={data['config']['target-delta']:g})")
-    ax_eps.legend(fontsize=7)
-    for axis in (ax_acc, ax_eps):
-        axis.set_xticks([0] + rounds if axis is ax_acc else rounds)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Write results.json and results.png into ``results_dir`` (the shared writer); return the JSON path."""
+    curves = {"server ledger (declared events, min of RDP/PLD)": "epsilon_ledger",
+              "server ledger, RDP only": "epsilon_ledger_rdp",
+              "Opacus accountant, cumulative (max over clients)": "epsilon_opacus_max",
+              "Flower's Opacus example: fresh engine per round": "epsilon_flower_example"}
+    return write_run_results(
+        results_dir, "dp-sgd", log.rows, initial_accuracy=log.initial_accuracy,
+        extra={"config": config, "privacy": privacy_summary(log.ledger)}, title=f"DP-SGD on {config['dataset']}",
+        epsilon_label="epsilon (record level)", epsilon_series=curves,
+        epsilon_title=f"privacy spent per client (delta={config['target-delta']:g})",
+        json_name=RESULTS_JSON, png_name=RESULTS_PNG)

@@ -36,12 +36,12 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies.privacy import PrivacyLedger, event_to_dict
 
 from . import task
 from .config import label_epsilon, resolve_run_config
 from .label_party import LabelParty, LabelRelease, make_label_party
-from .results import plot_run
 
 app = ServerApp()
 
@@ -237,12 +237,32 @@ def write_json(results: dict[str, Any], path: str) -> str:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run once with the run config's ``label-epsilon``; write the results JSON and its plot."""
+    """Run once with the run config's ``label-epsilon``; write the results JSON and its plot.
+
+    With ``sweep-file`` (a JSON list of run-config overrides), run those experiments one after the
+    other instead (``run_experiment.py``) and write the list of their results to ``results-file``.
+    """
     torch.set_num_threads(1)
     config = resolve_run_config(context)
+    if str(config["sweep-file"]):
+        from .sweep import run_sweep
+
+        if not str(config["results-file"]):
+            raise ValueError("sweep-file needs results-file (where the list of results goes)")
+        with open(str(config["sweep-file"])) as handle:
+            experiments = json.load(handle)
+        path = write_json(run_sweep(grid, context, experiments), results_path(config))
+        print(f"sweep of {len(experiments)} experiments: results written to {path}", flush=True)
+        return
     results = run_vertical(grid, context, config)
-    path = write_json(results, results_path(config))
+    path = results_path(config)
     png = os.path.splitext(path)[0] + ".png"
-    plot_run(results, png)
+    eps = results["label_epsilon"]
+    write_run_results(os.path.dirname(path), f"label eps {eps}", results["rounds"], extra=results,
+                      json_name=os.path.basename(path), png_name=os.path.basename(png),
+                      title=f"vertical FL on {config['dataset']}\nlabel eps {eps}",
+                      accuracy_label="test accuracy (true labels)",
+                      epsilon_label="epsilon (label-level, replace-one)", no_dp_text="no label DP: epsilon = inf",
+                      epsilon_title="privacy spent\n(one randomized-response release, round 0)")
     print(f"label eps {results['label_epsilon']}: final test accuracy {results['final_accuracy']:.3f}; "
           f"results written to {path}, plot to {png}", flush=True)

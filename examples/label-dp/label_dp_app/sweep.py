@@ -1,8 +1,10 @@
-"""A ServerApp that runs several label-DP experiments one after the other in one simulation.
+"""Several label-DP experiments one after the other in one run (the app's ``sweep-file`` run config).
 
 Starting a Ray simulation costs about 25 s on 2 cores, far more than one run's
 training (about 10 s), so ``run_experiment.py`` runs the whole ε sweep in one
-simulation. Each experiment is an independent vertical run: the label party
+run: it writes the experiments' overrides to a JSON file and submits the app
+with ``sweep-file`` pointing at it; the ServerApp calls :func:`run_sweep` and
+writes the list of results to ``results-file``. Each experiment is an independent vertical run: the label party
 gets a fresh Context (so the labels are randomised anew with that experiment's
 ε, and booked in that experiment's ledger) and the feature parties start fresh
 bottom models when the ``experiment`` tag changes.
@@ -20,26 +22,22 @@ from typing import Any
 
 import torch
 from flwr.app import Context, RecordDict
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 
 from .config import resolve_run_config, validate_config
 from .server_app import run_vertical
 
 
-def build_sweep_app(experiments: Sequence[dict[str, Any]], sink: list[dict[str, Any]]) -> ServerApp:
-    """A ServerApp running one experiment per override dict; results are appended to ``sink``."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        torch.set_num_threads(1)
-        base = resolve_run_config(context)
-        for number, overrides in enumerate(experiments):
-            config = validate_config({**base, **overrides})
-            fresh = Context(run_id=context.run_id, node_id=context.node_id, node_config=dict(context.node_config),
-                            state=RecordDict(), run_config=dict(context.run_config))
-            print(f"experiment {number + 1}/{len(experiments)}: label-epsilon {config['label-epsilon']}, "
-                  f"seed {config['seed']}", flush=True)
-            sink.append(run_vertical(grid, fresh, config, experiment=str(number)))
-
-    return app
+def run_sweep(grid: Grid, context: Context, experiments: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run one experiment per override dict (on top of the run config); return their results."""
+    torch.set_num_threads(1)
+    base = resolve_run_config(context)
+    results = []
+    for number, overrides in enumerate(experiments):
+        config = validate_config({**base, **overrides, "sweep-file": ""})
+        fresh = Context(run_id=context.run_id, node_id=context.node_id, node_config=dict(context.node_config),
+                        state=RecordDict(), run_config=dict(context.run_config))
+        print(f"experiment {number + 1}/{len(experiments)}: label-epsilon {config['label-epsilon']}, "
+              f"seed {config['seed']}", flush=True)
+        results.append(run_vertical(grid, fresh, config, experiment=str(number)))
+    return results

@@ -1,7 +1,7 @@
 """ClientApp: local SGD on a strongly non-IID shard; evaluation uploads the mean softmax vector.
 
-Every hyperparameter comes from the server's ConfigRecord (``run_simulation``
-leaves the run config empty); the partition comes from ``node_config``
+Every hyperparameter comes from the server's ConfigRecord (the ClientApp needs no
+run config of its own); the partition comes from ``node_config``
 (``partition-id``, ``num-partitions``: filled by the simulation engine, or
 ``--node-config`` for a deployed SuperNode).
 

@@ -1,4 +1,4 @@
-"""Run configuration with defaults, for `flwr run` and for `run_simulation` (whose run config is empty).
+"""Run configuration with defaults, for `flwr run`, and for apps started without a run config.
 
 Precedence (later wins): :data:`DEFAULTS` < JSON in the ``LAPLACE_EVAL_RUN_CONFIG``
 environment variable (set by ``run_experiment.py`` and the tests; Ray workers

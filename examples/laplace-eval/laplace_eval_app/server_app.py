@@ -28,7 +28,6 @@ the round: ``results-file`` if set, else ``<results-dir>/run-<mode>.json`` (and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -42,12 +41,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.strategy import ClusterEvaluation
 
 from . import task
 from .config import resolve_run_config
-from .results import plot_run, results_paths
+from .results import SCORES, results_paths
 
 SCORE_KEYS = ("silhouette", "calinski-harabasz", "davies-bouldin")
 
@@ -173,11 +173,17 @@ def write_log(path: str, log: RoundLog, strategy: RecordingClusterEvaluation, co
                     "unit": "one client's inference vector (local DP), composed over evaluate rounds"},
     }
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    with open(path, "w") as handle:
-        json.dump(data, handle)
-    if png_path:
-        plot_run(data, png_path)
+    mode = strategy.privacy_eval_type
+    write_run_results(
+        folder, mode, log.rows, extra=data, initial_accuracy=log.initial_accuracy, json_indent=None,
+        json_name=os.path.basename(path), png_name=os.path.basename(png_path) if png_path else None,
+        title=f"{config['dataset']}: training progress", accuracy_label="accuracy",
+        accuracy_series={"central test": "accuracy", "clients (local eval)": "client_accuracy"},
+        epsilon_label="epsilon per client (LDP, composed)",
+        no_dp_text="NOT_ENCRYPT: sent without noise,\nepsilon = inf",
+        epsilon_title=(f"privacy spent (LAPLACE, {strategy.laplace_eval_eps:g} per round)" if mode == "LAPLACE"
+                       else "privacy spent"),
+        panels=[{"title": title, "series": {key: key}} for key, title in SCORES])
 
 
 @app.main()

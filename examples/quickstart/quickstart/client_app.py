@@ -1,7 +1,7 @@
 """ClientApp: local SGD on the client's IID shard of sklearn digits.
 
 Every hyperparameter comes from the server's ConfigRecord (so the ClientApp needs
-no run config, which ``run_simulation`` leaves empty); the partition comes from
+no run config of its own); the partition comes from
 ``node_config`` (``partition-id``, ``num-partitions``: filled by the simulation
 engine, or ``--node-config`` for a deployed SuperNode).
 

@@ -1,8 +1,9 @@
-"""Run configuration with defaults, for `flwr run` and for `run_simulation` (whose run config is empty).
+"""Run configuration with defaults, for `flwr run`, and for apps started without a run config.
 
 Precedence (later wins): :data:`DEFAULTS` < JSON in the ``QUICKSTART_RUN_CONFIG``
-environment variable (set by ``run_demo.py``) < ``context.run_config`` (filled
-by ``flwr run`` from pyproject.toml and ``--run-config``).
+environment variable (for apps started some other way) < ``context.run_config``
+(filled by ``flwr run`` from pyproject.toml and ``--run-config``; ``run_demo.py``
+passes its options that way).
 """
 
 from __future__ import annotations
@@ -37,12 +38,19 @@ DEFAULTS: dict[str, Any] = {
     "fraction-evaluate": 1.0,
     "seed": 42,
     "results-dir": "results",
+    "mechanisms": "",
 }
 
 
 def resolve_run_config(context: Context | None = None) -> dict[str, Any]:
     """DEFAULTS, overridden by the environment variable, overridden by the app's run config."""
     config = resolve(DEFAULTS, ENV_VAR, None if context is None else context.run_config)
-    if config["mechanism"] not in MECHANISMS:
-        raise ValueError(f"mechanism must be one of {MECHANISMS}, got {config['mechanism']!r}")
+    for mechanism in [config["mechanism"], *mechanisms(config)]:
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
     return config
+
+
+def mechanisms(config: dict[str, Any]) -> list[str]:
+    """The ``mechanisms`` run config as a list (empty: run ``mechanism`` only)."""
+    return [name.strip() for name in str(config.get("mechanisms", "")).split(",") if name.strip()]

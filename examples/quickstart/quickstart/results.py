@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 
+from flwr_dp_experiments.results import RESULTS_JSON, RESULTS_PNG, write_run_results
+from flwr_dp_experiments.results import finite as _finite
 from flwr_dp_strategies.privacy import PrivacyLedger
 
 from . import task
-
-RESULTS_JSON = "results.json"
-RESULTS_PNG = "results.png"
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON-safe float: None for missing or non-finite values."""
-    return None if value is None or not math.isfinite(value) else float(value)
 
 
 def format_row(row: dict[str, Any], delta: float | None) -> str:
@@ -174,47 +165,19 @@ def _metrics_by_round(history: dict[int, MetricRecord]) -> dict[str, dict[str, A
 
 def write_results(log: RoundLog, config: dict[str, Any], results_dir: str, result: Any = None,
                   replies: ReplyLog | None = None) -> str:
-    """Write results.json and results.png into ``results_dir``; return the JSON path.
+    """Write results.json and results.png into ``results_dir`` (the shared writer); return the JSON path.
 
     ``result`` (the strategy's ``Result``) adds the aggregated train and evaluate
     metrics of every round; ``replies`` adds the replies and failures per round.
     """
-    os.makedirs(results_dir, exist_ok=True)
-    data = {
-        "mechanism": config["mechanism"], "config": config, "initial_accuracy": log.initial_accuracy,
-        "rounds": log.rows, "privacy": privacy_summary(log.ledger, config),
-    }
+    mechanism = str(config["mechanism"])
+    extra: dict[str, Any] = {"mechanism": mechanism, "config": config, "privacy": privacy_summary(log.ledger, config)}
     if result is not None:
-        data["train_metrics"] = _metrics_by_round(result.train_metrics_clientapp)
-        data["evaluate_metrics"] = _metrics_by_round(result.evaluate_metrics_clientapp)
+        extra["train_metrics"] = _metrics_by_round(result.train_metrics_clientapp)
+        extra["evaluate_metrics"] = _metrics_by_round(result.evaluate_metrics_clientapp)
     if replies is not None:
-        data["replies"] = replies.rows
-    path = os.path.join(results_dir, RESULTS_JSON)
-    with open(path, "w") as handle:
-        json.dump(data, handle, indent=2)
-    plot_results(data, os.path.join(results_dir, RESULTS_PNG))
-    return path
-
-
-def plot_results(data: dict[str, Any], path: str) -> None:
-    """Accuracy and ε against the round (matplotlib Agg, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = [0] + [row["round"] for row in data["rounds"]]
-    accuracy = [data["initial_accuracy"]] + [row["accuracy"] for row in data["rounds"]]
-    fig, (ax_acc, ax_eps) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax_acc.plot(rounds, accuracy, marker="o")
-    ax_acc.set(xlabel="round", ylabel="central test accuracy", title=f"accuracy ({data['mechanism']})", ylim=(0, 1))
-    if data["privacy"] is None:
-        ax_eps.text(0.5, 0.5, "no DP: epsilon = inf", ha="center", va="center", transform=ax_eps.transAxes)
-    else:
-        eps = [0.0] + [row["epsilon"] for row in data["rounds"]]
-        ax_eps.plot(rounds, eps, marker="o", color="tab:red")
-        ax_eps.set(ylabel=f"epsilon ({PRIVACY_UNITS.get(data['mechanism'], DEFAULT_UNIT)[0]})")
-    ax_eps.set(xlabel="round", title=f"privacy spent (delta={data['config']['target-delta']:g})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        extra["replies"] = replies.rows
+    level = PRIVACY_UNITS.get(mechanism, DEFAULT_UNIT)[0]
+    return write_run_results(results_dir, mechanism, log.rows, extra=extra, initial_accuracy=log.initial_accuracy,
+                             delta=float(config["target-delta"]), epsilon_label=f"epsilon ({level})",
+                             json_name=RESULTS_JSON, png_name=RESULTS_PNG)

@@ -30,7 +30,7 @@ from flwr_dp_strategies.strategy import (
 )
 
 from . import task
-from .config import resolve_run_config
+from .config import mechanisms, resolve_run_config
 from .results import ReplyLog, RoundLog, write_results
 
 app = ServerApp()
@@ -94,8 +94,24 @@ def client_config(config: dict[str, Any]) -> ConfigRecord:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the rounds, print the per-round line, write the results."""
+    """Run ``mechanism``, or each of ``mechanisms`` one after the other (``mechanism <name>`` line first).
+
+    Each mechanism of ``mechanisms`` starts from the same initial model with a fresh strategy and
+    ledger and writes to ``<results-dir>/<name>/``; one run saves a simulation start per mechanism.
+    """
     config = resolve_run_config(context)
+    names = mechanisms(config)
+    if not names:
+        run_mechanism(grid, config)
+        return
+    for name in names:
+        print(f"mechanism {name}", flush=True)
+        run_mechanism(grid, {**config, "mechanism": name, "mechanisms": "",
+                             "results-dir": os.path.join(str(config["results-dir"]), name)})
+
+
+def run_mechanism(grid: Grid, config: dict[str, Any]) -> None:
+    """Run the rounds of ``config["mechanism"]``, print the per-round line, write the results."""
     strategy = build_strategy(config)
     torch.manual_seed(int(config["seed"]))
     model = task.build_model(str(config["model"]))

@@ -17,13 +17,13 @@ which adds a 128-byte ``.npy`` header per array).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from typing import Any, Optional
 
 from flwr.app import ArrayRecord, MetricRecord
+
+from flwr_dp_experiments.results import write_run_results
 
 from . import task
 
@@ -137,39 +137,12 @@ def privacy_summary(strategy: Any) -> Optional[dict[str, Any]]:
 
 
 def write_run(log: RoundLog, strategy: Any, results_dir: str, name: str) -> str:
-    """Write ``run-<name>.json`` and its plot ``run-<name>.png`` into ``results_dir``; return the JSON path."""
-    os.makedirs(results_dir, exist_ok=True)
-    data = {"name": name, "config": log.config, "d": log.d, "hidden": log.hidden,
-            "initial_accuracy": log.initial_accuracy, "rounds": log.rows,
-            "wall_s": time.perf_counter() - log.started, "privacy": privacy_summary(strategy)}
-    path = os.path.join(results_dir, f"run-{name}.json")
-    with open(path, "w") as handle:
-        json.dump(data, handle, indent=2)
-    plot_run(data, os.path.join(results_dir, f"run-{name}.png"))
-    return path
-
-
-def plot_run(data: dict[str, Any], path: str) -> None:
-    """Central test accuracy and cumulative ε against the round (matplotlib Agg)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    rows = data["rounds"]
-    rounds = [0] + [row["round"] for row in rows]
-    fig, (ax_acc, ax_eps) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax_acc.plot(rounds, [data["initial_accuracy"]] + [row["accuracy"] for row in rows], marker=".")
-    ax_acc.set(xlabel="round", ylabel="central test accuracy", ylim=(0, 1),
-               title=f"{data['config']['strategy']} on {data['config']['dataset']}")
-    if data["privacy"] is None:
-        ax_eps.text(0.5, 0.5, "FedAvg: no DP, epsilon = inf", ha="center", va="center", transform=ax_eps.transAxes)
-    else:
-        ax_eps.plot(rounds, [0.0] + [row["epsilon"] for row in rows], marker=".", color="tab:red")
-    ax_eps.set(xlabel="round", ylabel="epsilon per client (LDP, cumulative)", title="privacy spent (delta=1e-5)")
-    for ax in (ax_acc, ax_eps):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Write ``run-<name>.json`` and its plot ``run-<name>.png`` into ``results_dir`` (the shared writer)."""
+    privacy = privacy_summary(strategy)
+    extra = {"name": name, "config": log.config, "d": log.d, "hidden": log.hidden,
+             "wall_s": time.perf_counter() - log.started, "privacy": privacy}
+    return write_run_results(
+        results_dir, str(log.config["strategy"]), log.rows, extra=extra, initial_accuracy=log.initial_accuracy,
+        delta=1e-5, title=f"{log.config['strategy']} on {log.config['dataset']}",
+        epsilon_label="epsilon per client (LDP, cumulative)", no_dp_text="FedAvg: no DP, epsilon = inf",
+        json_name=f"run-{name}.json", png_name=f"run-{name}.png")
