@@ -61,3 +61,22 @@ def test_round_lines_read_c_the_unclipped_fraction_epsilon_and_accuracy_from_the
     assert lines[0] == "round   1  C 0.100  unclipped 0.25  epsilon 1.000  accuracy 0.500"
     assert lines[1].startswith("round   2  C 0.200") and lines[1].endswith("accuracy nan")
     assert math.isnan(float(lines[1].split()[-1]))
+
+
+@pytest.mark.integration
+def test_the_app_runs_with_flwr_run_and_reports_c_and_epsilon_per_round(tmp_path):
+    """3 rounds, 10 SuperNodes, m = 5 (q = 0.5), through Flower's simulation path (local SuperLink + flwr run)."""
+    from flwr_dp_experiments.simulation import run_app
+
+    lr = 0.5
+    settings = {"num-server-rounds": 3, "num-partitions": 10, "clients-per-round": 5, "noise-multiplier": 0.3,
+                "clip-norm-lr": lr, "results-dir": str(tmp_path)}
+    results = run_app(APP, settings, num_supernodes=10, results_path=tmp_path / "results.json")
+    rows = results["rounds"]
+    assert [row["round"] for row in rows] == [1, 2, 3]
+    assert rows[0]["clipping_norm"] == pytest.approx(0.1)  # round 1 is clipped and noised with C0
+    for before, after in zip(rows, rows[1:]):  # C ← C·exp(−η(b̄ − γ)), b̄ ∈ [0, 1], γ = 0.5
+        assert math.exp(-lr * 0.5) - 1e-9 <= after["clipping_norm"] / before["clipping_norm"] <= math.exp(lr * 0.5) + 1e-9
+        assert after["epsilon"] > before["epsilon"]
+    assert all(0 <= row["unclipped_fraction"] <= 1 and math.isfinite(row["epsilon"]) for row in rows)
+    assert (tmp_path / "results.png").stat().st_size > 0

@@ -89,9 +89,18 @@ def route_absl_warnings() -> None:
 
 @contextmanager
 def no_new_root_handlers() -> Iterator[None]:
-    """Remove every handler added to the root logger inside the block (a library calling ``basicConfig``)."""
+    """No printing handler appears on the root logger inside the block, not even for a moment.
+
+    ``logging.basicConfig()`` does nothing when the root logger already has a handler, so a
+    root logger without one gets a :class:`logging.NullHandler` for the duration of the block
+    (another thread logging meanwhile, e.g. Flower's ServerApp during a simulation's ClientApp
+    import, is not doubled); every handler added inside the block is removed at its end.
+    """
     root = logging.getLogger()
     before = list(root.handlers)
+    placeholder = logging.NullHandler() if not before else None
+    if placeholder is not None:
+        root.addHandler(placeholder)
     try:
         yield
     finally:

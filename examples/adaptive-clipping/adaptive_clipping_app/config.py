@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "lr": 0.5,
     "batch-size": 16,
     "seed": 42,
+    "results-dir": "results",
 }
 CLIPPING = ("server", "client")
 

@@ -16,12 +16,14 @@ accuracy is computed in ``evaluate_fn``; nothing from the clients' data leaves u
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, Result
 
+from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies import AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping, PrivacyLedger
 
 from . import task
@@ -49,15 +51,19 @@ def server_accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
     return MetricRecord({"accuracy": task.test_accuracy(model)})
 
 
+def round_rows(result: Result) -> list[dict]:
+    """Round, C, noisy unclipped fraction, ε and accuracy of every round that released a model."""
+    return [{"round": rnd, "clipping_norm": float(metrics["dp/clipping-norm"]),
+             "unclipped_fraction": float(metrics["dp/unclipped-fraction"]),
+             "epsilon": float(metrics["privacy/epsilon"]),
+             "accuracy": float(result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan))}
+            for rnd, metrics in sorted(result.train_metrics_clientapp.items())]
+
+
 def round_lines(result: Result) -> list[str]:
     """``round r  C …  unclipped …  ε …  accuracy …`` for every round that released a model."""
-    lines = []
-    for rnd, metrics in sorted(result.train_metrics_clientapp.items()):
-        accuracy = result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan)
-        lines.append(f"round {rnd:3d}  C {metrics['dp/clipping-norm']:.3f}  "
-                     f"unclipped {metrics['dp/unclipped-fraction']:.2f}  "
-                     f"epsilon {metrics['privacy/epsilon']:.3f}  accuracy {accuracy:.3f}")
-    return lines
+    return [f"round {row['round']:3d}  C {row['clipping_norm']:.3f}  unclipped {row['unclipped_fraction']:.2f}  "
+            f"epsilon {row['epsilon']:.3f}  accuracy {row['accuracy']:.3f}" for row in round_rows(result)]
 
 
 @app.main()
@@ -76,3 +82,9 @@ def main(grid: Grid, context: Context) -> None:
     print("\n".join(round_lines(result)), flush=True)
     print(f"delta {strategy.ledger.target_delta:g}; user-level (one client's whole data), Poisson q = "
           f"{strategy.sampling_rate:.3g}", flush=True)
+    if config["results-dir"]:
+        path = write_run_results(
+            os.path.abspath(str(config["results-dir"])), f"adaptive clipping ({config['clipping']}-side)",
+            round_rows(result), delta=strategy.ledger.target_delta, extra={"config": config},
+            panels=[{"title": "clipping norm C", "ylabel": "C", "series": {"C used": "clipping_norm"}}])
+        print(f"results written to {path}", flush=True)
