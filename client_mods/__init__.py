@@ -66,6 +66,7 @@ _DP_SGD_NAMES = (
     "STATE_KEY",
     "choose_grad_sample_mode",
     "combined_noise_multiplier",
+    "declare_opacus_round",
     "dp_sgd_event",
     "dp_sgd_train_reply",
 )

@@ -37,7 +37,7 @@ public names of the other two).
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -87,8 +87,34 @@ def dp_sgd_train_reply(
     return Message(content=content, reply_to=msg)
 
 
+
+def declare_opacus_round(content: RecordDict, privacy_engine: Any, *, poisson_sampling: bool = True,
+                         label: str = "opacus dp-sgd") -> RecordDict:
+    """Declare in a reply's ``content`` the DP-SGD release an Opacus ``PrivacyEngine`` made; return ``content``.
+
+    For ClientApps that already train with Opacus (Flower's Opacus example): the two lines that
+    make :class:`~flwr_dp_strategies.strategy.AccountedFedAvg` account for them are the import
+    and ``content=declare_opacus_round(RecordDict({...}), privacy_engine)``. The event is read
+    from the engine's own accountant history (one ``(z, q, steps)`` entry per ``make_private``):
+    ``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), steps)`` per entry
+    (:func:`dp_sgd_event`), declared under :func:`dp_sgd_relation` (add/remove one example for
+    Opacus' default Poisson batches, ``poisson_sampling=False`` for shuffled fixed-size batches).
+    The engine must be this round's (a fresh ``PrivacyEngine`` per round, as in Flower's example);
+    an engine kept across rounds would declare its earlier rounds again (over-counting, never
+    under-counting). Raises ``ValueError`` when the engine has no history (it has not trained).
+    """
+    history = getattr(getattr(privacy_engine, "accountant", None), "history", None)
+    if not history:
+        raise ValueError("privacy_engine must be an Opacus PrivacyEngine that trained this round "
+                         "(privacy_engine.accountant.history is empty or missing)")
+    entries = [(float(z), float(q), int(steps)) for z, q, steps in history]
+    declare_release(content, dp_sgd_event(entries, poisson_sampling), label=label,
+                    neighboring_relation=dp_sgd_relation(poisson_sampling))
+    return content
+
 __all__ = [
     "ACCOUNTANTS",
+    "declare_opacus_round",
     "CLIPPING_MODES",
     "DECLARATION_LABEL",
     "DpSgdBudgetExhausted",

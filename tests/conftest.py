@@ -8,6 +8,11 @@ os.environ.setdefault("RAY_DISABLE_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+# Vendored Flower apps and Flower's own strategy tests (``*_test.py``, package-relative imports) are
+# run by tests/test_flower_examples.py and tests/test_flower_strategy_parity.py, never collected.
+# (Not a conftest.py of their own: a second top-level ``conftest`` module shadows this one.)
+collect_ignore = ["flower_examples"]
+
 
 import pytest  # noqa: E402
 

@@ -422,3 +422,22 @@ def test_shuffled_trainer_round_declares_its_passes():
     result = trainer.train_round(mlp().state_dict(), (x, y), RecordDict())
     assert result.neighboring_relation == "replace_one"
     assert result.event == dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(0.5), 2)
+
+
+def test_declare_opacus_round_declares_the_engines_history_under_its_relation():
+    """A client that runs Opacus itself declares its round in one call; an engine that never trained is refused."""
+    from types import SimpleNamespace
+
+    from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
+    from flwr.app import RecordDict
+
+    from client_mods import declare_opacus_round
+    from flwr_dp_strategies.declarations import read_declarations
+
+    engine = SimpleNamespace(accountant=SimpleNamespace(history=[(1.1, 0.05, 40)]))
+    content = declare_opacus_round(RecordDict(), engine)
+    (declaration,) = read_declarations(content)
+    assert declaration.event == SelfComposedDpEvent(PoissonSampledDpEvent(0.05, GaussianDpEvent(1.1)), 40)
+    assert declaration.neighboring_relation == "add_or_remove_one"
+    with pytest.raises(ValueError, match="privacy_engine"):
+        declare_opacus_round(RecordDict(), SimpleNamespace(accountant=SimpleNamespace(history=[])))

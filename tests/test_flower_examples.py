@@ -19,7 +19,7 @@ and checks that
   which already prints its lines twice).
 
 The Opacus app's clients also declare each round's DP-SGD spend, read from their own
-``PrivacyEngine`` (2 imports and 3 lines, ``OPACUS_CLIENT_DECLARED_REPLY``); its check adds that
+``PrivacyEngine`` (one import and one changed line, ``OPACUS_CLIENT_DECLARED_REPLY``: :func:`client_mods.declare_opacus_round`); its check adds that
 Flower's example reports the same per-round epsilon every round while the ledger's grows.
 
 Each run is a subprocess, so imported apps, Ray and logging state never leak between cases.
@@ -92,16 +92,13 @@ DROP_IN = {
 # Flower's Opacus example: its clients already run DP-SGD; they declare each round's spend
 # (read from their own PrivacyEngine's accountant) so that AccountedFedAvg can book it.
 OPACUS_CLIENT_IMPORT_ANCHOR = "from opacus_fl.task import Net, load_data, test, train\n"
-OPACUS_CLIENT_IMPORTS = ("from client_mods.dp_sgd import dp_sgd_event, dp_sgd_relation\n"
-                         "from flwr_dp_strategies import declare_release\n")
+OPACUS_CLIENT_IMPORTS = "from client_mods import declare_opacus_round\n"
 OPACUS_CLIENT_REPLY = ("    return Message(\n"
                        "        content=RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}),\n")
-OPACUS_CLIENT_DECLARED_REPLY = (
-    "    content = RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics})\n"
-    "    declare_release(content, dp_sgd_event(privacy_engine.accountant.history), label=\"opacus dp-sgd\",\n"
-    "                    neighboring_relation=dp_sgd_relation(poisson_sampling=True))\n"
+OPACUS_CLIENT_DECLARED_REPLY = (  # the documented two-line change: this line and the import
     "    return Message(\n"
-    "        content=content,\n")
+    "        content=declare_opacus_round(RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}), "
+    "privacy_engine),\n")
 
 CASES = [
     ("quickstart-pytorch", "FedAvg"),
@@ -159,9 +156,10 @@ def test_the_change_is_the_strategy_line_and_its_import(app, strategy):
             assert len(removed) == 1 and removed[0].strip().startswith("strategy = FedAvg("), (path, removed)
             assert added == [f"from flwr_dp_strategies import {strategy}", DROP_IN[strategy](removed[0] + "\n")
                              .rstrip("\n")], (path, added)
-        else:  # the Opacus ClientApp: two imports, the reply's content declared before it is sent
+        else:  # the Opacus ClientApp: one import, and the reply's content declared as it is sent
             assert removed == ['        content=RecordDict({"arrays": out_arrays, "metrics": out_metrics}),']
-            assert len(added) == 6, added
+            assert added == ["from client_mods import declare_opacus_round",
+                             OPACUS_CLIENT_DECLARED_REPLY.splitlines()[1]], added
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
