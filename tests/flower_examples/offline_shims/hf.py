@@ -8,6 +8,8 @@ The examples ask Hugging Face for ``uoft-cs/cifar10`` (quickstart-pytorch, opacu
   images used are decompressed), each
   28 x 28 digit zero-padded to 32 x 32 and repeated over 3 channels: CIFAR-10's shape
   (``img``: a 32 x 32 RGB PIL image, ``label``: 0..9), so the examples' ``Net`` is unchanged.
+  Without the MNIST files (a checkout with no ``../shared/data``), scikit-learn's embedded digits
+  are used instead, each 8 x 8 image scaled up to 32 x 32.
   Only the first :data:`CIFAR_SHAPED_TRAIN` / :data:`CIFAR_SHAPED_TEST` examples are used
   (the tests run a few rounds on 2 CPU cores; override with ``FLOWER_EXAMPLES_TRAIN_SIZE`` /
   ``FLOWER_EXAMPLES_TEST_SIZE``).
@@ -49,13 +51,27 @@ def _mnist_as_cifar(split: str) -> Dataset:
 
     n = CIFAR_SHAPED_TRAIN if split == "train" else CIFAR_SHAPED_TEST
     images_file, labels_file = (os.path.join(shared_data_dir("mnist"), name) for name in MNIST_FILES[split])
-    images = _read_idx_head(images_file, n, 28 * 28, 16).reshape(-1, 28, 28)
-    labels = _read_idx_head(labels_file, n, 1, 8).reshape(-1)
-    images = np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None], 3, axis=-1)
+    if os.path.exists(images_file) and os.path.exists(labels_file):
+        images = _read_idx_head(images_file, n, 28 * 28, 16).reshape(-1, 28, 28)
+        labels = _read_idx_head(labels_file, n, 1, 8).reshape(-1)
+        images = np.pad(images, ((0, 0), (2, 2), (2, 2)))
+    else:  # a checkout without ../shared/data: scikit-learn's embedded digits, 8 x 8 -> 32 x 32
+        images, labels = _digits_head(split, n)
+    images = np.repeat(images[..., None], 3, axis=-1)
     # PIL images under an Image feature, as the Hub's CIFAR-10: transforms get what they get there
     features = Features({"img": Image(), "label": Value("int64")})
     return Dataset.from_dict({"img": [PILImage.fromarray(im) for im in images],
                               "label": labels.astype(np.int64).tolist()}, features=features)
+
+
+def _digits_head(split: str, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (16 grey levels) as uint8 32 x 32 images: train = the first 1 497, test = the rest."""
+    from sklearn.datasets import load_digits
+
+    features, labels = load_digits(return_X_y=True)
+    rows = slice(0, min(count, 1497)) if split == "train" else slice(1497, 1497 + min(count, 300))
+    images = (features[rows].reshape(-1, 8, 8) * (255.0 / 16.0)).astype(np.uint8)
+    return np.kron(images, np.ones((1, 4, 4), dtype=np.uint8)), labels[rows]
 
 
 def _iris(split: str) -> Dataset:
