@@ -178,6 +178,14 @@ _FORMATS = {
 }
 
 
+def _gc_noise(warning: dict) -> bool:
+    """Ray's ``services.py`` opens ``/dev/null`` for its daemons' output and never closes it: the
+    ``ResourceWarning`` fires whenever the garbage collector happens to run, attributed to whatever
+    code runs then (here an import in ``<frozen importlib._bootstrap_external>``), in Flower's run
+    or in ours alike. It says nothing about the strategy, so it is not compared."""
+    return warning["category"] == "ResourceWarning" and "name='/dev/null'" in warning["message"]
+
+
 def _clean(line: str) -> str:
     return _RAY_PREFIX.sub("", _ANSI.sub("", line))
 
@@ -316,10 +324,10 @@ def test_flower_example_with_our_strategy(app, strategy, tmp_path, tmp_path_fact
         extra = duplicating_handlers(run.output) - duplicating_handlers(flower.output)
         assert extra == set(), (extra, duplicated_records(run.output), tail)
     if strategy != "FedAvg":
-        ours = {(w["category"], _shape(w["message"])) for w in run.report["warnings"]}
+        ours = {(w["category"], _shape(w["message"])) for w in run.report["warnings"] if not _gc_noise(w)}
         theirs = {(w["category"], _shape(w["message"])) for w in flower.report["warnings"]}
         assert ours - theirs == set(), [w for w in run.report["warnings"]
-                                         if (w["category"], _shape(w["message"])) not in theirs]
+                                         if (w["category"], _shape(w["message"])) not in theirs and not _gc_noise(w)]
         assert noisy_lines(run.output) - noisy_lines(flower.output) == set(), tail
 
 
