@@ -100,7 +100,8 @@ OPACUS_CLIENT_DECLARED_REPLY = (  # the documented two-line change: this line an
     "        content=declare_opacus_round(RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}), "
     "privacy_engine),\n")
 
-# Every strategy runs in at least one of Flower's apps (the adaptive wrapper in both); the cheap text check (the change is one line) runs on the full matrix below.
+# Every strategy runs in at least one of Flower's apps (the adaptive wrapper in both); the cheap
+# text check (the change is one line) runs on the full matrix below.
 CASES = [
     ("quickstart-pytorch", "FedAvg"),
     ("quickstart-pytorch", "AccountedFedAvg"),
