@@ -356,8 +356,77 @@ def calibrate_skellam(params: DistributedDpParams, *, noise_multiplier: float, n
                               bits_needed=bits_needed)
 
 
+DEFAULT_OVERFLOW_SIGMAS = 6.0
+
+
+def sum_headroom(scale: float, *, clip_norm: float, padded_dim: int, n_clients: int, noise_multiplier: float,
+                 min_survivors: int, beta: float = DEFAULT_BETA,
+                 overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS) -> float:
+    r"""The largest |coordinate| the integer sum is planned for, at scale s (see :func:`scale_for_bits`).
+
+    .. math:: h(s) = k\sqrt{\frac{n^2 (sC)^2}{D} + \frac{n}{m}\bigl(z\tilde\Delta_2(s)\bigr)^2} + n
+
+    The first term under the root is the variance of a coordinate of the randomly
+    rotated sum of n clipped updates when they all point the same way (norm ≤ nsC, and a
+    random rotation spreads a fixed vector's energy evenly: each coordinate is
+    sub-Gaussian with variance norm²/D); the second the Skellam noise when all n
+    clients survive with shares μ/m, μ = (zΔ̃₂)²; n bounds the rounding (< 1 per
+    client and coordinate). k = ``overflow_sigmas``.
+    """
+    rounding = rounded_l2_norm_bound(scale * clip_norm, padded_dim, beta)
+    signal = (n_clients * scale * clip_norm) ** 2 / padded_dim
+    noise = n_clients / min_survivors * (noise_multiplier * rounding) ** 2
+    return overflow_sigmas * math.sqrt(signal + noise) + n_clients
+
+
+def scale_for_bits(*, bits: int, clip_norm: float, dim: int, n_clients: int, noise_multiplier: float,
+                   min_survivors: int, beta: float = DEFAULT_BETA,
+                   overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS) -> float:
+    r"""The largest scale s whose planned sum fits the centred range: :math:`h(s) \le 2^{b-1} - 1`.
+
+    Choosing s is the utility trade-off of KLS21 §5: a large s makes the rounding
+    inflation of the sensitivity (:func:`rounded_l2_norm_bound`, +D/4 under the root)
+    negligible, a small s keeps the sum inside 2^b. A coordinate beyond
+    :math:`\pm 2^{b-1}` wraps: the decoded update is wrong (utility), never less
+    private (privacy rests on the enforced norm bound and the noise alone). With
+    k = 6 a Gaussian coordinate overflows with probability 2e-9.
+
+    ``n_clients``: clients sampled; ``min_survivors``: m, the fewest whose noise is in
+    a revealed sum (each adds μ/m). ValueError naming ``bits`` if no s > 0 fits.
+    """
+    b = check_int("bits", bits, minimum=2)
+    if b > MAX_BITS:
+        raise ValueError(f"bits must be an integer in [2, {MAX_BITS}], got {bits!r}")
+    c = check_positive("clip_norm", clip_norm)
+    d = padded_dimension(check_int("dim", dim, minimum=1))
+    n = check_int("n_clients", n_clients, minimum=1)
+    m = check_int("min_survivors", min_survivors, minimum=1)
+    z = check_positive("noise_multiplier", noise_multiplier)
+    k = check_positive("overflow_sigmas", overflow_sigmas)
+    _check_beta(beta)
+    limit = float((1 << (b - 1)) - 1)
+
+    def fits(scale: float) -> bool:
+        return sum_headroom(scale, clip_norm=c, padded_dim=d, n_clients=n, noise_multiplier=z, min_survivors=m,
+                            beta=beta, overflow_sigmas=k) <= limit
+
+    low, high = 0.0, _MAX_SCALED_NORM / c
+    if not fits(high * 1e-20):
+        raise ValueError(f"bits must be larger: {b} bits cannot hold the sum of {n} rounded, noised vectors of "
+                         f"dimension {d} at noise multiplier {z} (got bits={bits!r})")
+    if fits(high):
+        return high
+    for _ in range(200):
+        mid = 0.5 * (low + high) if high / max(low, 1e-300) < 4.0 else math.sqrt(max(low, high * 1e-20) * high)
+        low, high = (mid, high) if fits(mid) else (low, mid)
+        if high - low <= 1e-9 * high:
+            break
+    return low
+
+
 __all__ = [
     "DEFAULT_BETA",
+    "DEFAULT_OVERFLOW_SIGMAS",
     "DistributedDpParams",
     "MAX_BITS",
     "SkellamCalibration",
@@ -372,6 +441,8 @@ __all__ = [
     "padded_dimension",
     "randomized_hadamard",
     "rounded_l2_norm_bound",
+    "scale_for_bits",
+    "sum_headroom",
     "to_modular",
     "walsh_hadamard",
 ]

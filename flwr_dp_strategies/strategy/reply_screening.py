@@ -67,7 +67,7 @@ from .streaming_aggregation import all_finite, npy_view
 
 REJECTION_REASONS: tuple[str, ...] = (
     "error", "structure", "weight", "keys", "oversized", "shape", "non-finite", "declaration", "metrics",
-    "indices", "values", "identity",
+    "indices", "values", "identity", "secure-aggregation",
 )
 DEFAULT_MAX_WEIGHT = 1e9
 """Default bound of a reply's weight (``num-examples``): see ``weight`` in the module docstring."""

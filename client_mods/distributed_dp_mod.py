@@ -1,0 +1,138 @@
+r"""Client side of distributed DP under secure aggregation: run SecAgg+, upload only a masked, noised vector.
+
+Use with :class:`flwr_dp_strategies.DistributedDpFedAvg`::
+
+    app = ClientApp()
+
+    @app.train(mods=[distributed_dp_mod])
+    def train(msg: Message, context: Context) -> Message:
+        ...  # unchanged: train on the received arrays, reply with the new ones
+
+Train messages that carry no secure-aggregation record pass through untouched
+(so do evaluate and query messages). For the protocol's messages the mod answers
+the ``setup``, ``share-keys`` and ``unmask`` stages itself
+(:mod:`flwr_dp_strategies.secure_aggregation.client_protocol`); at the ``collect``
+stage it calls the train function, takes the update :math:`\Delta = w' - w`
+(all float arrays of the reply's ArrayRecord minus those received, flattened in
+the received order, float64) and sends
+
+.. math:: \mathrm{pack}_b\Bigl(\mathrm{encode}(\Delta) + \mathrm{masks} \bmod 2^b\Bigr),
+
+where ``encode`` is :func:`flwr_dp_strategies.privacy.distributed_dp.encode_update`
+(clip to C, rotate, scale, conditional randomized rounding, Skellam share
+:math:`\mathrm{Sk}(\mu/m)`, wrap) with the public parameters the server sent,
+and the masks those of SecAgg+. The reply holds nothing else: the train
+function's MetricRecords (loss, accuracy, ``num-examples``) are dropped, as they
+would reach the server un-noised. Its noise and rounding use OS entropy
+(``make_distributed_dp_mod(rng=...)`` for tests).
+
+What the client checks before it spends anything: the protocol's order and
+fields (an out-of-order or malformed instruction raises, and Flower returns an
+error reply that the server counts as a dropout), the DP parameters' domains
+(:class:`~flwr_dp_strategies.privacy.distributed_dp.DistributedDpParams`), and,
+with ``min_noise_multiplier``, that the noise in any sum the server can unmask is
+at least that: the crypto threshold t guarantees t shares,
+:math:`\sqrt{t\mu/m}/\tilde\Delta_2 \ge z_{\min}` (a server that asks for less noise
+is refused).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.clientapp.typing import ClientAppCallable
+
+from flwr_dp_strategies.npy_codec import npy_view
+from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, encode_update
+from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
+from flwr_dp_strategies.privacy.validation import check_nonnegative
+from flwr_dp_strategies.secure_aggregation.client_protocol import handle
+from flwr_dp_strategies.secure_aggregation.masks import pack_bits
+from flwr_dp_strategies.secure_aggregation.protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY,
+                                                           STATE_RECORD, ProtocolError, Stage, field, stage_of)
+
+DP_FIELDS = {"dp-dim": int, "dp-clip-norm": float, "dp-scale": float, "dp-rotation-seed": int, "dp-beta": float,
+             "dp-noise-share": float}
+"""The public distributed-DP parameters of the collect stage (server → client), with their types."""
+
+
+def params_from_record(record: ConfigRecord, bits: int) -> tuple[DistributedDpParams, float]:
+    """(the encoding parameters, the noise share μ/m) sent by the server; ValueError if out of domain."""
+    values = {key: field(record, key, kind) for key, kind in DP_FIELDS.items()}
+    params = DistributedDpParams(dim=values["dp-dim"], clip_norm=values["dp-clip-norm"], scale=values["dp-scale"],
+                                 bits=bits, rotation_seed=values["dp-rotation-seed"], beta=values["dp-beta"])
+    return params, check_nonnegative("dp-noise-share", values["dp-noise-share"])
+
+
+def _single_array_record(content: RecordDict, what: str) -> ArrayRecord:
+    records = [r for r in content.values() if isinstance(r, ArrayRecord)]
+    if len(records) != 1:
+        raise ValueError(f"the {what} must hold exactly one ArrayRecord, got {len(records)}")
+    return records[0]
+
+
+def update_vector(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
+    """Δ = w' − w over every array, flattened in the received order (float64)."""
+    if list(trained.keys()) != list(received.keys()):
+        raise ValueError("the train reply's arrays must have the received keys, in the received order")
+    parts = []
+    for key in received.keys():
+        w, w_new = npy_view(received[key]), npy_view(trained[key])
+        if w.shape != w_new.shape:
+            raise ValueError(f"array {key!r}: trained shape {w_new.shape} differs from received {w.shape}")
+        parts.append((w_new.astype(np.float64) - w.astype(np.float64)).ravel())
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0,
+                            rng: RngLike = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
+    """A ``distributed_dp_mod`` that refuses noise below ``min_noise_multiplier`` and draws from ``rng``."""
+    floor = check_nonnegative("min_noise_multiplier", min_noise_multiplier)
+    fixed = None if rng is None else resolve_rng(rng)  # None: fresh OS entropy for every message
+
+    def distributed_dp_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+        if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
+            return call_next(msg, ctxt)
+        stage = stage_of(msg.content)
+        record = msg.content[RECORD]
+        if STATE_RECORD not in ctxt.state:
+            ctxt.state[STATE_RECORD] = ConfigRecord()
+        state = ctxt.state[STATE_RECORD]
+        node = int(msg.metadata.dst_node_id)
+        out = RecordDict()
+        if stage == Stage.COLLECT:
+            fields, vector = handle(state, node, stage, record, lambda: _encode(msg, ctxt, call_next, state, floor,
+                                                                               fixed if fixed is not None else resolve_rng(None)))
+            out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, int(state["bits"])))})
+        else:
+            fields, _ = handle(state, node, stage, record)
+        out[RECORD] = ConfigRecord({STAGE_KEY: stage, **fields})
+        return Message(out, reply_to=msg)
+
+    return distributed_dp_mod
+
+
+def _encode(msg: Message, ctxt: Context, call_next: ClientAppCallable, state: ConfigRecord, floor: float,
+            generator: np.random.Generator) -> np.ndarray:
+    params, share = params_from_record(msg.content[RECORD], int(state["bits"]))
+    implied = math.sqrt(int(state["threshold"]) * share) / params.rounding_bound
+    if implied < floor:
+        raise ProtocolError(f"the server asks for noise multiplier {implied:.4g} in a sum of t = "
+                            f"{state['threshold']} clients, below this client's minimum {floor}")
+    received = _single_array_record(msg.content, "train message")
+    reply = call_next(msg, ctxt)
+    if reply.has_error():
+        raise RuntimeError(f"the train function failed: {reply.error}")
+    delta = update_vector(received, _single_array_record(reply.content, "train reply"))
+    if delta.size != params.dim:
+        raise ValueError(f"the update has {delta.size} values, the server expects dp-dim = {params.dim}")
+    return encode_update(delta, params, local_noise_variance=share, rng=generator)
+
+
+distributed_dp_mod = make_distributed_dp_mod()
+"""The mod with no noise floor, drawing from OS entropy."""
+
+__all__ = ["DP_FIELDS", "distributed_dp_mod", "make_distributed_dp_mod", "params_from_record", "update_vector"]

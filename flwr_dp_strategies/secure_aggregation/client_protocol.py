@@ -1,0 +1,203 @@
+"""The client's side of one SecAgg+ round (Bell et al. 2020), on Flower's own crypto primitives.
+
+Key agreement: ECDH on SECP384R1 + HKDF-SHA256 (``flwr.supercore.primitives.asymmetric``,
+``flwr.common.secure_aggregation.crypto.symmetric_encryption.generate_shared_key``);
+secret sharing: Shamir over GF(2^128) (``...crypto.shamir``, pycryptodome);
+authenticated encryption of the shares: Fernet (``...symmetric_encryption.encrypt``).
+Nothing here is new crypto; the only departure from Flower's ``secaggplus_mod`` is the
+mask generator (:mod:`.masks`: ChaCha20 under the full key, not a 32-bit NumPy seed).
+
+:class:`ClientRound` keeps its state in a ConfigRecord (``context.state``), so a
+SuperNode that runs the ClientApp in a fresh process for every message keeps it.
+It refuses any instruction out of order (a stage other than the next one, another
+round), a neighbour list without its own keys or with repeated keys, fewer
+neighbours than the threshold, a ciphertext that is not addressed to it, and an
+unmask request that names a node both as survivor and as dropped or that leaves
+fewer than t survivors (answering it would let the server remove both masks of a
+client and read its vector).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Any, Callable, Optional
+
+import numpy as np
+from flwr.app import ConfigRecord
+from flwr.common.secure_aggregation.crypto.shamir import create_shares
+from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
+from flwr.common.secure_aggregation.secaggplus_utils import (share_keys_plaintext_concat,
+                                                             share_keys_plaintext_separate)
+from flwr.supercore.primitives.asymmetric import (bytes_to_private_key, bytes_to_public_key, generate_key_pairs,
+                                                  private_key_to_bytes, public_key_to_bytes)
+
+from .masks import apply_mask, check_bits, pairwise_sign, prg_mask, reduce_mod
+from .protocol import ProtocolError, Stage, distinct, field, list_field
+
+
+def agreed_key(private_key: bytes, public_key: bytes) -> bytes:
+    """The 32-byte key two nodes agree on (Flower's ECDH + HKDF; its base64 form decoded)."""
+    return base64.urlsafe_b64decode(generate_shared_key(bytes_to_private_key(private_key),
+                                                        bytes_to_public_key(public_key)))
+
+
+def fernet_key(private_key: bytes, public_key: bytes) -> bytes:
+    """The Fernet key (base64) for the encrypted shares between two nodes."""
+    return generate_shared_key(bytes_to_private_key(private_key), bytes_to_public_key(public_key))
+
+
+class ClientRound:
+    """One client's protocol state, read from and written back to a ConfigRecord."""
+
+    def __init__(self, state: ConfigRecord, node_id: int) -> None:
+        self.state = state
+        self.node_id = int(node_id)
+
+    # ------------------------------------------------------------------ state helpers
+    def _expect(self, stage: str, record: ConfigRecord) -> int:
+        """The round number, after checking that ``stage`` follows the stored one in the same round."""
+        server_round = field(record, "round", int)
+        current = self.state.get("stage")
+        previous = Stage.ORDER[Stage.ORDER.index(stage) - 1]
+        if current != previous or self.state.get("round") != server_round:
+            raise ProtocolError(f"stage {stage!r} of round {server_round} after stage {current!r} "
+                                f"of round {self.state.get('round')!r}")
+        return server_round
+
+    def _set(self, **values: Any) -> None:
+        for key, value in values.items():
+            self.state[key] = value
+
+    def _shares(self, kind: str) -> dict[int, bytes]:
+        return dict(zip(self.state.get(f"{kind}-owners", []), self.state.get(f"{kind}-shares", [])))
+
+    def _store_share(self, kind: str, owner: int, share: bytes) -> None:
+        owners = list(self.state.get(f"{kind}-owners", []))
+        shares = list(self.state.get(f"{kind}-shares", []))
+        owners.append(int(owner))
+        shares.append(bytes(share))
+        self._set(**{f"{kind}-owners": owners, f"{kind}-shares": shares})
+
+    # ------------------------------------------------------------------ stages
+    def setup(self, record: ConfigRecord) -> dict[str, Any]:
+        """Stage 0: fresh key pairs for this round (any earlier round's state is dropped)."""
+        server_round = field(record, "round", int)
+        threshold = field(record, "threshold", int)
+        bits = check_bits(field(record, "bits", int))
+        if threshold < 2:
+            raise ProtocolError("field 'threshold' must be at least 2")
+        self.state.clear()
+        sk1, pk1 = generate_key_pairs()
+        sk2, pk2 = generate_key_pairs()
+        self._set(stage=Stage.SETUP, round=server_round, threshold=threshold, bits=bits,
+                  sk1=private_key_to_bytes(sk1), pk1=public_key_to_bytes(pk1),
+                  sk2=private_key_to_bytes(sk2), pk2=public_key_to_bytes(pk2))
+        return {"pk1": self.state["pk1"], "pk2": self.state["pk2"]}
+
+    def share_keys(self, record: ConfigRecord) -> dict[str, Any]:
+        """Stage 1: Shamir-share b_u and sk1 among the neighbours, one ciphertext per neighbour."""
+        self._expect(Stage.SHARE_KEYS, record)
+        nids = list_field(record, "nids", int)
+        pk1s = list_field(record, "pk1s", bytes, length=len(nids))
+        pk2s = list_field(record, "pk2s", bytes, length=len(nids))
+        distinct("nids", nids)
+        distinct("public keys", pk1s + pk2s)
+        threshold = int(self.state["threshold"])
+        if len(nids) < threshold:
+            raise ProtocolError(f"{len(nids)} neighbours, fewer than the threshold {threshold}")
+        if self.node_id not in nids:
+            raise ProtocolError("the neighbour list does not hold this node")
+        own = nids.index(self.node_id)
+        if pk1s[own] != self.state["pk1"] or pk2s[own] != self.state["pk2"]:
+            raise ProtocolError("the neighbour list holds other public keys for this node")
+        seed = os.urandom(32)
+        seed_shares = create_shares(seed, threshold, len(nids))
+        sk1_shares = create_shares(self.state["sk1"], threshold, len(nids))
+        self._set(stage=Stage.SHARE_KEYS, seed=seed, **{"peer-nids": nids, "peer-pk1s": pk1s, "peer-pk2s": pk2s})
+        dsts, ciphertexts = [], []
+        for index, nid in enumerate(nids):
+            if nid == self.node_id:
+                self._store_share("seed", nid, seed_shares[index])
+                self._store_share("sk1", nid, sk1_shares[index])
+                continue
+            plaintext = share_keys_plaintext_concat(self.node_id, nid, seed_shares[index], sk1_shares[index])
+            dsts.append(nid)
+            ciphertexts.append(encrypt(fernet_key(self.state["sk2"], pk2s[index]), plaintext))
+        return {"dsts": dsts, "ctxts": ciphertexts}
+
+    def collect(self, record: ConfigRecord, encode: Callable[[], np.ndarray]) -> np.ndarray:
+        """Stage 2: store the neighbours' shares, then ``encode()`` (uint64 in [0, 2^b)) plus the masks."""
+        self._expect(Stage.COLLECT, record)
+        srcs = list_field(record, "srcs", int)
+        ciphertexts = list_field(record, "ctxts", bytes, length=len(srcs))
+        distinct("srcs", srcs)
+        peers = list(self.state["peer-nids"])
+        threshold = int(self.state["threshold"])
+        if len(srcs) + 1 < threshold:
+            raise ProtocolError(f"shares from {len(srcs)} neighbours, fewer than the threshold {threshold} - 1")
+        for src, ciphertext in zip(srcs, ciphertexts):
+            if src == self.node_id or src not in peers:
+                raise ProtocolError(f"a ciphertext from node {src}, not a neighbour")
+            try:
+                plaintext = decrypt(fernet_key(self.state["sk2"], self.state["peer-pk2s"][peers.index(src)]),
+                                    ciphertext)
+            except Exception as err:  # noqa: BLE001 - Fernet's InvalidToken and malformed tokens alike
+                raise ProtocolError(f"the ciphertext from node {src} does not decrypt") from err
+            actual_src, dst, seed_share, sk1_share = share_keys_plaintext_separate(plaintext)
+            if actual_src != src or dst != self.node_id:
+                raise ProtocolError(f"the ciphertext forwarded as from node {src} to this node is from "
+                                    f"{actual_src} to {dst}")
+            self._store_share("seed", src, seed_share)
+            self._store_share("sk1", src, sk1_share)
+        vector = np.array(encode(), dtype=np.uint64, copy=True)
+        bits = int(self.state["bits"])
+        apply_mask(vector, prg_mask(self.state["seed"], vector.size, bits), +1)
+        pk1s = list(self.state["peer-pk1s"])
+        for src in srcs:
+            key = agreed_key(self.state["sk1"], pk1s[peers.index(src)])
+            apply_mask(vector, prg_mask(key, vector.size, bits), pairwise_sign(self.node_id, src))
+        self._set(stage=Stage.COLLECT, included=srcs)
+        return reduce_mod(vector, bits)
+
+    def unmask(self, record: ConfigRecord) -> dict[str, Any]:
+        """Stage 3: the shares of b_v for surviving v, of sk1_v for dropped v; the state is then closed."""
+        self._expect(Stage.UNMASK, record)
+        active = list_field(record, "active", int)
+        dead = list_field(record, "dead", int)
+        distinct("active", active)
+        distinct("dead", dead)
+        if set(active) & set(dead):
+            raise ProtocolError("a node is named both as survivor and as dropped")
+        threshold = int(self.state["threshold"])
+        if len(active) < threshold:
+            raise ProtocolError(f"{len(active)} survivors, fewer than the threshold {threshold}")
+        if self.node_id not in active:
+            raise ProtocolError("this node is not named as a survivor")
+        seeds, sk1s = self._shares("seed"), self._shares("sk1")
+        missing = [nid for nid in active if nid not in seeds] + [nid for nid in dead if nid not in sk1s]
+        if missing:
+            raise ProtocolError(f"no share held for nodes {sorted(missing)}")
+        self.state.clear()  # one answer per round: a second unmask request finds no state
+        self._set(stage=Stage.UNMASK, round=field(record, "round", int))
+        return {"nids": active + dead, "shares": [seeds[n] for n in active] + [sk1s[n] for n in dead]}
+
+
+def handle(state: ConfigRecord, node_id: int, stage: str, record: ConfigRecord,
+           encode: Optional[Callable[[], np.ndarray]] = None) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+    """Run ``stage`` for this node: (the reply's protocol fields, the masked vector for ``collect``)."""
+    client = ClientRound(state, node_id)
+    if stage == Stage.SETUP:
+        return client.setup(record), None
+    if stage == Stage.SHARE_KEYS:
+        return client.share_keys(record), None
+    if stage == Stage.COLLECT:
+        if encode is None:
+            raise ValueError("the collect stage needs encode")
+        return {}, client.collect(record, encode)
+    if stage == Stage.UNMASK:
+        return client.unmask(record), None
+    raise ProtocolError(f"unknown stage {stage!r}")
+
+
+__all__ = ["ClientRound", "agreed_key", "fernet_key", "handle"]

@@ -1,0 +1,110 @@
+r"""Pseudo-random masks modulo 2^b for secure aggregation, expanded from a 32-byte key by ChaCha20.
+
+SecAgg(+) (Bonawitz et al., CCS 2017; Bell et al., CCS 2020) hides each client's
+vector :math:`y_u \in \mathbb Z_{2^b}^D` behind masks that cancel in the sum:
+
+.. math:: z_u = y_u + \mathrm{PRG}(b_u)
+          + \sum_{v \in N(u),\, v < u} \mathrm{PRG}(s_{u,v})
+          - \sum_{v \in N(u),\, v > u} \mathrm{PRG}(s_{u,v}) \pmod{2^b},
+
+where :math:`b_u` is the client's own random seed and :math:`s_{u,v}` the key it
+agreed with neighbour :math:`v` (ECDH + HKDF, Flower's
+``generate_shared_key``). A mask is uniform on :math:`\mathbb Z_{2^b}^D`, so
+:math:`z_u` alone is uniform and independent of :math:`y_u`.
+
+Why not Flower's ``pseudo_rand_gen``: it folds the key into a **32-bit** seed of
+NumPy's ``RandomState`` (2^32 candidate masks: a server can brute-force a
+client's mask and read its update) and draws ``randint(0, range - 1)``, which
+never yields ``range - 1`` (the masked vector is then not uniform). Here the
+mask is the ChaCha20 keystream (RFC 7539, from ``cryptography``, the library
+Flower's own key agreement uses) under the full 256-bit key, read as
+little-endian uint64 words and reduced mod 2^b by keeping the low b bits; as
+2^b divides 2^64 this is exactly uniform if the keystream is.
+
+Arithmetic: every vector is uint64; sums and differences wrap mod 2^64, a
+multiple of 2^b, so any chain of additions and subtractions reduced by
+:func:`reduce_mod` at the end equals the computation mod 2^b.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+from ..privacy.validation import check_int
+
+KEY_BYTES = 32
+MAX_BITS = 62
+_NONCE = b"\x00" * 16  # every key masks one vector once (fresh keys each round): a fixed nonce is safe
+
+
+def check_bits(bits: object) -> int:
+    """b ∈ [2, 62] (ValueError naming ``bits`` otherwise)."""
+    b = check_int("bits", bits, minimum=2)
+    if b > MAX_BITS:
+        raise ValueError(f"bits must be an integer in [2, {MAX_BITS}], got {bits!r}")
+    return b
+
+
+def prg_mask(key: bytes, length: int, bits: int) -> np.ndarray:
+    """``length`` uint64 values uniform on [0, 2^bits), the ChaCha20 keystream of the 32-byte ``key``."""
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes")
+    n = check_int("length", length, minimum=0)
+    b = check_bits(bits)
+    encryptor = Cipher(algorithms.ChaCha20(bytes(key), _NONCE), mode=None).encryptor()
+    words = np.frombuffer(encryptor.update(bytes(8 * n)), dtype="<u8").astype(np.uint64)
+    words &= np.uint64((1 << b) - 1)
+    return words
+
+
+def reduce_mod(vector: np.ndarray, bits: int) -> np.ndarray:
+    """``vector`` (uint64, any wrap mod 2^64 allowed) reduced into [0, 2^bits), in place."""
+    vector &= np.uint64((1 << check_bits(bits)) - 1)
+    return vector
+
+
+def pairwise_sign(own: int, other: int) -> int:
+    """+1 if ``own`` adds the mask it shares with ``other`` (own > other), −1 if it subtracts it."""
+    if own == other:
+        raise ValueError("a node shares no pairwise mask with itself")
+    return 1 if own > other else -1
+
+
+def apply_mask(vector: np.ndarray, mask: np.ndarray, sign: int) -> None:
+    """``vector`` += sign·``mask`` (mod 2^64), in place; sign ∈ {+1, −1}."""
+    if sign == 1:
+        vector += mask
+    elif sign == -1:
+        vector -= mask
+    else:
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+
+
+def packed_size(length: int, bits: int) -> int:
+    """Bytes of ``length`` values of ``bits`` bits packed back to back: ⌈length·bits/8⌉."""
+    return (check_int("length", length, minimum=0) * check_bits(bits) + 7) // 8
+
+
+def pack_bits(vector: np.ndarray, bits: int) -> np.ndarray:
+    """Values in [0, 2^bits) packed into ⌈D·bits/8⌉ bytes (little-endian bit order): what a client uploads."""
+    b = check_bits(bits)
+    v = np.ascontiguousarray(vector, dtype="<u8").ravel()
+    planes = np.unpackbits(v.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")[:, :b]
+    return np.packbits(planes.ravel(), bitorder="little")
+
+
+def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
+    """The inverse of :func:`pack_bits` (ValueError unless ``data`` is exactly ⌈length·bits/8⌉ bytes)."""
+    b = check_bits(bits)
+    raw = np.asarray(data)
+    if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size != packed_size(length, b):
+        raise ValueError(f"packed data must be {packed_size(length, b)} uint8 values, got {raw.dtype} {raw.shape}")
+    planes = np.unpackbits(raw, bitorder="little", count=length * b).reshape(length, b)
+    out = np.zeros(length, dtype=np.uint64)
+    for bit in range(b):
+        out |= planes[:, bit].astype(np.uint64) << np.uint64(bit)
+    return out
+
+
+__all__ = ["KEY_BYTES", "MAX_BITS", "apply_mask", "check_bits", "pack_bits", "packed_size", "pairwise_sign", "prg_mask", "reduce_mod", "unpack_bits"]

@@ -1,0 +1,331 @@
+r"""The server's side of one SecAgg+ round over a Flower ``Grid`` (Message API).
+
+Bell, Bonawitz, Gascón, Lepoint & Raykova, "Secure Single-Server Aggregation with
+(Poly)Logarithmic Overhead", CCS 2020 (SecAgg+); Bonawitz et al., CCS 2017 (SecAgg,
+the complete-graph case). Built on Flower's primitives (see :mod:`.client_protocol`).
+
+Node sets, as in the papers: :math:`U_0` the sampled nodes, :math:`U_1 \subseteq U_0`
+those that sent public keys, :math:`U_2 \subseteq U_1` those that sent their encrypted
+shares, :math:`U_3 \subseteq U_2` those whose masked vector was accepted. Each node's
+neighbours :math:`N(u)` are the ``num_shares`` nodes around it on a ring in a random
+order (SecAgg+; all nodes when ``num_shares`` ≥ |U_0|: SecAgg). The revealed value is
+
+.. math:: \sum_{u \in U_3} y_u \bmod 2^b,
+
+obtained from :math:`\sum_{u\in U_3} z_u` by removing each survivor's own mask
+(:math:`b_u` rebuilt from t of its shares) and, for each node
+:math:`v \in U_2 \setminus U_3` that dropped after sharing its keys, the pairwise
+masks the survivors hold with it (:math:`sk1_v` rebuilt from t shares, checked
+against the public key it registered). A node is never asked for both kinds of
+share for one peer.
+
+Failure handling. A failed reply (a SuperNode that died), a reply from a node that
+was not asked, a second reply, or a malformed one (wrong types, a public key that
+does not parse, a masked vector of the wrong shape, dtype or range) drops its
+sender from the round; the sender is counted under ``rejected``. The round
+aborts (:class:`SecureAggregationAborted`: nothing is revealed, nothing is booked)
+when fewer than ``min_survivors`` nodes remain at any stage or a secret cannot be
+rebuilt from the shares received.
+
+Trust model: the server is honest-but-curious (it follows the protocol and tries
+to learn from what it sees); clients follow the protocol. A malicious server can
+claim dropouts to learn the sum of a smaller set (down to t nodes); a client can
+corrupt the sum by sending bad shares or a bad vector (it cannot learn anything
+by it). Robustness to malicious clients and verified dropouts are out of scope.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from typing import Any, Optional
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.common.logger import log
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
+
+from ..npy_codec import npy_view
+from .client_protocol import agreed_key
+from .masks import apply_mask, check_bits, packed_size, pairwise_sign, prg_mask, reduce_mod, unpack_bits
+from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, ProtocolError, Stage, distinct, list_field,
+                       stage_record)
+
+PROTOCOL_REJECTION = "secure-aggregation"
+"""The reason counted for a malformed protocol reply (its sender is dropped from the round)."""
+
+
+class SecureAggregationAborted(RuntimeError):
+    """The round cannot reveal the sum (too few survivors or shares); nothing was revealed."""
+
+
+def ring_neighbours(nodes: Iterable[int], num_shares: int, rng: random.Random) -> dict[int, set[int]]:
+    """N(u) for each node: the ``num_shares`` nodes centred on u on a ring in random order (u included)."""
+    order = list(nodes)
+    rng.shuffle(order)
+    n = len(order)
+    if num_shares >= n:
+        everyone = set(order)
+        return {u: set(everyone) for u in order}
+    half = num_shares // 2
+    return {u: {order[(i + k) % n] for k in range(-half, half + 1)} for i, u in enumerate(order)}
+
+
+def _public_key(value: bytes) -> bytes:
+    try:
+        bytes_to_public_key(value)
+    except Exception as err:  # noqa: BLE001 - any parse failure is malformed
+        raise ProtocolError("a public key does not parse") from err
+    return value
+
+
+class SecureAggregationRound:
+    """One round of SecAgg+ with a Grid; call :meth:`setup`, :meth:`share_keys`, build the collect
+    messages with :meth:`collect_messages`, hand each reply to :meth:`add_masked`, then :meth:`unmask`.
+
+    Args:
+        server_round: Flower's round number (the messages' group id).
+        node_ids: U_0, the sampled nodes.
+        num_shares: neighbourhood size k (≥ 2; ≥ |U_0| gives the complete graph).
+        threshold: t, shares needed to rebuild a secret (2 ≤ t ≤ k).
+        min_survivors: the round aborts below this many nodes (≥ t).
+        bits: b, the modulus 2^b of the sum.
+        length: D, the length of every masked vector.
+        timeout: seconds each stage waits for replies (``Grid.send_and_receive``).
+    """
+
+    # pylint: disable=too-many-arguments,too-many-instance-attributes
+    def __init__(self, server_round: int, node_ids: Iterable[int], *, num_shares: int, threshold: int,
+                 min_survivors: int, bits: int, length: int, timeout: Optional[float],
+                 rng: Optional[random.Random] = None) -> None:
+        self.server_round = int(server_round)
+        self.sampled = sorted(set(int(n) for n in node_ids))
+        self.bits = check_bits(bits)
+        self.length = int(length)
+        self.threshold = int(threshold)
+        self.min_survivors = max(int(min_survivors), self.threshold)
+        self.num_shares = int(num_shares)
+        if not 2 <= self.threshold <= self.num_shares:
+            raise ValueError(f"threshold must be an integer in [2, num_shares={self.num_shares}], got {threshold!r}")
+        self.timeout = timeout
+        self.neighbours = ring_neighbours(self.sampled, self.num_shares, rng or random.SystemRandom())
+        self.public_keys: dict[int, tuple[bytes, bytes]] = {}
+        self.forwarded: dict[int, list[tuple[int, bytes]]] = {}
+        self.shared: set[int] = set()       # U_2
+        self.survivors: set[int] = set()    # U_3
+        self.masked_sum = np.zeros(self.length, dtype=np.uint64)
+        self.rejected: Counter[str] = Counter()
+        self.collect_sent: set[int] = set()
+
+    # ------------------------------------------------------------------ helpers
+    def _message(self, node: int, record: dict[str, Any], content: Optional[RecordDict] = None) -> Message:
+        content = RecordDict() if content is None else content
+        content[RECORD] = ConfigRecord({STAGE_KEY: record.pop(STAGE_KEY), "round": self.server_round, **record})
+        return Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN,
+                       group_id=str(self.server_round))
+
+    def _exchange(self, grid: Any, messages: list[Message], stage: str,
+                  read: Callable[[int, ConfigRecord], None]) -> set[int]:
+        """Send, then ``read`` each reply's protocol record; the nodes whose reply was read."""
+        asked = {int(m.metadata.dst_node_id) for m in messages}
+        replies = grid.send_and_receive(messages, timeout=self.timeout) if messages else []
+        return self._screen(replies, asked, lambda node, reply: read(node, stage_record(reply.content)), stage)
+
+    def _screen(self, replies: Iterable[Message], asked: set[int], read: Callable[[int, Message], None],
+                stage: str) -> set[int]:
+        good: set[int] = set()
+        seen: set[int] = set()
+        for reply in replies:
+            node = int(reply.metadata.src_node_id)
+            if reply.has_error():
+                self.rejected["error"] += 1
+                continue
+            if node not in asked or node in seen:
+                self.rejected["identity"] += 1
+                continue
+            seen.add(node)
+            try:
+                read(node, reply)
+            except (ProtocolError, ValueError, TypeError, KeyError) as err:
+                self.rejected[PROTOCOL_REJECTION] += 1
+                log(WARNING, "Round %d, secure aggregation %s: reply from node %s rejected (%s)",
+                    self.server_round, stage, node, err)
+                continue
+            good.add(node)
+        return good
+
+    def _require(self, nodes: set[int], stage: str) -> None:
+        if len(nodes) < self.min_survivors:
+            raise SecureAggregationAborted(f"round {self.server_round}: {len(nodes)} nodes left after the "
+                                           f"{stage} stage, fewer than {self.min_survivors}")
+
+    # ------------------------------------------------------------------ stages
+    def setup(self, grid: Any) -> set[int]:
+        """Stage 0: collect two public keys from every sampled node; U_1."""
+        self._require(set(self.sampled), Stage.SETUP)
+        messages = [self._message(n, {STAGE_KEY: Stage.SETUP, "threshold": self.threshold, "bits": self.bits})
+                    for n in self.sampled]
+
+        def read(node: int, record: ConfigRecord) -> None:
+            pk1, pk2 = record["pk1"], record["pk2"]
+            if not isinstance(pk1, bytes) or not isinstance(pk2, bytes) or pk1 == pk2:
+                raise ProtocolError("pk1 and pk2 must be two different public keys")
+            self.public_keys[node] = (_public_key(pk1), _public_key(pk2))
+
+        alive = self._exchange(grid, messages, Stage.SETUP, read)
+        every_key = [k for node in alive for k in self.public_keys[node]]
+        if len(set(every_key)) != len(every_key):  # a node replaying another's key: drop all that share one
+            counts = Counter(every_key)
+            clash = {node for node in alive if any(counts[k] > 1 for k in self.public_keys[node])}
+            self.rejected[PROTOCOL_REJECTION] += len(clash)
+            alive -= clash
+        self._require(alive, Stage.SETUP)
+        self.alive_keys = alive
+        return alive
+
+    def share_keys(self, grid: Any) -> set[int]:
+        """Stage 1: send each node its neighbours' keys, collect the encrypted shares; U_2."""
+        alive = self.alive_keys
+        expected: dict[int, set[int]] = {}
+        messages = []
+        for node in sorted(alive):
+            peers = sorted(self.neighbours[node] & alive)
+            expected[node] = set(peers) - {node}
+            messages.append(self._message(node, {
+                STAGE_KEY: Stage.SHARE_KEYS, "nids": peers,
+                "pk1s": [self.public_keys[p][0] for p in peers], "pk2s": [self.public_keys[p][1] for p in peers]}))
+        outgoing: dict[int, list[tuple[int, bytes]]] = {}
+
+        def read(node: int, record: ConfigRecord) -> None:
+            dsts = list_field(record, "dsts", int)
+            ctxts = list_field(record, "ctxts", bytes, length=len(dsts))
+            distinct("dsts", dsts)
+            if set(dsts) != expected[node]:
+                raise ProtocolError("the shares are not addressed to exactly the node's neighbours")
+            outgoing[node] = list(zip(dsts, ctxts))
+
+        self.shared = self._exchange(grid, messages, Stage.SHARE_KEYS, read)
+        self._require(self.shared, Stage.SHARE_KEYS)
+        self.forwarded = {node: [] for node in self.shared}
+        for src in sorted(self.shared):
+            for dst, ciphertext in outgoing[src]:
+                if dst in self.shared:
+                    self.forwarded[dst].append((src, ciphertext))
+        return self.shared
+
+    def collect_messages(self, content_for: Callable[[int], RecordDict],
+                         public: Optional[dict[str, Any]] = None) -> list[Message]:
+        """Stage 2's messages: ``content_for(node)`` (e.g. the train content) plus the ciphertexts
+        forwarded to the node and the ``public`` fields (same for every node)."""
+        messages = []
+        for node in sorted(self.shared):
+            srcs = [src for src, _ in self.forwarded[node]]
+            ctxts = [c for _, c in self.forwarded[node]]
+            messages.append(self._message(node, {STAGE_KEY: Stage.COLLECT, "srcs": srcs, "ctxts": ctxts,
+                                                 **(public or {})}, content_for(node)))
+        self.collect_sent = set(self.shared)
+        return messages
+
+    def masked_vector(self, content: RecordDict) -> np.ndarray:
+        """The masked vector of a collect reply: exactly one ArrayRecord :data:`MASKED_RECORD` holding
+        ⌈D·b/8⌉ packed bytes under :data:`MASKED_KEY`, unpacked (ProtocolError otherwise)."""
+        if stage_record(content).get(STAGE_KEY) != Stage.COLLECT:
+            raise ProtocolError("the reply is not a collect-stage reply")
+        if MASKED_RECORD not in content or not isinstance(content[MASKED_RECORD], ArrayRecord):
+            raise ProtocolError(f"the reply holds no ArrayRecord {MASKED_RECORD!r}")
+        record = content[MASKED_RECORD]
+        expected = packed_size(self.length, self.bits)
+        if list(record.keys()) != [MASKED_KEY] or not isinstance(record[MASKED_KEY], Array):
+            raise ProtocolError(f"ArrayRecord {MASKED_RECORD!r} must hold exactly {MASKED_KEY!r}")
+        array = record[MASKED_KEY]
+        if array.dtype != "uint8" or tuple(array.shape) != (expected,) or len(array.data) > expected + 256:
+            raise ProtocolError(f"the masked vector must be {expected} packed uint8 values, "
+                                f"got {array.dtype} {tuple(array.shape)}")
+        try:
+            return unpack_bits(npy_view(array), self.bits, self.length)
+        except Exception as err:  # noqa: BLE001 - an undecodable payload is malformed
+            raise ProtocolError(f"the masked vector does not decode ({err})") from err
+
+    def add_vector(self, node: int, vector: np.ndarray) -> None:
+        """Add one accepted masked vector (from :meth:`masked_vector`) of a node sent the collect stage."""
+        if node not in self.collect_sent or node in self.survivors:
+            raise ValueError(f"node {node} was not sent the collect stage, or already added")
+        self.masked_sum += vector
+        self.survivors.add(node)
+
+    def add_masked(self, replies: Iterable[Message]) -> set[int]:
+        """Screen the collect replies (errors, identity, :meth:`masked_vector`) and add the accepted; U_3."""
+        self._screen(replies, self.collect_sent,
+                     lambda node, reply: self.add_vector(node, self.masked_vector(reply.content)), Stage.COLLECT)
+        return self.survivors
+
+    def unmask(self, grid: Any) -> np.ndarray:
+        """Stage 3: collect the shares, remove every mask; Σ_{u∈U_3} y_u mod 2^b."""
+        self._require(self.survivors, Stage.COLLECT)
+        dropped = self.shared - self.survivors
+        holds = {node: {src for src, _ in self.forwarded[node]} for node in self.shared}
+        messages, asked_for = [], {}
+        for node in sorted(self.survivors):
+            active = sorted((holds[node] | {node}) & self.survivors)
+            dead = sorted(holds[node] & dropped)
+            asked_for[node] = (set(active), set(dead))
+            messages.append(self._message(node, {STAGE_KEY: Stage.UNMASK, "active": active, "dead": dead}))
+        seed_shares: dict[int, list[bytes]] = {}
+        sk1_shares: dict[int, list[bytes]] = {}
+
+        def read(node: int, record: ConfigRecord) -> None:
+            nids = list_field(record, "nids", int)
+            shares = list_field(record, "shares", bytes, length=len(nids))
+            distinct("nids", nids)
+            active, dead = asked_for[node]
+            if set(nids) != active | dead:
+                raise ProtocolError("the shares are not for exactly the nodes asked for")
+            for owner, share in zip(nids, shares):
+                (seed_shares if owner in active else sk1_shares).setdefault(owner, []).append(share)
+
+        self._exchange(grid, messages, Stage.UNMASK, read)
+        total = self.masked_sum.copy()
+        for node in sorted(self.survivors):
+            seed = self._rebuild(seed_shares.get(node, []), node, "its mask seed")
+            if len(seed) != 32:
+                raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s mask seed rebuilt "
+                                               "with a wrong length (corrupt shares)")
+            apply_mask(total, prg_mask(seed, self.length, self.bits), -1)
+        for node in sorted(dropped):
+            holders = [u for u in self.survivors if node in holds[u]]
+            if not holders:
+                continue
+            sk1 = self._rebuild(sk1_shares.get(node, []), node, "its key")
+            self._check_private_key(sk1, node)
+            for survivor in holders:
+                key = agreed_key(sk1, self.public_keys[survivor][0])
+                apply_mask(total, prg_mask(key, self.length, self.bits), -pairwise_sign(survivor, node))
+        log(INFO, "Round %d, secure aggregation: sum of %d masked vectors revealed (%d sampled, %d dropped "
+            "after sharing keys)", self.server_round, len(self.survivors), len(self.sampled), len(dropped))
+        return reduce_mod(total, self.bits)
+
+    def _rebuild(self, shares: list[bytes], node: int, what: str) -> bytes:
+        if len(shares) < self.threshold:
+            raise SecureAggregationAborted(f"round {self.server_round}: {len(shares)} shares of node {node}'s "
+                                           f"{what}, fewer than the threshold {self.threshold}")
+        try:
+            return combine_shares(shares)
+        except Exception as err:  # noqa: BLE001 - malformed shares
+            raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s {what} cannot be "
+                                           f"rebuilt from its shares ({err})") from err
+
+    def _check_private_key(self, sk1: bytes, node: int) -> None:
+        try:
+            public = public_key_to_bytes(bytes_to_private_key(sk1).public_key())
+        except Exception as err:  # noqa: BLE001
+            raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s key rebuilt from its "
+                                           "shares does not parse (corrupt shares)") from err
+        if public != self.public_keys[node][0]:
+            raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s key rebuilt from its "
+                                           "shares does not match its public key (corrupt shares)")
+
+
+__all__ = ["PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound", "ring_neighbours"]

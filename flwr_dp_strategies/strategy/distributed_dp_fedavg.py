@@ -1,0 +1,322 @@
+r"""FedAvg with distributed DP under secure aggregation: the server never sees an update.
+
+Each round (Kairouz, Liu & Steinke 2021; Agarwal, Kairouz & Liu 2021; Bell et al. 2020):
+
+1. FedAvg samples the nodes (``fraction_train``, ``min_train_nodes``, as Flower's FedAvg);
+2. ``configure_train`` runs the first two SecAgg+ stages
+   (:class:`~flwr_dp_strategies.secure_aggregation.SecureAggregationRound`: key
+   agreement, encrypted Shamir shares) and returns FedAvg's train messages with the
+   protocol record and the public DP parameters; Flower's ``Strategy.start`` sends them;
+3. each client (``client_mods.distributed_dp_mod``) trains, clips its update
+   :math:`\Delta_u` to C, rotates, scales by s, rounds (conditionally, to
+   :math:`\lVert k_u\rVert_2 \le \tilde\Delta_2`), adds :math:`\mathrm{Sk}(\mu/m)`
+   per coordinate, masks and uploads :math:`\lceil Db/8\rceil` bytes;
+4. ``aggregate_train`` screens the replies (one screening path:
+   :meth:`ClientAccountingMixin.screen_and_book`), adds the masked vectors, runs the
+   unmask stage, decodes :math:`\sum_{u\in U_3} k_u + \mathrm{Sk}(|U_3|\mu/m)`, and
+   applies FedAvg's update with uniform weights,
+
+   .. math:: w_{t+1} = w_t + \frac{1}{|U_3|}\,\mathrm{decode}\Bigl(\sum_{u \in U_3} k_u + \xi\Bigr).
+
+Privacy (derivation). Mechanism: the Skellam mechanism on the integer sum, noise
+:math:`\xi \sim \mathrm{Sk}(|U_3|\mu/m)` with :math:`|U_3| \ge m` (the round aborts
+with fewer survivors), so the noise variance is at least μ per coordinate; a larger
+variance is post-processing of μ (Skellam is closed under sums). Sensitivity: add or
+remove one client's data (the "zero-out" form: the client's update becomes 0 and its
+noise share stays), integer L2 sensitivity :math:`\tilde\Delta_2` enforced by the
+conditional rounding (KLS21 §4.1; includes the rounding's norm inflation), L1
+:math:`\min(\lfloor\tilde\Delta_2^2\rfloor, \sqrt D\tilde\Delta_2)`. Event:
+``SkellamDpEvent(Δ₁, Δ₂, μ)`` with :math:`\mu = (z\tilde\Delta_2)^2`, RDP of Agarwal et
+al. 2021 Thm 3.5 (:mod:`flwr_dp_strategies.privacy.skellam`), booked once per
+round in which the sum is revealed, under ``add_or_remove_one`` (a replace-one ledger
+doubles both sensitivities), composed by the ledger's RDP accountant. No
+amplification by sampling: the server chooses the sample, so it is not secret from
+it. Rounds that abort reveal nothing and book nothing. Decoding, dividing by
+:math:`|U_3|` (public) and adding to the model are post-processing.
+
+Trust model (stated in :meth:`DistributedDpFedAvg.summary` and the docs). The ε is
+against an honest-but-curious server that sees only the masked vectors and the
+revealed sum, and equally for the released model; it assumes every surviving client
+added its noise share. Clients that collude with the server remove their own shares:
+with c colluders the noise is at least :math:`(m - c)\mu/m`. Compare: central DP
+(``AccountedPoissonFixedClipping``) trusts the server with every raw update; local
+DP (``LocalUpdateNoiseMod``) trusts no one and needs :math:`\sqrt{n}` times the noise.
+
+In the clear: the protocol's keys, ciphertexts, node lists and shares, and the packed
+masked vector; never a metric of the client (the mod drops them; a reply carrying
+one is rejected as ``structure`` and booked as a non-private release of that client).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from collections import Counter
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any, Optional
+
+import numpy as np
+from dp_accounting.dp_event import NonPrivateDpEvent
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from ..npy_codec import npy_view, to_array
+from ..privacy import PrivacyLedger
+from ..privacy.distributed_dp import (DEFAULT_BETA, DEFAULT_OVERFLOW_SIGMAS, DistributedDpParams, SkellamCalibration,
+                                      calibrate_skellam, decode_sum, scale_for_bits)
+from ..privacy.validation import check_int, check_positive, check_probability
+from ..secure_aggregation.masks import check_bits, packed_size
+from ..secure_aggregation.protocol import MASKED_RECORD, RECORD, ProtocolError
+from ..secure_aggregation.server_protocol import (PROTOCOL_REJECTION, SecureAggregationAborted,
+                                                  SecureAggregationRound)
+from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
+from .central_release import log_budget_stop, require_configured
+from .client_accounting import ClientAccountingMixin
+from .reply_screening import DEFAULT_MAX_WEIGHT
+
+EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
+UNMASKED_METRICS_LABEL = "reply carried un-noised records next to its masked vector (non-private)"
+
+
+def _count(name: str, value: object, n: int) -> int:
+    """An int ≥ 1 as given, or a fraction in (0, 1] of ``n`` rounded up."""
+    if isinstance(value, float):
+        return max(1, math.ceil(check_probability(name, value, low_open=True) * n))
+    return check_int(name, value, minimum=1)
+
+
+class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
+    """FedAvg + SecAgg+ + Skellam distributed DP; clients must run ``client_mods.distributed_dp_mod``.
+
+    Args:
+        fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s, in
+            FedAvg's order and meaning (``weighted_by_key`` is not used for training: under DP
+            every client's clipped update weighs the same).
+        noise_multiplier: z, the noise std over the L2 sensitivity of the integer sum (> 0).
+        clipping_norm: C, the L2 bound of each client's update (> 0).
+        bits: b, the modulus 2^b of the secure sum (the upload is ⌈D·b/8⌉ bytes), in [2, 62].
+        num_shares: SecAgg+ neighbourhood size k: an int ≥ 2, or a fraction of the sampled nodes
+            (default 1.0: every node, SecAgg's complete graph).
+        reconstruction_threshold: t, shares needed to rebuild a secret: an int ≥ 2 or a fraction of k.
+        min_survivors: m, the fewest clients whose noise a revealed sum holds (an int, or a fraction
+            of the sampled nodes; raised to t): each client adds μ/m, a round with fewer aborts.
+        rotation_seed: the public seed of the random rotation (default: drawn from OS entropy);
+            round r uses ``rotation_seed + r``.
+        beta: conditional-rounding β. overflow_sigmas: k of :func:`scale_for_bits`.
+        stage_timeout: seconds each extra protocol stage waits for replies.
+        ledger, ledger_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
+    """
+
+    # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
+        noise_multiplier: float,
+        clipping_norm: float,
+        bits: int = 20,
+        num_shares: int | float = 1.0,
+        reconstruction_threshold: int | float = 0.5,
+        min_survivors: int | float = 0.8,
+        rotation_seed: Optional[int] = None,
+        beta: float = DEFAULT_BETA,
+        overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
+        stage_timeout: Optional[float] = 3600.0,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
+    ) -> None:
+        super().__init__(**fedavg_arguments(locals()))
+        self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
+        self.clipping_norm = check_positive("clipping_norm", clipping_norm)
+        self.bits = check_bits(bits)
+        self.num_shares = self._fraction_or_count("num_shares", num_shares, 2)
+        self.reconstruction_threshold = self._fraction_or_count("reconstruction_threshold",
+                                                                reconstruction_threshold, 2)
+        self.min_survivors = self._fraction_or_count("min_survivors", min_survivors, 1)
+        self.rotation_seed = secrets.randbits(62) if rotation_seed is None else check_int(
+            "rotation_seed", rotation_seed, minimum=0)
+        self.beta = DistributedDpParams(1, 1.0, 1.0, 2, 0, beta).beta  # validated as the clients will
+        self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
+        self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_screening(max_weight)
+        self._round: Optional[SecureAggregationRound] = None
+        self._grid: Optional[Grid] = None
+        self._current: Optional[ArrayRecord] = None
+        self._spec: Optional[ArrayRecord] = None
+        self._params: Optional[DistributedDpParams] = None
+        self._calibration: Optional[SkellamCalibration] = None
+        self._protocol_rejected: Counter[str] = Counter()
+        self.budget_exhausted = False
+
+    @staticmethod
+    def _fraction_or_count(name: str, value: int | float, minimum: int) -> int | float:
+        if isinstance(value, float):
+            return check_probability(name, value, low_open=True)
+        return check_int(name, value, minimum=minimum)
+
+    # ------------------------------------------------------------------ calibration
+    def round_parameters(self, server_round: int, dim: int, n_sampled: int
+                         ) -> tuple[DistributedDpParams, SkellamCalibration, int, int, int]:
+        """(params, calibration, k, t, m) of a round with ``n_sampled`` nodes and a model of ``dim`` values."""
+        k = min(_count("num_shares", self.num_shares, n_sampled), n_sampled)
+        t = _count("reconstruction_threshold", self.reconstruction_threshold, k)
+        if not 2 <= t <= k:
+            raise ValueError(f"reconstruction_threshold must give t in [2, num_shares={k}], got t={t}")
+        m = min(max(_count("min_survivors", self.min_survivors, n_sampled), t), n_sampled)
+        scale = scale_for_bits(bits=self.bits, clip_norm=self.clipping_norm, dim=dim, n_clients=n_sampled,
+                               noise_multiplier=self.noise_multiplier, min_survivors=m, beta=self.beta,
+                               overflow_sigmas=self.overflow_sigmas)
+        params = DistributedDpParams(dim=dim, clip_norm=self.clipping_norm, scale=scale, bits=self.bits,
+                                     rotation_seed=(self.rotation_seed + server_round) % (1 << 62), beta=self.beta)
+        return params, calibrate_skellam(params, noise_multiplier=self.noise_multiplier, n_clients=m), k, t, m
+
+    # ------------------------------------------------------------------ train
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages (FedAvg's content +
+        the protocol record + the public DP parameters)."""
+        self._round, self._grid, self._current, self._protocol_rejected = None, grid, arrays, Counter()
+        self._spec = arrays  # the round's model: aggregate_train needs it (require_configured)
+        if self.budget_exhausted:
+            return []
+        planned = list(FedAvg.configure_train(self, server_round, arrays, config, grid))
+        if len(planned) < 2:
+            log(WARNING, "DistributedDpFedAvg: round %d samples %d node(s); secure aggregation needs 2 or "
+                "more, the round is skipped", server_round, len(planned))
+            return []
+        dim = int(sum(npy_view(a).size for a in arrays.values()))
+        params, calibration, k, t, m = self.round_parameters(server_round, dim, len(planned))
+        if self.ledger.would_exceed(central_events=[calibration.event]):
+            log_budget_stop(server_round, self.ledger)
+            self.budget_exhausted = True
+            return []
+        content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
+        secure = SecureAggregationRound(server_round, content, num_shares=k, threshold=t, min_survivors=m,
+                                        bits=self.bits, length=params.padded_dim, timeout=self.stage_timeout)
+        try:
+            secure.setup(grid)
+            secure.share_keys(grid)
+        except SecureAggregationAborted as err:
+            log(WARNING, "DistributedDpFedAvg: secure aggregation aborted (%s); nothing revealed, nothing "
+                "booked", err)
+            self._protocol_rejected = secure.rejected
+            return []
+        self._round, self._params, self._calibration = secure, params, calibration
+        public = {"dp-dim": params.dim, "dp-clip-norm": params.clip_norm, "dp-scale": params.scale,
+                  "dp-rotation-seed": params.rotation_seed, "dp-beta": params.beta,
+                  "dp-noise-share": calibration.local_mu}
+        messages = secure.collect_messages(lambda node: _copy_content(content[node]), public)
+        self.remember_instructions("train", server_round, messages)
+        return messages
+
+    def _check_reply(self, content: RecordDict) -> Optional[str]:
+        """A reason to reject a collect reply: anything but the protocol and masked records, or a
+        masked vector that does not parse."""
+        if set(content.keys()) != {RECORD, MASKED_RECORD}:
+            return "structure"
+        try:
+            self._round.masked_vector(content)  # type: ignore[union-attr]
+        except ProtocolError:
+            return PROTOCOL_REJECTION
+        return None
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Screen, add the masked vectors, unmask, decode, apply FedAvg's (uniform) update, book the round."""
+        require_configured(self)
+        replies = list(replies)
+        secure = self._round
+        if secure is None:
+            return None, self.round_metrics(None, self._protocol_rejected) if self._protocol_rejected else None
+        accepted, rejected = self.screen_and_book(server_round, replies, self._check_reply, phase="train")
+        self._book_unmasked_metrics(server_round, replies, accepted)
+        for reply in accepted:
+            secure.add_vector(int(reply.metadata.src_node_id), secure.masked_vector(reply.content))
+        try:
+            total = secure.unmask(self._grid)
+        except SecureAggregationAborted as err:
+            log(WARNING, "DistributedDpFedAvg: secure aggregation aborted (%s); nothing revealed, nothing "
+                "booked", err)
+            self._round = None
+            return None, self.round_metrics(None, rejected + secure.rejected)
+        rejected.update(secure.rejected)  # the other stages' dropouts and malformed replies
+        assert self._params is not None and self._calibration is not None
+        mean = decode_sum(total, self._params) / len(secure.survivors)
+        arrays = _add_update(self._current, mean)
+        self.ledger.record(self._calibration.event, server_round=server_round, label=EVENT_LABEL,
+                           neighboring_relation="add_or_remove_one")
+        self.save_ledger()
+        metrics = MetricRecord({"secagg/survivors": float(len(secure.survivors)),
+                                "secagg/dropped": float(len(secure.sampled) - len(secure.survivors)),
+                                "dp/noise-multiplier": float(self._calibration.effective_noise_multiplier)})
+        self._round = None
+        return arrays, self.round_metrics(metrics, rejected)
+
+    def _book_unmasked_metrics(self, server_round: int, replies: list[Message], accepted: list[Message]) -> None:
+        """A reply that carried more than the protocol's records released them un-noised: book it."""
+        kept = {id(r) for r in accepted}
+        for reply in replies:
+            if reply.has_error() or id(reply) in kept or self._round is None:
+                continue
+            if not set(reply.content.keys()) <= {RECORD, MASKED_RECORD}:
+                self.ledger.record(NonPrivateDpEvent(), server_round=server_round,
+                                   client=int(reply.metadata.src_node_id), label=UNMASKED_METRICS_LABEL)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        """Screened FedAvg evaluation (as every strategy of this package), plus the round's counts."""
+        return self.screened_evaluate(server_round, replies, self)
+
+    def summary(self) -> None:
+        """The ledger so far, the trust model, then FedAvg's summary."""
+        report = self.ledger.report()
+        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); distributed DP: z=%s, C=%s, %d bits, "
+            "min survivors %s", report.epsilon, report.delta, report.method, self.noise_multiplier,
+            self.clipping_norm, self.bits, self.min_survivors)
+        log(INFO, "\t├──> Trust model: the server sees only the secure sum; epsilon holds against it and for "
+            "the released model, if every client adds its noise share")
+        super().summary()
+
+    def upload_bytes(self, dim: int) -> int:
+        """Bytes of one client's masked vector for a model of ``dim`` values."""
+        return packed_size(DistributedDpParams(dim, 1.0, 1.0, self.bits, 0).padded_dim, self.bits)
+
+    def __repr__(self) -> str:
+        return (f"DistributedDpFedAvg(z={self.noise_multiplier}, C={self.clipping_norm}, bits={self.bits}, "
+                f"num_shares={self.num_shares}, threshold={self.reconstruction_threshold}, "
+                f"min_survivors={self.min_survivors})")
+
+
+def _copy_content(content: RecordDict) -> RecordDict:
+    """A fresh RecordDict holding the same records (each message gets its own protocol record)."""
+    return RecordDict(dict(content.items()))
+
+
+def _add_update(current: Optional[ArrayRecord], mean: np.ndarray) -> ArrayRecord:
+    """``current`` + ``mean`` (flattened in the record's key order), each array in its own dtype."""
+    assert current is not None
+    out, offset = {}, 0
+    for key, array in current.items():
+        reference = npy_view(array)
+        part = mean[offset:offset + reference.size].reshape(reference.shape)
+        offset += reference.size
+        out[key] = to_array((reference.astype(np.float64) + part).astype(reference.dtype))
+    return ArrayRecord(out)
+
+
+__all__ = ["DistributedDpFedAvg", "EVENT_LABEL"]

@@ -1,0 +1,237 @@
+"""SecAgg+ on the Message API: exact sums, dropouts, uniform masks, the threshold, malformed replies."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+from scipy import stats
+
+from flwr_dp_strategies.secure_aggregation import SecureAggregationAborted, SecureAggregationRound
+from flwr_dp_strategies.secure_aggregation.client_protocol import ClientRound, handle
+from flwr_dp_strategies.secure_aggregation.masks import pack_bits, packed_size, prg_mask, unpack_bits
+from flwr_dp_strategies.secure_aggregation.protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY,
+                                                           STATE_RECORD, ProtocolError, stage_of)
+from flwr_dp_strategies.secure_aggregation.server_protocol import ring_neighbours
+
+from secagg_harness import LoopbackGrid
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+
+def integer_app(vectors: dict[int, np.ndarray], bits: int) -> ClientApp:
+    """A ClientApp that runs the client protocol and contributes ``vectors[node]`` (integers mod 2^b)."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        if STATE_RECORD not in context.state:
+            context.state[STATE_RECORD] = ConfigRecord()
+        stage = stage_of(msg.content)
+        node = int(context.node_id)
+        fields, vector = handle(context.state[STATE_RECORD], node, stage, msg.content[RECORD],
+                                lambda: vectors[node])
+        out = RecordDict({RECORD: ConfigRecord({STAGE_KEY: stage, **fields})})
+        if vector is not None:
+            out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, bits))})
+        return Message(out, reply_to=msg)
+
+    return app
+
+
+def run_round(grid: LoopbackGrid, nodes: list[int], *, bits: int, length: int, num_shares: int, threshold: int,
+              min_survivors: int = 0) -> tuple[SecureAggregationRound, np.ndarray]:
+    secure = SecureAggregationRound(1, nodes, num_shares=num_shares, threshold=threshold,
+                                    min_survivors=min_survivors, bits=bits, length=length, timeout=None,
+                                    rng=random.Random(0))
+    secure.setup(grid)
+    secure.share_keys(grid)
+    replies = grid.send_and_receive(secure.collect_messages(lambda node: RecordDict()))
+    secure.add_masked(replies)
+    return secure, secure.unmask(grid)
+
+
+def vectors_for(nodes: list[int], bits: int, length: int, seed: int = 0) -> dict[int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.integers(0, 1 << bits, size=length, dtype=np.uint64) for n in nodes}
+
+
+def modular(total: list[np.ndarray], bits: int) -> np.ndarray:
+    out = np.zeros_like(total[0])
+    for v in total:
+        out += v
+    return out & np.uint64((1 << bits) - 1)
+
+
+@pytest.mark.parametrize("num_shares,threshold", [(10, 6), (5, 3)])
+@pytest.mark.parametrize("die", [{}, {103: "share-keys"}, {104: "collect", 108: "collect"}, {102: "unmask"},
+                                 {101: "setup", 105: "collect", 109: "unmask"}])
+def test_revealed_value_is_exactly_the_sum_of_the_survivors_vectors(num_shares, threshold, die):
+    nodes, bits, length = list(range(101, 111)), 20, 257
+    vectors = vectors_for(nodes, bits, length)
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, die=die)
+    secure, total = run_round(grid, nodes, bits=bits, length=length, num_shares=num_shares, threshold=threshold)
+    dead_before_upload = {n for n, stage in die.items() if stage in ("setup", "share-keys", "collect")}
+    assert secure.survivors == set(nodes) - dead_before_upload
+    np.testing.assert_array_equal(total, modular([vectors[n] for n in sorted(secure.survivors)], bits))
+
+
+def test_dropouts_below_the_threshold_abort_cleanly():
+    nodes, bits, length = list(range(101, 107)), 16, 64
+    vectors = vectors_for(nodes, bits, length)
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, die={101: "collect", 102: "collect", 103: "collect"})
+    with pytest.raises(SecureAggregationAborted, match="fewer than 4"):
+        run_round(grid, nodes, bits=bits, length=length, num_shares=6, threshold=4)
+    # survivors that would have to answer with fewer than t shares in hand: the unmask aborts too
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, die={101: "unmask", 102: "unmask", 103: "unmask"})
+    with pytest.raises(SecureAggregationAborted, match="fewer than the threshold"):
+        run_round(grid, nodes, bits=bits, length=length, num_shares=6, threshold=4)
+
+
+def test_a_masked_vector_is_uniform_whatever_the_input():
+    """χ² over 2^8 residues of one client's upload for a constant (all-zero) input, and Flower's
+    ``pseudo_rand_gen`` for contrast: it never yields range − 1."""
+    nodes, bits, length = [1, 2, 3], 8, 1 << 15
+    vectors = {n: np.zeros(length, dtype=np.uint64) for n in nodes}
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes)
+    secure = SecureAggregationRound(1, nodes, num_shares=3, threshold=2, min_survivors=2, bits=bits,
+                                    length=length, timeout=None)
+    secure.setup(grid)
+    secure.share_keys(grid)
+    replies = grid.send_and_receive(secure.collect_messages(lambda node: RecordDict()))
+    upload = unpack_bits(replies[0].content[MASKED_RECORD][MASKED_KEY].numpy(), bits, length)
+    counts = np.bincount(upload.astype(np.int64), minlength=1 << bits)
+    assert stats.chisquare(counts).pvalue > 1e-3
+    flower = pseudo_rand_gen(b"\x01" * 32, 1 << bits, [(length,)])[0]
+    assert stats.chisquare(np.bincount(flower, minlength=1 << bits)).pvalue < 1e-6
+    assert int(flower.max()) == (1 << bits) - 2
+
+
+def test_fewer_than_t_shares_do_not_rebuild_a_clients_mask_seed():
+    nodes, t = [1, 2, 3, 4, 5], 3
+    states = {n: ConfigRecord() for n in nodes}
+    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": t, "bits": 16}))
+            for n in nodes}
+    record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
+                           "pk2s": [keys[n]["pk2"] for n in nodes]})
+    outgoing = {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+    for n in nodes:
+        srcs = [s for s in nodes if s != n]
+        ctxts = [outgoing[s]["ctxts"][outgoing[s]["dsts"].index(n)] for s in srcs]
+        ClientRound(states[n], n).collect(ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}),
+                                          lambda: np.zeros(8, dtype=np.uint64))
+    seed = bytes(states[1]["seed"])
+    shares = [dict(zip(states[h]["seed-owners"], states[h]["seed-shares"]))[1] for h in nodes]
+    assert combine_shares(shares[:t]) == seed
+    assert combine_shares(shares[2:2 + t]) == seed
+    try:
+        rebuilt = combine_shares(shares[:t - 1])
+    except ValueError:
+        rebuilt = None
+    assert rebuilt != seed
+
+
+def test_malformed_masked_replies_are_rejected_and_the_round_still_unmasks():
+    nodes, bits, length = list(range(101, 109)), 16, 100
+    vectors = vectors_for(nodes, bits, length, seed=3)
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        node = int(msg.metadata.dst_node_id)
+        if reply.has_error() or reply.content[RECORD].get(STAGE_KEY) != "collect":
+            return reply
+        if node == 101:
+            reply.content[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(np.zeros(length, np.uint64))})
+        elif node == 102:
+            reply.content[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(np.zeros(7, np.uint8))})
+        elif node == 103:
+            del reply.content[MASKED_RECORD]
+        elif node == 104:
+            reply.content[RECORD][STAGE_KEY] = "unmask"
+        return reply
+
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, tamper=tamper)
+    secure, total = run_round(grid, nodes, bits=bits, length=length, num_shares=8, threshold=3)
+    assert secure.survivors == set(range(105, 109))
+    assert secure.rejected["secure-aggregation"] == 4
+    np.testing.assert_array_equal(total, modular([vectors[n] for n in range(105, 109)], bits))
+
+
+@pytest.mark.parametrize("record,match", [
+    ({"round": 1, "nids": [1, 2], "pk1s": [b"a"], "pk2s": [b"b", b"c"]}, "must have 2 items"),
+    ({"round": 1, "nids": [1, 1], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "repeats"),
+    ({"round": 2, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "after stage"),
+    ({"round": True, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "must be int"),
+])
+def test_a_client_refuses_malformed_or_out_of_order_instructions(record, match):
+    state = ConfigRecord()
+    client = ClientRound(state, 1)
+    client.setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16}))
+    with pytest.raises(ProtocolError, match=match):
+        client.share_keys(ConfigRecord(record))
+
+
+def test_a_client_never_reveals_both_shares_of_a_node_and_answers_unmask_once():
+    nodes = [1, 2, 3]
+    states = {n: ConfigRecord() for n in nodes}
+    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16}))
+            for n in nodes}
+    record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
+                           "pk2s": [keys[n]["pk2"] for n in nodes]})
+    outgoing = {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+    srcs = [2, 3]
+    ctxts = [outgoing[s]["ctxts"][outgoing[s]["dsts"].index(1)] for s in srcs]
+    ClientRound(states[1], 1).collect(ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}),
+                                      lambda: np.zeros(4, dtype=np.uint64))
+    with pytest.raises(ProtocolError, match="both"):
+        ClientRound(states[1], 1).unmask(ConfigRecord({"round": 1, "active": [1, 2], "dead": [2]}))
+    with pytest.raises(ProtocolError, match="fewer than the threshold"):
+        ClientRound(states[1], 1).unmask(ConfigRecord({"round": 1, "active": [1], "dead": [2, 3]}))
+    answer = ClientRound(states[1], 1).unmask(ConfigRecord({"round": 1, "active": [1, 2], "dead": [3]}))
+    assert answer["nids"] == [1, 2, 3]
+    with pytest.raises(ProtocolError, match="after stage"):
+        ClientRound(states[1], 1).unmask(ConfigRecord({"round": 1, "active": [1, 3], "dead": [2]}))
+
+
+def test_a_forwarded_ciphertext_for_another_node_is_refused():
+    nodes = [1, 2, 3]
+    states = {n: ConfigRecord() for n in nodes}
+    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16}))
+            for n in nodes}
+    record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
+                           "pk2s": [keys[n]["pk2"] for n in nodes]})
+    outgoing = {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+    for_3 = outgoing[2]["ctxts"][outgoing[2]["dsts"].index(3)]
+    with pytest.raises(ProtocolError, match="does not decrypt"):
+        ClientRound(states[1], 1).collect(ConfigRecord({"round": 1, "srcs": [2], "ctxts": [for_3]}),
+                                          lambda: np.zeros(4, dtype=np.uint64))
+
+
+def test_masks_and_packing():
+    key = bytes(range(32))
+    mask = prg_mask(key, 1000, 20)
+    assert mask.dtype == np.uint64 and int(mask.max()) < 1 << 20
+    np.testing.assert_array_equal(prg_mask(key, 10, 20), mask[:10])
+    assert not np.array_equal(prg_mask(bytes(32), 1000, 20), mask)
+    for bits in (2, 13, 32, 62):
+        v = np.random.default_rng(bits).integers(0, 1 << bits, size=333, dtype=np.uint64)
+        packed = pack_bits(v, bits)
+        assert packed.size == packed_size(333, bits) == -(-333 * bits // 8)
+        np.testing.assert_array_equal(unpack_bits(packed, bits, 333), v)
+    with pytest.raises(ValueError, match="bits"):
+        prg_mask(key, 4, 63)
+    with pytest.raises(ValueError, match="key"):
+        prg_mask(b"short", 4, 8)
+
+
+def test_ring_neighbourhoods_are_symmetric_and_of_size_k():
+    nodes = list(range(20))
+    graph = ring_neighbours(nodes, 7, random.Random(1))
+    for u, peers in graph.items():
+        assert u in peers and len(peers) == 7
+        assert all(u in graph[v] for v in peers)
+    assert all(len(p) == 20 for p in ring_neighbours(nodes, 25, random.Random(1)).values())
