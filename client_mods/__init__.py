@@ -16,6 +16,10 @@ Mods (act on a message):
 * :func:`adaptive_clipping_mod` - central DP with adaptive clipping: clip the
   train update to the server's C_t and report the unclipped bit (for
   :class:`flwr_dp_strategies.AccountedClientSideAdaptiveClipping`).
+* :func:`distributed_dp_mod` - distributed DP under secure aggregation: run the
+  client side of SecAgg+ and upload only the masked, clipped, rounded, Skellam-noised
+  update (for :class:`flwr_dp_strategies.DistributedDpFedAvg`);
+  :func:`make_distributed_dp_mod` sets a noise floor the client insists on.
 * :func:`signds_mod` - SignDS encoding of the train update (a few sorted
   indices, a sign and a MagRR bit replace the weights), seed 004.
 
@@ -42,6 +46,7 @@ Trainers (act on local data):
 """
 
 from .adaptive_clipping_mod import adaptive_clipping_mod
+from .distributed_dp_mod import distributed_dp_mod, make_distributed_dp_mod
 from .federated_pca import covariance_reply, project, projection_from_state, store_projection
 from .functional_mechanism import FunctionalMechanismTrainer
 from .label_dp import LabelDP
@@ -85,6 +90,7 @@ __all__ = [
     *_DP_SGD_NAMES,
     "FunctionalMechanismTrainer",
     "adaptive_clipping_mod",
+    "distributed_dp_mod",
     "LABEL_DP_DECLARATION",
     "covariance_reply",
     "project",
@@ -98,6 +104,7 @@ __all__ = [
     "is_label_release_declared",
     "label_release_event",
     "laplace_eval_epsilon",
+    "make_distributed_dp_mod",
     "make_signds_mod",
     "private_labels",
     "signds_mod",

@@ -89,11 +89,16 @@ def update_vector(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
 
 def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0,
                             rng: RngLike = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
-    """A ``distributed_dp_mod`` that refuses noise below ``min_noise_multiplier`` and draws from ``rng``."""
+    """A ``distributed_dp_mod`` that refuses noise below ``min_noise_multiplier`` and draws from ``rng``.
+
+    See the module docstring (:mod:`client_mods.distributed_dp_mod`) for what the mod sends and
+    checks; ``client_mods.distributed_dp_mod`` is ``make_distributed_dp_mod()``.
+    """
     floor = check_nonnegative("min_noise_multiplier", min_noise_multiplier)
     fixed = None if rng is None else resolve_rng(rng)  # None: fresh OS entropy for every message
 
     def distributed_dp_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
+        """Answer the secure-aggregation stages of a train message; pass every other message on."""
         if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
             return call_next(msg, ctxt)
         stage = stage_of(msg.content)

@@ -98,6 +98,7 @@ def _parents():
         fds.MinDivergenceExpSampling: FedAvg,
         fds.NoisyObjectiveSum: FedAvg,
         fds.SignDS: FedAvg,
+        fds.DistributedDpFedAvg: FedAvg,
         fds.AccountedServerSideFixedClipping: DifferentialPrivacyServerSideFixedClipping,
         fds.AccountedPoissonFixedClipping: DifferentialPrivacyServerSideFixedClipping,
         fds.AccountedAdaptiveClipping: DifferentialPrivacyServerSideAdaptiveClipping,

@@ -10,6 +10,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.common.secure_aggregation.secaggplus_utils import pseudo_rand_gen
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from flwr_dp_strategies.secure_aggregation import SecureAggregationAborted, SecureAggregationRound
@@ -235,3 +237,20 @@ def test_ring_neighbourhoods_are_symmetric_and_of_size_k():
         assert u in peers and len(peers) == 7
         assert all(u in graph[v] for v in peers)
     assert all(len(p) == 20 for p in ring_neighbours(nodes, 25, random.Random(1)).values())
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.dictionaries(st.sampled_from(list(range(101, 109))),
+                       st.sampled_from(["setup", "share-keys", "collect", "unmask"]), max_size=3),
+       st.sampled_from([(8, 3), (5, 2)]))
+def test_any_dropout_pattern_either_reveals_the_exact_sum_or_aborts(die, graph):
+    nodes, bits, length = list(range(101, 109)), 12, 33
+    vectors = vectors_for(nodes, bits, length, seed=len(die))
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, die=die)
+    try:
+        secure, total = run_round(grid, nodes, bits=bits, length=length, num_shares=graph[0], threshold=graph[1])
+    except SecureAggregationAborted:
+        return
+    uploaded = {n for n in nodes if die.get(n) not in ("setup", "share-keys", "collect")}
+    assert secure.survivors == uploaded
+    np.testing.assert_array_equal(total, modular([vectors[n] for n in sorted(uploaded)], bits))

@@ -33,6 +33,10 @@
   objectives (seed 001's FM, uploaded as coefficients), repairs and solves the
   sum once on the server instead of averaging heads trained on each client's
   repaired objective (less bias, same privacy).
+* :class:`DistributedDpFedAvg` - distributed DP under secure aggregation: clients
+  clip, round and add a share of Skellam noise, SecAgg+ reveals only the sum (the
+  server never sees an update), the Skellam event is booked per round
+  (``client_mods.distributed_dp_mod`` on the clients).
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 
@@ -49,6 +53,7 @@ from .client_side_adaptive_clipping import AccountedClientSideAdaptiveClipping
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
+from .distributed_dp_fedavg import DistributedDpFedAvg
 from .min_divergence import MinDivergenceExpSampling
 from .noisy_objective_sum import NoisyObjectiveSum
 from .poisson_fixed_clipping import AccountedPoissonFixedClipping
@@ -64,6 +69,7 @@ __all__ = [
     "AccountedServerSideFixedClipping",
     "ClientAccountingMixin",
     "ClusterEvaluation",
+    "DistributedDpFedAvg",
     "MinDivergenceExpSampling",
     "NoisyObjectiveSum",
     "ShuffleAmplifiedFedAvg",

@@ -1,0 +1,213 @@
+"""DistributedDpFedAvg + distributed_dp_mod: the update, the noise, the ledger, dropouts, screening."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp.exception import AggregationError
+
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, calibrate_skellam, scale_for_bits,
+                                                       sum_headroom)
+from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
+from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD, STAGE_KEY
+from flwr_dp_strategies.strategy.distributed_dp_fedavg import EVENT_LABEL, DistributedDpFedAvg
+
+from secagg_harness import LoopbackGrid, shifting_app
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+
+NODES = list(range(101, 111))
+
+
+def model(d: int = 60) -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.zeros((d // 3, 3), np.float32)), "b": Array(np.zeros(0, np.float32))})
+
+
+def one_round(strategy: DistributedDpFedAvg, grid: LoopbackGrid, arrays: ArrayRecord, server_round: int = 1):
+    messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+    replies = grid.send_and_receive(messages) if messages else []
+    return messages, replies, strategy.aggregate_train(server_round, replies)
+
+
+def test_one_round_applies_the_mean_of_the_survivors_clipped_updates_and_books_one_skellam_event():
+    d, rng = 60, np.random.default_rng(0)
+    deltas = {n: rng.normal(size=d) * 0.05 for n in NODES}
+    deltas[101] = deltas[101] * 100  # clipped to C
+    grid = LoopbackGrid(shifting_app(deltas, rng=1), NODES, die={104: "collect"})
+    strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, bits=24, rotation_seed=3,
+                                   min_survivors=0.5)
+    _, replies, (arrays, metrics) = one_round(strategy, grid, model(d))
+    survivors = [n for n in NODES if n != 104]
+    clipped = [deltas[n] * min(1.0, 1.0 / np.linalg.norm(deltas[n])) for n in survivors]
+    expected = np.mean(clipped, axis=0)
+    got = arrays["w"].numpy().ravel()
+    params, calibration, _, _, m = strategy.round_parameters(1, d, len(NODES))
+    noise_std = math.sqrt(len(survivors) * calibration.local_mu) / params.scale / len(survivors)
+    rounding = math.sqrt(len(survivors)) / params.scale / len(survivors)
+    assert np.abs(got - expected).max() < 6 * (noise_std + rounding) + 1e-6  # float32 model
+    assert metrics["secagg/survivors"] == 9.0 and metrics["replies/failed"] == 1
+    assert all(set(r.content.keys()) == {RECORD, MASKED_RECORD} for r in replies if not r.has_error())
+    events = strategy.ledger.events()
+    assert len(events) == 1 and events[0][0] == 1 and events[0][2] == EVENT_LABEL
+    event = events[0][1]
+    assert isinstance(event, SkellamDpEvent)
+    assert event.mu == pytest.approx((0.01 * params.rounding_bound) ** 2)
+    assert calibration.local_mu == pytest.approx(event.mu / m)
+    fresh = PrivacyLedger(1e-5, neighboring_relation="add_or_remove_one")
+    fresh.record(event, server_round=1)
+    assert metrics["privacy/epsilon"] == pytest.approx(fresh.epsilon())
+
+
+def test_the_aggregate_noise_has_the_calibrated_scale():
+    """Zero updates: the decoded mean is pure noise of variance n·(μ/m)/(s n)² per coordinate. With
+    D = 4096 values the sample variance has relative s.e. √(2/D) = 2.2 %; the tolerance (5 s.e.)
+    rejects a 10 % error of the noise scale (21 % in variance)."""
+    d = 4096
+    deltas = {n: np.zeros(d) for n in NODES}
+    grid = LoopbackGrid(shifting_app(deltas, rng=7), NODES)
+    strategy = DistributedDpFedAvg(noise_multiplier=2.0, clipping_norm=1.0, bits=30, rotation_seed=1,
+                                   min_survivors=8)
+    arrays = ArrayRecord({"w": Array(np.zeros(d, np.float64))})
+    _, _, (new, _) = one_round(strategy, grid, arrays)
+    params, calibration, _, _, m = strategy.round_parameters(1, d, len(NODES))
+    assert m == 8
+    n = len(NODES)
+    expected_var = n * calibration.local_mu / (params.scale * n) ** 2
+    sample_var = float(np.var(new["w"].numpy()))
+    tolerance = 5 * math.sqrt(2 / d)
+    assert abs(sample_var / expected_var - 1) < tolerance
+    assert abs(1.21 * expected_var / sample_var - 1) > tolerance  # a 10 % larger scale would be caught
+    assert abs(0.81 * expected_var / sample_var - 1) > tolerance
+
+
+def test_too_few_survivors_abort_the_round_and_book_nothing():
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+    die = {n: "collect" for n in NODES[:4]}
+    grid = LoopbackGrid(shifting_app(deltas, rng=2), NODES, die=die)
+    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, min_survivors=0.8)
+    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    assert arrays is None
+    assert metrics["replies/failed"] == 4 and metrics["privacy/epsilon"] == 0.0
+    assert strategy.ledger.events() == []
+    # the next round starts afresh
+    grid.die, grid.dead = {}, set()
+    _, _, (arrays, metrics) = one_round(strategy, grid, model(), server_round=2)
+    assert arrays is not None and metrics["secagg/survivors"] == 10.0
+    assert len(strategy.ledger.events()) == 1
+
+
+def test_a_reply_with_un_noised_records_is_rejected_booked_and_the_round_goes_on():
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        if int(msg.metadata.dst_node_id) == 102 and not reply.has_error() \
+                and reply.content[RECORD].get(STAGE_KEY) == "collect":
+            reply.content["metrics"] = MetricRecord({"train_loss": 0.3})
+        if int(msg.metadata.dst_node_id) == 103 and not reply.has_error() \
+                and reply.content[RECORD].get(STAGE_KEY) == "collect":
+            reply.content[MASKED_RECORD] = ArrayRecord({"vector": Array(np.zeros(3, np.uint8))})
+        return reply
+
+    grid = LoopbackGrid(shifting_app(deltas, rng=3), NODES, tamper=tamper)
+    strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, min_survivors=0.5)
+    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    assert metrics["rejected/structure"] == 1.0 and metrics["rejected/secure-aggregation"] == 1.0
+    assert metrics["secagg/survivors"] == 8.0
+    assert np.abs(arrays["w"].numpy() - 0.01).max() < 0.01
+    assert math.isinf(strategy.ledger.epsilon(102))
+    assert math.isfinite(strategy.ledger.epsilon(103))
+
+
+def test_clients_refuse_noise_below_their_floor():
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+    grid = LoopbackGrid(shifting_app(deltas, rng=4, min_noise_multiplier=0.5), NODES)
+    strategy = DistributedDpFedAvg(noise_multiplier=0.1, clipping_norm=1.0)
+    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    assert arrays is None and metrics["replies/failed"] == 10
+    assert any("below this client's minimum 0.5" in e for e in grid.errors)
+    assert strategy.ledger.events() == []
+
+
+def test_the_budget_stops_training_before_it_is_exceeded():
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+    grid = LoopbackGrid(shifting_app(deltas, rng=5), NODES)
+    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0,
+                                   ledger=PrivacyLedger(1e-5, max_epsilon=8.0,
+                                                        neighboring_relation="add_or_remove_one"))
+    rounds = 0
+    for r in range(1, 8):
+        messages, _, (arrays, _) = one_round(strategy, grid, model(), server_round=r)
+        if not messages:
+            break
+        rounds += 1
+    assert 1 <= rounds < 7 and strategy.ledger.epsilon() <= 8.0
+    assert strategy.budget_exhausted
+
+
+def test_aggregate_before_configure_is_flowers_aggregation_error():
+    with pytest.raises(AggregationError, match="configure_train"):
+        DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0).aggregate_train(1, [])
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"noise_multiplier": 0.0}, "noise_multiplier"), ({"clipping_norm": float("nan")}, "clipping_norm"),
+    ({"bits": 63}, "bits"), ({"bits": 1}, "bits"), ({"num_shares": 1}, "num_shares"),
+    ({"reconstruction_threshold": 1.5}, "reconstruction_threshold"), ({"min_survivors": 0}, "min_survivors"),
+    ({"rotation_seed": -1}, "rotation_seed"), ({"stage_timeout": -1.0}, "stage_timeout"),
+    ({"beta": 1.0}, "beta"),
+])
+def test_bad_arguments_name_the_parameter(kwargs, name):
+    base = {"noise_multiplier": 1.0, "clipping_norm": 1.0}
+    with pytest.raises(ValueError, match=name):
+        DistributedDpFedAvg(**{**base, **kwargs})
+
+
+def test_fedavg_arguments_keep_their_order_and_meaning():
+    strategy = DistributedDpFedAvg(0.5, 0.2, 3, 4, 5, noise_multiplier=1.0, clipping_norm=1.0)
+    assert (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes,
+            strategy.min_evaluate_nodes, strategy.min_available_nodes) == (0.5, 0.2, 3, 4, 5)
+    with pytest.raises(TypeError):
+        DistributedDpFedAvg(1.0, 1.0, 2, 2, 2, "num-examples", "arrays", "config", None, None, 1.0)  # noqa
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(bits=st.integers(8, 40), z=st.floats(0.05, 20), n=st.integers(2, 400), dim=st.integers(1, 1 << 20),
+       clip=st.floats(1e-3, 1e3))
+def test_the_chosen_scale_fits_the_planned_sum_and_the_event_carries_the_rounding(bits, z, n, dim, clip):
+    m = max(1, n // 2)
+    try:
+        scale = scale_for_bits(bits=bits, clip_norm=clip, dim=dim, n_clients=n, noise_multiplier=z,
+                               min_survivors=m)
+    except ValueError as err:
+        assert "bits" in str(err)
+        return
+    params = DistributedDpParams(dim=dim, clip_norm=clip, scale=scale, bits=bits, rotation_seed=0)
+    assert sum_headroom(scale, clip_norm=clip, padded_dim=params.padded_dim, n_clients=n, noise_multiplier=z,
+                        min_survivors=m) <= (1 << (bits - 1)) - 1
+    calibration = calibrate_skellam(params, noise_multiplier=z, n_clients=m)
+    assert calibration.l2_sensitivity >= scale * clip  # the rounding never lowers the sensitivity
+    assert calibration.effective_noise_multiplier >= z * (1 - 1e-12)
+
+
+def test_the_ledger_survives_a_restart(tmp_path):
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+    path = tmp_path / "ledger.json"
+
+    def make():
+        return DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, ledger_path=str(path))
+
+    grid = LoopbackGrid(shifting_app(deltas, rng=6), NODES)
+    first = make()
+    one_round(first, grid, model(), server_round=1)
+    epsilon_one = first.ledger.epsilon()
+    del first
+    second = make()
+    assert second.ledger.epsilon() == pytest.approx(epsilon_one)
+    one_round(second, grid, model(), server_round=2)
+    assert len(second.ledger.events()) == 2 and second.ledger.epsilon() > epsilon_one
