@@ -254,3 +254,25 @@ def test_any_dropout_pattern_either_reveals_the_exact_sum_or_aborts(die, graph):
     uploaded = {n for n in nodes if die.get(n) not in ("setup", "share-keys", "collect")}
     assert secure.survivors == uploaded
     np.testing.assert_array_equal(total, modular([vectors[n] for n in sorted(uploaded)], bits))
+
+
+def test_corrupt_shares_of_a_dropped_clients_key_abort_instead_of_unmasking_garbage():
+    nodes, bits, length = list(range(101, 107)), 16, 40
+    vectors = vectors_for(nodes, bits, length)
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        if reply.has_error() or reply.content[RECORD].get(STAGE_KEY) != "unmask":
+            return reply
+        record = reply.content[RECORD]
+        shares = list(record["shares"])
+        for index, owner in enumerate(record["nids"]):
+            if owner == 101:  # the dropped node: its key's shares are corrupted in transit
+                share = bytearray(shares[index])
+                share[-1] ^= 0x5A
+                shares[index] = bytes(share)
+        record["shares"] = shares
+        return reply
+
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, die={101: "collect"}, tamper=tamper)
+    with pytest.raises(SecureAggregationAborted, match="corrupt shares|cannot be rebuilt"):
+        run_round(grid, nodes, bits=bits, length=length, num_shares=6, threshold=3)

@@ -49,7 +49,7 @@ from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
 
 from ..npy_codec import npy_view
-from .client_protocol import agreed_key
+from .client_protocol import agreed_key, private_key_from_scalar
 from .masks import apply_mask, check_bits, packed_size, pairwise_sign, prg_mask, reduce_mod, unpack_bits
 from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, ProtocolError, Stage, distinct, list_field,
                        stage_record)
@@ -298,8 +298,7 @@ class SecureAggregationRound:
             holders = [u for u in self.survivors if node in holds[u]]
             if not holders:
                 continue
-            sk1 = self._rebuild(sk1_shares.get(node, []), node, "its key")
-            self._check_private_key(sk1, node)
+            sk1 = self._check_private_key(self._rebuild(sk1_shares.get(node, []), node, "its key"), node)
             for survivor in holders:
                 key = agreed_key(sk1, self.public_keys[survivor][0])
                 apply_mask(total, prg_mask(key, self.length, self.bits), -pairwise_sign(survivor, node))
@@ -311,14 +310,16 @@ class SecureAggregationRound:
         if len(shares) < self.threshold:
             raise SecureAggregationAborted(f"round {self.server_round}: {len(shares)} shares of node {node}'s "
                                            f"{what}, fewer than the threshold {self.threshold}")
-        try:
-            return combine_shares(shares)
+        try:  # any t shares determine the secret; more only cost time (Lagrange in pure Python)
+            return combine_shares(shares[:self.threshold])
         except Exception as err:  # noqa: BLE001 - malformed shares
             raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s {what} cannot be "
                                            f"rebuilt from its shares ({err})") from err
 
-    def _check_private_key(self, sk1: bytes, node: int) -> None:
+    def _check_private_key(self, scalar: bytes, node: int) -> bytes:
+        """The PEM key of a rebuilt secret scalar, checked against the node's registered pk1."""
         try:
+            sk1 = private_key_from_scalar(scalar)
             public = public_key_to_bytes(bytes_to_private_key(sk1).public_key())
         except Exception as err:  # noqa: BLE001
             raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s key rebuilt from its "
@@ -326,6 +327,7 @@ class SecureAggregationRound:
         if public != self.public_keys[node][0]:
             raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s key rebuilt from its "
                                            "shares does not match its public key (corrupt shares)")
+        return sk1
 
 
 __all__ = ["PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound", "ring_neighbours"]
