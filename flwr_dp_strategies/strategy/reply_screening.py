@@ -48,7 +48,11 @@ Reasons (:data:`REJECTION_REASONS`; the first failing check names the rejection)
   (checked in int64 after a range check in the upload's own dtype: no wrap-around);
 * ``values`` - SignDS: a sign other than exactly ±1 or a b-hat other than exactly
   0/1 (NaN, inf, 1.99 are refused); ClusterEvaluation: an inference value beyond
-  :data:`MAX_INFERENCE_ABS`.
+  :data:`MAX_INFERENCE_ABS`;
+* ``secure-aggregation`` - DistributedDpFedAvg: a reply to a secure-aggregation stage
+  that does not follow the protocol (:mod:`flwr_dp_strategies.secure_aggregation`:
+  wrong field types, keys that do not parse, a masked vector of the wrong size); its
+  sender is treated as a dropout.
 
 Payloads are read zero-copy (:func:`.streaming_aggregation.npy_view`): screening
 never decodes a copy of a well-formed reply.
