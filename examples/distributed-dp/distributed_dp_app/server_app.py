@@ -1,0 +1,117 @@
+"""ServerApp: FedAvg under secure aggregation with distributed DP; one line per round: survivors, ε, accuracy.
+
+The strategy is FedAvg's arguments plus the DP and protocol settings::
+
+    strategy = DistributedDpFedAvg(1.0, 0.0, n, 0, n,              # FedAvg: fraction_train ... min_available_nodes
+                                   noise_multiplier=z, clipping_norm=C, bits=20,
+                                   num_shares=1.0, reconstruction_threshold=0.5, min_survivors=0.8,
+                                   ledger=PrivacyLedger(delta))
+
+Each round runs four SecAgg+ stages: setup and share-keys inside ``configure_train``
+(``stage-timeout`` each), collect as Flower's train round (``round-timeout``, the
+``timeout`` of ``Strategy.start``) and unmask inside ``aggregate_train``
+(``stage-timeout``). A node that does not answer a stage in time is dropped from the
+round; the sum of the survivors' vectors is still revealed while at least
+``min-survivors`` remain. The round's train metrics carry ``secagg/survivors``,
+``secagg/dropped`` and ``privacy/epsilon`` (the ledger's ε after that round). The
+server's test accuracy is computed in ``evaluate_fn`` on the held-out split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
+
+from flwr_dp_experiments.results import write_run_results
+from flwr_dp_strategies import PrivacyLedger
+from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg
+
+from . import task
+from .config import min_clients, resolve_run_config
+
+app = ServerApp()
+
+
+def _fraction_or_count(value: Any) -> int | float:
+    """A run-config value as the strategy reads it: a float is a fraction, an int a count."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else float(value)
+
+
+def build_strategy(config: dict[str, Any]) -> DistributedDpFedAvg:
+    """Every connected node trains (at least ``min-clients``); no client-side evaluation (it would be un-noised)."""
+    n = min_clients(config)
+    return DistributedDpFedAvg(
+        1.0, 0.0, n, 0, n,  # fraction_train, fraction_evaluate, min_train/evaluate/available_nodes (FedAvg's)
+        noise_multiplier=float(config["noise-multiplier"]), clipping_norm=float(config["clipping-norm"]),
+        bits=int(config["bits"]), num_shares=_fraction_or_count(config["num-shares"]),
+        reconstruction_threshold=_fraction_or_count(config["reconstruction-threshold"]),
+        min_survivors=_fraction_or_count(config["min-survivors"]), rotation_seed=int(config["rotation-seed"]),
+        stage_timeout=float(config["stage-timeout"]), ledger=PrivacyLedger(float(config["target-delta"])))
+
+
+def round_rows(result: Result, num_rounds: int) -> list[dict[str, Any]]:
+    """Round, survivors, dropped, ε and accuracy of every round (survivors None: the round aborted)."""
+    rows = []
+    for rnd in range(1, num_rounds + 1):
+        metrics = result.train_metrics_clientapp.get(rnd, {})
+        accuracy = result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan)
+        survivors = metrics.get("secagg/survivors")
+        rows.append({"round": rnd, "survivors": None if survivors is None else int(survivors),
+                     "dropped": None if survivors is None else int(metrics["secagg/dropped"]),
+                     "epsilon": float(metrics["privacy/epsilon"]) if "privacy/epsilon" in metrics else None,
+                     "accuracy": float(accuracy), "released": survivors is not None})
+    return rows
+
+
+def round_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """``round r  survivors s (dropped d)  epsilon e  accuracy a`` per round (``aborted`` if nothing was revealed)."""
+    lines = []
+    for row in rows:
+        eps = "n/a" if row["epsilon"] is None else f"{row['epsilon']:.3f}"
+        secagg = (f"survivors {row['survivors']:3d} (dropped {row['dropped']})" if row["released"]
+                  else "aborted: nothing revealed    ")
+        lines.append(f"round {row['round']:3d}  {secagg}  epsilon {eps}  accuracy {row['accuracy']:.3f}")
+    return lines
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the rounds, then print survivors, ε and accuracy per round."""
+    config = resolve_run_config(context)
+    dataset = task.resolve_dataset(str(config["dataset"]), str(config["data-dir"]))
+    _, _, x_test, y_test = task.load_data(dataset, str(config["data-dir"]))
+    strategy = build_strategy(config)
+    print(f"{strategy!r} on {dataset}, {min_clients(config)} clients", flush=True)
+
+    def server_accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        return MetricRecord({"accuracy": task.accuracy(task.from_record(arrays), x_test, y_test)})
+
+    train_config = ConfigRecord({"dataset": dataset, "data-dir": str(config["data-dir"]),
+                                 **{key: config[key] for key in ("local-epochs", "lr", "batch-size", "seed")}})
+    num_rounds = int(config["num-server-rounds"])
+    initial = task.to_record(task.initial_arrays(task.num_features(dataset)))
+    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=num_rounds,
+                            timeout=float(config["round-timeout"]), train_config=train_config,
+                            evaluate_fn=server_accuracy)
+    rows = round_rows(result, num_rounds)
+    print("\n".join(round_lines(rows)), flush=True)
+    report = strategy.ledger.report()
+    print(f"epsilon {report.epsilon:.3f} at delta {report.delta:g} (add/remove one client's data; the server sees "
+          f"only the secure sum)", flush=True)
+    if config["results-dir"]:
+        initial_accuracy = result.evaluate_metrics_serverapp.get(0, {}).get("accuracy")
+        path = write_run_results(
+            os.path.abspath(str(config["results-dir"])), "distributed DP (SecAgg+ and Skellam)", rows,
+            initial_accuracy=None if initial_accuracy is None else float(initial_accuracy),
+            delta=report.delta, extra={"config": {**config, "dataset": dataset},
+                                       "privacy": {"epsilon": report.epsilon, "delta": report.delta},
+                                       "train_metrics": {str(r): dict(m) for r, m in
+                                                         result.train_metrics_clientapp.items()}},
+            panels=[{"title": "secure aggregation", "ylabel": "clients in the sum",
+                     "series": {"survivors": "survivors"}}])
+        print(f"results written to {path}", flush=True)
