@@ -28,8 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 
 from flwr_dp_experiments.results import write_run_results
-from flwr_dp_strategies import PrivacyLedger
-from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg
+from flwr_dp_strategies import DistributedDpFedAvg, PrivacyLedger
 
 from . import task
 from .config import min_clients, resolve_run_config
