@@ -211,3 +211,22 @@ def test_the_ledger_survives_a_restart(tmp_path):
     assert second.ledger.epsilon() == pytest.approx(epsilon_one)
     one_round(second, grid, model(), server_round=2)
     assert len(second.ledger.events()) == 2 and second.ledger.epsilon() > epsilon_one
+
+
+def test_flowers_start_runs_the_secure_rounds_and_its_timeout_bounds_every_stage():
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+    timeouts = []
+    grid = LoopbackGrid(shifting_app(deltas, rng=8), NODES)
+    send = grid.send_and_receive
+
+    def recording(messages, *, timeout=None):
+        timeouts.append(timeout)
+        return send(messages, timeout=timeout)
+
+    grid.send_and_receive = recording
+    strategy = DistributedDpFedAvg(fraction_evaluate=0.0, min_evaluate_nodes=0, noise_multiplier=1.0,
+                                   clipping_norm=1.0)
+    result = strategy.start(grid, model(), num_rounds=2, timeout=42.0)
+    assert [m["secagg/survivors"] for m in result.train_metrics_clientapp.values()] == [10.0, 10.0]
+    assert len(strategy.ledger.events()) == 2
+    assert timeouts and set(timeouts) == {42.0}  # setup, share-keys, collect and unmask alike

@@ -107,7 +107,10 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
         rotation_seed: the public seed of the random rotation (default: drawn from OS entropy);
             round r uses ``rotation_seed + r``.
         beta: conditional-rounding β. overflow_sigmas: k of :func:`scale_for_bits`.
-        stage_timeout: seconds each extra protocol stage waits for replies.
+        stage_timeout: seconds each extra protocol stage (setup, share-keys, unmask) waits for
+            replies; default: the ``timeout`` given to ``Strategy.start`` (3600 s by default), which
+            also bounds the collect stage (Flower's own train round). A node that misses a stage
+            is dropped from the round.
         ledger, ledger_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
     """
 
@@ -134,7 +137,7 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
         rotation_seed: Optional[int] = None,
         beta: float = DEFAULT_BETA,
         overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
-        stage_timeout: Optional[float] = 3600.0,
+        stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
@@ -153,6 +156,7 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
         self.beta = DistributedDpParams(1, 1.0, 1.0, 2, 0, beta).beta  # validated as the clients will
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
         self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
+        self._start_timeout: float = 3600.0  # Strategy.start's default, until start() says otherwise
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self._init_screening(max_weight)
         self._round: Optional[SecureAggregationRound] = None
@@ -163,6 +167,13 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
         self._calibration: Optional[SkellamCalibration] = None
         self._protocol_rejected: Counter[str] = Counter()
         self.budget_exhausted = False
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start``; its ``timeout`` also bounds the extra stages unless
+        ``stage_timeout`` was given."""
+        self._start_timeout = check_positive("timeout", timeout)
+        return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
 
     @staticmethod
     def _fraction_or_count(name: str, value: int | float, minimum: int) -> int | float:
@@ -208,7 +219,9 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
             return []
         content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
         secure = SecureAggregationRound(server_round, content, num_shares=k, threshold=t, min_survivors=m,
-                                        bits=self.bits, length=params.padded_dim, timeout=self.stage_timeout)
+                                        bits=self.bits, length=params.padded_dim,
+                                        timeout=self.stage_timeout if self.stage_timeout is not None
+                                        else self._start_timeout)
         try:
             secure.setup(grid)
             secure.share_keys(grid)
