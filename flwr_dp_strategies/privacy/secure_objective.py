@@ -82,7 +82,8 @@ largest for which the planned sum fits the centred range :math:`[-2^{b-1}, 2^{b-
 :math:`sN + n + k\sqrt{n\mu/m} \le 2^{b-1} - 1` (N: a public upper bound on the records
 in the federation; n: clients asked, each rounding error < 1; k = ``overflow_sigmas``
 standard deviations of the noise when all n survive). μ depends on s through Δ₂, so the
-two are iterated to a fixed point; ValueError naming ``bits`` when no s fits. A sum that
+two are iterated to a fixed point; ValueError naming ``bits`` when no s fits, or when the
+largest s that fits leaves sΔ < √D (the rounding would more than double the sensitivity). A sum that
 overflows wraps (wrong objective, never less privacy).
 
 Randomness: the rounding and the noise use a private generator (:mod:`.rng`: OS entropy by
@@ -385,6 +386,10 @@ def calibrate_secure_objective(*, dim: int, num_classes: int, max_records: int, 
                                                           min_survivors=m, overflow_sigmas=k) > limit:
         raise ValueError(f"bits must be larger: {b} bits cannot hold the sum of {big_n} records' objectives "
                          f"(D = {length}) from {n} clients plus the noise (got bits={bits!r})")
+    if scale * sens < math.sqrt(length):
+        raise ValueError(f"bits must be larger: at {b} bits the scale s = {scale:.4g} leaves the rounding "
+                         f"(sqrt(D) = {math.sqrt(length):.4g}) above the records' sensitivity s*Delta = "
+                         f"{scale * sens:.4g}, more than doubling the noise (got bits={bits!r})")
     params = SecureObjectiveParams(q, c, loss, scale, b)
     events = {rel: objective_event(params, mu, neighboring_relation=rel) for rel in RELATIONS}
     l2 = integer_l2_sensitivity(scale, length, sens)
