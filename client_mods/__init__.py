@@ -35,7 +35,9 @@ Trainers (act on local data):
 
 * :class:`FunctionalMechanismTrainer` - DELM's functional mechanism: a softmax /
   logistic head trained on a Taylor objective whose coefficients are perturbed
-  once per client (ε does not grow with rounds); :func:`covariance_reply`,
+  once per client (ε does not grow with rounds); :class:`SecureObjectiveTrainer` - its
+  exact objective under secure aggregation (for :class:`flwr_dp_strategies.SecureObjectiveSum`);
+  :func:`covariance_reply`,
   :func:`store_projection`, :func:`project` - the client side of LDP federated PCA.
 
 * :class:`DpSgdTrainer` - DP-SGD on Opacus (per-sample clipping, Poisson
@@ -59,6 +61,7 @@ _LAZY = {
     "label_release_event": "label_dp_data", "private_labels": "label_dp_data",
     "LaplaceInferenceMod": "laplace_inference", "laplace_eval_epsilon": "laplace_inference",
     "LocalUpdateNoiseMod": "local_update_noise",
+    "SecureObjectiveTrainer": "secure_objective",
 }
 
 _DP_SGD_NAMES = (
@@ -122,6 +125,7 @@ __all__ = [
     "LabelDPDataset",
     "LaplaceInferenceMod",
     "LocalUpdateNoiseMod",
+    "SecureObjectiveTrainer",
     "declare_label_release",
     "is_label_release_declared",
     "label_release_event",

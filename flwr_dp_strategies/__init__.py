@@ -19,6 +19,7 @@ from .strategy import (
     DistributedDpFedAvg,
     MinDivergenceExpSampling,
     NoisyObjectiveSum,
+    SecureObjectiveSum,
     ShuffleAmplifiedFedAvg,
     SignDS,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "LayerShuffler",
     "MinDivergenceExpSampling",
     "NoisyObjectiveSum",
+    "SecureObjectiveSum",
     "ShuffleAmplifiedFedAvg",
     "SignDS",
     "PrivacyLedger",

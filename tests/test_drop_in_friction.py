@@ -99,6 +99,7 @@ def _parents():
         fds.NoisyObjectiveSum: FedAvg,
         fds.SignDS: FedAvg,
         fds.DistributedDpFedAvg: FedAvg,
+        fds.SecureObjectiveSum: FedAvg,
         fds.AccountedServerSideFixedClipping: DifferentialPrivacyServerSideFixedClipping,
         fds.AccountedPoissonFixedClipping: DifferentialPrivacyServerSideFixedClipping,
         fds.AccountedAdaptiveClipping: DifferentialPrivacyServerSideAdaptiveClipping,

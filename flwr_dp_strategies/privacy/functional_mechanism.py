@@ -398,9 +398,35 @@ def noise_adapted_ridge(noise_std: float, *, dim: int, count: int, num_classes: 
     return 2.0 * kappa * frac * 2.0 * std * math.sqrt(q) / n
 
 
+
+def solve_noisy_sum(total: QuadraticStatistics, *, ridge: float, noise_std: Optional[float] = None,
+                    ridge_fraction: float = 0.5, floor: float = 0.0) -> tuple[np.ndarray, float]:
+    """The head from a summed noisy objective, and the ridge used: ``ridge`` plus, when the summed
+    per-coefficient noise std ``noise_std`` is given, :func:`noise_adapted_ridge` for it; one PSD repair
+    and closed-form solve (:func:`solve_objective`). Post-processing of the noisy sum.
+
+    Shared by the server-side solves (``NoisyObjectiveSum``: noise σ√m of m client releases;
+    ``SecureObjectiveSum``: the noise added once under secure aggregation).
+    """
+    lam = noisy_sum_ridge(total, ridge=ridge, noise_std=noise_std, ridge_fraction=ridge_fraction)
+    return solve_objective(total, ridge=lam, floor=floor), lam
+
+
+def noisy_sum_ridge(total: QuadraticStatistics, *, ridge: float, noise_std: Optional[float] = None,
+                    ridge_fraction: float = 0.5) -> float:
+    """The ridge :func:`solve_noisy_sum` uses: ``ridge`` + :func:`noise_adapted_ridge` (``noise_std``, if given)."""
+    lam = check_nonnegative("ridge", ridge)
+    if noise_std is None:
+        return lam
+    return lam + noise_adapted_ridge(noise_std, dim=total.dim, count=max(total.count, 1),
+                                     num_classes=total.num_classes, loss=total.loss, fraction=ridge_fraction)
+
+
 __all__ = [
     "descend",
     "solve_objective",
+    "solve_noisy_sum",
+    "noisy_sum_ridge",
     "noise_adapted_ridge",
     "fm_noise_std",
     "sum_statistics",

@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
-from flwr.app import ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import (share_keys_plaintext_concat,
@@ -33,8 +33,9 @@ from flwr.common.secure_aggregation.secaggplus_utils import (share_keys_plaintex
 from flwr.supercore.primitives.asymmetric import (bytes_to_private_key, bytes_to_public_key, generate_key_pairs,
                                                   private_key_to_bytes, public_key_to_bytes)
 
-from .masks import apply_mask, check_bits, pairwise_sign, prg_mask, reduce_mod
-from .protocol import ProtocolError, Stage, distinct, field, list_field
+from .masks import apply_mask, check_bits, pack_bits, pairwise_sign, prg_mask, reduce_mod
+from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, STATE_RECORD, ProtocolError, Stage, distinct,
+                       field, list_field, stage_of)
 
 
 def agreed_key(private_key: bytes, public_key: bytes) -> bytes:
@@ -217,4 +218,29 @@ def handle(state: ConfigRecord, node_id: int, stage: str, record: ConfigRecord,
     raise ProtocolError(f"unknown stage {stage!r}")
 
 
-__all__ = ["ClientRound", "agreed_key", "fernet_key", "handle", "private_key_from_scalar", "private_scalar"]
+
+def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord], np.ndarray]) -> Message:
+    """The reply to one protocol message: state kept in ``ctxt.state``, the stage run by :func:`handle`,
+    and at ``collect`` the masked ``encode(state)`` (uint64 in [0, 2^b); ``state`` holds ``bits`` and
+    ``threshold``) packed into :data:`MASKED_RECORD`. The reply holds the protocol records only.
+
+    The message-level glue every client of the protocol needs (added for
+    ``client_mods.secure_objective``; ``distributed_dp_mod`` does the same inline)."""
+    stage = stage_of(msg.content)
+    record = msg.content[RECORD]
+    if STATE_RECORD not in ctxt.state:
+        ctxt.state[STATE_RECORD] = ConfigRecord()
+    state = ctxt.state[STATE_RECORD]
+    node = int(msg.metadata.dst_node_id)
+    out = RecordDict()
+    if stage == Stage.COLLECT:
+        fields, vector = handle(state, node, stage, record, lambda: encode(state))
+        out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, int(state["bits"])))})
+    else:
+        fields, _ = handle(state, node, stage, record)
+    out[RECORD] = ConfigRecord({STAGE_KEY: stage, **fields})
+    return Message(out, reply_to=msg)
+
+
+__all__ = ["ClientRound", "agreed_key", "answer_message", "fernet_key", "handle", "private_key_from_scalar",
+           "private_scalar"]

@@ -37,6 +37,10 @@
   clip, round and add a share of Skellam noise, SecAgg+ reveals only the sum (the
   server never sees an update), the Skellam event is booked per round
   (``client_mods.distributed_dp_mod`` on the clients).
+* :class:`SecureObjectiveSum` - the functional mechanism's objective summed under
+  secure aggregation: clients send exact, rounded coefficients with a Skellam share,
+  the sum carries the noise of one release (√m less than ``NoisyObjectiveSum``),
+  solved once on the server (``client_mods.secure_objective`` on the clients).
 * :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
   every accounted strategy uses to publish the ledger's figures.
 
@@ -57,6 +61,7 @@ from .distributed_dp_fedavg import DistributedDpFedAvg
 from .min_divergence import MinDivergenceExpSampling
 from .noisy_objective_sum import NoisyObjectiveSum
 from .poisson_fixed_clipping import AccountedPoissonFixedClipping
+from .secure_objective_sum import SecureObjectiveSum
 from .shuffle_amplified import ShuffleAmplifiedFedAvg
 from .signds import SignDS
 from .metrics import privacy_metric_record, with_privacy_metrics
@@ -72,6 +77,7 @@ __all__ = [
     "DistributedDpFedAvg",
     "MinDivergenceExpSampling",
     "NoisyObjectiveSum",
+    "SecureObjectiveSum",
     "ShuffleAmplifiedFedAvg",
     "SignDS",
     "privacy_metric_record", "with_privacy_metrics"]

@@ -55,7 +55,7 @@ from flwr.serverapp import Grid
 
 from ..npy_codec import npy_view
 from ..privacy import PrivacyLedger
-from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noise_adapted_ridge, solve_objective
+from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_sum_ridge, solve_noisy_sum
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from .metrics import aggregate_reply_metrics
@@ -164,8 +164,8 @@ class NoisyObjectiveSum(AccountedFedAvg):
             new += 1
         assert self._total is not None  # replies is non-empty and screened
         if new or self._head is None:  # the sum changed: solve again (one q×q eigendecomposition)
-            self.last_ridge = self.solve_ridge()
-            self._head = solve_objective(self._total, ridge=self.last_ridge, floor=self.psd_floor)
+            self._head, self.last_ridge = solve_noisy_sum(self._total, ridge=self.ridge, noise_std=self._summed_noise_std(),
+                                                          ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
         head = self._head
         metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies],
                                           self.weighted_by_key)
@@ -176,12 +176,16 @@ class NoisyObjectiveSum(AccountedFedAvg):
 
     def solve_ridge(self) -> float:
         """``ridge``, plus the noise-adapted ridge of the current sum when ``client_noise_std`` is set."""
-        if self.client_noise_std is None or self._total is None:
+        if self._total is None:
             return self.ridge
-        summed_std = self.client_noise_std * math.sqrt(len(self._contributors))
-        return self.ridge + noise_adapted_ridge(summed_std, dim=self._total.dim, count=max(self._total.count, 1),
-                                                num_classes=self.num_classes, loss=self.loss,
-                                                fraction=self.ridge_fraction)
+        return noisy_sum_ridge(self._total, ridge=self.ridge, noise_std=self._summed_noise_std(),
+                               ridge_fraction=self.ridge_fraction)
+
+    def _summed_noise_std(self) -> Optional[float]:
+        """σ√m of the m contributors' releases, or None without ``client_noise_std``."""
+        if self.client_noise_std is None:
+            return None
+        return self.client_noise_std * math.sqrt(len(self._contributors))
 
     def _add(self, reply: Message) -> None:
         arrays = records_of(reply.content, ArrayRecord)[0]

@@ -1,0 +1,105 @@
+r"""Client side of :class:`flwr_dp_strategies.SecureObjectiveSum`: the exact FM objective, under secure aggregation.
+
+Use in a ClientApp::
+
+    trainer = SecureObjectiveTrainer(num_classes=10)
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        features, labels = load_local_data(context)
+        return trainer.train(msg, context, features, labels)
+
+Every train message of the strategy is one SecAgg+ stage; the trainer answers it
+(:func:`flwr_dp_strategies.secure_aggregation.client_protocol.answer_message`). At the
+``collect`` stage it computes its **exact** Taylor coefficients
+:math:`c_i = (\operatorname{vec}A_i, \operatorname{triu}S_i, n_i)` of the rows clipped to unit
+norm, and uploads
+
+.. math:: \mathrm{pack}_b\bigl(\mathrm{round}(s\,c_i) + \mathrm{Sk}(\mu/m) + \mathrm{masks} \bmod 2^b\bigr)
+
+(:func:`flwr_dp_strategies.privacy.secure_objective.encode_objective`, with s and μ/m the
+server's public parameters). Nothing else leaves the node: no count, no loss, no metric
+(under add/remove the count is private; it travels inside the secure sum). The privacy
+of the release is the server's single Skellam event (derivation:
+:mod:`flwr_dp_strategies.privacy.secure_objective`); the client declares nothing, its
+own vector being hidden by the masks.
+
+What the client checks before it spends anything: the protocol's order and fields
+(:mod:`~flwr_dp_strategies.secure_aggregation.client_protocol`), that the server's q, c
+and loss are its own, the parameters' domains, and with ``min_noise_multiplier`` that
+the noise in any sum the server can unmask (at least t shares) is at least that many
+times the add/remove integer sensitivity: :math:`\sqrt{t\mu/m}/(sB + \sqrt D) \ge z_{\min}`.
+Rounding and noise draw from OS entropy (``rng`` for tests).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MessageType
+
+from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics
+from flwr_dp_strategies.privacy.rng import RngLike, RngSource
+from flwr_dp_strategies.privacy.secure_objective import (SecureObjectiveParams, encode_objective,
+                                                         integer_l2_sensitivity, record_l2_bound)
+from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
+from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message
+from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
+
+OBJECTIVE_FIELDS = {"fm-dim": int, "fm-num-classes": int, "fm-loss": str, "fm-scale": float,
+                    "fm-noise-share": float}
+"""The public parameters of the collect stage (server → client), with their types."""
+
+
+def objective_params_from_record(record: ConfigRecord, bits: int) -> tuple[SecureObjectiveParams, float]:
+    """(the encoding parameters, the noise share μ/m) sent by the server; ValueError if out of domain."""
+    values = {key: field(record, key, kind) for key, kind in OBJECTIVE_FIELDS.items()}
+    params = SecureObjectiveParams(dim=values["fm-dim"], num_classes=values["fm-num-classes"],
+                                   loss=values["fm-loss"], scale=values["fm-scale"], bits=bits)
+    return params, check_nonnegative("fm-noise-share", values["fm-noise-share"])
+
+
+class SecureObjectiveTrainer:
+    """Answer :class:`~flwr_dp_strategies.SecureObjectiveSum`'s protocol with the exact FM objective.
+
+    Args:
+        num_classes: c ≥ 2 of the head (must match the server's).
+        loss: ``"softmax"`` or ``"logistic"``.
+        min_noise_multiplier: z_min ≥ 0 (module docstring); a server asking for less is refused.
+        rng: None (fresh OS entropy), an int seed or a Generator (tests only).
+    """
+
+    def __init__(self, *, num_classes: int, loss: str = "softmax", min_noise_multiplier: float = 0.0,
+                 rng: RngLike = None) -> None:
+        self.num_classes = check_int("num_classes", num_classes, minimum=2)
+        self.loss = loss
+        record_l2_bound(self.num_classes, loss)  # validates loss
+        self.min_noise_multiplier = check_nonnegative("min_noise_multiplier", min_noise_multiplier)
+        self._rng = RngSource(rng)
+
+    def train(self, msg: Message, context: Context, features: np.ndarray, labels: np.ndarray) -> Message:
+        """The reply to one protocol stage (only the protocol's records)."""
+        if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
+            raise ValueError("SecureObjectiveTrainer answers SecureObjectiveSum's secure-aggregation train "
+                             "messages only; this message carries no protocol record")
+        return answer_message(msg, context, lambda state: self._encode(msg, state, features, labels))
+
+    def _encode(self, msg: Message, state: ConfigRecord, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        params, share = objective_params_from_record(msg.content[RECORD], int(state["bits"]))
+        if (params.num_classes, params.loss) != (self.num_classes, self.loss):
+            raise ProtocolError(f"the server's head (c={params.num_classes}, loss={params.loss!r}) is not this "
+                                f"client's (c={self.num_classes}, loss={self.loss!r})")
+        stats = quadratic_statistics(features, labels, num_classes=self.num_classes, loss=self.loss)
+        if stats.dim != params.dim:
+            raise ProtocolError(f"the server expects fm-dim = {params.dim} features, this client has {stats.dim}")
+        sensitivity = integer_l2_sensitivity(params.scale, params.length, record_l2_bound(self.num_classes, self.loss))
+        implied = math.sqrt(int(state["threshold"]) * share) / sensitivity
+        if implied < self.min_noise_multiplier:
+            raise ProtocolError(f"the server asks for noise multiplier {implied:.4g} in a sum of t = "
+                                f"{state['threshold']} clients, below this client's minimum "
+                                f"{self.min_noise_multiplier}")
+        return encode_objective(stats, params, local_noise_variance=share, rng=self._rng())
+
+
+__all__ = ["OBJECTIVE_FIELDS", "SecureObjectiveTrainer", "objective_params_from_record"]

@@ -1,0 +1,287 @@
+r"""The DELM server-side solve with the noise added once, under secure aggregation.
+
+:class:`~.noisy_objective_sum.NoisyObjectiveSum` sums m noisy FM objectives, one per
+client: m noise draws. Here each client (``client_mods.secure_objective``) sends its
+*exact* coefficients, scaled, randomly rounded, with a Skellam share Sk(μ/m′) and
+SecAgg+ masks; the server learns only the sum, which carries the noise of **one**
+release (√m times less noise at the same record-level ε). One round:
+
+1. FedAvg samples the nodes; ``configure_train`` calibrates the round
+   (:func:`~flwr_dp_strategies.privacy.secure_objective.calibrate_secure_objective`:
+   s from ``bits`` and ``max_records``, μ from ``epsilon`` or ``noise_multiplier``), runs
+   the SecAgg+ setup and key sharing (:class:`~flwr_dp_strategies.secure_aggregation.SecureAggregationRound`,
+   as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg` does) and sends the collect
+   messages with the public parameters (q, c, loss, s, μ/m′);
+2. ``aggregate_train`` screens the replies, adds the masked vectors, unmasks, decodes
+   the summed objective (count included), repairs it once and solves it in closed form
+   (:func:`~flwr_dp_strategies.privacy.functional_mechanism.solve_noisy_sum`, the solve
+   NoisyObjectiveSum uses, with the ridge adapted to the revealed sum's noise
+   √(|U₃|μ/m′)/s), and books the event.
+
+Later rounds send nothing and keep the head (a second sum would be a second release).
+A round that aborts (fewer than m′ survivors, unrecoverable shares) reveals and books
+nothing, and the next round tries again.
+
+Privacy (derivation in :mod:`flwr_dp_strategies.privacy.secure_objective`). Mechanism: the
+Skellam mechanism on the integer sum; neighbouring relation: one record of any client added
+or removed (or replaced, for a replace-one ledger); integer sensitivity Δ₂ = sΔ + √D (the
+record's coefficient vector, norm ≤ Δ, plus the randomized rounding, by a shared-uniform
+coupling), Δ₁ = min(⌊Δ₂²⌋, √D·Δ₂); noise at least Sk(μ) (|U₃| ≥ m′ clients each add μ/m′);
+event ``SkellamDpEvent(Δ₁, Δ₂, μ)`` (RDP, Agarwal et al. 2021 Thm 3.5), booked once, centrally
+(``client=None``: it covers every record of every client), under ``add_or_remove_one`` with its
+replace-one form; composition: the ledger's. Decoding, repair and the solve are post-processing.
+
+Trust model: ε holds against an honest-but-curious server that sees only the masked
+vectors and the revealed sum, and for the released head, given every client adds its
+noise share; c clients colluding with the server remove theirs (noise ≥ (m′ − c)μ/m′).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Optional
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+
+from ..privacy import PrivacyLedger
+from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, solve_noisy_sum
+from ..privacy.secure_objective import (DEFAULT_BITS, DEFAULT_OVERFLOW_SIGMAS, SecureObjectiveCalibration,
+                                        calibrate_secure_objective, decode_objective)
+from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
+from ..secure_aggregation.masks import check_bits
+from ..secure_aggregation.server_protocol import SecureAggregationAborted, SecureAggregationRound
+from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
+from .central_release import log_budget_stop, require_configured
+from .client_accounting import ClientAccountingMixin
+from .distributed_dp_fedavg import DistributedDpFedAvg, _count
+from .reply_screening import DEFAULT_MAX_WEIGHT
+
+EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
+
+
+class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
+    """Solve the FM objective summed under SecAgg+ with Skellam noise added once; clients run
+    ``client_mods.secure_objective.SecureObjectiveTrainer``.
+
+    Args:
+        fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s, in
+            FedAvg's order (``weighted_by_key`` is unused: the count travels inside the sum).
+        num_classes: c ≥ 2 of the head (``loss="logistic"``: c = 2, head (q, 1)); required.
+        max_records: N ≥ 1, a public upper bound on the records of all sampled clients together
+            (sizes the modular range; a larger true total may wrap the sum: wrong head, same privacy); required.
+        epsilon: target record-level ε at the ledger's δ for the single release; or
+        noise_multiplier: z = √μ/Δ₂ instead (exactly one of the two).
+        loss: ``"softmax"`` or ``"logistic"``. ridge, ridge_fraction, psd_floor: as
+            :class:`~.noisy_objective_sum.NoisyObjectiveSum` (the noise-adapted ridge is always on).
+        weights_key: the head's key (the only key of the arrays).
+        bits: b of the modulus 2^b, in [2, 62] (upload ⌈D·b/8⌉ bytes, D = qc + q(q+1)/2 + 1).
+        num_shares, reconstruction_threshold, min_survivors, stage_timeout: as
+            :class:`~.distributed_dp_fedavg.DistributedDpFedAvg`.
+        overflow_sigmas: noise standard deviations of headroom in the modular range.
+        ledger, ledger_path, per_client_metrics, max_weight: as :class:`~.accounted_fedavg.AccountedFedAvg`
+            (a new ledger is add/remove, record level).
+    """
+
+    # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
+    def __init__(
+        self,
+        fraction_train: float = 1.0,
+        fraction_evaluate: float = 1.0,
+        min_train_nodes: int = 2,
+        min_evaluate_nodes: int = 2,
+        min_available_nodes: int = 2,
+        weighted_by_key: str = "num-examples",
+        arrayrecord_key: str = "arrays",
+        configrecord_key: str = "config",
+        train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
+        *,
+        num_classes: int,
+        max_records: int,
+        epsilon: Optional[float] = None,
+        noise_multiplier: Optional[float] = None,
+        loss: str = "softmax",
+        ridge: float = 0.0,
+        ridge_fraction: float = 0.5,
+        psd_floor: float = 0.0,
+        weights_key: str = "head.weight",
+        bits: int = DEFAULT_BITS,
+        num_shares: int | float = 1.0,
+        reconstruction_threshold: int | float = 0.5,
+        min_survivors: int | float = 0.8,
+        overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
+        stage_timeout: Optional[float] = 3600.0,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
+    ) -> None:
+        super().__init__(**fedavg_arguments(locals()))
+        self.num_classes = check_int("num_classes", num_classes, minimum=2)
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
+        if loss == "logistic" and self.num_classes != 2:
+            raise ValueError(f"num_classes must be 2 for loss='logistic', got {num_classes!r}")
+        self.loss = loss
+        self.max_records = check_int("max_records", max_records, minimum=1)
+        if (epsilon is None) == (noise_multiplier is None):
+            raise ValueError("epsilon or noise_multiplier must be given, exactly one of them")
+        self.epsilon = None if epsilon is None else check_epsilon(epsilon)
+        self.noise_multiplier = None if noise_multiplier is None else check_positive("noise_multiplier",
+                                                                                     noise_multiplier)
+        self.ridge = check_nonnegative("ridge", ridge)
+        self.ridge_fraction = check_nonnegative("ridge_fraction", ridge_fraction)
+        self.psd_floor = check_nonnegative("psd_floor", psd_floor)
+        self.weights_key = weights_key
+        self.bits = check_bits(bits)
+        self.num_shares = DistributedDpFedAvg._fraction_or_count("num_shares", num_shares, 2)
+        self.reconstruction_threshold = DistributedDpFedAvg._fraction_or_count(
+            "reconstruction_threshold", reconstruction_threshold, 2)
+        self.min_survivors = DistributedDpFedAvg._fraction_or_count("min_survivors", min_survivors, 1)
+        self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
+        self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_screening(max_weight)
+        self._round: Optional[SecureAggregationRound] = None
+        self._grid: Optional[Grid] = None
+        self._spec: Optional[ArrayRecord] = None
+        self._calibration: Optional[SecureObjectiveCalibration] = None
+        self._protocol_rejected: Counter[str] = Counter()
+        self._head_dtype = np.dtype(np.float64)
+        self.head: Optional[np.ndarray] = None
+        self.objective: Optional[QuadraticStatistics] = None
+        self.last_ridge: Optional[float] = None
+        self.budget_exhausted = False
+
+    # The reply checks of DistributedDpFedAvg (protocol + masked records only; anything else is
+    # rejected, and booked as a non-private release): they read self._round and self.ledger only.
+    _check_reply = DistributedDpFedAvg._check_reply
+    _book_unmasked_metrics = DistributedDpFedAvg._book_unmasked_metrics
+
+    # ------------------------------------------------------------------ calibration
+    def round_parameters(self, dim: int, n_sampled: int) -> tuple[SecureObjectiveCalibration, int, int, int]:
+        """(calibration, k, t, m) of a round with ``n_sampled`` nodes and q = ``dim`` features."""
+        k = min(_count("num_shares", self.num_shares, n_sampled), n_sampled)
+        t = _count("reconstruction_threshold", self.reconstruction_threshold, k)
+        if not 2 <= t <= k:
+            raise ValueError(f"reconstruction_threshold must give t in [2, num_shares={k}], got t={t}")
+        m = min(max(_count("min_survivors", self.min_survivors, n_sampled), t), n_sampled)
+        calibration = calibrate_secure_objective(
+            dim=dim, num_classes=self.num_classes, max_records=self.max_records, n_clients=n_sampled,
+            min_survivors=m, epsilon=self.epsilon, noise_multiplier=self.noise_multiplier,
+            delta=self.ledger.target_delta, loss=self.loss, neighboring_relation=self.ledger.neighboring_relation,
+            bits=self.bits, overflow_sigmas=self.overflow_sigmas)
+        return calibration, k, t, m
+
+    # ------------------------------------------------------------------ train
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages with the public parameters."""
+        self._round, self._grid, self._protocol_rejected = None, grid, Counter()
+        self._spec = arrays
+        if list(arrays.keys()) != [self.weights_key]:
+            raise ValueError(f"arrays must hold exactly the head {self.weights_key!r}, got keys {list(arrays.keys())}")
+        head = arrays[self.weights_key]
+        width = 1 if self.loss == "logistic" else self.num_classes
+        if len(head.shape) != 2 or int(head.shape[1]) != width:
+            raise ValueError(f"{self.weights_key} must be a (q, {width}) matrix, got shape {tuple(head.shape)}")
+        self._head_dtype = np.dtype(str(head.dtype))
+        if self.head is not None:
+            log(INFO, "SecureObjectiveSum: the objective was summed in an earlier round; round %d sends nothing",
+                server_round)
+            return []
+        if self.budget_exhausted:
+            return []
+        planned = list(FedAvg.configure_train(self, server_round, arrays, config, grid))
+        if len(planned) < 2:
+            log(WARNING, "SecureObjectiveSum: round %d samples %d node(s); secure aggregation needs 2 or more, "
+                "the round is skipped", server_round, len(planned))
+            return []
+        calibration, k, t, m = self.round_parameters(int(head.shape[0]), len(planned))
+        if self.ledger.would_exceed(central_events=[calibration.event]):
+            log_budget_stop(server_round, self.ledger)
+            self.budget_exhausted = True
+            return []
+        content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
+        secure = SecureAggregationRound(server_round, content, num_shares=k, threshold=t, min_survivors=m,
+                                        bits=self.bits, length=calibration.params.length, timeout=self.stage_timeout)
+        try:
+            secure.setup(grid)
+            secure.share_keys(grid)
+        except SecureAggregationAborted as err:
+            log(WARNING, "SecureObjectiveSum: secure aggregation aborted (%s); nothing revealed, nothing booked", err)
+            self._protocol_rejected = secure.rejected
+            return []
+        self._round, self._calibration = secure, calibration
+        params = calibration.params
+        public = {"fm-dim": params.dim, "fm-num-classes": params.num_classes, "fm-loss": params.loss,
+                  "fm-scale": params.scale, "fm-noise-share": calibration.local_mu}
+        messages = secure.collect_messages(lambda node: RecordDict(dict(content[node].items())), public)
+        self.remember_instructions("train", server_round, messages)
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Screen, add the masked vectors, unmask, decode, repair and solve once, book the release."""
+        require_configured(self)
+        replies = list(replies)
+        secure = self._round
+        if secure is None:
+            return None, self.round_metrics(None, self._protocol_rejected) if self._protocol_rejected else None
+        accepted, rejected = self.screen_and_book(server_round, replies, self._check_reply, phase="train")
+        self._book_unmasked_metrics(server_round, replies, accepted)
+        for reply in accepted:
+            secure.add_vector(int(reply.metadata.src_node_id), secure.masked_vector(reply.content))
+        try:
+            total = secure.unmask(self._grid)
+        except SecureAggregationAborted as err:
+            log(WARNING, "SecureObjectiveSum: secure aggregation aborted (%s); nothing revealed, nothing booked", err)
+            self._round = None
+            return None, self.round_metrics(None, rejected + secure.rejected)
+        rejected.update(secure.rejected)
+        calibration = self._calibration
+        assert calibration is not None
+        self.ledger.record(calibration.add_remove_event, server_round=server_round, label=EVENT_LABEL,
+                           neighboring_relation="add_or_remove_one",
+                           replace_one_event=calibration.replace_one_event)
+        self.save_ledger()
+        self.objective = decode_objective(total, calibration.params)
+        noise_std = math.sqrt(len(secure.survivors) * calibration.local_mu) / calibration.params.scale
+        head, self.last_ridge = solve_noisy_sum(self.objective, ridge=self.ridge, noise_std=noise_std,
+                                                ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
+        self.head = head
+        metrics = MetricRecord({"secagg/survivors": float(len(secure.survivors)),
+                                "secagg/dropped": float(len(secure.sampled) - len(secure.survivors)),
+                                "objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
+                                "objective/noisy-count": float(self.objective.count)})
+        self._round = None
+        return ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), self.round_metrics(metrics,
+                                                                                                         rejected)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        """Screened FedAvg evaluation, as every strategy of this package."""
+        return self.screened_evaluate(server_round, replies, self)
+
+    def summary(self) -> None:
+        """The ledger so far, the trust model, then FedAvg's summary."""
+        report = self.ledger.report()
+        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); secure objective sum: %s bits, "
+            "min survivors %s", report.epsilon, report.delta, report.method, self.bits, self.min_survivors)
+        log(INFO, "\t├──> Trust model: the server sees only the secure sum; epsilon holds against it and for "
+            "the released head, if every client adds its noise share")
+        super().summary()
+
+    def __repr__(self) -> str:
+        target = f"epsilon={self.epsilon}" if self.epsilon is not None else f"z={self.noise_multiplier}"
+        return (f"SecureObjectiveSum({target}, c={self.num_classes}, max_records={self.max_records}, "
+                f"bits={self.bits}, min_survivors={self.min_survivors})")
+
+
+__all__ = ["EVENT_LABEL", "SecureObjectiveSum"]
