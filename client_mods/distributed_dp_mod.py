@@ -39,20 +39,18 @@ is refused).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
 from flwr_dp_strategies.npy_codec import npy_view
 from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, encode_update
 from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
 from flwr_dp_strategies.privacy.validation import check_nonnegative
-from flwr_dp_strategies.secure_aggregation.client_protocol import handle
-from flwr_dp_strategies.secure_aggregation.masks import pack_bits
-from flwr_dp_strategies.secure_aggregation.protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY,
-                                                           STATE_RECORD, ProtocolError, Stage, field, stage_of)
+from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message
+from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
 
 DP_FIELDS = {"dp-dim": int, "dp-clip-norm": float, "dp-scale": float, "dp-rotation-seed": int, "dp-beta": float,
              "dp-noise-share": float}
@@ -101,21 +99,8 @@ def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0,
         """Answer the secure-aggregation stages of a train message; pass every other message on."""
         if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
             return call_next(msg, ctxt)
-        stage = stage_of(msg.content)
-        record = msg.content[RECORD]
-        if STATE_RECORD not in ctxt.state:
-            ctxt.state[STATE_RECORD] = ConfigRecord()
-        state = ctxt.state[STATE_RECORD]
-        node = int(msg.metadata.dst_node_id)
-        out = RecordDict()
-        if stage == Stage.COLLECT:
-            fields, vector = handle(state, node, stage, record, lambda: _encode(msg, ctxt, call_next, state, floor,
-                                                                               fixed if fixed is not None else resolve_rng(None)))
-            out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, int(state["bits"])))})
-        else:
-            fields, _ = handle(state, node, stage, record)
-        out[RECORD] = ConfigRecord({STAGE_KEY: stage, **fields})
-        return Message(out, reply_to=msg)
+        return answer_message(msg, ctxt, lambda state: _encode(
+            msg, ctxt, call_next, state, floor, fixed if fixed is not None else resolve_rng(None)))
 
     return distributed_dp_mod
 

@@ -230,3 +230,22 @@ def test_flowers_start_runs_the_secure_rounds_and_its_timeout_bounds_every_stage
     assert [m["secagg/survivors"] for m in result.train_metrics_clientapp.values()] == [10.0, 10.0]
     assert len(strategy.ledger.events()) == 2
     assert timeouts and set(timeouts) == {42.0}  # setup, share-keys, collect and unmask alike
+
+
+def test_the_budget_check_books_as_it_will_book_in_a_replace_one_ledger():
+    """The event is calibrated under add/remove; a replace-one ledger books it converted (doubled
+    sensitivities). The stop must use the converted event, or the last round overshoots."""
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+    grid = LoopbackGrid(shifting_app(deltas, rng=9), NODES)
+    ledger = PrivacyLedger(1e-5, max_epsilon=20.0, neighboring_relation="replace_one")
+    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, ledger=ledger)
+    for r in range(1, 12):
+        messages, _, _ = one_round(strategy, grid, model(), server_round=r)
+        if not messages:
+            break
+    assert strategy.budget_exhausted and 1 <= len(ledger.events()) < 11
+    assert ledger.epsilon() <= 20.0
+    # the unconverted (add/remove) event would have allowed one more round
+    _, calibration, *_ = strategy.round_parameters(1, 60, len(NODES))
+    assert not ledger.would_exceed(central_events=[calibration.event])
+    assert ledger.would_exceed(central_events=[calibration.event], neighboring_relation="add_or_remove_one")

@@ -95,8 +95,10 @@ def test_ledger_records_the_amplified_event_every_round_including_empty_samples(
     assert metrics["privacy/epsilon"] < unamplified.epsilon() / 4
 
 
-def test_budget_stops_training_before_it_is_exceeded():
-    ledger = PrivacyLedger(1e-5, max_epsilon=2.0)
+@pytest.mark.parametrize("relation", ["add_or_remove_one", "replace_one"])
+def test_budget_stops_training_before_it_is_exceeded(relation):
+    """Also in a replace-one ledger, which books the add/remove event in its own relation."""
+    ledger = PrivacyLedger(1e-5, max_epsilon=2.0, neighboring_relation=relation)
     strategy = make(z=2.0, m=2, num_clients=10, ledger=ledger, rng=5)
     current = np.zeros(2)
     released = 0

@@ -417,15 +417,23 @@ class PrivacyLedger:
         self,
         client_events: Optional[Mapping[ClientId, Sequence[dp_event.DpEvent]]] = None,
         central_events: Sequence[dp_event.DpEvent] = (),
+        *,
+        neighboring_relation: Optional[str] = None,
     ) -> bool:
         """Whether recording these planned events would put any client above ``max_epsilon``.
 
-        Nothing is recorded. Always False without a budget.
+        ``neighboring_relation``: the relation the events are calibrated under (default: this
+        ledger's); they are converted exactly as :meth:`record` would book them, so the check
+        and the booking can never disagree. Nothing is recorded. Always False without a budget.
         """
         if self.max_epsilon is None:
             return False
-        extra = {str(c): list(evs) for c, evs in (client_events or {}).items()}
-        worst = self._worst(self._method(None), self.target_delta, extra, list(central_events))
+
+        def own(events: Sequence[dp_event.DpEvent]) -> list[dp_event.DpEvent]:
+            return [self._in_own_relation(e, neighboring_relation, None, "")[0] for e in events]
+
+        extra = {str(c): own(evs) for c, evs in (client_events or {}).items()}
+        worst = self._worst(self._method(None), self.target_delta, extra, own(central_events))
         return worst.epsilon > self.max_epsilon
 
     def check_budget(

@@ -225,7 +225,7 @@ def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord],
     ``threshold``) packed into :data:`MASKED_RECORD`. The reply holds the protocol records only.
 
     The message-level glue every client of the protocol needs (added for
-    ``client_mods.secure_objective``; ``distributed_dp_mod`` does the same inline)."""
+    ``client_mods.secure_objective`` and ``client_mods.distributed_dp_mod``)."""
     stage = stage_of(msg.content)
     record = msg.content[RECORD]
     if STATE_RECORD not in ctxt.state:

@@ -49,17 +49,13 @@ one is rejected as ``structure`` and booked as a non-private release of that cli
 
 from __future__ import annotations
 
-import math
-import random
 import secrets
-from collections import Counter
 from collections.abc import Iterable
-from logging import INFO, WARNING
-from typing import Any, Optional
+from logging import INFO
+from typing import Optional
 
 import numpy as np
-from dp_accounting.dp_event import NonPrivateDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -68,28 +64,17 @@ from ..npy_codec import npy_view, to_array
 from ..privacy import PrivacyLedger
 from ..privacy.distributed_dp import (DEFAULT_BETA, DEFAULT_OVERFLOW_SIGMAS, DistributedDpParams, SkellamCalibration,
                                       calibrate_skellam, decode_sum, scale_for_bits)
-from ..privacy.validation import check_int, check_positive, check_probability
+from ..privacy.validation import check_int, check_positive
 from ..secure_aggregation.masks import check_bits, packed_size
-from ..secure_aggregation.protocol import MASKED_RECORD, RECORD, ProtocolError
-from ..secure_aggregation.server_protocol import (PROTOCOL_REJECTION, SecureAggregationAborted,
-                                                  SecureAggregationRound)
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from .central_release import log_budget_stop, require_configured
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import DEFAULT_MAX_WEIGHT
+from .secure_aggregation_rounds import SecureAggregationMixin, Sizes
 
 EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
-UNMASKED_METRICS_LABEL = "reply carried un-noised records next to its masked vector (non-private)"
 
 
-def _count(name: str, value: object, n: int) -> int:
-    """An int ≥ 1 as given, or a fraction in (0, 1] of ``n`` rounded up."""
-    if isinstance(value, float):
-        return max(1, math.ceil(check_probability(name, value, low_open=True) * n))
-    return check_int(name, value, minimum=1)
-
-
-class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
+class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
     """FedAvg + SecAgg+ + Skellam distributed DP; clients must run ``client_mods.distributed_dp_mod``.
 
     Args:
@@ -147,49 +132,23 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
         self.clipping_norm = check_positive("clipping_norm", clipping_norm)
         self.bits = check_bits(bits)
-        self.num_shares = self._fraction_or_count("num_shares", num_shares, 2)
-        self.reconstruction_threshold = self._fraction_or_count("reconstruction_threshold",
-                                                                reconstruction_threshold, 2)
-        self.min_survivors = self._fraction_or_count("min_survivors", min_survivors, 1)
         self.rotation_seed = secrets.randbits(62) if rotation_seed is None else check_int(
             "rotation_seed", rotation_seed, minimum=0)
         self.beta = DistributedDpParams(1, 1.0, 1.0, 2, 0, beta).beta  # validated as the clients will
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
-        self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
-        self._start_timeout: float = 3600.0  # Strategy.start's default, until start() says otherwise
+        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self._init_screening(max_weight)
-        self._round: Optional[SecureAggregationRound] = None
-        self._grid: Optional[Grid] = None
         self._current: Optional[ArrayRecord] = None
         self._spec: Optional[ArrayRecord] = None
         self._params: Optional[DistributedDpParams] = None
         self._calibration: Optional[SkellamCalibration] = None
-        self._protocol_rejected: Counter[str] = Counter()
-        self.budget_exhausted = False
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              *args: Any, **kwargs: Any) -> Any:
-        """Flower's ``Strategy.start``; its ``timeout`` also bounds the extra stages unless
-        ``stage_timeout`` was given."""
-        self._start_timeout = check_positive("timeout", timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
-
-    @staticmethod
-    def _fraction_or_count(name: str, value: int | float, minimum: int) -> int | float:
-        if isinstance(value, float):
-            return check_probability(name, value, low_open=True)
-        return check_int(name, value, minimum=minimum)
 
     # ------------------------------------------------------------------ calibration
     def round_parameters(self, server_round: int, dim: int, n_sampled: int
                          ) -> tuple[DistributedDpParams, SkellamCalibration, int, int, int]:
         """(params, calibration, k, t, m) of a round with ``n_sampled`` nodes and a model of ``dim`` values."""
-        k = min(_count("num_shares", self.num_shares, n_sampled), n_sampled)
-        t = _count("reconstruction_threshold", self.reconstruction_threshold, k)
-        if not 2 <= t <= k:
-            raise ValueError(f"reconstruction_threshold must give t in [2, num_shares={k}], got t={t}")
-        m = min(max(_count("min_survivors", self.min_survivors, n_sampled), t), n_sampled)
+        k, t, m = self.protocol_sizes(n_sampled)
         scale = scale_for_bits(bits=self.bits, clip_norm=self.clipping_norm, dim=dim, n_clients=n_sampled,
                                noise_multiplier=self.noise_multiplier, min_survivors=m, beta=self.beta,
                                overflow_sigmas=self.overflow_sigmas)
@@ -202,94 +161,39 @@ class DistributedDpFedAvg(ClientAccountingMixin, FedAvg):
                         grid: Grid) -> Iterable[Message]:
         """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages (FedAvg's content +
         the protocol record + the public DP parameters)."""
-        self._round, self._grid, self._current, self._protocol_rejected = None, grid, arrays, Counter()
-        self._spec = arrays  # the round's model: aggregate_train needs it (require_configured)
+        self.begin_round(grid)
+        self._current = self._spec = arrays  # the round's model: aggregate_train needs it
         if self.budget_exhausted:
             return []
         planned = list(FedAvg.configure_train(self, server_round, arrays, config, grid))
-        if len(planned) < 2:
-            log(WARNING, "DistributedDpFedAvg: round %d samples %d node(s); secure aggregation needs 2 or "
-                "more, the round is skipped", server_round, len(planned))
+        if not self.enough_nodes(server_round, planned):
             return []
         dim = int(sum(npy_view(a).size for a in arrays.values()))
         params, calibration, k, t, m = self.round_parameters(server_round, dim, len(planned))
-        if self.ledger.would_exceed(central_events=[calibration.event]):
-            log_budget_stop(server_round, self.ledger)
-            self.budget_exhausted = True
-            return []
-        content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
-        secure = SecureAggregationRound(server_round, content, num_shares=k, threshold=t, min_survivors=m,
-                                        bits=self.bits, length=params.padded_dim,
-                                        timeout=self.stage_timeout if self.stage_timeout is not None
-                                        else self._start_timeout)
-        try:
-            secure.setup(grid)
-            secure.share_keys(grid)
-        except SecureAggregationAborted as err:
-            log(WARNING, "DistributedDpFedAvg: secure aggregation aborted (%s); nothing revealed, nothing "
-                "booked", err)
-            self._protocol_rejected = secure.rejected
-            return []
-        self._round, self._params, self._calibration = secure, params, calibration
         public = {"dp-dim": params.dim, "dp-clip-norm": params.clip_norm, "dp-scale": params.scale,
                   "dp-rotation-seed": params.rotation_seed, "dp-beta": params.beta,
                   "dp-noise-share": calibration.local_mu}
-        messages = secure.collect_messages(lambda node: _copy_content(content[node]), public)
-        self.remember_instructions("train", server_round, messages)
+        sizes: Sizes = (k, t, m)
+        messages = self.open_secure_round(server_round, grid, planned, sizes=sizes, bits=self.bits,
+                                          length=params.padded_dim, event=calibration.event, public=public)
+        self._params, self._calibration = params, calibration
         return messages
-
-    def _check_reply(self, content: RecordDict) -> Optional[str]:
-        """A reason to reject a collect reply: anything but the protocol and masked records, or a
-        masked vector that does not parse."""
-        if set(content.keys()) != {RECORD, MASKED_RECORD}:
-            return "structure"
-        try:
-            self._round.masked_vector(content)  # type: ignore[union-attr]
-        except ProtocolError:
-            return PROTOCOL_REJECTION
-        return None
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, add the masked vectors, unmask, decode, apply FedAvg's (uniform) update, book the round."""
-        require_configured(self)
-        replies = list(replies)
-        secure = self._round
-        if secure is None:
-            return None, self.round_metrics(None, self._protocol_rejected) if self._protocol_rejected else None
-        accepted, rejected = self.screen_and_book(server_round, replies, self._check_reply, phase="train")
-        self._book_unmasked_metrics(server_round, replies, accepted)
-        for reply in accepted:
-            secure.add_vector(int(reply.metadata.src_node_id), secure.masked_vector(reply.content))
-        try:
-            total = secure.unmask(self._grid)
-        except SecureAggregationAborted as err:
-            log(WARNING, "DistributedDpFedAvg: secure aggregation aborted (%s); nothing revealed, nothing "
-                "booked", err)
-            self._round = None
-            return None, self.round_metrics(None, rejected + secure.rejected)
-        rejected.update(secure.rejected)  # the other stages' dropouts and malformed replies
+        total, secure, rejected = self.reveal_sum(server_round, replies)
+        if total is None or secure is None:
+            return None, (self.round_metrics(None, rejected) if secure is not None or rejected else None)
         assert self._params is not None and self._calibration is not None
         mean = decode_sum(total, self._params) / len(secure.survivors)
         arrays = _add_update(self._current, mean)
         self.ledger.record(self._calibration.event, server_round=server_round, label=EVENT_LABEL,
                            neighboring_relation="add_or_remove_one")
         self.save_ledger()
-        metrics = MetricRecord({"secagg/survivors": float(len(secure.survivors)),
-                                "secagg/dropped": float(len(secure.sampled) - len(secure.survivors)),
+        metrics = MetricRecord({**self.survivor_metrics(secure),
                                 "dp/noise-multiplier": float(self._calibration.effective_noise_multiplier)})
-        self._round = None
         return arrays, self.round_metrics(metrics, rejected)
-
-    def _book_unmasked_metrics(self, server_round: int, replies: list[Message], accepted: list[Message]) -> None:
-        """A reply that carried more than the protocol's records released them un-noised: book it."""
-        kept = {id(r) for r in accepted}
-        for reply in replies:
-            if reply.has_error() or id(reply) in kept or self._round is None:
-                continue
-            if not set(reply.content.keys()) <= {RECORD, MASKED_RECORD}:
-                self.ledger.record(NonPrivateDpEvent(), server_round=server_round,
-                                   client=int(reply.metadata.src_node_id), label=UNMASKED_METRICS_LABEL)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screened FedAvg evaluation (as every strategy of this package), plus the round's counts."""

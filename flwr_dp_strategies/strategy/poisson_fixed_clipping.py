@@ -155,7 +155,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
 
     def _would_exceed(self) -> bool:
         """One more round would exceed the ledger's ``max_epsilon`` or the Flower accountant's."""
-        if self.ledger.would_exceed(central_events=[self.round_event()]):
+        if self.ledger.would_exceed(central_events=[self.round_event()],
+                                     neighboring_relation="add_or_remove_one"):
             return True
         flower = self.flower_event()
         return flower is not None and self.accountant.config.max_epsilon is not None \
@@ -182,7 +183,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
 
     def _stop(self, server_round: int) -> None:
         if not self.budget_exhausted:
-            if self.ledger.would_exceed(central_events=[self.round_event()]):
+            if self.ledger.would_exceed(central_events=[self.round_event()],
+                                     neighboring_relation="add_or_remove_one"):
                 log_budget_stop(server_round, self.ledger)
             else:
                 log(WARNING, "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "

@@ -39,9 +39,8 @@ noise share; c clients colluding with the server remove theirs (noise ≥ (m′ 
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Optional
 
 import numpy as np
@@ -56,17 +55,15 @@ from ..privacy.secure_objective import (DEFAULT_BITS, DEFAULT_OVERFLOW_SIGMAS, S
                                         calibrate_secure_objective, decode_objective)
 from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 from ..secure_aggregation.masks import check_bits
-from ..secure_aggregation.server_protocol import SecureAggregationAborted, SecureAggregationRound
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from .central_release import log_budget_stop, require_configured
 from .client_accounting import ClientAccountingMixin
-from .distributed_dp_fedavg import DistributedDpFedAvg, _count
 from .reply_screening import DEFAULT_MAX_WEIGHT
+from .secure_aggregation_rounds import SecureAggregationMixin
 
 EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
 
 
-class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
+class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
     """Solve the FM objective summed under SecAgg+ with Skellam noise added once; clients run
     ``client_mods.secure_objective.SecureObjectiveTrainer``.
 
@@ -117,7 +114,7 @@ class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
         reconstruction_threshold: int | float = 0.5,
         min_survivors: int | float = 0.8,
         overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
-        stage_timeout: Optional[float] = 3600.0,
+        stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
         per_client_metrics: bool = False,
@@ -141,38 +138,21 @@ class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
         self.psd_floor = check_nonnegative("psd_floor", psd_floor)
         self.weights_key = weights_key
         self.bits = check_bits(bits)
-        self.num_shares = DistributedDpFedAvg._fraction_or_count("num_shares", num_shares, 2)
-        self.reconstruction_threshold = DistributedDpFedAvg._fraction_or_count(
-            "reconstruction_threshold", reconstruction_threshold, 2)
-        self.min_survivors = DistributedDpFedAvg._fraction_or_count("min_survivors", min_survivors, 1)
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
-        self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
+        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self._init_screening(max_weight)
-        self._round: Optional[SecureAggregationRound] = None
-        self._grid: Optional[Grid] = None
         self._spec: Optional[ArrayRecord] = None
         self._calibration: Optional[SecureObjectiveCalibration] = None
-        self._protocol_rejected: Counter[str] = Counter()
         self._head_dtype = np.dtype(np.float64)
         self.head: Optional[np.ndarray] = None
         self.objective: Optional[QuadraticStatistics] = None
         self.last_ridge: Optional[float] = None
-        self.budget_exhausted = False
-
-    # The reply checks of DistributedDpFedAvg (protocol + masked records only; anything else is
-    # rejected, and booked as a non-private release): they read self._round and self.ledger only.
-    _check_reply = DistributedDpFedAvg._check_reply
-    _book_unmasked_metrics = DistributedDpFedAvg._book_unmasked_metrics
 
     # ------------------------------------------------------------------ calibration
     def round_parameters(self, dim: int, n_sampled: int) -> tuple[SecureObjectiveCalibration, int, int, int]:
         """(calibration, k, t, m) of a round with ``n_sampled`` nodes and q = ``dim`` features."""
-        k = min(_count("num_shares", self.num_shares, n_sampled), n_sampled)
-        t = _count("reconstruction_threshold", self.reconstruction_threshold, k)
-        if not 2 <= t <= k:
-            raise ValueError(f"reconstruction_threshold must give t in [2, num_shares={k}], got t={t}")
-        m = min(max(_count("min_survivors", self.min_survivors, n_sampled), t), n_sampled)
+        k, t, m = self.protocol_sizes(n_sampled)
         calibration = calibrate_secure_objective(
             dim=dim, num_classes=self.num_classes, max_records=self.max_records, n_clients=n_sampled,
             min_survivors=m, epsilon=self.epsilon, noise_multiplier=self.noise_multiplier,
@@ -184,7 +164,7 @@ class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages with the public parameters."""
-        self._round, self._grid, self._protocol_rejected = None, grid, Counter()
+        self.begin_round(grid)
         self._spec = arrays
         if list(arrays.keys()) != [self.weights_key]:
             raise ValueError(f"arrays must hold exactly the head {self.weights_key!r}, got keys {list(arrays.keys())}")
@@ -200,52 +180,23 @@ class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
         if self.budget_exhausted:
             return []
         planned = list(FedAvg.configure_train(self, server_round, arrays, config, grid))
-        if len(planned) < 2:
-            log(WARNING, "SecureObjectiveSum: round %d samples %d node(s); secure aggregation needs 2 or more, "
-                "the round is skipped", server_round, len(planned))
+        if not self.enough_nodes(server_round, planned):
             return []
         calibration, k, t, m = self.round_parameters(int(head.shape[0]), len(planned))
-        if self.ledger.would_exceed(central_events=[calibration.event]):
-            log_budget_stop(server_round, self.ledger)
-            self.budget_exhausted = True
-            return []
-        content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
-        secure = SecureAggregationRound(server_round, content, num_shares=k, threshold=t, min_survivors=m,
-                                        bits=self.bits, length=calibration.params.length, timeout=self.stage_timeout)
-        try:
-            secure.setup(grid)
-            secure.share_keys(grid)
-        except SecureAggregationAborted as err:
-            log(WARNING, "SecureObjectiveSum: secure aggregation aborted (%s); nothing revealed, nothing booked", err)
-            self._protocol_rejected = secure.rejected
-            return []
-        self._round, self._calibration = secure, calibration
         params = calibration.params
         public = {"fm-dim": params.dim, "fm-num-classes": params.num_classes, "fm-loss": params.loss,
                   "fm-scale": params.scale, "fm-noise-share": calibration.local_mu}
-        messages = secure.collect_messages(lambda node: RecordDict(dict(content[node].items())), public)
-        self.remember_instructions("train", server_round, messages)
-        return messages
+        self._calibration = calibration
+        return self.open_secure_round(server_round, grid, planned, sizes=(k, t, m), bits=self.bits,
+                                      length=params.length, event=calibration.add_remove_event, public=public,
+                                      replace_one_event=calibration.replace_one_event)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, add the masked vectors, unmask, decode, repair and solve once, book the release."""
-        require_configured(self)
-        replies = list(replies)
-        secure = self._round
-        if secure is None:
-            return None, self.round_metrics(None, self._protocol_rejected) if self._protocol_rejected else None
-        accepted, rejected = self.screen_and_book(server_round, replies, self._check_reply, phase="train")
-        self._book_unmasked_metrics(server_round, replies, accepted)
-        for reply in accepted:
-            secure.add_vector(int(reply.metadata.src_node_id), secure.masked_vector(reply.content))
-        try:
-            total = secure.unmask(self._grid)
-        except SecureAggregationAborted as err:
-            log(WARNING, "SecureObjectiveSum: secure aggregation aborted (%s); nothing revealed, nothing booked", err)
-            self._round = None
-            return None, self.round_metrics(None, rejected + secure.rejected)
-        rejected.update(secure.rejected)
+        total, secure, rejected = self.reveal_sum(server_round, replies)
+        if total is None or secure is None:
+            return None, (self.round_metrics(None, rejected) if secure is not None or rejected else None)
         calibration = self._calibration
         assert calibration is not None
         self.ledger.record(calibration.add_remove_event, server_round=server_round, label=EVENT_LABEL,
@@ -257,11 +208,9 @@ class SecureObjectiveSum(ClientAccountingMixin, FedAvg):
         head, self.last_ridge = solve_noisy_sum(self.objective, ridge=self.ridge, noise_std=noise_std,
                                                 ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
         self.head = head
-        metrics = MetricRecord({"secagg/survivors": float(len(secure.survivors)),
-                                "secagg/dropped": float(len(secure.sampled) - len(secure.survivors)),
+        metrics = MetricRecord({**self.survivor_metrics(secure),
                                 "objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
                                 "objective/noisy-count": float(self.objective.count)})
-        self._round = None
         return ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), self.round_metrics(metrics,
                                                                                                          rejected)
 
