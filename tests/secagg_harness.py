@@ -47,7 +47,7 @@ class LoopbackGrid:
         for msg in messages:
             self.sent.append(msg)
             node = int(msg.metadata.dst_node_id)
-            if self.die.get(node) == stage_of_message(msg):
+            if node in self.die and self.die[node] == stage_of_message(msg):  # a plain message has stage None
                 self.dead.add(node)
             if node in self.dead:
                 reply = Message(Error(code=0, reason="node gone"), reply_to=msg)
