@@ -315,8 +315,11 @@ class _Clock:
         return timed
 
 
-def _timing_app(fed: Federation, cfg: dict[str, Any], seed: int, clock: _Clock) -> Any:
-    """A ClientApp: local SGD on node i's shard (node ids 101, ...), behind ``distributed_dp_mod``."""
+def _timing_app(fed: Federation, cfg: dict[str, Any], seed: int, clock: _Clock, updates: dict[int, np.ndarray]) -> Any:
+    """A ClientApp: local SGD on node i's shard (node ids 101, ...), behind ``distributed_dp_mod``.
+
+    ``updates[node]`` keeps each node's last raw update (flattened), for the end-to-end noise check.
+    """
     from flwr.app import Context, Message
     from flwr.clientapp import ClientApp
 
@@ -328,7 +331,9 @@ def _timing_app(fed: Federation, cfg: dict[str, Any], seed: int, clock: _Clock) 
     def train(msg: Message, context: Context) -> Message:
         t0 = time.perf_counter()
         rnd = int(msg.metadata.group_id or 0)
-        trained = _local(fed, cfg, int(context.node_id) - 101, arrays_params(msg.content["arrays"]), rnd, seed)
+        received = arrays_params(msg.content["arrays"])
+        trained = _local(fed, cfg, int(context.node_id) - 101, received, rnd, seed)
+        updates[int(context.node_id)] = _flat(trained) - _flat(received)
         reply = params_reply(msg, trained, fed.shard_size)
         clock.s["client train"] += time.perf_counter() - t0
         return reply
@@ -337,7 +342,7 @@ def _timing_app(fed: Federation, cfg: dict[str, Any], seed: int, clock: _Clock) 
 
 
 class _TimedApp:
-    """The ClientApp as LoopbackGrid calls it, timed per protocol stage (``train`` for plain messages)."""
+    """The ClientApp as LoopbackGrid calls it, timed per protocol stage (``plain`` for FedAvg's messages)."""
 
     def __init__(self, app: Any, clock: _Clock) -> None:
         self.app, self.clock = app, clock
@@ -353,12 +358,51 @@ class _TimedApp:
             self.clock.s[f"client app: {stage}"] += time.perf_counter() - t0
 
 
+#: (module, attribute, label): the library functions timed by wrapping them for the duration of (c).
+PROBES = (
+    ("client_mods.distributed_dp_mod", "encode_update", "client encode"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "create_shares", "client Shamir split"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "generate_key_pairs", "client key generation"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "fernet_key", "client ECDH (Fernet keys)"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "agreed_key", "client ECDH (mask keys)"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "encrypt", "client Fernet"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "decrypt", "client Fernet"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "prg_mask", "client ChaCha20 masks"),
+    ("client_mods.distributed_dp_mod", "pack_bits", "client packing"),
+    ("flwr_dp_strategies.secure_aggregation.server_protocol", "combine_shares", "server Shamir combine"),
+    ("flwr_dp_strategies.secure_aggregation.server_protocol", "prg_mask", "server ChaCha20 masks"),
+    ("flwr_dp_strategies.secure_aggregation.server_protocol", "unpack_bits", "server unpacking"),
+    ("flwr_dp_strategies.strategy.distributed_dp_fedavg", "decode_sum", "server decode"),
+)
+
+
+class _Probes:
+    """Wrap each of :data:`PROBES` with the clock; restore the originals on exit (nothing else is changed)."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self.clock, self.saved = clock, []
+
+    def __enter__(self) -> "_Probes":
+        import importlib
+
+        for module_name, attribute, label in PROBES:
+            module = importlib.import_module(module_name)
+            original = getattr(module, attribute)
+            self.saved.append((module, attribute, original))
+            setattr(module, attribute, self.clock.wrap(label, original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module, attribute, original in reversed(self.saved):
+            setattr(module, attribute, original)
+
+
 def _strategies(cfg: dict[str, Any], z: float, n: int) -> dict[str, Callable[[], Any]]:
     """Fresh strategies for the timed rounds: every node is sampled (fraction 1), the same n each."""
     from flwr.serverapp.strategy import FedAvg
 
     import flwr_dp_strategies as fds
-    from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg
+    from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg  # not exported at the top
 
     def fedavg() -> Any:
         return FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n)
@@ -367,89 +411,110 @@ def _strategies(cfg: dict[str, Any], z: float, n: int) -> dict[str, Callable[[],
         "FedAvg": fedavg,
         "central DP": lambda: fds.AccountedServerSideFixedClipping(fedavg(), z, cfg["clip"], n, rng=0),
     }
-    for k in cfg["timing_shares"]:
+    for k in sorted(cfg["timing_shares"], key=lambda k: k is None):  # the complete graph last
         label = "secure, complete graph" if k is None else f"secure, k = {k}"
         out[label] = functools.partial(
             DistributedDpFedAvg, fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n,
             min_available_nodes=n, noise_multiplier=z, clipping_norm=cfg["clip"], bits=cfg["timing_bits"],
             num_shares=1.0 if k is None else min(k, n), reconstruction_threshold=0.5, min_survivors=n,
-            rotation_seed=seed_of(cfg), stage_timeout=None)
+            rotation_seed=int(cfg.get("seed", 0)), stage_timeout=None)
     return out
 
 
-def seed_of(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("seed", 0))
-
-
 def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
-    """Wall time of single rounds of each strategy on one LoopbackGrid (alternated), split by who does what."""
+    """Wall time of single rounds of each strategy on one LoopbackGrid (alternated), split by who does what.
+
+    Passes: one warm-up pass (imports, caches; not kept), then ``timing_repeats`` passes, every other one
+    in reverse order. The complete graph (~4 min a round for 100 clients on 2 cores, nearly all of it
+    pure-Python Shamir arithmetic, nothing to warm up) plays only in the first timed pass.
+    """
     from flwr.app import ConfigRecord
     from flwr_dp_experiments.baselines import evaluate, get_params, make_mlp
     from secagg_harness import LoopbackGrid
 
-    import client_mods.distributed_dp_mod as ddp_mod
     from flwr_dp_strategies.secure_aggregation.protocol import MASKED_KEY, MASKED_RECORD
 
     _quiet()
     n = cfg["timing_clients"]
     fed = _federation(cfg["num_clients"], cfg.get("max_train"))
     init = mlp_arrays(get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed)))
-    clock = _Clock()
-    grid = LoopbackGrid(_TimedApp(_timing_app(fed, cfg, seed, clock), clock), list(range(101, 101 + n)))
+    base = _flat(arrays_params(init))
+    clock, updates = _Clock(), {}
+    grid = LoopbackGrid(_TimedApp(_timing_app(fed, cfg, seed, clock, updates), clock), list(range(101, 101 + n)))
     makers = _strategies(cfg, z, n)
     names = list(makers)
+    once = {"secure, complete graph"} if cfg["timing_clients"] > 10 else set()
     samples: dict[str, list[dict]] = {name: [] for name in names}
-    original_encode = ddp_mod.encode_update
-    ddp_mod.encode_update = clock.wrap("client encode", original_encode)
+    order = []
+    for rep in range(cfg["timing_repeats"] + 1):
+        order += [(rep, name) for name in (names if rep % 2 == 0 else names[::-1])
+                  if name not in once or rep == 1]
     threads = _one_thread()
     try:
-        with _TaskIdentity():
-            order = []
-            for rep in range(cfg["timing_repeats"] + 1):  # the first pass warms up (imports, caches)
-                order += [(rep, name) for name in (names if rep % 2 == 0 else names[::-1])]
+        with _TaskIdentity(), _Probes(clock):
             for rep, name in order:
                 strategy = makers[name]()
                 clock.s.clear()
+                updates.clear()
                 grid.sent.clear()
                 t0 = time.perf_counter()
                 messages = list(strategy.configure_train(1, init, ConfigRecord(), grid))
                 t1 = time.perf_counter()
-                clock.s["client app: collect-or-train"] = 0.0
                 replies = grid.send_and_receive(messages)
                 t2 = time.perf_counter()
-                arrays, _ = strategy.aggregate_train(1, replies)
+                arrays, metrics = strategy.aggregate_train(1, replies)
                 t3 = time.perf_counter()
                 if arrays is None or grid.errors:
                     raise RuntimeError(f"{name}: the round released nothing ({grid.errors[-3:]})")
-                upload = [len(r.content[MASKED_RECORD][MASKED_KEY].data) if MASKED_RECORD in r.content else
-                          sum(len(a.data) for a in r.content["arrays"].values()) for r in replies[:1]]
+                first = replies[0].content
+                upload = (len(first[MASKED_RECORD][MASKED_KEY].data) if MASKED_RECORD in first
+                          else sum(len(a.data) for a in first["arrays"].values()))
                 split = dict(clock.s)
                 client_total = sum(v for k, v in split.items() if k.startswith("client app"))
                 sample = {"round_s": t3 - t0, "configure_s": t1 - t0, "clients_phase_s": t2 - t1,
                           "aggregate_s": t3 - t2, "client_app_s": client_total,
                           "client_train_s": split.get("client train", 0.0),
                           "client_encode_s": split.get("client encode", 0.0),
-                          "client_unmask_stage_s": split.get("client app: unmask", 0.0),
                           "server_s": (t3 - t0) - client_total,
                           "server_aggregate_s": (t3 - t2) - split.get("client app: unmask", 0.0),
-                          "stages": split, "upload_bytes_per_client": upload[0],
+                          "stages": split, "upload_bytes_per_client": float(upload),
                           "accuracy_after": float(evaluate(arrays_params(arrays), fed.x_test, fed.y_test))}
                 sample["client_crypto_s"] = client_total - sample["client_train_s"] - sample["client_encode_s"]
+                sample.update(_noise_check(name, arrays, metrics, base, updates, cfg, z, n))
                 if rep > 0:
                     samples[name].append(sample)
     finally:
-        ddp_mod.encode_update = original_encode
         import torch
 
         torch.set_num_threads(threads)
-    base = statistics.median(s["round_s"] for s in samples["FedAvg"])
+    fedavg = statistics.median(s["round_s"] for s in samples["FedAvg"])
     rows = []
     for name in names:
         med = {key: statistics.median(s[key] for s in samples[name]) for key in samples[name][0]
                if key != "stages"}
-        rows.append({"strategy": name, **med, "ratio_to_fedavg": med["round_s"] / base,
-                     "rounds": [s["round_s"] for s in samples[name]], "samples": samples[name]})
+        stages = {key: statistics.median(s["stages"].get(key, 0.0) for s in samples[name])
+                  for key in samples[name][0]["stages"]}
+        rows.append({"strategy": name, **med, "ratio_to_fedavg": med["round_s"] / fedavg, "stages": stages,
+                     "timed_rounds": len(samples[name]), "rounds": [s["round_s"] for s in samples[name]]})
     return {"clients": n, "bits": cfg["timing_bits"], "noise_multiplier": z, "rows": rows}
+
+
+def _noise_check(name: str, arrays: Any, metrics: Any, base: np.ndarray, updates: dict[int, np.ndarray],
+                 cfg: dict[str, Any], z: float, n: int) -> dict:
+    """End to end: (released − initial − mean of the clipped raw updates) against the noise the method claims.
+
+    The local training is seeded per node and round, so the raw updates are the same in every strategy's
+    round; for a DP round ‖deviation‖/(σ·√d) should be ≈ 1, σ = z_eff·C/n the claimed noise std of the mean
+    (z_eff: the strategy's ``dp/noise-multiplier`` metric for the secure rounds, z for central DP).
+    """
+    if name == "FedAvg" or len(updates) != n:
+        return {}
+    clipped = np.mean([_clip(u, cfg["clip"]) for u in updates.values()], axis=0)
+    deviation = _flat(arrays_params(arrays)) - base - clipped
+    z_eff = float(metrics["dp/noise-multiplier"]) if metrics is not None and "dp/noise-multiplier" in metrics else z
+    sigma = z_eff * cfg["clip"] / n
+    return {"noise_ratio": float(np.linalg.norm(deviation) / (sigma * math.sqrt(deviation.size))),
+            "claimed_effective_z": z_eff}
 
 
 # ============================================================================ the run
@@ -548,18 +613,33 @@ def markdown(result: dict) -> str:
                      f"{r['ratio']:.3f} |")
     t = result["timing"]
     lines += ["", f"## (c) One round's wall time, {t['clients']} clients in one process (real crypto), "
-              f"b = {t['bits']}\n",
-              "Medians over the timed rounds (one warm-up pass dropped); seconds. Client columns are summed "
-              "over the clients (one process plays them all, so they add up to the round).\n",
-              "| strategy | round | × FedAvg | client training | client encoding | client crypto + protocol | "
-              "server (all) | server unmask + decode | upload B/client | accuracy after |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              f"b = {t['bits']}, z = {t['noise_multiplier']:.3g}\n",
+              "Medians over the timed rounds (after one warm-up pass); seconds. One process plays every client "
+              "in turn, so the client columns are sums over the clients and add up to the round with the server; "
+              "in a deployment the clients run in parallel and a round lasts about server + one client's share. "
+              "Noise check: ‖released − initial − mean of the clipped raw updates‖ / (σ√d) with σ = z_eff·C/n "
+              "the noise std the strategy claims (≈ 1 when the round adds exactly that noise to exactly that "
+              "mean).\n",
+              "| strategy | timed rounds | round | × FedAvg | client training | client encoding | client crypto + "
+              "protocol | server (all) | server unmask + decode | upload B/client | noise check |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in t["rows"]:
         secure = r["strategy"].startswith("secure")
-        lines.append(f"| {r['strategy']} | {r['round_s']:.2f} | {r['ratio_to_fedavg']:.2f} | "
+        lines.append(f"| {r['strategy']} | {r['timed_rounds']} | {r['round_s']:.2f} | {r['ratio_to_fedavg']:.2f} | "
                      f"{r['client_train_s']:.2f} | {r['client_encode_s']:.2f} | {r['client_crypto_s']:.2f} | "
                      f"{r['server_s']:.2f} | {_f(r['server_aggregate_s'] if secure else None, '.2f')} | "
-                     f"{r['upload_bytes_per_client']:,.0f} | {r['accuracy_after']:.3f} |")
+                     f"{r['upload_bytes_per_client']:,.0f} | {_f(r.get('noise_ratio'), '.3f')} |")
+    stages = [f"client app: {s}" for s in ("setup", "share-keys", "collect", "unmask")]
+    probes = stages[:3] + ["client train"] + list(dict.fromkeys(label for _, _, label in PROBES)) + stages[3:]
+    secure_rows = [r for r in t["rows"] if r["strategy"].startswith("secure")]
+    if secure_rows:
+        lines += ["", "Where the secure rounds' time goes (seconds, summed over clients; `client app: <stage>` is "
+                  "the whole ClientApp call per protocol stage, the other rows are the library functions inside "
+                  "it, timed by wrapping them):\n",
+                  "| | " + " | ".join(r["strategy"] for r in secure_rows) + " |",
+                  "|---|" + "---|" * len(secure_rows)]
+        for key in probes:
+            lines.append(f"| {key} | " + " | ".join(f"{r['stages'].get(key, 0.0):.2f}" for r in secure_rows) + " |")
     return "\n".join(lines) + "\n"
 
 
