@@ -121,13 +121,23 @@ def _quiet() -> None:
     warnings.simplefilter("ignore")
 
 
-def _one_thread() -> int:
-    """torch at one thread (a small MLP on 20 examples: a thread pool only spins on a shared 2-core box)."""
+def _one_thread() -> tuple[int, Any]:
+    """torch and BLAS at one thread (a small MLP on 20 examples, norms of 5e4 floats: a thread pool only spins
+    on a shared 2-core box; OpenBLAS' ``nrm2`` in ``np.linalg.norm`` kept both cores busy). Undo with
+    :func:`_restore_threads`."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    return threads
+    return threads, threadpool_limits(1)
+
+
+def _restore_threads(saved: tuple[int, Any]) -> None:
+    import torch
+
+    torch.set_num_threads(saved[0])
+    saved[1].restore_original_limits()
 
 
 # ============================================================================ calibration
@@ -260,9 +270,7 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
             params = _unflat(base + mean, params)
             accuracy.append(float(evaluate(params, fed.x_test, fed.y_test)))
     finally:
-        import torch
-
-        torch.set_num_threads(threads)
+        _restore_threads(threads)
     eps = math.inf if method == "fedavg" else float(ledger.epsilon())
     row.update(status="ok", accuracy=accuracy[-1], accuracy_curve=accuracy, ledger_epsilon=eps,
                wall_s=time.perf_counter() - t0, encode_s=encode_s)
@@ -484,9 +492,7 @@ def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
                 if rep > 0:
                     samples[name].append(sample)
     finally:
-        import torch
-
-        torch.set_num_threads(threads)
+        _restore_threads(threads)
     fedavg = statistics.median(s["round_s"] for s in samples["FedAvg"])
     rows = []
     for name in names:
@@ -534,8 +540,9 @@ def run(mode: str = "full", seed: int = 0, workers: int = 1, rounds: Optional[in
         f"({time.perf_counter() - t0:.1f} s)")
     rows = []
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
-        futures = [pool.submit(run_accuracy, method, eps, z, cfg, seed) for method, eps, z in jobs]
-        for future in as_completed(futures) if workers > 1 else futures:
+        # serial: one run per iteration (a list of _Serial futures would run them all before the first log)
+        futures = (pool.submit(run_accuracy, method, eps, z, cfg, seed) for method, eps, z in jobs)
+        for future in as_completed(list(futures)) if workers > 1 else futures:
             row = future.result()
             rows.append(row)
             on_row(row)
