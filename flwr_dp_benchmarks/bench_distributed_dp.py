@@ -239,9 +239,11 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
                    effective_noise_multiplier=calibration.effective_noise_multiplier,
                    bits_needed_worst_case=calibration.bits_needed,
                    largest_z_for_bits=largest_z_for_bits(bits, cfg, dim))
-    elif method == "central":
+    elif method in ("central", "central-redraw"):
         row["effective_noise_multiplier"] = z
-    rng = np.random.default_rng([seed, 7, int(1000 * (z if math.isfinite(z) else 0))])
+    # "central-redraw": the central run again with another noise draw (same clients, same local training): the
+    # run-to-run spread that any difference between methods has to exceed
+    rng = np.random.default_rng([seed, 8 if method == "central-redraw" else 7, int(1000 * (z if math.isfinite(z) else 0))])
     threads = _one_thread()
     accuracy, encode_s, t0 = [], 0.0, time.perf_counter()
     try:
@@ -256,7 +258,7 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
             updates = [_flat(_local(fed, cfg, int(i), params, rnd, seed)) - base for i in sample]
             if method == "fedavg":
                 mean = np.mean(updates, axis=0)
-            elif method == "central":
+            elif method in ("central", "central-redraw"):
                 total = np.sum([_clip(u, clip) for u in updates], axis=0)
                 mean = (total + rng.normal(0.0, z * clip, size=dim)) / m
                 ledger.record(GaussianDpEvent(z), server_round=rnd, neighboring_relation="add_or_remove_one")
@@ -273,6 +275,7 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
         _restore_threads(threads)
     eps = math.inf if method == "fedavg" else float(ledger.epsilon())
     row.update(status="ok", accuracy=accuracy[-1], accuracy_curve=accuracy, ledger_epsilon=eps,
+               accuracy_last5=float(np.mean(accuracy[-5:])),
                wall_s=time.perf_counter() - t0, encode_s=encode_s)
     if method != "fedavg":
         row["central_poisson_epsilon"] = _ledger_eps("poisson", z, rounds, 0, clip, m, n, dim)
@@ -286,7 +289,7 @@ def accuracy_jobs(cfg: dict[str, Any], dim: int) -> list[tuple[str, float, float
     jobs: list[tuple[str, float, float]] = [("fedavg", math.inf, math.nan)]
     for eps in cfg["epsilons"]:
         z = noise_multiplier_for(eps, cfg, dim)
-        jobs += [("central", eps, z)] + [(f"ddp-{b}", eps, z) for b in cfg["bits"]]
+        jobs += [("central", eps, z), ("central-redraw", eps, z)] + [(f"ddp-{b}", eps, z) for b in cfg["bits"]]
     return jobs
 
 
@@ -556,8 +559,8 @@ def run(mode: str = "full", seed: int = 0, workers: int = 1, rounds: Optional[in
         f"{r['strategy']} {r['round_s']:.2f} s (×{r['ratio_to_fedavg']:.1f})" for r in timing["rows"]))
     from flwr_dp_benchmarks._common import machine
 
-    order = {"fedavg": 0, "central": 1}
-    rows.sort(key=lambda r: (r["target_epsilon"], order.get(r["method"], 2), -r.get("bits", 0)))
+    order = {"fedavg": 0, "central": 1, "central-redraw": 2}
+    rows.sort(key=lambda r: (r["target_epsilon"], order.get(r["method"], 3), -r.get("bits", 0)))
     return {"mode": mode, "seed": seed, "config": cfg, "dim": dim, "padded_dim": padded_dimension(dim),
             "delta": DELTA, "calibration_bits": CALIBRATION_BITS, "machine": machine(),
             "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "wall_s": time.perf_counter() - t0,
@@ -565,7 +568,8 @@ def run(mode: str = "full", seed: int = 0, workers: int = 1, rounds: Optional[in
 
 
 # ============================================================================ outputs
-LABELS = {"fedavg": "FedAvg (non-private)", "central": "central DP (Gaussian zC, no amplification)"}
+LABELS = {"fedavg": "FedAvg (non-private)", "central": "central DP (Gaussian zC, no amplification)",
+          "central-redraw": "central DP, another noise draw (spread)"}
 
 
 def _label(row: dict) -> str:
@@ -593,8 +597,9 @@ def markdown(result: dict) -> str:
              f"{cfg['local_batch']}, lr {cfg['local_lr']}. z calibrated so that the ledger's "
              f"{cfg['rounds']} SkellamDpEvents (b = {result['calibration_bits']}, no amplification) reach ε.\n",
              "| target ε | method | z | effective z | ledger ε (as released) | central ε with Poisson q = "
-             f"{cfg['clients_per_round'] / cfg['num_clients']:g} | accuracy | Δ vs central |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{cfg['clients_per_round'] / cfg['num_clients']:g} | accuracy (final) | mean of last 5 rounds | "
+             "Δ vs central (last 5) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     central = {r["target_epsilon"]: r for r in acc if r["method"] == "central"}
     for r in acc:
         if r["method"] == "fedavg":
@@ -603,13 +608,16 @@ def markdown(result: dict) -> str:
         if r["status"] != "ok":
             lines.append(f"| {r['target_epsilon']:g} | {_label(r)} | {r['noise_multiplier']:.3f} | - | - | - | "
                          f"**{r['bits']} bits cannot hold the sum** (`scale_for_bits` raises ValueError; "
-                         f"largest z it holds: {r['largest_z_for_bits']:.3g}) | - |")
+                         f"largest z it holds: {r['largest_z_for_bits']:.3g}) | - | - |")
             continue
-        delta = "" if r["method"] == "central" or c is None else f"{100 * (r['accuracy'] - c['accuracy']):+.1f} pt"
+        delta = ("" if r["method"] == "central" or c is None
+                 else f"{100 * (r['accuracy_last5'] - c['accuracy_last5']):+.1f} pt")
         lines.append(f"| {r['target_epsilon']:g} | {_label(r)} | {r['noise_multiplier']:.3f} | "
                      f"{_f(r.get('effective_noise_multiplier'), '.3f')} | {r['ledger_epsilon']:.3f} | "
-                     f"{_f(r.get('central_poisson_epsilon'), '.3f')} | {r['accuracy']:.3f} | {delta} |")
-    lines.append(f"| ∞ | {LABELS['fedavg']} | - | - | ∞ | - | {fedavg['accuracy']:.3f} | |")
+                     f"{_f(r.get('central_poisson_epsilon'), '.3f')} | {r['accuracy']:.3f} | "
+                     f"{r['accuracy_last5']:.3f} | {delta} |")
+    lines.append(f"| ∞ | {LABELS['fedavg']} | - | - | ∞ | - | {fedavg['accuracy']:.3f} | "
+                 f"{fedavg['accuracy_last5']:.3f} | |")
     lines += ["", "Largest z each b holds (`scale_for_bits` at m = "
               f"{cfg['clients_per_round']}, D = {result['padded_dim']}, C = {cfg['clip']}): " + ", ".join(
                   f"b = {b}: {largest_z_for_bits(b, cfg, result['dim']):.3g}" for b in cfg["bits"]) + ".", ""]
@@ -652,7 +660,8 @@ def markdown(result: dict) -> str:
 
 def write_csv(result: dict, path: Path) -> None:
     keys = ["target_epsilon", "method", "bits", "status", "noise_multiplier", "effective_noise_multiplier",
-            "ledger_epsilon", "central_poisson_epsilon", "central_no_amplification_epsilon", "accuracy", "scale",
+            "ledger_epsilon", "central_poisson_epsilon", "central_no_amplification_epsilon",
+            "central_no_amplification_epsilon_rdp", "accuracy", "accuracy_last5", "scale",
             "l2_sensitivity", "mu", "largest_z_for_bits", "rounds", "clients_per_round", "clip", "wall_s",
             "encode_s"]
     with path.open("w", newline="") as handle:
@@ -671,11 +680,11 @@ def plot(result: dict, path: Path) -> None:
 
     acc = result["accuracy"]
     eps = sorted({r["target_epsilon"] for r in acc if math.isfinite(r["target_epsilon"])})
-    methods = ["central"] + [f"ddp-{b}" for b in result["config"]["bits"]]
+    methods = ["central", "central-redraw"] + [f"ddp-{b}" for b in result["config"]["bits"]]
     fig, (ax_a, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / len(methods)
     for j, method in enumerate(methods):
-        values = [next((r["accuracy"] for r in acc if r["method"] == method and r["target_epsilon"] == e),
+        values = [next((r["accuracy_last5"] for r in acc if r["method"] == method and r["target_epsilon"] == e),
                        math.nan) for e in eps]
         label = LABELS.get(method, f"distributed, b = {method[4:]}")
         bars = ax_a.bar([i + j * width for i in range(len(eps))], [0 if math.isnan(v) else v for v in values],
@@ -684,10 +693,10 @@ def plot(result: dict, path: Path) -> None:
             if math.isnan(v):
                 ax_a.text(bar.get_x() + bar.get_width() / 2, 0.02, "does not fit", rotation=90, ha="center",
                           fontsize=7)
-    fedavg = next(r["accuracy"] for r in acc if r["method"] == "fedavg")
+    fedavg = next(r["accuracy_last5"] for r in acc if r["method"] == "fedavg")
     ax_a.axhline(fedavg, color="k", ls="--", lw=1, label="FedAvg (non-private)")
     ax_a.set_xticks([i + 0.4 - width / 2 for i in range(len(eps))], [f"ε = {e:g}" for e in eps])
-    ax_a.set(ylabel="test accuracy after T rounds", ylim=(0, 1),
+    ax_a.set(ylabel="test accuracy, mean of the last 5 rounds", ylim=(0, 1),
              title=f"MNIST, m = {result['config']['clients_per_round']}/round, T = {result['config']['rounds']}, "
                    "same z")
     ax_a.legend(fontsize=7, loc="lower right")

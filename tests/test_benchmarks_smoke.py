@@ -88,7 +88,7 @@ def test_distributed_dp_benchmark_runs_and_its_secure_round_adds_exactly_the_cla
         assert (tmp_path / name).stat().st_size > 0, name
     result = json.loads((tmp_path / "results.json").read_text())
     methods = {r["method"]: r for r in result["accuracy"]}
-    assert set(methods) == {"fedavg", "central", "ddp-20", "ddp-12"}
+    assert set(methods) == {"fedavg", "central", "central-redraw", "ddp-20", "ddp-12"}
     assert methods["ddp-20"]["status"] == "ok" and methods["ddp-20"]["ledger_epsilon"] <= 8.0
     assert methods["ddp-20"]["effective_noise_multiplier"] >= methods["ddp-20"]["noise_multiplier"]
     assert [r["bytes"] for r in result["bytes"]] == [65536 * 20 // 8, 65536 * 12 // 8]
