@@ -75,3 +75,25 @@ def test_flower_adaptive_divergence_script_writes_its_table_and_plot(tmp_path):
     assert all(c > 0 and math.isfinite(c) for c in result["flower_c"] + result["ours_c"])
     assert "| 1 |" in (tmp_path / "results.md").read_text()
     assert (tmp_path / "clipping_norm.png").stat().st_size > 0
+
+
+def test_distributed_dp_benchmark_runs_and_its_secure_round_adds_exactly_the_claimed_noise(tmp_path):
+    """``bench_distributed_dp --tiny`` (a few seconds): every output is written, a b that cannot hold the sum is
+    reported rather than run, and one real secure round of ``DistributedDpFedAvg`` (LoopbackGrid, real crypto)
+    releases the clipped mean plus noise of exactly the claimed std (‖deviation‖/(σ√d) = 1 ± 4/√(2d))."""
+    from flwr_dp_benchmarks import bench_distributed_dp as bench
+
+    assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
+    for name in ("results.json", "results.md", "runs.csv", "runs.jsonl", "accuracy_and_round_time.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    result = json.loads((tmp_path / "results.json").read_text())
+    methods = {r["method"]: r for r in result["accuracy"]}
+    assert set(methods) == {"fedavg", "central", "central-redraw", "ddp-20", "ddp-12"}
+    assert methods["ddp-20"]["status"] == "ok" and methods["ddp-20"]["ledger_epsilon"] <= 8.0
+    assert methods["ddp-20"]["effective_noise_multiplier"] >= methods["ddp-20"]["noise_multiplier"]
+    assert [r["bytes"] for r in result["bytes"]] == [65536 * 20 // 8, 65536 * 12 // 8]
+    rows = {r["strategy"]: r for r in result["timing"]["rows"]}
+    tolerance = 4 / math.sqrt(2 * result["dim"])
+    for name in ("central DP", "secure, complete graph"):
+        assert abs(rows[name]["noise_ratio"] - 1.0) < tolerance, (name, rows[name]["noise_ratio"])
+    assert rows["secure, complete graph"]["upload_bytes_per_client"] < rows["FedAvg"]["upload_bytes_per_client"]
