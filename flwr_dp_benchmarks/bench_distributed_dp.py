@@ -737,6 +737,18 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
+SUPPLEMENT_HEADING = "## Supplementary:"
+
+
+def _supplement(path: Path) -> str:
+    """The hand-appended supplementary sections of an existing results.md (kept by ``--report``)."""
+    if not path.exists():
+        return ""
+    text = path.read_text()
+    index = text.find(SUPPLEMENT_HEADING)
+    return "" if index < 0 else "\n" + text[index:]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Command line: ``[--quick | --tiny] [--rounds T] [--out DIR] [--seed N] [--jobs K]``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -749,11 +761,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="accuracy runs in parallel processes")
     parser.add_argument("--report", action="store_true", help="only rebuild results.md, runs.csv and the plot "
                         "from OUT/results.json")
+    parser.add_argument("--timing-only", action="store_true", help="re-measure (c) with the current library and "
+                        "replace it in OUT/results.json (accuracy and bytes kept), then rebuild the outputs")
     args = parser.parse_args(argv)
+    if args.timing_only:
+        result = json.loads((args.out / "results.json").read_text())
+        result["timing"] = time_rounds(result["config"], result["timing"]["noise_multiplier"], result["seed"])
+        result["timing_created"] = time.strftime("%Y-%m-%d %H:%M:%S %z")
+        (args.out / "results.json").write_text(json.dumps(result, indent=1, default=float))
+        args.report = True
     if args.report:
+        supplement = _supplement(args.out / "results.md")
         result = json.loads((args.out / "results.json").read_text())
         write_csv(result, args.out / "runs.csv")
-        (args.out / "results.md").write_text(markdown(result))
+        (args.out / "results.md").write_text(markdown(result) + supplement)
         plot(result, args.out / "accuracy_and_round_time.png")
         print(markdown(result))
         return 0
