@@ -385,7 +385,7 @@ PROBES = (
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "encrypt", "client Fernet"),
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "decrypt", "client Fernet"),
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "prg_mask", "client ChaCha20 masks"),
-    ("client_mods.distributed_dp_mod", "pack_bits", "client packing"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "pack_bits", "client packing"),
     ("flwr_dp_strategies.secure_aggregation.server_protocol", "combine_shares", "server Shamir combine"),
     ("flwr_dp_strategies.secure_aggregation.server_protocol", "prg_mask", "server ChaCha20 masks"),
     ("flwr_dp_strategies.secure_aggregation.server_protocol", "unpack_bits", "server unpacking"),
