@@ -47,7 +47,12 @@ Decoding (:func:`decode_sum`) of the modular sum of n encodings: map [0, 2^b) to
 the centred range [−2^{b−1}, 2^{b−1}), divide by s, undo the rotation, drop the
 padding. It is exact up to the rounding errors (< 1/s per coordinate and client)
 and the noise *provided the true integer sum lies in the centred range*; a sum
-that overflows it wraps silently, so pick b with :attr:`SkellamCalibration.bits_needed`.
+that overflows it wraps silently. Two rules size the range: :func:`scale_for_bits`
+(what :class:`~flwr_dp_strategies.DistributedDpFedAvg` uses) picks s for a given b so that
+the *rotated* sum plus noise fits with 6 standard deviations to spare (a coordinate
+overflows with probability ~2e-9); :attr:`SkellamCalibration.bits_needed` is the
+worst case for a given s (every client's whole norm on one coordinate), which never
+overflows but asks 2-3 more bits than the rotation makes necessary.
 
 Privacy (:func:`calibrate_skellam`). The sum Σₖ kⱼ + Sk(μ) is the Skellam
 mechanism with integer sensitivities (Δ₁, Δ₂ = Δ̃₂) under add/remove of one
@@ -324,8 +329,9 @@ class SkellamCalibration:
     (add/remove one client's update); event: the ``SkellamDpEvent`` to book;
     noise_std: the aggregate noise standard deviation in update units (√μ/s);
     effective_noise_multiplier: noise_std / C (≥ the requested z); bits_needed:
-    the smallest b for which the signal sum (≤ n·Δ̃₂ per coordinate) plus 8σ of
-    noise fits the centred range [−2^{b−1}, 2^{b−1}).
+    the smallest b for which the worst-case signal sum (≤ n·Δ̃₂ per coordinate, no
+    credit for the rotation) plus 8σ of noise fits the centred range
+    [−2^{b−1}, 2^{b−1}) (pessimistic; :func:`scale_for_bits` is the rule used to run).
     """
 
     mu: float
