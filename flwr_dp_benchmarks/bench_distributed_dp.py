@@ -594,7 +594,8 @@ def markdown(result: dict) -> str:
     lines = [f"# Distributed DP (SecAgg+ + Skellam) vs central DP at the same noise\n",
              f"Mode `{result['mode']}`, seed {result['seed']}, {result['created']}, machine: "
              f"{result['machine'].get('cpu_count')} CPUs, {result['machine'].get('platform')}; total "
-             f"{result['wall_s']:.0f} s.\n",
+             f"{result['wall_s']:.0f} s." + (f" Round times (c) re-measured {result['timing_created']} with "
+                                              "`--timing-only`." if result.get("timing_created") else "") + "\n",
              f"## (a) Accuracy\n",
              f"MNIST, {cfg['num_clients']} clients of {60000 // cfg['num_clients'] if not cfg.get('max_train') else '?'}"
              f" examples, m = {cfg['clients_per_round']} drawn uniformly per round (the same clients in every "
