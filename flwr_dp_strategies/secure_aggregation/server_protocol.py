@@ -113,6 +113,7 @@ class SecureAggregationRound:
         self.timeout = timeout
         self.neighbours = ring_neighbours(self.sampled, self.num_shares, rng or random.SystemRandom())
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
+        self.alive_keys: set[int] = set()   # U_1
         self.forwarded: dict[int, list[tuple[int, bytes]]] = {}
         self.shared: set[int] = set()       # U_2
         self.survivors: set[int] = set()    # U_3
