@@ -114,14 +114,19 @@ def test_a_masked_vector_is_uniform_whatever_the_input():
     assert int(flower.max()) == (1 << bits) - 2
 
 
-def test_fewer_than_t_shares_do_not_rebuild_a_clients_mask_seed():
-    nodes, t = [1, 2, 3, 4, 5], 3
+def shared_keys(nodes: list[int], threshold: int) -> tuple[dict[int, ConfigRecord], dict[int, dict]]:
+    """Client states after setup and share-keys on the complete graph, and each client's outgoing shares."""
     states = {n: ConfigRecord() for n in nodes}
-    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": t, "bits": 16}))
+    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": threshold, "bits": 16}))
             for n in nodes}
     record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
                            "pk2s": [keys[n]["pk2"] for n in nodes]})
-    outgoing = {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+    return states, {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+
+
+def test_fewer_than_t_shares_do_not_rebuild_a_clients_mask_seed():
+    nodes, t = [1, 2, 3, 4, 5], 3
+    states, outgoing = shared_keys(nodes, t)
     for n in nodes:
         srcs = [s for s in nodes if s != n]
         ctxts = [outgoing[s]["ctxts"][outgoing[s]["dsts"].index(n)] for s in srcs]
@@ -179,12 +184,7 @@ def test_a_client_refuses_malformed_or_out_of_order_instructions(record, match):
 
 def test_a_client_never_reveals_both_shares_of_a_node_and_answers_unmask_once():
     nodes = [1, 2, 3]
-    states = {n: ConfigRecord() for n in nodes}
-    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16}))
-            for n in nodes}
-    record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
-                           "pk2s": [keys[n]["pk2"] for n in nodes]})
-    outgoing = {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+    states, outgoing = shared_keys(nodes, 2)
     srcs = [2, 3]
     ctxts = [outgoing[s]["ctxts"][outgoing[s]["dsts"].index(1)] for s in srcs]
     ClientRound(states[1], 1).collect(ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}),
@@ -201,12 +201,7 @@ def test_a_client_never_reveals_both_shares_of_a_node_and_answers_unmask_once():
 
 def test_a_forwarded_ciphertext_for_another_node_is_refused():
     nodes = [1, 2, 3]
-    states = {n: ConfigRecord() for n in nodes}
-    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16}))
-            for n in nodes}
-    record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
-                           "pk2s": [keys[n]["pk2"] for n in nodes]})
-    outgoing = {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
+    states, outgoing = shared_keys(nodes, 2)
     for_3 = outgoing[2]["ctxts"][outgoing[2]["dsts"].index(3)]
     with pytest.raises(ProtocolError, match="does not decrypt"):
         ClientRound(states[1], 1).collect(ConfigRecord({"round": 1, "srcs": [2], "ctxts": [for_3]}),
