@@ -271,3 +271,35 @@ def test_corrupt_shares_of_a_dropped_clients_key_abort_instead_of_unmasking_garb
     grid = LoopbackGrid(integer_app(vectors, bits), nodes, die={101: "collect"}, tamper=tamper)
     with pytest.raises(SecureAggregationAborted, match="corrupt shares|cannot be rebuilt"):
         run_round(grid, nodes, bits=bits, length=length, num_shares=6, threshold=3)
+
+
+def test_through_the_mod_the_revealed_sum_is_exactly_the_clipped_rotated_rounded_updates_mod_2b():
+    """No noise (share 0): the secure round reveals Σ to_modular(k_u) where k_u is each client's clipped,
+    rotated, scaled, conditionally rounded update, replayed from the same generator."""
+    from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, client_integer_vector,
+                                                           modular_sum, to_modular)
+
+    from secagg_harness import shifting_app
+
+    nodes, d, bits = list(range(101, 107)), 100, 24
+    rng = np.random.default_rng(5)
+    deltas = {n: rng.normal(size=d) * (0.05 if n % 2 else 1.0) for n in nodes}  # half of them clipped
+    params = DistributedDpParams(dim=d, clip_norm=1.0, scale=50.0, bits=bits, rotation_seed=7)
+    grid = LoopbackGrid(shifting_app(deltas, rng=np.random.default_rng(11)), nodes, die={104: "collect"})
+    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=3, min_survivors=3, bits=bits,
+                                    length=params.padded_dim, timeout=None)
+    secure.setup(grid)
+    secure.share_keys(grid)
+    public = {"dp-dim": d, "dp-clip-norm": 1.0, "dp-scale": 50.0, "dp-rotation-seed": 7, "dp-beta": params.beta,
+              "dp-noise-share": 0.0}
+    model = ArrayRecord({"w": Array(np.zeros(d, np.float32))})
+    replies = grid.send_and_receive(secure.collect_messages(
+        lambda node: RecordDict({"arrays": model, "config": ConfigRecord()}), public))
+    secure.add_masked(replies)
+    total = secure.unmask(grid)
+    replay = np.random.default_rng(11)
+    expected = []
+    for n in sorted(set(nodes) - {104}):  # the mod drew in the order the collect messages went out
+        update = deltas[n].astype(np.float32).astype(np.float64)  # what w' - w is after the float32 model
+        expected.append(to_modular(client_integer_vector(update, params, rng=replay), bits))
+    np.testing.assert_array_equal(total, modular_sum(expected, params))
