@@ -249,3 +249,43 @@ def test_the_budget_check_books_as_it_will_book_in_a_replace_one_ledger():
     _, calibration, *_ = strategy.round_parameters(1, 60, len(NODES))
     assert not ledger.would_exceed(central_events=[calibration.event])
     assert ledger.would_exceed(central_events=[calibration.event], neighboring_relation="add_or_remove_one")
+
+
+MUTATIONS = {
+    "short": lambda r: r.content.__setitem__(MASKED_RECORD, ArrayRecord({"vector": Array(np.zeros(5, np.uint8))})),
+    "dtype": lambda r: r.content.__setitem__(MASKED_RECORD, ArrayRecord(
+        {"vector": Array(r.content[MASKED_RECORD]["vector"].numpy().astype(np.float32))})),
+    "missing": lambda r: r.content.__delitem__(MASKED_RECORD),
+    "metrics": lambda r: r.content.__setitem__("metrics", MetricRecord({"num-examples": float("nan")})),
+    "stage": lambda r: r.content[RECORD].__setitem__(STAGE_KEY, "setup"),
+    "extra-key": lambda r: r.content[MASKED_RECORD].__setitem__("other", Array(np.zeros(2, np.uint8))),
+}
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(st.sampled_from(NODES), st.sampled_from(sorted(MUTATIONS)), max_size=4))
+def test_malformed_collect_replies_never_lower_or_break_the_reported_epsilon(mutated):
+    """Any mix of malformed masked replies: the round goes on (or aborts cleanly), ε is the calibrated
+    event's or infinite for a node that sent un-noised records, never NaN, never lower."""
+    deltas = {n: np.full(60, 0.01) for n in NODES}
+
+    def tamper(msg: Message, reply: Message) -> Message:
+        node = int(msg.metadata.dst_node_id)
+        if node in mutated and not reply.has_error() and reply.content[RECORD].get(STAGE_KEY) == "collect":
+            MUTATIONS[mutated[node]](reply)
+        return reply
+
+    grid = LoopbackGrid(shifting_app(deltas, rng=10), NODES, tamper=tamper)
+    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, min_survivors=0.6)
+    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    assert metrics is not None and not math.isnan(metrics["privacy/epsilon"])
+    if arrays is None:  # too few survivors: nothing booked for the round
+        assert len(NODES) - len(mutated) < 6 and not strategy.ledger.events()
+    else:
+        assert metrics["secagg/survivors"] == len(NODES) - len(mutated)
+        assert all(np.isfinite(a.numpy()).all() for a in arrays.values())
+        fresh = PrivacyLedger(1e-5, neighboring_relation="add_or_remove_one")
+        fresh.record(strategy.ledger.events()[0][1], server_round=1)
+        assert metrics["privacy/epsilon"] >= fresh.epsilon() * (1 - 1e-12)
+    for node, kind in mutated.items():
+        assert math.isinf(strategy.ledger.epsilon(node)) == (kind == "metrics")
