@@ -70,6 +70,7 @@ from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import DEFAULT_MAX_WEIGHT
 from .secure_aggregation_rounds import SecureAggregationMixin, Sizes
+from .streaming_aggregation import single_threaded_blas
 
 EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
 
@@ -179,6 +180,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         self._params, self._calibration = params, calibration
         return messages
 
+    @single_threaded_blas  # the ServerApp shares the cores with the clients (decode, solve)
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, add the masked vectors, unmask, decode, apply FedAvg's (uniform) update, book the round."""

@@ -59,6 +59,7 @@ from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import DEFAULT_MAX_WEIGHT
 from .secure_aggregation_rounds import SecureAggregationMixin
+from .streaming_aggregation import single_threaded_blas
 
 EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
 
@@ -191,6 +192,7 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
                                       length=params.length, event=calibration.add_remove_event, public=public,
                                       replace_one_event=calibration.replace_one_event)
 
+    @single_threaded_blas  # the ServerApp shares the cores with the clients (decode, solve)
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, add the masked vectors, unmask, decode, repair and solve once, book the release."""
