@@ -30,15 +30,18 @@ What the client checks before it spends anything: the protocol's order and
 fields (an out-of-order or malformed instruction raises, and Flower returns an
 error reply that the server counts as a dropout), the DP parameters' domains
 (:class:`~flwr_dp_strategies.privacy.distributed_dp.DistributedDpParams`), and,
-with ``min_noise_multiplier``, that the noise in any sum the server can unmask is
-at least that: the crypto threshold t guarantees t shares,
-:math:`\sqrt{t\mu/m}/\tilde\Delta_2 \ge z_{\min}` (a server that asks for less noise
-is refused).
+with ``min_noise_multiplier``, that the noise in any sum a server lying about dropouts
+can unmask is at least that: the client's rules guarantee
+:math:`n_{\min}` honest shares in it
+(:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound`: the
+complete graph's counting bound, 1 in a sparse graph), so it checks
+:math:`\sqrt{n_{\min}\mu/(m-c)}/\tilde\Delta_2 \ge z_{\min}` (a server that asks for less
+noise is refused). ``max_colluding_clients`` is the number of colluders the client
+assumes whatever the server declares (it refuses thresholds they could meet).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
@@ -48,9 +51,9 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr_dp_strategies.npy_codec import npy_view
 from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, encode_update
 from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
-from flwr_dp_strategies.privacy.validation import check_nonnegative
-from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message
-from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
+from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
+from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor
+from flwr_dp_strategies.secure_aggregation.protocol import RECORD, field
 
 DP_FIELDS = {"dp-dim": int, "dp-clip-norm": float, "dp-scale": float, "dp-rotation-seed": int, "dp-beta": float,
              "dp-noise-share": float}
@@ -85,14 +88,16 @@ def update_vector(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0,
+def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0, max_colluding_clients: int = 0,
                             rng: RngLike = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
-    """A ``distributed_dp_mod`` that refuses noise below ``min_noise_multiplier`` and draws from ``rng``.
+    """A ``distributed_dp_mod`` that refuses noise below ``min_noise_multiplier`` in any sum it can be
+    unmasked in, assumes ``max_colluding_clients`` colluders at least, and draws from ``rng``.
 
     See the module docstring (:mod:`client_mods.distributed_dp_mod`) for what the mod sends and
     checks; ``client_mods.distributed_dp_mod`` is ``make_distributed_dp_mod()``.
     """
     floor = check_nonnegative("min_noise_multiplier", min_noise_multiplier)
+    colluders = check_int("max_colluding_clients", max_colluding_clients, minimum=0)
     fixed = None if rng is None else resolve_rng(rng)  # None: fresh OS entropy for every message
 
     def distributed_dp_mod(msg: Message, ctxt: Context, call_next: ClientAppCallable) -> Message:
@@ -100,7 +105,8 @@ def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0,
         if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
             return call_next(msg, ctxt)
         return answer_message(msg, ctxt, lambda state: _encode(
-            msg, ctxt, call_next, state, floor, fixed if fixed is not None else resolve_rng(None)))
+            msg, ctxt, call_next, state, floor, fixed if fixed is not None else resolve_rng(None)),
+            min_colluders=colluders)
 
     return distributed_dp_mod
 
@@ -108,10 +114,7 @@ def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0,
 def _encode(msg: Message, ctxt: Context, call_next: ClientAppCallable, state: ConfigRecord, floor: float,
             generator: np.random.Generator) -> np.ndarray:
     params, share = params_from_record(msg.content[RECORD], int(state["bits"]))
-    implied = math.sqrt(int(state["threshold"]) * share) / params.rounding_bound
-    if implied < floor:
-        raise ProtocolError(f"the server asks for noise multiplier {implied:.4g} in a sum of t = "
-                            f"{state['threshold']} clients, below this client's minimum {floor}")
+    check_noise_floor(state, share, params.rounding_bound, floor)
     received = _single_array_record(msg.content, "train message")
     reply = call_next(msg, ctxt)
     if reply.has_error():

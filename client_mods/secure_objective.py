@@ -27,14 +27,15 @@ own vector being hidden by the masks.
 What the client checks before it spends anything: the protocol's order and fields
 (:mod:`~flwr_dp_strategies.secure_aggregation.client_protocol`), that the server's q, c
 and loss are its own, the parameters' domains, and with ``min_noise_multiplier`` that
-the noise in any sum the server can unmask (at least t shares) is at least that many
-times the add/remove integer sensitivity: :math:`\sqrt{t\mu/m}/(sB + \sqrt D) \ge z_{\min}`.
+the noise in any sum a server lying about dropouts can unmask (at least n_min honest shares,
+:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound`) is at least that many
+times the add/remove integer sensitivity: :math:`\sqrt{n_{\min}\mu/(m-c)}/(sB + \sqrt D) \ge z_{\min}`.
+``max_colluding_clients`` is the number of colluders this client assumes whatever the server declares.
 Rounding and noise draw from OS entropy (``rng`` for tests).
 """
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType
@@ -44,7 +45,7 @@ from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.secure_objective import (SecureObjectiveParams, encode_objective,
                                                          integer_l2_sensitivity, record_l2_bound)
 from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
-from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message
+from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
 
 OBJECTIVE_FIELDS = {"fm-dim": int, "fm-num-classes": int, "fm-loss": str, "fm-scale": float,
@@ -67,15 +68,17 @@ class SecureObjectiveTrainer:
         num_classes: c ≥ 2 of the head (must match the server's).
         loss: ``"softmax"`` or ``"logistic"``.
         min_noise_multiplier: z_min ≥ 0 (module docstring); a server asking for less is refused.
+        max_colluding_clients: c ≥ 0 this client assumes (it refuses thresholds that c colluders could meet).
         rng: None (fresh OS entropy), an int seed or a Generator (tests only).
     """
 
     def __init__(self, *, num_classes: int, loss: str = "softmax", min_noise_multiplier: float = 0.0,
-                 rng: RngLike = None) -> None:
+                 max_colluding_clients: int = 0, rng: RngLike = None) -> None:
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.loss = loss
         record_l2_bound(self.num_classes, loss)  # validates loss
         self.min_noise_multiplier = check_nonnegative("min_noise_multiplier", min_noise_multiplier)
+        self.max_colluding_clients = check_int("max_colluding_clients", max_colluding_clients, minimum=0)
         self._rng = RngSource(rng)
 
     def train(self, msg: Message, context: Context, features: np.ndarray, labels: np.ndarray) -> Message:
@@ -83,7 +86,8 @@ class SecureObjectiveTrainer:
         if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
             raise ValueError("SecureObjectiveTrainer answers SecureObjectiveSum's secure-aggregation train "
                              "messages only; this message carries no protocol record")
-        return answer_message(msg, context, lambda state: self._encode(msg, state, features, labels))
+        return answer_message(msg, context, lambda state: self._encode(msg, state, features, labels),
+                              min_colluders=self.max_colluding_clients)
 
     def _encode(self, msg: Message, state: ConfigRecord, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
         params, share = objective_params_from_record(msg.content[RECORD], int(state["bits"]))
@@ -94,11 +98,7 @@ class SecureObjectiveTrainer:
         if stats.dim != params.dim:
             raise ProtocolError(f"the server expects fm-dim = {params.dim} features, this client has {stats.dim}")
         sensitivity = integer_l2_sensitivity(params.scale, params.length, record_l2_bound(self.num_classes, self.loss))
-        implied = math.sqrt(int(state["threshold"]) * share) / sensitivity
-        if implied < self.min_noise_multiplier:
-            raise ProtocolError(f"the server asks for noise multiplier {implied:.4g} in a sum of t = "
-                                f"{state['threshold']} clients, below this client's minimum "
-                                f"{self.min_noise_multiplier}")
+        check_noise_floor(state, share, sensitivity, self.min_noise_multiplier)
         return encode_objective(stats, params, local_noise_variance=share, rng=self._rng())
 
 

@@ -117,10 +117,11 @@ def test_a_masked_vector_is_uniform_whatever_the_input():
 def shared_keys(nodes: list[int], threshold: int) -> tuple[dict[int, ConfigRecord], dict[int, dict]]:
     """Client states after setup and share-keys on the complete graph, and each client's outgoing shares."""
     states = {n: ConfigRecord() for n in nodes}
-    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": threshold, "bits": 16}))
-            for n in nodes}
+    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": threshold, "bits": 16,
+                                                             "colluders": 0})) for n in nodes}
     record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
-                           "pk2s": [keys[n]["pk2"] for n in nodes]})
+                           "pk2s": [keys[n]["pk2"] for n in nodes], "view": nodes, "graph-seed": 0,
+                           "num-shares": len(nodes)})
     return states, {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
 
 
@@ -144,7 +145,7 @@ def test_fewer_than_t_shares_do_not_rebuild_a_clients_mask_seed():
 
 
 def test_malformed_masked_replies_are_rejected_and_the_round_still_unmasks():
-    nodes, bits, length = list(range(101, 109)), 16, 100
+    nodes, bits, length = list(range(101, 111)), 16, 100
     vectors = vectors_for(nodes, bits, length, seed=3)
 
     def tamper(msg: Message, reply: Message) -> Message:
@@ -162,22 +163,30 @@ def test_malformed_masked_replies_are_rejected_and_the_round_still_unmasks():
         return reply
 
     grid = LoopbackGrid(integer_app(vectors, bits), nodes, tamper=tamper)
-    secure, total = run_round(grid, nodes, bits=bits, length=length, num_shares=8, threshold=3)
-    assert secure.survivors == set(range(105, 109))
+    secure, total = run_round(grid, nodes, bits=bits, length=length, num_shares=10, threshold=6)
+    assert secure.survivors == set(range(105, 111))
     assert secure.rejected["secure-aggregation"] == 4
-    np.testing.assert_array_equal(total, modular([vectors[n] for n in range(105, 109)], bits))
+    np.testing.assert_array_equal(total, modular([vectors[n] for n in range(105, 111)], bits))
+
+
+_VIEW = {"view": [1, 2], "graph-seed": 0, "num-shares": 2}
 
 
 @pytest.mark.parametrize("record,match", [
-    ({"round": 1, "nids": [1, 2], "pk1s": [b"a"], "pk2s": [b"b", b"c"]}, "must have 2 items"),
-    ({"round": 1, "nids": [1, 1], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "repeats"),
-    ({"round": 2, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "after stage"),
-    ({"round": True, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "must be int"),
+    ({"round": 1, "nids": [1, 2], "pk1s": [b"a"], "pk2s": [b"b", b"c"], **_VIEW}, "must have 2 items"),
+    ({"round": 1, "nids": [1, 1], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "repeats"),
+    ({"round": 2, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "after stage"),
+    ({"round": True, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "must be int"),
+    ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "'view' is missing"),
+    ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW, "view": [2, 3]},
+     "does not hold this node"),
+    ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW, "view": [1, 2, 3]},
+     "not this node's neighbourhood"),
 ])
 def test_a_client_refuses_malformed_or_out_of_order_instructions(record, match):
     state = ConfigRecord()
     client = ClientRound(state, 1)
-    client.setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16}))
+    client.setup(ConfigRecord({"round": 1, "threshold": 2, "bits": 16, "colluders": 0}))
     with pytest.raises(ProtocolError, match=match):
         client.share_keys(ConfigRecord(record))
 
@@ -225,19 +234,21 @@ def test_masks_and_packing():
         prg_mask(b"short", 4, 8)
 
 
-def test_ring_neighbourhoods_are_symmetric_and_of_size_k():
+def test_ring_neighbourhoods_are_symmetric_of_size_k_and_a_function_of_the_public_seed():
     nodes = list(range(20))
-    graph = ring_neighbours(nodes, 7, random.Random(1))
+    graph = ring_neighbours(nodes, 7, 1)
     for u, peers in graph.items():
         assert u in peers and len(peers) == 7
         assert all(u in graph[v] for v in peers)
-    assert all(len(p) == 20 for p in ring_neighbours(nodes, 25, random.Random(1)).values())
+    assert all(len(p) == 20 for p in ring_neighbours(nodes, 25, 1).values())
+    assert ring_neighbours(list(reversed(nodes)), 7, 1) == graph  # the order the server lists them in is irrelevant
+    assert ring_neighbours(nodes, 7, 2) != graph
 
 
 @settings(max_examples=8, deadline=None)
 @given(st.dictionaries(st.sampled_from(list(range(101, 109))),
                        st.sampled_from(["setup", "share-keys", "collect", "unmask"]), max_size=3),
-       st.sampled_from([(8, 3), (5, 2)]))
+       st.sampled_from([(8, 5), (5, 3)]))
 def test_any_dropout_pattern_either_reveals_the_exact_sum_or_aborts(die, graph):
     nodes, bits, length = list(range(101, 109)), 12, 33
     vectors = vectors_for(nodes, bits, length, seed=len(die))
@@ -270,7 +281,7 @@ def test_corrupt_shares_of_a_dropped_clients_key_abort_instead_of_unmasking_garb
 
     grid = LoopbackGrid(integer_app(vectors, bits), nodes, die={101: "collect"}, tamper=tamper)
     with pytest.raises(SecureAggregationAborted, match="corrupt shares|cannot be rebuilt"):
-        run_round(grid, nodes, bits=bits, length=length, num_shares=6, threshold=3)
+        run_round(grid, nodes, bits=bits, length=length, num_shares=6, threshold=4)
 
 
 def test_through_the_mod_the_revealed_sum_is_exactly_the_clipped_rotated_rounded_updates_mod_2b():
@@ -286,7 +297,7 @@ def test_through_the_mod_the_revealed_sum_is_exactly_the_clipped_rotated_rounded
     deltas = {n: rng.normal(size=d) * (0.05 if n % 2 else 1.0) for n in nodes}  # half of them clipped
     params = DistributedDpParams(dim=d, clip_norm=1.0, scale=50.0, bits=bits, rotation_seed=7)
     grid = LoopbackGrid(shifting_app(deltas, rng=np.random.default_rng(11)), nodes, die={104: "collect"})
-    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=3, min_survivors=3, bits=bits,
+    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=bits,
                                     length=params.padded_dim, timeout=None)
     secure.setup(grid)
     secure.share_keys(grid)

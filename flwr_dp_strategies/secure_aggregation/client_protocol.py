@@ -9,17 +9,30 @@ mask generator (:mod:`.masks`: ChaCha20 under the full key, not a 32-bit NumPy s
 
 :class:`ClientRound` keeps its state in a ConfigRecord (``context.state``), so a
 SuperNode that runs the ClientApp in a fresh process for every message keeps it.
-It refuses any instruction out of order (a stage other than the next one, another
-round), a neighbour list without its own keys or with repeated keys, fewer
-neighbours than the threshold, a ciphertext that is not addressed to it, and an
-unmask request that names a node both as survivor and as dropped or that leaves
-fewer than t survivors (answering it would let the server remove both masks of a
-client and read its vector).
+What a client enforces, whatever the server does (each rule is what makes one attack impossible):
+
+* the threshold: ``2t > h + c`` for its h share holders and the c colluders declared by the server
+  or assumed by the client, whichever is larger (:func:`~.protocol.min_threshold`): no server can
+  collect both secrets of a client, and c colluders never hold t shares;
+* the graph: its neighbours are the ones the public ring of the view and the graph seed gives
+  (:func:`~.protocol.ring_neighbours`), not a list the server picked;
+* consistency: every share carries the sender's digest of the round (parameters, view, graph), checked
+  by the receiver (:func:`~.protocol.view_digest`), so clients that exchange shares saw the same round;
+* the unmask request: it names every peer the client holds shares of, each exactly once as alive or
+  dropped, with at least t alive (itself among them), and is answered once.
+
+It also refuses any instruction out of order (a stage other than the next one, another round),
+repeated keys or node ids, and a ciphertext that is not addressed to it.
+
+Against a server that replaces public keys (a man in the middle between clients) none of this
+holds: that needs authenticated keys (a PKI), which Flower does not provide; see
+``docs/distributed-dp.md`` for the threat model.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import os
 from typing import Any, Callable, Optional
 
@@ -35,7 +48,9 @@ from flwr.supercore.primitives.asymmetric import (bytes_to_private_key, bytes_to
 
 from .masks import apply_mask, check_bits, pack_bits, pairwise_sign, prg_mask, reduce_mod
 from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, STATE_RECORD, ProtocolError, Stage, distinct,
-                       field, list_field, stage_of)
+                       field, honest_shares_bound, list_field, min_threshold, ring_neighbours, stage_of, view_digest)
+
+DIGEST_BYTES = 32
 
 
 def agreed_key(private_key: bytes, public_key: bytes) -> bytes:
@@ -68,9 +83,10 @@ def fernet_key(private_key: bytes, public_key: bytes) -> bytes:
 class ClientRound:
     """One client's protocol state, read from and written back to a ConfigRecord."""
 
-    def __init__(self, state: ConfigRecord, node_id: int) -> None:
+    def __init__(self, state: ConfigRecord, node_id: int, *, min_colluders: int = 0) -> None:
         self.state = state
         self.node_id = int(node_id)
+        self.min_colluders = int(min_colluders)
 
     # ------------------------------------------------------------------ state helpers
     def _expect(self, stage: str, record: ConfigRecord) -> int:
@@ -103,43 +119,64 @@ class ClientRound:
         server_round = field(record, "round", int)
         threshold = field(record, "threshold", int)
         bits = check_bits(field(record, "bits", int))
-        if threshold < 2:
-            raise ProtocolError("field 'threshold' must be at least 2")
+        declared = field(record, "colluders", int)
+        if declared < 0:
+            raise ProtocolError("field 'colluders' must be at least 0")
+        colluders = max(declared, self.min_colluders)
+        if threshold < 2 or threshold <= colluders:
+            raise ProtocolError(f"field 'threshold' must be at least 2 and exceed the {colluders} colluders, "
+                                f"got {threshold}")
         self.state.clear()
         sk1, pk1 = generate_key_pairs()
         sk2, pk2 = generate_key_pairs()
-        self._set(stage=Stage.SETUP, round=server_round, threshold=threshold, bits=bits,
+        self._set(stage=Stage.SETUP, round=server_round, threshold=threshold, bits=bits, colluders=colluders,
                   sk1=private_key_to_bytes(sk1), pk1=public_key_to_bytes(pk1),
                   sk2=private_key_to_bytes(sk2), pk2=public_key_to_bytes(pk2))
         return {"pk1": self.state["pk1"], "pk2": self.state["pk2"]}
 
     def share_keys(self, record: ConfigRecord) -> dict[str, Any]:
-        """Stage 1: Shamir-share b_u and sk1 among the neighbours, one ciphertext per neighbour."""
-        self._expect(Stage.SHARE_KEYS, record)
+        """Stage 1: check the view, the graph and the threshold; Shamir-share b_u and sk1 among the
+        neighbours, one ciphertext per neighbour, each bound to the round's digest."""
+        server_round = self._expect(Stage.SHARE_KEYS, record)
         nids = list_field(record, "nids", int)
         pk1s = list_field(record, "pk1s", bytes, length=len(nids))
         pk2s = list_field(record, "pk2s", bytes, length=len(nids))
+        view = list_field(record, "view", int)
+        graph_seed = field(record, "graph-seed", int)
+        num_shares = field(record, "num-shares", int)
         distinct("nids", nids)
+        distinct("view", view)
         distinct("public keys", pk1s + pk2s)
-        threshold = int(self.state["threshold"])
-        if len(nids) < threshold:
-            raise ProtocolError(f"{len(nids)} neighbours, fewer than the threshold {threshold}")
-        if self.node_id not in nids:
-            raise ProtocolError("the neighbour list does not hold this node")
+        if num_shares < 2:
+            raise ProtocolError("field 'num-shares' must be at least 2")
+        if self.node_id not in view:
+            raise ProtocolError("the view does not hold this node")
+        expected = sorted(ring_neighbours(view, num_shares, graph_seed)[self.node_id])
+        if sorted(nids) != expected:
+            raise ProtocolError("the neighbour list is not this node's neighbourhood in the public graph")
+        threshold, colluders = int(self.state["threshold"]), int(self.state["colluders"])
+        if threshold < min_threshold(len(nids), colluders):
+            raise ProtocolError(f"threshold {threshold} for {len(nids)} share holders and {colluders} colluders: "
+                                f"a server could rebuild both secrets of a client (needs 2t > h + c, "
+                                f"t >= {min_threshold(len(nids), colluders)})")
         own = nids.index(self.node_id)
         if pk1s[own] != self.state["pk1"] or pk2s[own] != self.state["pk2"]:
             raise ProtocolError("the neighbour list holds other public keys for this node")
+        digest = view_digest(server_round=server_round, threshold=threshold, bits=int(self.state["bits"]),
+                             colluders=colluders, num_shares=num_shares, graph_seed=graph_seed, view=view)
+        bound = honest_shares_bound(len(view), threshold, colluders, complete=len(nids) == len(view))
         seed = os.urandom(32)
         seed_shares = create_shares(seed, threshold, len(nids))
         sk1_shares = create_shares(private_scalar(self.state["sk1"]), threshold, len(nids))
-        self._set(stage=Stage.SHARE_KEYS, seed=seed, **{"peer-nids": nids, "peer-pk1s": pk1s, "peer-pk2s": pk2s})
+        self._set(stage=Stage.SHARE_KEYS, seed=seed, digest=digest, **{
+            "peer-nids": nids, "peer-pk1s": pk1s, "peer-pk2s": pk2s, "honest-bound": bound})
         dsts, ciphertexts = [], []
         for index, nid in enumerate(nids):
             if nid == self.node_id:
                 self._store_share("seed", nid, seed_shares[index])
                 self._store_share("sk1", nid, sk1_shares[index])
                 continue
-            plaintext = share_keys_plaintext_concat(self.node_id, nid, seed_shares[index], sk1_shares[index])
+            plaintext = digest + share_keys_plaintext_concat(self.node_id, nid, seed_shares[index], sk1_shares[index])
             dsts.append(nid)
             ciphertexts.append(encrypt(fernet_key(self.state["sk2"], pk2s[index]), plaintext))
         return {"dsts": dsts, "ctxts": ciphertexts}
@@ -162,7 +199,10 @@ class ClientRound:
                                     ciphertext)
             except Exception as err:  # noqa: BLE001 - Fernet's InvalidToken and malformed tokens alike
                 raise ProtocolError(f"the ciphertext from node {src} does not decrypt") from err
-            actual_src, dst, seed_share, sk1_share = share_keys_plaintext_separate(plaintext)
+            if plaintext[:DIGEST_BYTES] != self.state["digest"]:
+                raise ProtocolError(f"node {src} shared its keys for another view of the round (parameters, "
+                                    "node set or graph)")
+            actual_src, dst, seed_share, sk1_share = share_keys_plaintext_separate(plaintext[DIGEST_BYTES:])
             if actual_src != src or dst != self.node_id:
                 raise ProtocolError(f"the ciphertext forwarded as from node {src} to this node is from "
                                     f"{actual_src} to {dst}")
@@ -192,6 +232,9 @@ class ClientRound:
             raise ProtocolError(f"{len(active)} survivors, fewer than the threshold {threshold}")
         if self.node_id not in active:
             raise ProtocolError("this node is not named as a survivor")
+        held = set(int(n) for n in self.state.get("included", [])) | {self.node_id}
+        if set(active) | set(dead) != held:
+            raise ProtocolError("the request must name every peer this node holds shares of, as alive or dropped")
         seeds, sk1s = self._shares("seed"), self._shares("sk1")
         missing = [nid for nid in active if nid not in seeds] + [nid for nid in dead if nid not in sk1s]
         if missing:
@@ -201,10 +244,26 @@ class ClientRound:
         return {"nids": active + dead, "shares": [seeds[n] for n in active] + [sk1s[n] for n in dead]}
 
 
+def check_noise_floor(state: ConfigRecord, share: float, sensitivity: float, floor: float) -> float:
+    r"""The noise multiplier of the smallest sum this client's rules let any server unmask,
+    :math:`\sqrt{n_{\min}\,\sigma^2_{\mathrm{share}}}/\Delta`, with :math:`n_{\min}` = ``state["honest-bound"]``
+    (:func:`~.protocol.honest_shares_bound`: honest shares in a sum a server lying about dropouts can
+    unmask); ProtocolError if it is below ``floor`` (the client then sends nothing)."""
+    honest = int(state["honest-bound"])
+    implied = math.sqrt(honest * share) / sensitivity
+    if implied < floor:
+        raise ProtocolError(f"the server asks for noise shares whose smallest unmaskable sum ({honest} honest "
+                            f"client(s), threshold t = {state['threshold']}, {state['colluders']} colluders) has "
+                            f"noise multiplier {implied:.4g}, below this client's minimum {floor}")
+    return implied
+
+
 def handle(state: ConfigRecord, node_id: int, stage: str, record: ConfigRecord,
-           encode: Optional[Callable[[], np.ndarray]] = None) -> tuple[dict[str, Any], Optional[np.ndarray]]:
-    """Run ``stage`` for this node: (the reply's protocol fields, the masked vector for ``collect``)."""
-    client = ClientRound(state, node_id)
+           encode: Optional[Callable[[], np.ndarray]] = None, *, min_colluders: int = 0
+           ) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+    """Run ``stage`` for this node: (the reply's protocol fields, the masked vector for ``collect``);
+    ``min_colluders``: the colluders this client assumes whatever the server declares."""
+    client = ClientRound(state, node_id, min_colluders=min_colluders)
     if stage == Stage.SETUP:
         return client.setup(record), None
     if stage == Stage.SHARE_KEYS:
@@ -219,13 +278,13 @@ def handle(state: ConfigRecord, node_id: int, stage: str, record: ConfigRecord,
 
 
 
-def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord], np.ndarray]) -> Message:
+def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord], np.ndarray], *,
+                   min_colluders: int = 0) -> Message:
     """The reply to one protocol message: state kept in ``ctxt.state``, the stage run by :func:`handle`,
-    and at ``collect`` the masked ``encode(state)`` (uint64 in [0, 2^b); ``state`` holds ``bits`` and
-    ``threshold``) packed into :data:`MASKED_RECORD`. The reply holds the protocol records only.
-
-    The message-level glue every client of the protocol needs (added for
-    ``client_mods.secure_objective`` and ``client_mods.distributed_dp_mod``)."""
+    and at ``collect`` the masked ``encode(state)`` (uint64 in [0, 2^b); ``state`` holds ``bits``,
+    ``threshold``, ``colluders`` and ``honest-bound``, the fewest honest clients in any sum a server
+    lying about dropouts can unmask: :func:`~.protocol.honest_shares_bound`) packed into
+    :data:`MASKED_RECORD`. The reply holds the protocol records only."""
     stage = stage_of(msg.content)
     record = msg.content[RECORD]
     if STATE_RECORD not in ctxt.state:
@@ -234,13 +293,13 @@ def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord],
     node = int(msg.metadata.dst_node_id)
     out = RecordDict()
     if stage == Stage.COLLECT:
-        fields, vector = handle(state, node, stage, record, lambda: encode(state))
+        fields, vector = handle(state, node, stage, record, lambda: encode(state), min_colluders=min_colluders)
         out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, int(state["bits"])))})
     else:
-        fields, _ = handle(state, node, stage, record)
+        fields, _ = handle(state, node, stage, record, min_colluders=min_colluders)
     out[RECORD] = ConfigRecord({STAGE_KEY: stage, **fields})
     return Message(out, reply_to=msg)
 
 
-__all__ = ["ClientRound", "agreed_key", "answer_message", "fernet_key", "handle", "private_key_from_scalar",
+__all__ = ["DIGEST_BYTES", "ClientRound", "agreed_key", "answer_message", "check_noise_floor", "fernet_key", "handle", "private_key_from_scalar",
            "private_scalar"]

@@ -8,9 +8,10 @@ stage by stage (nothing of it depends on the client's data):
 =================  ===============================================  ==============================================
 stage              server → client                                  client → server
 =================  ===============================================  ==============================================
-``setup``          round, threshold t, bits b                       two fresh ECDH public keys (pk1, pk2)
-``share-keys``     the neighbours' node ids and public keys          Shamir shares of b_u and sk1, each encrypted
-                                                                    for one neighbour (Fernet under ECDH(sk2, pk2))
+``setup``          round, threshold t, bits b, colluders c          two fresh ECDH public keys (pk1, pk2)
+``share-keys``     the view U_1 (node ids), the graph seed and k,    Shamir shares of b_u and sk1, each encrypted
+                   the neighbours' node ids and public keys          for one neighbour (Fernet under ECDH(sk2, pk2)),
+                                                                    bound to the view's digest
 ``collect``        the model (Flower's train content), the           the masked vector (uint64 in [0, 2^b)) only:
                    ciphertexts addressed to this client, the         the ClientApp's metrics and ``num-examples`` are
                    public distributed-DP parameters                  dropped (they would leave un-noised)
@@ -26,7 +27,10 @@ dropped.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import hashlib
+import math
+import random
+from typing import Any, Iterable, Sequence
 
 from flwr.app import ConfigRecord, RecordDict
 
@@ -94,5 +98,117 @@ def distinct(key: str, values: Sequence[Any]) -> None:
         raise ProtocolError(f"field {key!r} repeats a value")
 
 
+def ring_neighbours(nodes: Iterable[int], num_shares: int, graph_seed: int) -> dict[int, set[int]]:
+    """N(u) for each node: the nodes within ``num_shares // 2`` of u on a ring whose order is the sorted
+    ``nodes`` shuffled by ``random.Random(graph_seed)`` (u included; every node when ``num_shares`` ≥ the
+    number of nodes: SecAgg's complete graph). Public and deterministic: a client recomputes its own
+    neighbourhood from the view and the seed and refuses any other (Bell et al. 2020 choose the graph
+    at random; a server that picks it could surround a client with nodes of its choice)."""
+    order = sorted(int(n) for n in nodes)
+    random.Random(int(graph_seed)).shuffle(order)
+    n = len(order)
+    if num_shares >= n:
+        everyone = set(order)
+        return {u: set(everyone) for u in order}
+    half = num_shares // 2
+    return {u: {order[(i + k) % n] for k in range(-half, half + 1)} for i, u in enumerate(order)}
+
+
+def neighbourhood_size(n_nodes: int, num_shares: int) -> int:
+    """|N(u)| on a ring of ``n_nodes`` for neighbourhood parameter ``num_shares`` (u included)."""
+    return n_nodes if num_shares >= n_nodes else min(n_nodes, 2 * (num_shares // 2) + 1)
+
+
+def min_threshold(holders: int, colluders: int = 0) -> int:
+    r"""The smallest threshold t a client accepts for ``holders`` share holders (itself included) and
+    ``colluders`` c clients that may pool their shares with the server: :math:`2t > h + c`.
+
+    Why: one secret of a client u is its mask seed :math:`b_u` (rebuilt when u survives), the other
+    its key :math:`sk1_u` (rebuilt when u dropped); both together strip every mask of u's vector.
+    An honest holder answers one unmask request per round and names each peer either alive or
+    dropped, never both. A server that lies to different holders needs t − c honest "alive" and
+    t − c honest "dropped" answers from the h − c honest holders: :math:`2(t - c) \le h - c`.
+    With :math:`2t > h + c` this is impossible (the counting of Bonawitz et al. 2017's active-server
+    analysis).
+    It also gives t > c: the colluders alone never hold t shares of an honest client's secret."""
+    return max(2, (holders + colluders) // 2 + 1)
+
+
+def honest_shares_bound(view_size: int, threshold: int, colluders: int, *, complete: bool) -> int:
+    r"""A lower bound on the honest clients in any sum that a server lying about dropouts (but relaying
+    the public keys faithfully) can unmask, with up to c colluding clients; 1 (the client alone) when
+    the graph is not complete.
+
+    Complete graph of h nodes, every honest holder answering one request that names each peer it holds
+    shares of as alive or dropped, with at least t alive (itself included). To read a sum over S the
+    server must rebuild :math:`sk1_x` of every honest x outside S: t − c honest "dropped" answers each,
+    from h − c honest holders with at most h − t "dropped" names each. So at most
+    :math:`(h-c)(h-t)/(t-c)` honest clients are outside S, and at least
+
+    .. math:: \left\lceil (h - c)\,\frac{2t - h - c}{t - c} \right\rceil
+
+    are in it (≥ 1 once :func:`min_threshold` holds; = t − c only at t = h). In a sparse graph
+    nodes far from u can answer for u's neighbours, and no bound better than u itself holds."""
+    h, t, c = int(view_size), int(threshold), int(colluders)
+    if not complete or 2 * t <= h + c:
+        return 1
+    return max(1, math.ceil((h - c) * (2 * t - h - c) / (t - c) - 1e-9))
+
+
+def lying_server_threshold(holders: int, colluders: int, honest_target: int) -> int:
+    """The smallest t ≥ :func:`min_threshold` whose complete-graph :func:`honest_shares_bound` reaches
+    ``honest_target`` (t = ``holders`` always does when the target is at most holders − colluders)."""
+    for t in range(min_threshold(holders, colluders), holders + 1):
+        if honest_shares_bound(holders, t, colluders, complete=True) >= honest_target:
+            return t
+    return holders
+
+
+def graph_failure_bound(n_nodes: int, num_shares: int, threshold: int, dropout_rate: float) -> float:
+    r"""An upper bound on the probability that a round on the ring of :func:`ring_neighbours` cannot
+    unmask, or splits, when each node drops independently with probability p = ``dropout_rate``.
+
+    A node's secret needs t live holders among its h = :func:`neighbourhood_size` neighbours
+    (itself excluded when it dropped: :math:`\Pr[\mathrm{Bin}(h-1, 1-p) < t]`), and the survivors'
+    graph splits only where ⌊k/2⌋ consecutive ring positions all dropped (:math:`p^{\lfloor k/2\rfloor}`);
+    a union bound over the n nodes gives
+
+    .. math:: n\,\bigl(\Pr[\mathrm{Bin}(h-1, 1-p) < t] + p^{\lfloor k/2 \rfloor}\bigr)
+
+    (Bell et al. 2020, §3: logarithmic degree for a fixed dropout rate and failure probability).
+    For the complete graph only the first term counts, once."""
+    from scipy.stats import binom  # noqa: PLC0415 - scipy is only needed when sizes are derived
+
+    h = neighbourhood_size(n_nodes, num_shares)
+    missing = float(binom.cdf(threshold - 1, h - 1, 1.0 - dropout_rate))
+    if h >= n_nodes:
+        return missing
+    return min(1.0, n_nodes * (missing + dropout_rate ** (num_shares // 2)))
+
+
+def choose_num_shares(n_nodes: int, *, colluders: int, dropout_rate: float, failure_probability: float) -> int:
+    """The smallest ring parameter k whose :func:`graph_failure_bound` (at t = :func:`min_threshold`) is at
+    most ``failure_probability``; ``n_nodes`` (the complete graph) when none smaller is."""
+    for k in range(2, n_nodes, 2):
+        h = neighbourhood_size(n_nodes, k)
+        t = min_threshold(h, colluders)
+        if t <= h and graph_failure_bound(n_nodes, k, t, dropout_rate) <= failure_probability:
+            return k
+    return n_nodes
+
+
+def view_digest(*, server_round: int, threshold: int, bits: int, colluders: int, num_shares: int, graph_seed: int,
+                view: Sequence[int]) -> bytes:
+    """SHA-256 of what every client of one round must agree on: the round's parameters and U_1.
+
+    Each encrypted share carries its sender's digest and the receiver checks it against its own, so
+    two clients that exchange shares saw the same parameters, node set and graph (Fernet under their
+    ECDH key: the server cannot rewrite it without substituting keys)."""
+    text = f"secagg+|{server_round}|{threshold}|{bits}|{colluders}|{num_shares}|{graph_seed}|" + ",".join(
+        str(int(n)) for n in sorted(view))
+    return hashlib.sha256(text.encode()).digest()
+
+
 __all__ = ["MASKED_KEY", "MASKED_RECORD", "RECORD", "STAGE_KEY", "STATE_RECORD", "ProtocolError", "Stage",
-           "distinct", "field", "list_field", "stage_of", "stage_record"]
+           "choose_num_shares", "distinct", "field", "graph_failure_bound", "honest_shares_bound", "lying_server_threshold", "list_field", "min_threshold", "neighbourhood_size",
+           "ring_neighbours", "stage_of", "stage_record", "view_digest"]

@@ -7,8 +7,9 @@ the complete-graph case). Built on Flower's primitives (see :mod:`.client_protoc
 Node sets, as in the papers: :math:`U_0` the sampled nodes, :math:`U_1 \subseteq U_0`
 those that sent public keys, :math:`U_2 \subseteq U_1` those that sent their encrypted
 shares, :math:`U_3 \subseteq U_2` those whose masked vector was accepted. Each node's
-neighbours :math:`N(u)` are the ``num_shares`` nodes around it on a ring in a random
-order (SecAgg+; all nodes when ``num_shares`` ≥ |U_0|: SecAgg). The revealed value is
+neighbours :math:`N(u)` are the nodes around it on a ring over :math:`U_1` in the order of a
+public random seed (SecAgg+; all nodes when ``num_shares`` ≥ |U_1|: SecAgg); every client
+recomputes its own (:func:`~.protocol.ring_neighbours`). The revealed value is
 
 .. math:: \sum_{u \in U_3} y_u \bmod 2^b,
 
@@ -24,19 +25,21 @@ was not asked, a second reply, or a malformed one (wrong types, a public key tha
 does not parse, a masked vector of the wrong shape, dtype or range) drops its
 sender from the round; the sender is counted under ``rejected``. The round
 aborts (:class:`SecureAggregationAborted`: nothing is revealed, nothing is booked)
-when fewer than ``min_survivors`` nodes remain at any stage or a secret cannot be
-rebuilt from the shares received.
+when fewer than ``min_survivors`` nodes remain at any stage, when a connected component
+of the survivors' graph holds fewer than ``min_survivors`` nodes (the server could
+unmask that component's sum on its own: checked before any share is asked for), or
+when a secret cannot be rebuilt from the shares received.
 
-Trust model: the server is honest-but-curious (it follows the protocol and tries
-to learn from what it sees); clients follow the protocol. A malicious server can
-claim dropouts to learn the sum of a smaller set (down to t nodes); a client can
-corrupt the sum by sending bad shares or a bad vector (it cannot learn anything
-by it). Robustness to malicious clients and verified dropouts are out of scope.
+Trust model: see :mod:`.client_protocol` for what every client enforces and
+``docs/distributed-dp.md`` for what each adversary learns. This class is the honest
+server: it follows the protocol, so it reveals the sum of at least ``min_survivors``
+clients, never a smaller partial sum.
 """
 
 from __future__ import annotations
 
 import random
+import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable
 from logging import INFO, WARNING
@@ -52,7 +55,7 @@ from ..npy_codec import npy_view
 from .client_protocol import agreed_key, private_key_from_scalar
 from .masks import apply_mask, check_bits, packed_size, pairwise_sign, prg_mask, reduce_mod, unpack_bits
 from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, ProtocolError, Stage, distinct, list_field,
-                       stage_record)
+                       min_threshold, neighbourhood_size, ring_neighbours, stage_record)
 
 PROTOCOL_REJECTION = "secure-aggregation"
 """The reason counted for a malformed protocol reply (its sender is dropped from the round)."""
@@ -62,16 +65,19 @@ class SecureAggregationAborted(RuntimeError):
     """The round cannot reveal the sum (too few survivors or shares); nothing was revealed."""
 
 
-def ring_neighbours(nodes: Iterable[int], num_shares: int, rng: random.Random) -> dict[int, set[int]]:
-    """N(u) for each node: the ``num_shares`` nodes centred on u on a ring in random order (u included)."""
-    order = list(nodes)
-    rng.shuffle(order)
-    n = len(order)
-    if num_shares >= n:
-        everyone = set(order)
-        return {u: set(everyone) for u in order}
-    half = num_shares // 2
-    return {u: {order[(i + k) % n] for k in range(-half, half + 1)} for i, u in enumerate(order)}
+def components(nodes: set[int], neighbours: dict[int, set[int]]) -> list[set[int]]:
+    """The connected components of the graph ``neighbours`` restricted to ``nodes``."""
+    left, out = set(nodes), []
+    while left:
+        frontier = [left.pop()]
+        part = set(frontier)
+        while frontier:
+            for peer in neighbours[frontier.pop()] & left:
+                left.discard(peer)
+                part.add(peer)
+                frontier.append(peer)
+        out.append(part)
+    return out
 
 
 def _public_key(value: bytes) -> bytes:
@@ -89,9 +95,12 @@ class SecureAggregationRound:
     Args:
         server_round: Flower's round number (the messages' group id).
         node_ids: U_0, the sampled nodes.
-        num_shares: neighbourhood size k (≥ 2; ≥ |U_0| gives the complete graph).
-        threshold: t, shares needed to rebuild a secret (2 ≤ t ≤ k).
-        min_survivors: the round aborts below this many nodes (≥ t).
+        num_shares: neighbourhood parameter k (≥ 2; ≥ |U_1| gives the complete graph).
+        threshold: t, shares needed to rebuild a secret; at least :func:`~.protocol.min_threshold` of
+            the neighbourhood size and ``colluders`` (clients refuse less), at most the neighbourhood size.
+        min_survivors: the round aborts below this many nodes (≥ t), and when a component of the
+            survivors' graph is smaller.
+        colluders: c, the clients that may pool their shares with the server (declared to the clients).
         bits: b, the modulus 2^b of the sum.
         length: D, the length of every masked vector.
         timeout: seconds each stage waits for replies (``Grid.send_and_receive``).
@@ -99,7 +108,7 @@ class SecureAggregationRound:
 
     # pylint: disable=too-many-arguments,too-many-instance-attributes
     def __init__(self, server_round: int, node_ids: Iterable[int], *, num_shares: int, threshold: int,
-                 min_survivors: int, bits: int, length: int, timeout: Optional[float],
+                 min_survivors: int, bits: int, length: int, timeout: Optional[float], colluders: int = 0,
                  rng: Optional[random.Random] = None) -> None:
         self.server_round = int(server_round)
         self.sampled = sorted(set(int(n) for n in node_ids))
@@ -108,10 +117,16 @@ class SecureAggregationRound:
         self.threshold = int(threshold)
         self.min_survivors = max(int(min_survivors), self.threshold)
         self.num_shares = int(num_shares)
-        if not 2 <= self.threshold <= self.num_shares:
-            raise ValueError(f"threshold must be an integer in [2, num_shares={self.num_shares}], got {threshold!r}")
+        self.colluders = int(colluders)
+        if self.num_shares < 2:
+            raise ValueError(f"num_shares must be an integer >= 2, got {num_shares!r}")
+        size = neighbourhood_size(len(self.sampled), self.num_shares)
+        if not min_threshold(size, self.colluders) <= self.threshold <= size:
+            raise ValueError(f"threshold must be an integer in [{min_threshold(size, self.colluders)}, {size}] for "
+                             f"neighbourhoods of {size} nodes and {self.colluders} colluders, got {threshold!r}")
         self.timeout = timeout
-        self.neighbours = ring_neighbours(self.sampled, self.num_shares, rng or random.SystemRandom())
+        self.graph_seed = (rng.getrandbits(62) if rng is not None else secrets.randbits(62))
+        self.neighbours: dict[int, set[int]] = {}
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
         self.alive_keys: set[int] = set()   # U_1
         self.forwarded: dict[int, list[tuple[int, bytes]]] = {}
@@ -167,8 +182,8 @@ class SecureAggregationRound:
     def setup(self, grid: Any) -> set[int]:
         """Stage 0: collect two public keys from every sampled node; U_1."""
         self._require(set(self.sampled), Stage.SETUP)
-        messages = [self._message(n, {STAGE_KEY: Stage.SETUP, "threshold": self.threshold, "bits": self.bits})
-                    for n in self.sampled]
+        messages = [self._message(n, {STAGE_KEY: Stage.SETUP, "threshold": self.threshold, "bits": self.bits,
+                                      "colluders": self.colluders}) for n in self.sampled]
 
         def read(node: int, record: ConfigRecord) -> None:
             pk1, pk2 = record["pk1"], record["pk2"]
@@ -188,15 +203,19 @@ class SecureAggregationRound:
         return alive
 
     def share_keys(self, grid: Any) -> set[int]:
-        """Stage 1: send each node its neighbours' keys, collect the encrypted shares; U_2."""
+        """Stage 1: the ring over U_1 (public seed); send each node the view, the seed and its neighbours'
+        keys, collect the encrypted shares; U_2."""
         alive = self.alive_keys
+        view = sorted(alive)
+        self.neighbours = ring_neighbours(view, self.num_shares, self.graph_seed)
         expected: dict[int, set[int]] = {}
         messages = []
-        for node in sorted(alive):
-            peers = sorted(self.neighbours[node] & alive)
+        for node in view:
+            peers = sorted(self.neighbours[node])
             expected[node] = set(peers) - {node}
             messages.append(self._message(node, {
-                STAGE_KEY: Stage.SHARE_KEYS, "nids": peers,
+                STAGE_KEY: Stage.SHARE_KEYS, "nids": peers, "view": view, "graph-seed": self.graph_seed,
+                "num-shares": self.num_shares,
                 "pk1s": [self.public_keys[p][0] for p in peers], "pk2s": [self.public_keys[p][1] for p in peers]}))
         outgoing: dict[int, list[tuple[int, bytes]]] = {}
 
@@ -266,6 +285,12 @@ class SecureAggregationRound:
     def unmask(self, grid: Any) -> np.ndarray:
         """Stage 3: collect the shares, remove every mask; Σ_{u∈U_3} y_u mod 2^b."""
         self._require(self.survivors, Stage.COLLECT)
+        small = [part for part in components(self.survivors, self.neighbours) if len(part) < self.min_survivors]
+        if small:
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: the survivors' graph splits into parts of "
+                f"{sorted(len(p) for p in components(self.survivors, self.neighbours))} nodes; a part of fewer "
+                f"than {self.min_survivors} would be unmasked on its own (no share asked for)")
         dropped = self.shared - self.survivors
         holds = {node: {src for src, _ in self.forwarded[node]} for node in self.shared}
         messages, asked_for = [], {}
@@ -331,4 +356,5 @@ class SecureAggregationRound:
         return sk1
 
 
-__all__ = ["PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound", "ring_neighbours"]
+__all__ = ["PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound", "components",
+           "ring_neighbours"]

@@ -18,10 +18,13 @@ Each round (Kairouz, Liu & Steinke 2021; Agarwal, Kairouz & Liu 2021; Bell et al
 
    .. math:: w_{t+1} = w_t + \frac{1}{|U_3|}\,\mathrm{decode}\Bigl(\sum_{u \in U_3} k_u + \xi\Bigr).
 
-Privacy (derivation). Mechanism: the Skellam mechanism on the integer sum, noise
-:math:`\xi \sim \mathrm{Sk}(|U_3|\mu/m)` with :math:`|U_3| \ge m` (the round aborts
-with fewer survivors), so the noise variance is at least μ per coordinate; a larger
-variance is post-processing of μ (Skellam is closed under sums). Sensitivity: add or
+Privacy (derivation). Mechanism: the Skellam mechanism on the integer sum. Each client
+adds :math:`\mathrm{Sk}(\mu/(m - c))` per coordinate, c = ``max_colluding_clients``; a
+revealed sum holds :math:`|U_3| \ge m` clients (the round aborts with fewer survivors, or
+when the survivors' graph has a component of fewer than m: that part could be unmasked
+alone), of which at least m − c are honest, so the noise the adversary cannot subtract
+has variance at least μ per coordinate; a larger variance is post-processing of μ
+(Skellam is closed under sums). Sensitivity: add or
 remove one client's data (the "zero-out" form: the client's update becomes 0 and its
 noise share stays), integer L2 sensitivity :math:`\tilde\Delta_2` enforced by the
 conditional rounding (KLS21 §4.1; includes the rounding's norm inflation), L1
@@ -34,13 +37,21 @@ amplification by sampling: the server chooses the sample, so it is not secret fr
 it. Rounds that abort reveal nothing and book nothing. Decoding, dividing by
 :math:`|U_3|` (public) and adding to the model are post-processing.
 
-Trust model (stated in :meth:`DistributedDpFedAvg.summary` and the docs). The ε is
-against an honest-but-curious server that sees only the masked vectors and the
-revealed sum, and equally for the released model; it assumes every surviving client
-added its noise share. Clients that collude with the server remove their own shares:
-with c colluders the noise is at least :math:`(m - c)\mu/m`. Compare: central DP
-(``AccountedPoissonFixedClipping``) trusts the server with every raw update; local
-DP (``LocalUpdateNoiseMod``) trusts no one and needs :math:`\sqrt{n}` times the noise.
+Trust model (stated in :meth:`DistributedDpFedAvg.summary`; ``docs/distributed-dp.md``
+has the table the tests check). The ε is against an honest-but-curious server with up to
+c = ``max_colluding_clients`` colluding clients: it sees the masked vectors and sums of at
+least m clients. Clients enforce, whatever the server does
+(:mod:`flwr_dp_strategies.secure_aggregation.client_protocol`): t with 2t > h + c, so
+no server rebuilds both secrets of a client; their neighbourhood in the public graph;
+one consistent view per round. A server that lies about dropouts can still choose which
+survivors enter a sum: in the complete graph any sum it unmasks holds at least
+:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound` honest
+shares (logged each run), in a sparse graph possibly one client's own share; a client
+guards itself with the mod's ``min_noise_multiplier``, checked against that bound. A
+server that substitutes public keys (Flower has no PKI for clients) is not covered.
+Compare: central DP (``AccountedPoissonFixedClipping``) trusts the server with every raw
+update; local DP (``LocalUpdateNoiseMod``) trusts no one and needs :math:`\sqrt{n}`
+times the noise.
 
 In the clear: the protocol's keys, ciphertexts, node lists and shares, and the packed
 masked vector; never a metric of the client (the mod drops them; a reply carrying
@@ -51,7 +62,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Optional
 
 import numpy as np
@@ -69,7 +80,7 @@ from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import DEFAULT_MAX_WEIGHT
-from .secure_aggregation_rounds import SecureAggregationMixin, Sizes
+from .secure_aggregation_rounds import ProtocolSizes, SecureAggregationMixin
 from .streaming_aggregation import single_threaded_blas
 
 EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
@@ -85,11 +96,18 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         noise_multiplier: z, the noise std over the L2 sensitivity of the integer sum (> 0).
         clipping_norm: C, the L2 bound of each client's update (> 0).
         bits: b, the modulus 2^b of the secure sum (the upload is ⌈D·b/8⌉ bytes), in [2, 62].
-        num_shares: SecAgg+ neighbourhood size k: an int ≥ 2, or a fraction of the sampled nodes
-            (default 1.0: every node, SecAgg's complete graph).
-        reconstruction_threshold: t, shares needed to rebuild a secret: an int ≥ 2 or a fraction of k.
+        num_shares: SecAgg+ ring parameter k: an int ≥ 2, a fraction of the sampled nodes (1.0:
+            SecAgg's complete graph), or None (default): the smallest k whose failure bound at
+            ``dropout_rate`` is at most ``failure_probability`` (Bell et al. 2020).
+        reconstruction_threshold: t, shares needed to rebuild a secret: None (default) for the least
+            the clients accept, 2t > h + c for neighbourhoods of h nodes; an int, or a fraction of h in
+            (0.5, 1]. A round whose t falls outside [that least, h] is skipped with a WARNING.
         min_survivors: m, the fewest clients whose noise a revealed sum holds (an int, or a fraction
-            of the sampled nodes; raised to t): each client adds μ/m, a round with fewer aborts.
+            of the sampled nodes; raised to t): each client adds μ/(m − c), a round with fewer aborts.
+        max_colluding_clients: c, the clients that may pool their shares and noise with the server
+            (default 0); t and the noise share follow from it, and m must exceed it.
+        dropout_rate, failure_probability: the per-client dropout rate the graph is sized for and the
+            probability, at that rate, that a round cannot unmask (defaults 0.05 and 1e-6).
         rotation_seed: the public seed of the random rotation (default: drawn from OS entropy);
             round r uses ``rotation_seed + r``.
         beta: conditional-rounding β. overflow_sigmas: k of :func:`scale_for_bits`.
@@ -117,9 +135,12 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         noise_multiplier: float,
         clipping_norm: float,
         bits: int = 20,
-        num_shares: int | float = 1.0,
-        reconstruction_threshold: int | float = 0.5,
+        num_shares: Optional[int | float] = None,
+        reconstruction_threshold: Optional[int | float] = None,
         min_survivors: int | float = 0.8,
+        max_colluding_clients: int = 0,
+        dropout_rate: float = 0.05,
+        failure_probability: float = 1e-6,
         rotation_seed: Optional[int] = None,
         beta: float = DEFAULT_BETA,
         overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
@@ -137,7 +158,9 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
             "rotation_seed", rotation_seed, minimum=0)
         self.beta = DistributedDpParams(1, 1.0, 1.0, 2, 0, beta).beta  # validated as the clients will
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
-        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout)
+        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout,
+                                      max_colluding_clients=max_colluding_clients, dropout_rate=dropout_rate,
+                                      failure_probability=failure_probability)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
@@ -146,16 +169,16 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         self._calibration: Optional[SkellamCalibration] = None
 
     # ------------------------------------------------------------------ calibration
-    def round_parameters(self, server_round: int, dim: int, n_sampled: int
-                         ) -> tuple[DistributedDpParams, SkellamCalibration, int, int, int]:
-        """(params, calibration, k, t, m) of a round with ``n_sampled`` nodes and a model of ``dim`` values."""
-        k, t, m = self.protocol_sizes(n_sampled)
-        scale = scale_for_bits(bits=self.bits, clip_norm=self.clipping_norm, dim=dim, n_clients=n_sampled,
-                               noise_multiplier=self.noise_multiplier, min_survivors=m, beta=self.beta,
+    def round_parameters(self, server_round: int, dim: int, sizes: ProtocolSizes
+                         ) -> tuple[DistributedDpParams, SkellamCalibration]:
+        """(params, calibration) of a round of ``sizes`` and a model of ``dim`` values: the noise μ is
+        split over the m − c honest survivors (:attr:`ProtocolSizes.honest`)."""
+        scale = scale_for_bits(bits=self.bits, clip_norm=self.clipping_norm, dim=dim, n_clients=sizes.n_sampled,
+                               noise_multiplier=self.noise_multiplier, min_survivors=sizes.honest, beta=self.beta,
                                overflow_sigmas=self.overflow_sigmas)
         params = DistributedDpParams(dim=dim, clip_norm=self.clipping_norm, scale=scale, bits=self.bits,
                                      rotation_seed=(self.rotation_seed + server_round) % (1 << 62), beta=self.beta)
-        return params, calibrate_skellam(params, noise_multiplier=self.noise_multiplier, n_clients=m), k, t, m
+        return params, calibrate_skellam(params, noise_multiplier=self.noise_multiplier, n_clients=sizes.honest)
 
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -169,12 +192,14 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         planned = list(FedAvg.configure_train(self, server_round, arrays, config, grid))
         if not self.enough_nodes(server_round, planned):
             return []
+        sizes = self.plan_sizes(server_round, len(planned))
+        if sizes is None:
+            return []
         dim = int(sum(npy_view(a).size for a in arrays.values()))
-        params, calibration, k, t, m = self.round_parameters(server_round, dim, len(planned))
+        params, calibration = self.round_parameters(server_round, dim, sizes)
         public = {"dp-dim": params.dim, "dp-clip-norm": params.clip_norm, "dp-scale": params.scale,
                   "dp-rotation-seed": params.rotation_seed, "dp-beta": params.beta,
                   "dp-noise-share": calibration.local_mu}
-        sizes: Sizes = (k, t, m)
         messages = self.open_secure_round(server_round, grid, planned, sizes=sizes, bits=self.bits,
                                           length=params.padded_dim, event=calibration.event, public=public)
         self._params, self._calibration = params, calibration
@@ -188,13 +213,19 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         if total is None or secure is None:
             return None, (self.round_metrics(None, rejected) if secure is not None or rejected else None)
         assert self._params is not None and self._calibration is not None
+        peak = peak_fraction(total, self._params.bits)
+        if peak > WRAP_WARNING:
+            log(WARNING, "Round %d, distributed DP: the revealed sum reaches %.0f%% of the range of %d bits; "
+                "coordinates have probably wrapped (the update is wrong, not less private): raise bits or lower "
+                "the clients' alignment", server_round, 100 * peak, self._params.bits)
         mean = decode_sum(total, self._params) / len(secure.survivors)
         arrays = _add_update(self._current, mean)
         self.ledger.record(self._calibration.event, server_round=server_round, label=EVENT_LABEL,
                            neighboring_relation="add_or_remove_one")
         self.save_ledger()
-        metrics = MetricRecord({**self.survivor_metrics(secure),
-                                "dp/noise-multiplier": float(self._calibration.effective_noise_multiplier)})
+        self.log_survivors(secure)
+        metrics = MetricRecord({"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier),
+                                "secagg/peak-fraction": peak})
         return arrays, self.round_metrics(metrics, rejected)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
@@ -205,10 +236,10 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         """The ledger so far, the trust model, then FedAvg's summary."""
         report = self.ledger.report()
         log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); distributed DP: z=%s, C=%s, %d bits, "
-            "min survivors %s", report.epsilon, report.delta, report.method, self.noise_multiplier,
-            self.clipping_norm, self.bits, self.min_survivors)
-        log(INFO, "\t├──> Trust model: the server sees only the secure sum; epsilon holds against it and for "
-            "the released model, if every client adds its noise share")
+            "min survivors %s, max colluding clients %d", report.epsilon, report.delta, report.method,
+            self.noise_multiplier, self.clipping_norm, self.bits, self.min_survivors, self.max_colluding_clients)
+        for line in self.trust_lines():
+            log(INFO, "\t├──> %s", line)
         super().summary()
 
     def upload_bytes(self, dim: int) -> int:
@@ -218,12 +249,21 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
     def __repr__(self) -> str:
         return (f"DistributedDpFedAvg(z={self.noise_multiplier}, C={self.clipping_norm}, bits={self.bits}, "
                 f"num_shares={self.num_shares}, threshold={self.reconstruction_threshold}, "
-                f"min_survivors={self.min_survivors})")
+                f"min_survivors={self.min_survivors}, max_colluding_clients={self.max_colluding_clients})")
 
 
-def _copy_content(content: RecordDict) -> RecordDict:
-    """A fresh RecordDict holding the same records (each message gets its own protocol record)."""
-    return RecordDict(dict(content.items()))
+WRAP_WARNING = 0.9
+"""A revealed sum whose largest centred coordinate passes this fraction of 2^(b−1) is logged as wrapped."""
+
+
+def peak_fraction(total: np.ndarray, bits: int) -> float:
+    """max |centred coordinate| of a revealed sum mod 2^b, over 2^(b−1): near 1, coordinates have probably
+    wrapped (a sum planned by :func:`scale_for_bits` stays below 1/6 of it with overwhelming probability).
+    Post-processing of the released noisy sum, so it costs no privacy."""
+    half = 1 << (bits - 1)
+    signed = total.astype(np.int64)
+    signed = np.where(signed >= half, signed - (1 << bits), signed)
+    return float(np.abs(signed).max() / half) if signed.size else 0.0
 
 
 def _add_update(current: Optional[ArrayRecord], mean: np.ndarray) -> ArrayRecord:
@@ -238,4 +278,4 @@ def _add_update(current: Optional[ArrayRecord], mean: np.ndarray) -> ArrayRecord
     return ArrayRecord(out)
 
 
-__all__ = ["DistributedDpFedAvg", "EVENT_LABEL"]
+__all__ = ["DistributedDpFedAvg", "EVENT_LABEL", "WRAP_WARNING", "peak_fraction"]

@@ -12,7 +12,12 @@ is handed:
   vectors added, the *unmask* stage, the revealed sum mod 2^b, or None when the round aborts
   (nothing revealed, nothing to book).
 
-The subclass calibrates (vector length, public fields, the DpEvent it will book) and decodes.
+The subclass calibrates (vector length, public fields, the DpEvent it will book) for
+:attr:`ProtocolSizes.honest` = m − c noise shares and decodes. :meth:`SecureAggregationMixin.plan_sizes`
+derives the protocol's sizes from the cohort, the colluders to resist, the dropout rate and the
+failure probability (:func:`~flwr_dp_strategies.secure_aggregation.protocol.choose_num_shares`,
+:func:`~flwr_dp_strategies.secure_aggregation.protocol.min_threshold`), and skips a round whose
+sizes cannot meet them, with a WARNING.
 Every stage waits ``stage_timeout`` seconds, by default the ``timeout`` given to ``Strategy.start``
 (which bounds the collect stage, Flower's own train round).
 """
@@ -22,7 +27,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from logging import WARNING
+from dataclasses import dataclass
+from logging import INFO, WARNING
 from typing import Any, Optional
 
 import numpy as np
@@ -33,13 +39,49 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..privacy.validation import check_int, check_positive, check_probability
-from ..secure_aggregation.protocol import MASKED_RECORD, RECORD, ProtocolError
+from ..secure_aggregation.protocol import (MASKED_RECORD, RECORD, ProtocolError, choose_num_shares,
+                                           honest_shares_bound, lying_server_threshold, min_threshold,
+                                           neighbourhood_size)
 from ..secure_aggregation.server_protocol import (PROTOCOL_REJECTION, SecureAggregationAborted,
                                                   SecureAggregationRound)
 from .central_release import log_budget_stop, require_configured
 
 UNMASKED_METRICS_LABEL = "reply carried un-noised records next to its masked vector (non-private)"
-Sizes = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ProtocolSizes:
+    """The sizes of one secure round: ring parameter k, neighbourhood size h (|N(u)|), threshold t,
+    m = ``calibrated`` (the user's minimum survivors, the noise is split over m − c), the round's abort
+    size max(m, t), colluders c."""
+
+    num_shares: int
+    neighbourhood: int
+    threshold: int
+    calibrated: int
+    colluders: int
+    n_sampled: int
+
+    @property
+    def min_survivors(self) -> int:
+        """The round aborts with fewer survivors: max(m, t) (t shares rebuild each survivor's seed)."""
+        return min(max(self.calibrated, self.threshold), self.n_sampled)
+
+    @property
+    def honest(self) -> int:
+        """m − c: the honest noise shares in any sum the (honest) server reveals; each client adds μ/(m − c)."""
+        return self.calibrated - self.colluders
+
+    @property
+    def complete(self) -> bool:
+        """Whether the graph is SecAgg's complete graph."""
+        return self.neighbourhood >= self.n_sampled
+
+    @property
+    def lying_server_honest(self) -> int:
+        """The fewest honest noise shares in a sum a server lying about dropouts can unmask
+        (:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound`)."""
+        return honest_shares_bound(self.n_sampled, self.threshold, self.colluders, complete=self.complete)
 
 
 def fraction_or_count(name: str, value: int | float, minimum: int) -> int | float:
@@ -59,22 +101,44 @@ def resolve_count(name: str, value: int | float, n: int) -> int:
 class SecureAggregationMixin:
     """SecAgg+ stages for a ``ClientAccountingMixin`` + FedAvg strategy (see the module docstring)."""
 
-    num_shares: int | float
-    reconstruction_threshold: int | float
+    num_shares: Optional[int | float]
+    reconstruction_threshold: Optional[int | float]
     min_survivors: int | float
+    max_colluding_clients: int
+    dropout_rate: float
+    failure_probability: float
     stage_timeout: Optional[float]
     budget_exhausted: bool
 
-    def _init_secure_aggregation(self, num_shares: int | float, reconstruction_threshold: int | float,
-                                 min_survivors: int | float, stage_timeout: Optional[float]) -> None:
-        self.num_shares = fraction_or_count("num_shares", num_shares, 2)
-        self.reconstruction_threshold = fraction_or_count("reconstruction_threshold", reconstruction_threshold, 2)
-        self.min_survivors = fraction_or_count("min_survivors", min_survivors, 1)
+    # pylint: disable=too-many-arguments
+    def _init_secure_aggregation(self, num_shares: Optional[int | float],
+                                 reconstruction_threshold: Optional[int | float], min_survivors: int | float,
+                                 stage_timeout: Optional[float], *, max_colluding_clients: int = 0,
+                                 dropout_rate: float = 0.05, failure_probability: float = 1e-6) -> None:
+        self.max_colluding_clients = check_int("max_colluding_clients", max_colluding_clients, minimum=0)
+        c = self.max_colluding_clients
+        self.num_shares = None if num_shares is None else fraction_or_count("num_shares", num_shares, 2)
+        if reconstruction_threshold is None:
+            self.reconstruction_threshold = None
+        elif isinstance(reconstruction_threshold, float):
+            if not 0.5 < reconstruction_threshold <= 1.0:
+                raise ValueError("reconstruction_threshold as a fraction of the neighbourhood must be in (0.5, 1]: "
+                                 f"at most half would let a server rebuild both secrets of a client, got "
+                                 f"{reconstruction_threshold!r}")
+            self.reconstruction_threshold = reconstruction_threshold
+        else:
+            self.reconstruction_threshold = check_int("reconstruction_threshold", reconstruction_threshold,
+                                                      minimum=max(2, c + 1))
+        self.min_survivors = fraction_or_count("min_survivors", min_survivors, c + 1)
+        self.dropout_rate = check_probability("dropout_rate", dropout_rate, high_open=True)
+        self.failure_probability = check_probability("failure_probability", failure_probability, low_open=True,
+                                                     high_open=True)
         self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
         self._start_timeout: float = 3600.0  # Strategy.start's default, until start() says otherwise
         self._round: Optional[SecureAggregationRound] = None
         self._grid: Optional[Grid] = None
         self._protocol_rejected: Counter[str] = Counter()
+        self._sizes: Optional[ProtocolSizes] = None
         self.budget_exhausted = False
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
@@ -84,14 +148,46 @@ class SecureAggregationMixin:
         self._start_timeout = check_positive("timeout", timeout)
         return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)  # type: ignore[misc]
 
-    def protocol_sizes(self, n_sampled: int) -> Sizes:
-        """(k, t, m): neighbourhood size, reconstruction threshold, minimum survivors for ``n_sampled`` nodes."""
-        k = min(resolve_count("num_shares", self.num_shares, n_sampled), n_sampled)
-        t = resolve_count("reconstruction_threshold", self.reconstruction_threshold, k)
-        if not 2 <= t <= k:
-            raise ValueError(f"reconstruction_threshold must give t in [2, num_shares={k}], got t={t}")
-        m = min(max(resolve_count("min_survivors", self.min_survivors, n_sampled), t), n_sampled)
-        return k, t, m
+    def protocol_sizes(self, n_sampled: int) -> ProtocolSizes:
+        """The sizes for ``n_sampled`` nodes (ValueError naming the setting that cannot be met):
+        k from ``num_shares`` or, when None, :func:`choose_num_shares` for the dropout rate and failure
+        probability; m from ``min_survivors``, above the colluders; t from ``reconstruction_threshold`` or,
+        when None, the least the clients accept (:func:`min_threshold`), raised in the complete graph until
+        a server lying about dropouts meets the same m − c honest shares (:func:`lying_server_threshold`)."""
+        c, n = self.max_colluding_clients, int(n_sampled)
+        if self.num_shares is None:
+            k = choose_num_shares(n, colluders=c, dropout_rate=self.dropout_rate,
+                                  failure_probability=self.failure_probability)
+        else:
+            k = resolve_count("num_shares", self.num_shares, n)
+        k = max(2, min(k, n))
+        h = neighbourhood_size(n, k)
+        least = min_threshold(h, c)
+        m = min(resolve_count("min_survivors", self.min_survivors, n), n)
+        if m <= c:
+            raise ValueError(f"min_survivors gives m = {m} for {n} sampled nodes, not above "
+                             f"max_colluding_clients = {c}: the colluders could hold every noise share")
+        if self.reconstruction_threshold is None:
+            t = lying_server_threshold(h, c, m - c) if h >= n else least
+        elif isinstance(self.reconstruction_threshold, float):
+            t = max(math.ceil(self.reconstruction_threshold * h), 2)
+        else:
+            t = self.reconstruction_threshold
+        if not least <= t <= h:
+            raise ValueError(f"reconstruction_threshold gives t = {t} for neighbourhoods of {h} nodes and "
+                             f"max_colluding_clients = {c}: it must be in [{least}, {h}] (2t > h + c)")
+        return ProtocolSizes(num_shares=k, neighbourhood=h, threshold=t, calibrated=m, colluders=c, n_sampled=n)
+
+    def plan_sizes(self, server_round: int, n_sampled: int) -> Optional[ProtocolSizes]:
+        """:meth:`protocol_sizes`, or None (the round is skipped, with a WARNING) when they cannot be met."""
+        try:
+            sizes = self.protocol_sizes(n_sampled)
+        except ValueError as err:
+            log(WARNING, "%s: round %d samples %d node(s), and %s; the round is skipped", type(self).__name__,
+                server_round, n_sampled, err)
+            return None
+        self._sizes = sizes
+        return sizes
 
     def enough_nodes(self, server_round: int, planned: list[Message]) -> bool:
         """Secure aggregation needs two nodes or more (the round is skipped, with a WARNING, otherwise)."""
@@ -105,7 +201,7 @@ class SecureAggregationMixin:
         """Forget the previous round's protocol state (first thing in ``configure_train``)."""
         self._round, self._grid, self._protocol_rejected = None, grid, Counter()
 
-    def open_secure_round(self, server_round: int, grid: Grid, planned: list[Message], *, sizes: Sizes,
+    def open_secure_round(self, server_round: int, grid: Grid, planned: list[Message], *, sizes: ProtocolSizes,
                           bits: int, length: int, event: dp_event.DpEvent,
                           public: dict[str, Any], replace_one_event: Optional[dp_event.DpEvent] = None
                           ) -> list[Message]:
@@ -119,11 +215,11 @@ class SecureAggregationMixin:
             log_budget_stop(server_round, self.ledger)  # type: ignore[attr-defined]
             self.budget_exhausted = True
             return []
-        k, t, m = sizes
         content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
         timeout = self.stage_timeout if self.stage_timeout is not None else self._start_timeout
-        secure = SecureAggregationRound(server_round, content, num_shares=k, threshold=t, min_survivors=m,
-                                        bits=bits, length=length, timeout=timeout)
+        secure = SecureAggregationRound(server_round, content, num_shares=sizes.num_shares,
+                                        threshold=sizes.threshold, min_survivors=sizes.min_survivors, bits=bits,
+                                        length=length, timeout=timeout, colluders=sizes.colluders)
         try:
             secure.setup(grid)
             secure.share_keys(grid)
@@ -181,14 +277,34 @@ class SecureAggregationMixin:
                                    client=int(reply.metadata.src_node_id), label=UNMASKED_METRICS_LABEL)
 
     @staticmethod
-    def survivor_metrics(secure: SecureAggregationRound) -> dict[str, float]:
-        """``secagg/survivors`` (|U_3|) and ``secagg/dropped`` (sampled − survivors)."""
-        return {"secagg/survivors": float(len(secure.survivors)),
-                "secagg/dropped": float(len(secure.sampled) - len(secure.survivors))}
+    def log_survivors(secure: SecureAggregationRound) -> None:
+        """Survivors and dropouts go to the server log only: a client whose training fails (a NaN, an
+        exception) drops out, so the counts depend on data and are not in the round metrics."""
+        log(INFO, "Round %d, secure aggregation: %d of %d sampled clients in the revealed sum",
+            secure.server_round, len(secure.survivors), len(secure.sampled))
+
+    def trust_lines(self) -> list[str]:
+        """The trust model the protocol enforces, for the summary log (docs/distributed-dp.md has the table)."""
+        c = self.max_colluding_clients
+        lines = [f"Trust model: an honest-but-curious server, with up to {c} colluding client(s), sees only sums "
+                 "of at least min_survivors clients; epsilon holds against it and for the released model, if every "
+                 "honest client adds its noise share"]
+        sizes = self._sizes
+        if sizes is not None:
+            lines.append(f"Last round: k = {sizes.num_shares} (neighbourhood {sizes.neighbourhood} of "
+                         f"{sizes.n_sampled}), t = {sizes.threshold}, m = {sizes.min_survivors}: no server can "
+                         f"rebuild both secrets of a client (2t > h + c); a server lying about dropouts can "
+                         f"unmask sums holding {sizes.lying_server_honest} honest noise share(s) of the "
+                         f"{sizes.honest} calibrated for" + ("" if sizes.complete else " (sparse graph: no bound "
+                                                               "beyond the client's own share)"))
+        lines.append("Not covered: a server that substitutes public keys (no PKI) or fabricates clients; "
+                     "clients bound that with min_noise_multiplier in the mod")
+        return lines
 
     def _log_abort(self, err: Exception) -> None:
         log(WARNING, "%s: secure aggregation aborted (%s); nothing revealed, nothing booked",
             type(self).__name__, err)
 
 
-__all__ = ["SecureAggregationMixin", "UNMASKED_METRICS_LABEL", "fraction_or_count", "resolve_count"]
+__all__ = ["ProtocolSizes", "SecureAggregationMixin", "UNMASKED_METRICS_LABEL", "fraction_or_count",
+           "resolve_count"]

@@ -44,7 +44,7 @@ from logging import INFO
 from typing import Optional
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
@@ -58,7 +58,7 @@ from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from .client_accounting import ClientAccountingMixin
 from .reply_screening import DEFAULT_MAX_WEIGHT
-from .secure_aggregation_rounds import SecureAggregationMixin
+from .secure_aggregation_rounds import ProtocolSizes, SecureAggregationMixin
 from .streaming_aggregation import single_threaded_blas
 
 EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
@@ -80,8 +80,9 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
             :class:`~.noisy_objective_sum.NoisyObjectiveSum` (the noise-adapted ridge is always on).
         weights_key: the head's key (the only key of the arrays).
         bits: b of the modulus 2^b, in [2, 62] (upload ⌈D·b/8⌉ bytes, D = qc + q(q+1)/2 + 1).
-        num_shares, reconstruction_threshold, min_survivors, stage_timeout: as
-            :class:`~.distributed_dp_fedavg.DistributedDpFedAvg`.
+        num_shares, reconstruction_threshold, min_survivors, max_colluding_clients, dropout_rate,
+            failure_probability, stage_timeout: as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg`
+            (the same trust model; the noise is split over m − c honest survivors).
         overflow_sigmas: noise standard deviations of headroom in the modular range.
         ledger, ledger_path, per_client_metrics, max_weight: as :class:`~.accounted_fedavg.AccountedFedAvg`
             (a new ledger is add/remove, record level).
@@ -111,9 +112,12 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         psd_floor: float = 0.0,
         weights_key: str = "head.weight",
         bits: int = DEFAULT_BITS,
-        num_shares: int | float = 1.0,
-        reconstruction_threshold: int | float = 0.5,
+        num_shares: Optional[int | float] = None,
+        reconstruction_threshold: Optional[int | float] = None,
         min_survivors: int | float = 0.8,
+        max_colluding_clients: int = 0,
+        dropout_rate: float = 0.05,
+        failure_probability: float = 1e-6,
         overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
         stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
@@ -140,7 +144,9 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         self.weights_key = weights_key
         self.bits = check_bits(bits)
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
-        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout)
+        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout,
+                                      max_colluding_clients=max_colluding_clients, dropout_rate=dropout_rate,
+                                      failure_probability=failure_probability)
         self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
         self._init_screening(max_weight)
         self._spec: Optional[ArrayRecord] = None
@@ -151,15 +157,13 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         self.last_ridge: Optional[float] = None
 
     # ------------------------------------------------------------------ calibration
-    def round_parameters(self, dim: int, n_sampled: int) -> tuple[SecureObjectiveCalibration, int, int, int]:
-        """(calibration, k, t, m) of a round with ``n_sampled`` nodes and q = ``dim`` features."""
-        k, t, m = self.protocol_sizes(n_sampled)
-        calibration = calibrate_secure_objective(
-            dim=dim, num_classes=self.num_classes, max_records=self.max_records, n_clients=n_sampled,
-            min_survivors=m, epsilon=self.epsilon, noise_multiplier=self.noise_multiplier,
+    def round_parameters(self, dim: int, sizes: ProtocolSizes) -> SecureObjectiveCalibration:
+        """The calibration of a round of ``sizes`` and q = ``dim`` features (noise split over m − c)."""
+        return calibrate_secure_objective(
+            dim=dim, num_classes=self.num_classes, max_records=self.max_records, n_clients=sizes.n_sampled,
+            min_survivors=sizes.honest, epsilon=self.epsilon, noise_multiplier=self.noise_multiplier,
             delta=self.ledger.target_delta, loss=self.loss, neighboring_relation=self.ledger.neighboring_relation,
             bits=self.bits, overflow_sigmas=self.overflow_sigmas)
-        return calibration, k, t, m
 
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -183,12 +187,15 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         planned = list(FedAvg.configure_train(self, server_round, arrays, config, grid))
         if not self.enough_nodes(server_round, planned):
             return []
-        calibration, k, t, m = self.round_parameters(int(head.shape[0]), len(planned))
+        sizes = self.plan_sizes(server_round, len(planned))
+        if sizes is None:
+            return []
+        calibration = self.round_parameters(int(head.shape[0]), sizes)
         params = calibration.params
         public = {"fm-dim": params.dim, "fm-num-classes": params.num_classes, "fm-loss": params.loss,
                   "fm-scale": params.scale, "fm-noise-share": calibration.local_mu}
         self._calibration = calibration
-        return self.open_secure_round(server_round, grid, planned, sizes=(k, t, m), bits=self.bits,
+        return self.open_secure_round(server_round, grid, planned, sizes=sizes, bits=self.bits,
                                       length=params.length, event=calibration.add_remove_event, public=public,
                                       replace_one_event=calibration.replace_one_event)
 
@@ -210,8 +217,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         head, self.last_ridge = solve_noisy_sum(self.objective, ridge=self.ridge, noise_std=noise_std,
                                                 ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
         self.head = head
-        metrics = MetricRecord({**self.survivor_metrics(secure),
-                                "objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
+        self.log_survivors(secure)
+        metrics = MetricRecord({"objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
                                 "objective/noisy-count": float(self.objective.count)})
         return ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), self.round_metrics(metrics,
                                                                                                          rejected)
@@ -225,8 +232,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         report = self.ledger.report()
         log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); secure objective sum: %s bits, "
             "min survivors %s", report.epsilon, report.delta, report.method, self.bits, self.min_survivors)
-        log(INFO, "\t├──> Trust model: the server sees only the secure sum; epsilon holds against it and for "
-            "the released head, if every client adds its noise share")
+        for line in self.trust_lines():
+            log(INFO, "\t├──> %s", line)
         super().summary()
 
     def __repr__(self) -> str:
