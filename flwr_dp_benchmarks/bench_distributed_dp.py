@@ -454,7 +454,7 @@ def _strategies(cfg: dict[str, Any], z: float, n: int) -> dict[str, Callable[[],
         out[label] = functools.partial(
             DistributedDpFedAvg, fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n,
             min_available_nodes=n, noise_multiplier=z, clipping_norm=cfg["clip"], bits=cfg["timing_bits"],
-            num_shares=1.0 if k is None else min(k, n), reconstruction_threshold=0.5, min_survivors=n,
+            num_shares=1.0 if k is None else min(k, n), min_survivors=n,
             rotation_seed=int(cfg.get("seed", 0)), stage_timeout=None)
     return out
 

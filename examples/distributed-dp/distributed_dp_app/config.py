@@ -17,7 +17,7 @@ DEFAULTS: dict[str, Any] = {
     "clipping-norm": 1.0,
     "bits": 20,
     "num-shares": 1.0,
-    "reconstruction-threshold": 0.5,
+    "reconstruction-threshold": 0,
     "min-survivors": 0.8,
     "rotation-seed": 0,
     "stage-timeout": 120.0,

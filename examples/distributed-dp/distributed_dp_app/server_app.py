@@ -1,10 +1,10 @@
-"""ServerApp: FedAvg under secure aggregation with distributed DP; one line per round: survivors, ε, accuracy.
+"""ServerApp: FedAvg under secure aggregation with distributed DP; one line per round: revealed or not, ε, accuracy.
 
 The strategy is FedAvg's arguments plus the DP and protocol settings::
 
     strategy = DistributedDpFedAvg(1.0, 0.0, n, 0, n,              # FedAvg: fraction_train ... min_available_nodes
                                    noise_multiplier=z, clipping_norm=C, bits=20,
-                                   num_shares=1.0, reconstruction_threshold=0.5, min_survivors=0.8,
+                                   num_shares=1.0, min_survivors=0.8,  # t: the least clients accept
                                    ledger=PrivacyLedger(delta))
 
 Each round runs four SecAgg+ stages: setup and share-keys inside ``configure_train``
@@ -12,9 +12,10 @@ Each round runs four SecAgg+ stages: setup and share-keys inside ``configure_tra
 ``timeout`` of ``Strategy.start``) and unmask inside ``aggregate_train``
 (``stage-timeout``). A node that does not answer a stage in time is dropped from the
 round; the sum of the survivors' vectors is still revealed while at least
-``min-survivors`` remain. The round's train metrics carry ``secagg/survivors``,
-``secagg/dropped`` and ``privacy/epsilon`` (the ledger's ε after that round). The
-server's test accuracy is computed in ``evaluate_fn`` on the held-out split.
+``min-survivors`` remain (how many is in the server log only: dropouts can depend on
+data). The round's train metrics carry ``dp/noise-multiplier``, ``secagg/peak-fraction``
+and ``privacy/epsilon`` (the ledger's ε after that round). The server's test accuracy
+is computed in ``evaluate_fn`` on the held-out split.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from .config import min_clients, resolve_run_config
 app = ServerApp()
 
 
-def _fraction_or_count(value: Any) -> int | float:
-    """A run-config value as the strategy reads it: a float is a fraction, an int a count."""
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else float(value)
+def _fraction_or_count(value: Any) -> int | float | None:
+    """A run-config value as the strategy reads it: a float is a fraction, an int a count, 0 the library's
+    own choice (None)."""
+    value = value if isinstance(value, (int, float)) and not isinstance(value, bool) else float(value)
+    return None if value == 0 else value
 
 
 def build_strategy(config: dict[str, Any]) -> DistributedDpFedAvg:
@@ -54,33 +57,31 @@ def build_strategy(config: dict[str, Any]) -> DistributedDpFedAvg:
 
 
 def round_rows(result: Result, num_rounds: int) -> list[dict[str, Any]]:
-    """Round, survivors, dropped, ε and accuracy of every round (survivors None: the round aborted)."""
+    """Round, effective noise multiplier, ε and accuracy of every round (``released`` False: the round aborted)."""
     rows = []
     for rnd in range(1, num_rounds + 1):
         metrics = result.train_metrics_clientapp.get(rnd, {})
         accuracy = result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan)
-        survivors = metrics.get("secagg/survivors")
-        rows.append({"round": rnd, "survivors": None if survivors is None else int(survivors),
-                     "dropped": None if survivors is None else int(metrics["secagg/dropped"]),
+        z = metrics.get("dp/noise-multiplier")
+        rows.append({"round": rnd, "noise_multiplier": None if z is None else float(z),
                      "epsilon": float(metrics["privacy/epsilon"]) if "privacy/epsilon" in metrics else None,
-                     "accuracy": float(accuracy), "released": survivors is not None})
+                     "accuracy": float(accuracy), "released": z is not None})
     return rows
 
 
 def round_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """``round r  survivors s (dropped d)  epsilon e  accuracy a`` per round (``aborted`` if nothing was revealed)."""
+    """``round r  sum revealed  epsilon e  accuracy a`` per round (``aborted`` if nothing was revealed)."""
     lines = []
     for row in rows:
         eps = "n/a" if row["epsilon"] is None else f"{row['epsilon']:.3f}"
-        secagg = (f"survivors {row['survivors']:3d} (dropped {row['dropped']})" if row["released"]
-                  else "aborted: nothing revealed    ")
+        secagg = "sum revealed             " if row["released"] else "aborted: nothing revealed"
         lines.append(f"round {row['round']:3d}  {secagg}  epsilon {eps}  accuracy {row['accuracy']:.3f}")
     return lines
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Run the rounds, then print survivors, ε and accuracy per round."""
+    """Run the rounds, then print per round whether the sum was revealed, ε and accuracy."""
     config = resolve_run_config(context)
     dataset = task.resolve_dataset(str(config["dataset"]), str(config["data-dir"]))
     _, _, x_test, y_test = task.load_data(dataset, str(config["data-dir"]))
@@ -111,6 +112,6 @@ def main(grid: Grid, context: Context) -> None:
                                        "privacy": {"epsilon": report.epsilon, "delta": report.delta},
                                        "train_metrics": {str(r): dict(m) for r, m in
                                                          result.train_metrics_clientapp.items()}},
-            panels=[{"title": "secure aggregation", "ylabel": "clients in the sum",
-                     "series": {"survivors": "survivors"}}])
+            panels=[{"title": "distributed DP", "ylabel": "effective noise multiplier",
+                     "series": {"z": "noise_multiplier"}}])
         print(f"results written to {path}", flush=True)
