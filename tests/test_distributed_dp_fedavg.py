@@ -291,3 +291,26 @@ def test_malformed_collect_replies_never_lower_or_break_the_reported_epsilon(mut
         assert metrics["privacy/epsilon"] >= fresh.epsilon() * (1 - 1e-12)
     for node, kind in mutated.items():
         assert math.isinf(strategy.ledger.epsilon(node)) == (kind == "metrics")
+
+
+def test_a_sum_pushed_past_the_range_by_aligned_clients_is_reported():
+    """Ten clients aligned with the public rotation (each update rotates onto one coordinate, ‖Δ‖ = C) put
+    10·s·C into it where the plan allows 6 standard deviations of a spread sum: the coordinate wraps.
+    The round reports the share of the range the revealed sum uses and warns; a spread round does not."""
+    from flwr_dp_strategies.privacy.distributed_dp import inverse_randomized_hadamard
+    from flwr_dp_strategies.strategy.distributed_dp_fedavg import WRAP_WARNING
+
+    d = 64
+    strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, bits=20, rotation_seed=7)
+    seed = strategy.rotation_seed + 1  # round 1
+    aligned = inverse_randomized_hadamard(np.eye(d)[0], d, seed)
+    grid = LoopbackGrid(shifting_app({n: aligned for n in NODES}, rng=12), NODES)
+    arrays = ArrayRecord({"w": Array(np.zeros(d, np.float64))})
+    _, _, (new, metrics) = one_round(strategy, grid, arrays)
+    assert float(new["w"].numpy() @ aligned) < 0  # the truth is +1 along it: the sum wrapped
+    assert metrics["secagg/peak-fraction"] > WRAP_WARNING, metrics["secagg/peak-fraction"]
+    rng = np.random.default_rng(3)
+    spread = {n: rng.normal(size=d) * 0.01 for n in NODES}
+    calm = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, bits=20, rotation_seed=7)
+    _, _, (_, metrics) = one_round(calm, LoopbackGrid(shifting_app(spread, rng=13), NODES), arrays)
+    assert metrics["secagg/peak-fraction"] < WRAP_WARNING

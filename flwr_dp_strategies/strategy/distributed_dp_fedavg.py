@@ -216,8 +216,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         peak = peak_fraction(total, self._params.bits)
         if peak > WRAP_WARNING:
             log(WARNING, "Round %d, distributed DP: the revealed sum reaches %.0f%% of the range of %d bits; "
-                "coordinates have probably wrapped (the update is wrong, not less private): raise bits or lower "
-                "the clients' alignment", server_round, 100 * peak, self._params.bits)
+                "coordinates may have wrapped (the update would be wrong, not less private): raise bits",
+                server_round, 100 * peak, self._params.bits)
         mean = decode_sum(total, self._params) / len(secure.survivors)
         arrays = _add_update(self._current, mean)
         self.ledger.record(self._calibration.event, server_round=server_round, label=EVENT_LABEL,
@@ -252,14 +252,17 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
                 f"min_survivors={self.min_survivors}, max_colluding_clients={self.max_colluding_clients})")
 
 
-WRAP_WARNING = 0.9
-"""A revealed sum whose largest centred coordinate passes this fraction of 2^(b−1) is logged as wrapped."""
+WRAP_WARNING = 0.5
+"""A revealed sum whose largest centred coordinate passes this fraction of 2^(b−1) (3 of the 6 planned
+standard deviations of a fully aligned sum) is logged as a wrap risk."""
 
 
 def peak_fraction(total: np.ndarray, bits: int) -> float:
-    """max |centred coordinate| of a revealed sum mod 2^b, over 2^(b−1): near 1, coordinates have probably
-    wrapped (a sum planned by :func:`scale_for_bits` stays below 1/6 of it with overwhelming probability).
-    Post-processing of the released noisy sum, so it costs no privacy."""
+    """max |centred coordinate| of a revealed sum mod 2^b, over 2^(b−1): the share of the range the sum uses.
+    :func:`scale_for_bits` plans 6 standard deviations of a sum whose updates all point the same way; a
+    sum of updates in random directions uses about 4/(6√n) of the range, and a wrapped coordinate lands
+    anywhere in it, so a high value flags a risk, not a certainty. Post-processing of the released
+    noisy sum, so it costs no privacy."""
     half = 1 << (bits - 1)
     signed = total.astype(np.int64)
     signed = np.where(signed >= half, signed - (1 << bits), signed)
