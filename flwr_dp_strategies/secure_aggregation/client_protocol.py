@@ -32,6 +32,7 @@ holds: that needs authenticated keys (a PKI), which Flower does not provide; see
 from __future__ import annotations
 
 import base64
+import hashlib
 import math
 import os
 from typing import Any, Callable, Optional
@@ -179,7 +180,7 @@ class ClientRound:
             plaintext = digest + share_keys_plaintext_concat(self.node_id, nid, seed_shares[index], sk1_shares[index])
             dsts.append(nid)
             ciphertexts.append(encrypt(fernet_key(self.state["sk2"], pk2s[index]), plaintext))
-        return {"dsts": dsts, "ctxts": ciphertexts}
+        return {"dsts": dsts, "ctxts": ciphertexts, "seed-hash": hashlib.sha256(seed).digest()}
 
     def collect(self, record: ConfigRecord, encode: Callable[[], np.ndarray]) -> np.ndarray:
         """Stage 2: store the neighbours' shares, then ``encode()`` (uint64 in [0, 2^b)) plus the masks."""

@@ -11,7 +11,8 @@ stage              server → client                                  client →
 ``setup``          round, threshold t, bits b, colluders c          two fresh ECDH public keys (pk1, pk2)
 ``share-keys``     the view U_1 (node ids), the graph seed and k,    Shamir shares of b_u and sk1, each encrypted
                    the neighbours' node ids and public keys          for one neighbour (Fernet under ECDH(sk2, pk2)),
-                                                                    bound to the view's digest
+                                                                    bound to the view's digest; SHA-256(b_u), which
+                                                                    lets the server check the rebuilt seed
 ``collect``        the model (Flower's train content), the           the masked vector (uint64 in [0, 2^b)) only:
                    ciphertexts addressed to this client, the         the ClientApp's metrics and ``num-examples`` are
                    public distributed-DP parameters                  dropped (they would leave un-noised)

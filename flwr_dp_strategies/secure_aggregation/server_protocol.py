@@ -17,8 +17,9 @@ obtained from :math:`\sum_{u\in U_3} z_u` by removing each survivor's own mask
 (:math:`b_u` rebuilt from t of its shares) and, for each node
 :math:`v \in U_2 \setminus U_3` that dropped after sharing its keys, the pairwise
 masks the survivors hold with it (:math:`sk1_v` rebuilt from t shares, checked
-against the public key it registered). A node is never asked for both kinds of
-share for one peer.
+against the public key it registered; a rebuilt seed is checked against the SHA-256
+the node sent with its shares). A node is never asked for both kinds of share for
+one peer, so a corrupt share aborts the round instead of unmasking a wrong sum.
 
 Failure handling. A failed reply (a SuperNode that died), a reply from a node that
 was not asked, a second reply, or a malformed one (wrong types, a public key that
@@ -38,6 +39,7 @@ clients, never a smaller partial sum.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import secrets
 from collections import Counter
@@ -130,6 +132,7 @@ class SecureAggregationRound:
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
         self.alive_keys: set[int] = set()   # U_1
         self.forwarded: dict[int, list[tuple[int, bytes]]] = {}
+        self.seed_hashes: dict[int, bytes] = {}
         self.shared: set[int] = set()       # U_2
         self.survivors: set[int] = set()    # U_3
         self.masked_sum = np.zeros(self.length, dtype=np.uint64)
@@ -148,7 +151,15 @@ class SecureAggregationRound:
         """Send, then ``read`` each reply's protocol record; the nodes whose reply was read."""
         asked = {int(m.metadata.dst_node_id) for m in messages}
         replies = grid.send_and_receive(messages, timeout=self.timeout) if messages else []
-        return self._screen(replies, asked, lambda node, reply: read(node, stage_record(reply.content)), stage)
+        def read_reply(node: int, reply: Message) -> None:
+            if set(reply.content.keys()) != {RECORD}:
+                raise ProtocolError(f"a {stage} reply must hold the protocol record only")
+            record = stage_record(reply.content)
+            if record.get(STAGE_KEY) != stage:
+                raise ProtocolError(f"a reply to the {stage} stage names stage {record.get(STAGE_KEY)!r}")
+            read(node, record)
+
+        return self._screen(replies, asked, read_reply, stage)
 
     def _screen(self, replies: Iterable[Message], asked: set[int], read: Callable[[int, Message], None],
                 stage: str) -> set[int]:
@@ -222,10 +233,14 @@ class SecureAggregationRound:
         def read(node: int, record: ConfigRecord) -> None:
             dsts = list_field(record, "dsts", int)
             ctxts = list_field(record, "ctxts", bytes, length=len(dsts))
+            seed_hash = record.get("seed-hash")
             distinct("dsts", dsts)
             if set(dsts) != expected[node]:
                 raise ProtocolError("the shares are not addressed to exactly the node's neighbours")
+            if not isinstance(seed_hash, bytes) or len(seed_hash) != 32:
+                raise ProtocolError("field 'seed-hash' must be 32 bytes")
             outgoing[node] = list(zip(dsts, ctxts))
+            self.seed_hashes[node] = seed_hash
 
         self.shared = self._exchange(grid, messages, Stage.SHARE_KEYS, read)
         self._require(self.shared, Stage.SHARE_KEYS)
@@ -254,6 +269,8 @@ class SecureAggregationRound:
         ⌈D·b/8⌉ packed bytes under :data:`MASKED_KEY`, unpacked (ProtocolError otherwise)."""
         if stage_record(content).get(STAGE_KEY) != Stage.COLLECT:
             raise ProtocolError("the reply is not a collect-stage reply")
+        if set(content.keys()) != {RECORD, MASKED_RECORD}:
+            raise ProtocolError(f"a collect reply must hold the records {RECORD!r} and {MASKED_RECORD!r} only")
         if MASKED_RECORD not in content or not isinstance(content[MASKED_RECORD], ArrayRecord):
             raise ProtocolError(f"the reply holds no ArrayRecord {MASKED_RECORD!r}")
         record = content[MASKED_RECORD]
@@ -316,9 +333,9 @@ class SecureAggregationRound:
         total = self.masked_sum.copy()
         for node in sorted(self.survivors):
             seed = self._rebuild(seed_shares.get(node, []), node, "its mask seed")
-            if len(seed) != 32:
+            if hashlib.sha256(seed).digest() != self.seed_hashes[node]:
                 raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s mask seed rebuilt "
-                                               "with a wrong length (corrupt shares)")
+                                               "from its shares does not match its commitment (corrupt shares)")
             apply_mask(total, prg_mask(seed, self.length, self.bits), -1)
         for node in sorted(dropped):
             holders = [u for u in self.survivors if node in holds[u]]
