@@ -180,7 +180,7 @@ def test_ledger_path_persists_and_a_restarted_server_continues_the_rounds(tmp_pa
     for rnd in (1, 2):
         train_round(first, rnd, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
     eps_two = first.ledger.epsilon()
-    restored = server(m=4, rng=2, ledger_path=str(path))
+    restored = server(m=4, rng=2, ledger_path=str(path), resume=True)
     assert restored.ledger.epsilon() == pytest.approx(eps_two) and restored.round_offset == 2
     _, metrics = train_round(restored, 1, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
     assert restored.ledger.rounds() == [1, 2, 3]

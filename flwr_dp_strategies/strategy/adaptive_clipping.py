@@ -199,7 +199,8 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         num_clients: N >= m (default: the nodes connected at round 1); q = m/N (``sampling="poisson"``).
         sampling: ``"poisson"`` (default, amplified accounting) or ``"fixed"`` (the wrapped FedAvg's
             sample, booked without amplification).
-        ledger, ledger_path, per_client_metrics: as :class:`AccountedServerSideFixedClipping` (a ledger
+        ledger, ledger_path, resume, high_water_path, per_client_metrics: as
+            :class:`AccountedServerSideFixedClipping` (a ledger
             restored from ``ledger_path`` continues its round numbers; C restarts at C₀, which costs nothing).
         rng: sampling and noise generator (default: fresh OS entropy per use).
         publish_client_metrics: also publish the clients' aggregated train metrics, booking every such
@@ -223,6 +224,8 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         sampling: str = "poisson",
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Union[str, "os.PathLike[str]", None] = None,
+        resume: bool = False,
+        high_water_path: Union[str, "os.PathLike[str]", None] = None,
         per_client_metrics: bool = False,
         rng: RngLike = None,
         publish_client_metrics: bool = False,
@@ -249,7 +252,8 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
         _check_ledger_args(ledger, ledger_path, sampling)
         self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path),
-                              check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE)
+                              check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE,
+                              resume=resume, high_water_path=high_water_path)
         self.round_offset = max(self.ledger.rounds(), default=0)  # a restored ledger: round numbers continue
         self._init_screening(max_weight)
         self.publish_client_metrics = check_bool("publish_client_metrics", publish_client_metrics)

@@ -97,7 +97,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
             replies; default: the ``timeout`` given to ``Strategy.start`` (3600 s by default), which
             also bounds the collect stage (Flower's own train round). A node that misses a stage
             is dropped from the round.
-        ledger, ledger_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
+        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
     """
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
@@ -126,6 +126,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
@@ -138,7 +140,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         self.beta = DistributedDpParams(1, 1.0, 1.0, 2, 0, beta).beta  # validated as the clients will
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
         self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._spec: Optional[ArrayRecord] = None

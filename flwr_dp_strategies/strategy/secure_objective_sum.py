@@ -83,8 +83,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         num_shares, reconstruction_threshold, min_survivors, stage_timeout: as
             :class:`~.distributed_dp_fedavg.DistributedDpFedAvg`.
         overflow_sigmas: noise standard deviations of headroom in the modular range.
-        ledger, ledger_path, per_client_metrics, max_weight: as :class:`~.accounted_fedavg.AccountedFedAvg`
-            (a new ledger is add/remove, record level).
+        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as
+            :class:`~.accounted_fedavg.AccountedFedAvg` (a new ledger is add/remove, record level).
     """
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
@@ -118,6 +118,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
@@ -141,7 +143,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         self.bits = check_bits(bits)
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
         self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self._spec: Optional[ArrayRecord] = None
         self._calibration: Optional[SecureObjectiveCalibration] = None
