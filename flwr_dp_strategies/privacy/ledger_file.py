@@ -405,6 +405,31 @@ def decode_high_water(data: bytes, path: str, key: Optional[bytes]) -> HighWater
     return mark
 
 
+def check_high_water(path: str, envelope: Envelope, mark_path: str, mark: HighWaterMark) -> None:
+    """``envelope`` (the file at ``path``) is the latest save ``mark`` records, or the one save after it
+    (logged: a save interrupted before its mark was written); anything else raises :class:`LedgerFileError`.
+
+    Compares run, written-to path, generation and checksum; whether ``path`` is the path the file
+    was written to is the caller's check (:class:`LedgerStore` requires it, a reader need not)."""
+    if mark.path != envelope.path:
+        raise LedgerFileError(mark_path, f"is the high-water mark of {mark.path!r}, not of {envelope.path!r}")
+    if mark.run != envelope.run:
+        raise LedgerFileError(path, f"belongs to run {envelope.run}, but the high-water mark {mark_path!r} "
+                              f"records run {mark.run}: the ledger of another run is refused")
+    if envelope.generation < mark.generation or (envelope.generation == mark.generation
+                                                 and envelope.checksum != mark.ledger_checksum):
+        raise LedgerFileError(path, f"is generation {envelope.generation} of run {envelope.run}, but generation "
+                              f"{mark.generation} was saved (high-water mark {mark_path!r}): an older or "
+                              "substituted snapshot (a rollback); refusing it")
+    if envelope.generation > mark.generation + 1:
+        raise LedgerFileError(path, f"is generation {envelope.generation}, more than one save ahead of its "
+                              f"high-water mark ({mark.generation}, {mark_path!r}); refusing it")
+    if envelope.generation == mark.generation + 1:
+        _LOG.warning("Privacy ledger file %s: generation %d, its high-water mark %s still at %d (the last save "
+                     "was interrupted before the mark was written); continuing from the file", path,
+                     envelope.generation, mark_path, mark.generation)
+
+
 # ---------------------------------------------------------------------- reading
 def _reject_dangling(path: str) -> bool:
     """True if something is at ``path``; a dangling symbolic link raises."""
@@ -757,23 +782,7 @@ class LedgerStore:
                                       "save of its run cannot be checked (a rolled-back or substituted file would "
                                       "load); refusing to resume")
             return
-        if mark.path != real:
-            raise LedgerFileError(mark_path, f"is the high-water mark of {mark.path!r}, not of {real!r}")
-        if mark.run != envelope.run:
-            raise LedgerFileError(real, f"belongs to run {envelope.run}, but the high-water mark {mark_path!r} "
-                                  f"records run {mark.run}: the ledger of another run is refused")
-        if envelope.generation < mark.generation or (envelope.generation == mark.generation
-                                                     and envelope.checksum != mark.ledger_checksum):
-            raise LedgerFileError(real, f"is generation {envelope.generation} of run {envelope.run}, but generation "
-                                  f"{mark.generation} was saved (high-water mark {mark_path!r}): an older or "
-                                  "substituted snapshot (a rollback); refusing it")
-        if envelope.generation > mark.generation + 1:
-            raise LedgerFileError(real, f"is generation {envelope.generation}, more than one save ahead of its "
-                                  f"high-water mark ({mark.generation}, {mark_path!r}); refusing it")
-        if envelope.generation == mark.generation + 1:
-            _LOG.warning("Privacy ledger file %s: generation %d, its high-water mark %s still at %d (the last save "
-                         "was interrupted before the mark was written); continuing from the file", real,
-                         envelope.generation, mark_path, mark.generation)
+        check_high_water(real, envelope, mark_path, mark)
         _LOG.info("Privacy ledger file %s: resuming run %s at generation %d (high-water mark %s checked%s)", real,
                   envelope.run, envelope.generation, mark_path,
                   "; it lies beside the file: a rollback of both files together is not detected" if beside else "")
@@ -940,6 +949,7 @@ __all__ = [
     "LedgerStore",
     "MAIN",
     "canonical_json",
+    "check_high_water",
     "decode_envelope",
     "decode_file",
     "decode_high_water",
