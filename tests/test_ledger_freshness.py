@@ -61,8 +61,10 @@ def run(path, rounds: int = ROUNDS, *, snapshot_after: int | None = None, sigma:
 
 def test_a_restart_resumes_explicitly_and_logs_it(tmp_path, caplog):
     path = tmp_path / "ledger.json"
-    eps, _ = run(path)
     caplog.set_level(logging.INFO)
+    eps, _ = run(path)
+    assert "new run" in caplog.text and "resuming" not in caplog.text
+    caplog.clear()
     restarted = strategy(path, resume=True)
     assert restarted.ledger.epsilon() == pytest.approx(eps)
     assert "resuming run" in caplog.text and "generation" in caplog.text

@@ -693,6 +693,7 @@ class LedgerStore:
         self.high_water_path: Optional[str] = None
         self.run_id: Optional[str] = None
         self.generation = 0
+        self.restored = False  # True once bound to a path that held a ledger file
         self._lock: Optional[_FileLock] = None
         self._checksum: Optional[str] = None
         self._stored: dict[str, str] = {}      # bodies in the file that no one has claimed yet
@@ -738,6 +739,7 @@ class LedgerStore:
         for name, ledger in restored.items():
             self._adopt(real, name, self._ledgers[name], ledger, checksum)
         self.path, self._lock, self._checksum, self.high_water_path = real, lock, checksum, mark_path
+        self.restored = envelope is not None
         if envelope is not None and envelope.run is not None:
             self.run_id, self.generation = envelope.run, envelope.generation
             self._state = {**envelope.state, **self._state}

@@ -369,9 +369,13 @@ def open_ledgers(
     if ledger_path is not None:
         store.bind(ledger_path, resume=resume, high_water_path=high_water_path)
     main = store.claim(MAIN, ledger, lambda: PrivacyLedger(1e-5, neighboring_relation=neighboring_relation))
-    if ledger_path is not None and (main.clients or main.rounds()):
-        log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g, %d clients (ledgers: %s)",
-            ledger_path, main.epsilon(), main.target_delta, len(main.clients), ", ".join(store.names))
+    if ledger_path is not None and store.restored:
+        log(INFO, "Privacy ledger restored from %s (run %s, generation %d): epsilon=%.4f at delta=%g, %d clients "
+            "(ledgers: %s)", ledger_path, store.run_id, store.generation, main.epsilon(), main.target_delta,
+            len(main.clients), ", ".join(store.names))
+    elif ledger_path is not None:
+        log(INFO, "Privacy ledger: new run %s, saved to %s (high-water mark %s)", store.run_id, ledger_path,
+            store.high_water_path)
     return store, main
 
 
