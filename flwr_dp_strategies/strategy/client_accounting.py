@@ -380,10 +380,10 @@ def open_ledgers(
 
 
 def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
-                   neighboring_relation: str = "replace_one") -> PrivacyLedger:
+                   neighboring_relation: str = "replace_one", *, resume: bool = False) -> PrivacyLedger:
     """The main ledger of :func:`open_ledgers` (without keeping its store: save it with
     ``ledger.save(ledger_path)``, which checks that no one else wrote the file meanwhile)."""
-    return open_ledgers(ledger, ledger_path, neighboring_relation)[1]
+    return open_ledgers(ledger, ledger_path, neighboring_relation, resume=resume)[1]
 
 
 def _consume_declarations(reply: Message) -> None:
