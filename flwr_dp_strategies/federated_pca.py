@@ -39,19 +39,21 @@ class LdpFederatedPCA(ClientAccountingMixin):
     Args:
         dim: d, the clients' feature dimension.
         num_components: k in [1, d] (the paper's p·d).
-        ledger, ledger_path, per_client_metrics, max_reply_bytes: as in AccountedFedAvg.
+        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_reply_bytes: as in AccountedFedAvg.
         symmetry_tolerance: largest accepted max|C − Cᵀ| / max(1, max|C|).
     """
 
     def __init__(self, dim: int, num_components: int, *, ledger: Optional[PrivacyLedger] = None,
-                 ledger_path: Optional[str] = None, per_client_metrics: bool = False,
-                 max_reply_bytes: Optional[int] = None, symmetry_tolerance: float = 1e-6) -> None:
+                 ledger_path: Optional[str] = None, resume: bool = False, high_water_path: Optional[str] = None,
+                 per_client_metrics: bool = False, max_reply_bytes: Optional[int] = None,
+                 symmetry_tolerance: float = 1e-6) -> None:
         self.dim = check_int("dim", dim, minimum=1)
         self.num_components = check_int("num_components", num_components, minimum=1)
         if self.num_components > self.dim:
             raise ValueError(f"num_components must be in [1, {self.dim}], got {num_components}")
         self.symmetry_tolerance = float(symmetry_tolerance)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes, resume=resume,
+                              high_water_path=high_water_path)
         self.metrics: Optional[MetricRecord] = None
 
     def requests(self, grid: Grid) -> list[Message]:

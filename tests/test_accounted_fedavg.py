@@ -153,7 +153,7 @@ def test_ledger_path_persists_and_restores(tmp_path):
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, ledger_path=path)
     msgs = configure(strategy, 1, [np.zeros(3)])
     strategy.aggregate_train(1, [reply_to(m, [np.ones(3)], event=LaplaceDpEvent(0.5)) for m in msgs])
-    restarted = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, ledger_path=path)
+    restarted = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, ledger_path=path, resume=True)
     assert restarted.ledger.epsilon() == pytest.approx(strategy.ledger.epsilon())
     assert restarted.ledger.clients == strategy.ledger.clients
 

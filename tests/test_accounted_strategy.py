@@ -213,7 +213,7 @@ def test_ledger_path_persists_and_restores(tmp_path):
     assert path.exists()
     eps_two = first.ledger.epsilon()
 
-    restored = make_strategy(ledger_path=str(path))  # e.g. the server restarted
+    restored = make_strategy(ledger_path=str(path), resume=True)  # e.g. the server restarted
     assert restored.ledger.epsilon() == pytest.approx(eps_two)
     assert restored.round_offset == 2
     _, (_, metrics) = run_round(restored, 1, np.zeros(50), small_updates())

@@ -180,12 +180,45 @@ def test_ledger_path_persists_and_a_restarted_server_continues_the_rounds(tmp_pa
     for rnd in (1, 2):
         train_round(first, rnd, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
     eps_two = first.ledger.epsilon()
-    restored = server(m=4, rng=2, ledger_path=str(path))
+    restored = server(m=4, rng=2, ledger_path=str(path), resume=True)
     assert restored.ledger.epsilon() == pytest.approx(eps_two) and restored.round_offset == 2
     _, metrics = train_round(restored, 1, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
     assert restored.ledger.rounds() == [1, 2, 3]
     assert PrivacyLedger.load(path).epsilon() == pytest.approx(metrics["privacy/epsilon"]) and metrics[
         "privacy/epsilon"] > eps_two
+
+
+def test_a_restarted_server_continues_with_the_learnt_clipping_norm(tmp_path):
+    """Issue 27 item 2: C is saved with the ledger (signed with it) and restored, not reset to C₀."""
+    path = tmp_path / "ledger.json"
+    first = server(m=4, c0=1.0, lr=0.5, rng=2, ledger_path=path)
+    for rnd in (1, 2, 3):  # every update far above C: C shrinks towards the unclipped quantile... from above
+        train_round(first, rnd, np.zeros(2), [along_x(0.01)] * 4, 4)
+    learnt = first.clipping_norm
+    assert learnt < 0.6
+    del first
+    restored = server(m=4, c0=1.0, lr=0.5, rng=2, ledger_path=path, resume=True)
+    assert restored.clipping_norm == learnt
+    _, metrics = train_round(restored, 1, np.zeros(2), [along_x(0.01)] * 4, 4)
+    assert metrics["dp/clipping-norm"] == pytest.approx(learnt)  # the round released with the learnt C
+    assert server(m=4, c0=1.0, ledger_path=tmp_path / "new.json").clipping_norm == 1.0  # C₀ for a new run
+
+
+def test_a_restored_clipping_norm_out_of_its_domain_is_refused(tmp_path):
+    from flwr_dp_strategies.privacy import ledger_file as lf
+
+    path = tmp_path / "ledger.json"
+    first = server(m=4, rng=2, ledger_path=path)
+    train_round(first, 1, np.zeros(2), [along_x(0.01)] * 4, 4)
+    del first
+    envelope = lf.read_envelope(path)  # an unkeyed file: whoever can write it can re-checksum it (documented)
+    data = lf.encode_file(envelope.bodies, None, run=envelope.run, path=envelope.path,
+                          generation=envelope.generation, state={"adaptive-clipping": {"clipping_norm": -1.0}})
+    path.write_bytes(data)
+    mark = lf.HighWaterMark(envelope.run, envelope.path, envelope.generation, lf.decode_file(data, "", None)[1])
+    (tmp_path / "ledger.json.hwm").write_bytes(lf.encode_high_water(mark, None))
+    with pytest.raises(ValueError, match="clipping_norm"):
+        server(m=4, rng=2, ledger_path=path, resume=True)
 
 
 def test_only_noised_figures_are_published_unless_client_metrics_are_booked_non_private():

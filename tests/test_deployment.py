@@ -64,6 +64,8 @@ pytestmark = [
 def run_config(**settings: object) -> str:
     """``--run-config`` text: strings quoted, numbers as they are."""
     def value(v: object) -> str:
+        if isinstance(v, bool):
+            return str(v).lower()
         return f"'{v}'" if isinstance(v, (str, Path)) else str(v)
     return " ".join(f"{key}={value(v)}" for key, v in settings.items())
 
@@ -214,7 +216,8 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
         # --- server restart: a new SuperLink on the same port and database; the survivor reconnects
         dep.stop(superlink)
         dep.start_superlink(name="superlink-restarted", port=superlink.port, database=database)
-        config = run_config(**settings, **{"num-server-rounds": 1, "results-dir": tmp_path / "results-2"})
+        config = run_config(**settings, **{"num-server-rounds": 1, "results-dir": tmp_path / "results-2",
+                                           "resume-ledger": True})
         run_to_completion(dep, config, timeout=300)
         seen = dep.our_pids()
     assert_all_stopped(dep, seen)

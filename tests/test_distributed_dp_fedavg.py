@@ -201,15 +201,15 @@ def test_the_ledger_survives_a_restart(tmp_path):
     deltas = {n: np.full(60, 0.01) for n in NODES}
     path = tmp_path / "ledger.json"
 
-    def make():
-        return DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, ledger_path=str(path))
+    def make(resume=False):
+        return DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, ledger_path=str(path), resume=resume)
 
     grid = LoopbackGrid(shifting_app(deltas, rng=6), NODES)
     first = make()
     one_round(first, grid, model(), server_round=1)
     epsilon_one = first.ledger.epsilon()
     del first
-    second = make()
+    second = make(resume=True)
     assert second.ledger.epsilon() == pytest.approx(epsilon_one)
     one_round(second, grid, model(), server_round=2)
     assert len(second.ledger.events()) == 2 and second.ledger.epsilon() > epsilon_one

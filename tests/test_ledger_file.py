@@ -22,6 +22,7 @@ from flwr_dp_strategies.privacy.ledger_file import (
     LedgerFileError,
     LedgerStore,
     encode_file,
+    read_envelope,
     read_file,
 )
 
@@ -49,11 +50,12 @@ def saved(tmp_path, ledger: PrivacyLedger | None = None, name: str = "ledger.jso
 
 def forge(path: str, edit, key: str | None = None) -> None:
     """Rewrite the file with ``edit`` applied to its main ledger body and a freshly computed SHA-256."""
-    bodies, _ = read_file(path, key=key)
-    body = json.loads(bodies["main"])
+    envelope = read_envelope(path, key=key)
+    body = json.loads(envelope.bodies["main"])
     edit(body)
     with open(path, "wb") as handle:
-        handle.write(encode_file({"main": json.dumps(body, separators=(",", ":"))}, None))
+        handle.write(encode_file({"main": json.dumps(body, separators=(",", ":"))}, None, run=envelope.run,
+                                 path=envelope.path, generation=envelope.generation, state=envelope.state))
 
 
 def test_save_load_round_trip_keeps_everything(tmp_path):
@@ -239,7 +241,7 @@ def test_a_symlink_to_a_ledger_is_followed_and_kept(tmp_path):
     target = saved(tmp_path, name="real.json")
     link = str(tmp_path / "link.json")
     os.symlink(target, link)
-    strategy = AccountedFedAvg(ledger_path=link)
+    strategy = AccountedFedAvg(ledger_path=link, resume=True)
     assert strategy.ledger.epsilon() == pytest.approx(small_ledger().epsilon())
     strategy.ledger.record(LaplaceDpEvent(1.0), server_round=3, client=9)
     strategy.save_ledger()
@@ -266,7 +268,7 @@ def test_save_fsyncs_the_file_and_its_directory(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", recording)
     saved(tmp_path)
-    assert kinds == ["file", "dir"]
+    assert kinds == ["file", "dir", "file", "dir"]  # the ledger, then its high-water mark (after it)
 
 
 def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatch):
@@ -282,7 +284,7 @@ def test_a_failed_save_leaves_the_old_file_and_no_temp_file(tmp_path, monkeypatc
     with pytest.raises(LedgerFileError, match="could not be written"):
         ledger.save(path)
     assert open(path, "rb").read() == before
-    assert sorted(os.listdir(tmp_path)) == ["ledger.json", "ledger.json.lock"]
+    assert sorted(os.listdir(tmp_path)) == ["ledger.json", "ledger.json.hwm", "ledger.json.lock"]
 
 
 def _module_path() -> str:
@@ -305,9 +307,9 @@ def test_a_save_killed_mid_write_leaves_the_old_file_and_its_temp_file_is_remove
     temps = [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     assert len(temps) == 1 and os.path.getsize(tmp_path / temps[0]) == 5_000_000
     assert open(path, "rb").read() == before  # the old snapshot is intact
-    strategy = AccountedFedAvg(ledger_path=path)  # opening for writing removes the stale temp file
+    strategy = AccountedFedAvg(ledger_path=path, resume=True)  # opening for writing removes the stale temp file
     assert strategy.ledger.epsilon() == pytest.approx(small_ledger().epsilon())
-    assert sorted(os.listdir(tmp_path)) == ["ledger.json", "ledger.json.lock"]
+    assert sorted(os.listdir(tmp_path)) == ["ledger.json", "ledger.json.hwm", "ledger.json.lock"]
 
 
 def test_a_second_process_cannot_open_the_same_ledger_for_writing(tmp_path):

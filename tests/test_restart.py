@@ -93,35 +93,38 @@ def _train_eval(strategy: Any, rnd: int, events=(GaussianDpEvent(3.0),)) -> dict
 
 # name -> (build(path), one round(strategy, rnd) -> metrics)
 CASES: dict[str, tuple[Callable[[str], Any], Callable[[Any, int], dict[str, float]]]] = {
-    "AccountedFedAvg": (lambda p: AccountedFedAvg(**NODES, ledger_path=p), _train_eval),
+    "AccountedFedAvg": (lambda p, **kw: AccountedFedAvg(**NODES, ledger_path=p, **kw), _train_eval),
     "ShuffleAmplifiedFedAvg": (
-        lambda p: ShuffleAmplifiedFedAvg(**NODES, reports_are_ldp=True, shuffle_round_delta=1e-7, ledger_path=p),
+        lambda p, **kw: ShuffleAmplifiedFedAvg(**NODES, reports_are_ldp=True, shuffle_round_delta=1e-7, ledger_path=p,
+                                               **kw),
         lambda s, r: _train(s, r, [PureDpEvent(epsilon=1.0)])),
     "MinDivergenceExpSampling": (
-        lambda p: MinDivergenceExpSampling(num_selected=2, epsilon=1.0, **NODES, rng=0, ledger_path=p),
+        lambda p, **kw: MinDivergenceExpSampling(num_selected=2, epsilon=1.0, **NODES, rng=0, ledger_path=p, **kw),
         lambda s, r: _train(s, r, [GaussianDpEvent(3.0)])),
     "NoisyObjectiveSum": (
-        lambda p: NoisyObjectiveSum(num_classes=2, **NODES, ridge=1e-3, ledger_path=p),
+        lambda p, **kw: NoisyObjectiveSum(num_classes=2, **NODES, ridge=1e-3, ledger_path=p, **kw),
         lambda s, r: _train(s, r, [GaussianDpEvent(3.0)], model=lambda _: ArrayRecord(
             {"head.weight": Array(np.zeros((3, 2)))}), content=_fm_content)),
-    "SignDS": (lambda p: SignDS(sign_k=0.05, sign_eps=10.0, **NODES, ledger_path=p),
+    "SignDS": (lambda p, **kw: SignDS(sign_k=0.05, sign_eps=10.0, **NODES, ledger_path=p, **kw),
                lambda s, r: _train(s, r, (), content=_signds_content)),
     "ClusterEvaluation(AccountedFedAvg), wrapper path": (
-        lambda p: ClusterEvaluation(AccountedFedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p), _train_eval),
+        lambda p, **kw: ClusterEvaluation(AccountedFedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p, **kw),
+        _train_eval),
     "ClusterEvaluation(AccountedFedAvg(path))": (
-        lambda p: ClusterEvaluation(AccountedFedAvg(**NODES, ledger_path=p), laplace_eval_eps=2.0), _train_eval),
+        lambda p, **kw: ClusterEvaluation(AccountedFedAvg(**NODES, ledger_path=p, **kw), laplace_eval_eps=2.0),
+        _train_eval),
     "ClusterEvaluation(MinDivergence), wrapper path": (
-        lambda p: ClusterEvaluation(MinDivergenceExpSampling(**NODES, num_selected=2, epsilon=1.0, rng=0),
-                                    laplace_eval_eps=2.0, ledger_path=p), _train_eval),
+        lambda p, **kw: ClusterEvaluation(MinDivergenceExpSampling(**NODES, num_selected=2, epsilon=1.0, rng=0),
+                                    laplace_eval_eps=2.0, ledger_path=p, **kw), _train_eval),
     "ClusterEvaluation(FedAvg)": (
-        lambda p: ClusterEvaluation(FedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p),
+        lambda p, **kw: ClusterEvaluation(FedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p, **kw),
         lambda s, r: {**_train(s, r), **_evaluate(s, r)}),
     "AccountedServerSideFixedClipping": (
-        lambda p: AccountedServerSideFixedClipping(FedAvg(**NODES), 0.8, 1.0, N, ledger_path=p),
+        lambda p, **kw: AccountedServerSideFixedClipping(FedAvg(**NODES), 0.8, 1.0, N, ledger_path=p, **kw),
         lambda s, r: _train(s, r)),
     "AccountedPoissonFixedClipping": (
-        lambda p: AccountedPoissonFixedClipping(FedAvg(**NODES), 0.8, 1.0, 2, num_clients=N, rng=r_seed(),
-                                                ledger_path=p),
+        lambda p, **kw: AccountedPoissonFixedClipping(FedAvg(**NODES), 0.8, 1.0, 2, num_clients=N, rng=r_seed(),
+                                                ledger_path=p, **kw),
         lambda s, r: _train(s, r)),
 }
 
@@ -148,7 +151,7 @@ def test_a_restart_continues_every_ledger(case, tmp_path):
         one_round(first, rnd)
     del first
     gc.collect()
-    restarted = build(path)  # a new ServerApp on the same ledger_path; Flower counts rounds from 1 again
+    restarted = build(path, resume=True)  # a new ServerApp on the same ledger_path; Flower counts rounds from 1 again
     after = one_round(restarted, 1)
 
     baseline = build(str(tmp_path / "uninterrupted.json"))
@@ -172,7 +175,7 @@ def test_min_divergence_selection_ledger_survives_a_restart(tmp_path):
     first = build(path)
     single = one_round(first, 1)["selection/epsilon"]
     one_round(first, 2)
-    after = one_round(build(path), 1)["selection/epsilon"]
+    after = one_round(build(path, resume=True), 1)["selection/epsilon"]
     assert after > 2.5 * single * 0.9  # three rounds composed, not one
 
 
@@ -202,7 +205,7 @@ def test_an_unamplified_round_before_a_restart_is_remembered(tmp_path):
     first = build(path)
     _train(first, 1, [PureDpEvent(epsilon=1.0)])
     _train(first, 2, [GaussianDpEvent(2.0)])  # not pure: no amplification
-    restarted = build(path)
+    restarted = build(path, resume=True)
     metrics = _train(restarted, 1, [PureDpEvent(epsilon=1.0)])
     assert metrics["shuffle/epsilon"] == pytest.approx(metrics["privacy/epsilon"])
 
@@ -221,13 +224,13 @@ def test_a_conflicting_explicit_ledger_is_an_error_not_a_silent_choice(tmp_path)
     eps = first.ledger.epsilon()
     for other in (PrivacyLedger(1e-6, neighboring_relation="replace_one"), PrivacyLedger(1e-5)):
         with pytest.raises(ValueError, match="target_delta|neighboring_relation") as info:
-            AccountedFedAvg(**NODES, ledger=other, ledger_path=path)
+            AccountedFedAvg(**NODES, ledger=other, ledger_path=path, resume=True)
         assert path in str(info.value)
     busy = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     busy.record(GaussianDpEvent(1.0), server_round=1, client=7)
     with pytest.raises(ValueError, match="refusing to choose or merge"):
-        AccountedFedAvg(**NODES, ledger=busy, ledger_path=path)
+        AccountedFedAvg(**NODES, ledger=busy, ledger_path=path, resume=True)
     # an empty matching ledger is restored into (the caller's object is the live one), its budget applies
     mine = PrivacyLedger(1e-5, neighboring_relation="replace_one", max_epsilon=50.0)
-    restarted = AccountedFedAvg(**NODES, ledger=mine, ledger_path=path)
+    restarted = AccountedFedAvg(**NODES, ledger=mine, ledger_path=path, resume=True)
     assert restarted.ledger is mine and mine.epsilon() == pytest.approx(eps) and mine.max_epsilon == 50.0

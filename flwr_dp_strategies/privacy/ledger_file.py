@@ -9,15 +9,20 @@ all of them from one consistent snapshot. :meth:`PrivacyLedger.save` /
 Format. One line of canonical JSON (no whitespace, ASCII, no NaN/Infinity,
 ledger names sorted)::
 
-    {"checksum":"sha256:<hex>","format":"flwr-dp-strategies/ledger-file/1","ledgers":{"main":{...},...}}
+    {"checksum":"hmac-sha256:<hex>","format":"flwr-dp-strategies/ledger-file/2","generation":7,
+     "ledgers":{"main":{...},...},"path":"/abs/ledger.json","run":"<32 hex>","state":{...}}
 
 where ``checksum`` = SHA-256 (or HMAC-SHA-256, below) of the canonical JSON of
-``{"format": ..., "ledgers": ...}`` and each ledger is
-:meth:`PrivacyLedger.to_json`'s canonical body. Loading checks, in order: the
+everything else, each ledger is :meth:`PrivacyLedger.to_json`'s canonical body,
+``run`` identifies the run (drawn at random when a new run creates the file),
+``path`` is the resolved absolute path the file was written to, ``generation``
+counts the saves of the run (1, 2, ...) and ``state`` holds strategies' public
+state (a learnt clipping norm). Files of format 1 (``checksum``, ``format``,
+``ledgers`` only) are still read, never resumed by a strategy. Loading checks, in order: the
 path holds a regular, non-empty file (a dangling symbolic link, a directory, an
 unreadable or empty file is an error, never a fresh start) of at most
 ``max_bytes``; strict JSON (a duplicate key, ``NaN`` or ``Infinity`` is refused;
-nesting is bounded by the size cap); exactly the three fields; the bytes are the
+nesting is bounded by the size cap); exactly the fields; the bytes are the
 canonical serialisation of what they parse to (so no byte can change without
 changing the parsed value); the checksum; then every ledger body is rebuilt
 through :meth:`PrivacyLedger.from_json`, which validates every event
@@ -38,9 +43,32 @@ event types), but a well-formed lie is indistinguishable from the truth. To
 authenticate the file against someone who can write it but does not hold a
 secret, set a key (``key=`` or the environment variable ``FLWR_DP_LEDGER_KEY``):
 the checksum becomes HMAC-SHA-256 under that key, and with a key configured a
-file without a valid HMAC (including a plain-SHA-256 one) is refused. The trust
-model is then: the ledger is as trustworthy as the key's secrecy and the
-server process itself.
+file without a valid HMAC (including a plain-SHA-256 one) is refused.
+
+Freshness: the high-water mark. An HMAC proves that the key's holder wrote the
+bytes, not that they are the latest: an older authentic snapshot, or another
+run's authentic file, carries a valid HMAC too. Every save therefore also writes
+a high-water record (:class:`HighWaterMark`: run, path, generation and the
+ledger file's checksum, checksummed the same way) to ``high_water_path``
+(default ``<file>.hwm``, beside it), after the ledger file. When a
+:class:`LedgerStore` opens a file it refuses: a file whose ``path`` is not the
+one opened (copied from elsewhere); a file whose ``run`` differs from the
+mark's (another run's file); a generation below the mark's, or equal with another
+checksum (a rollback or substitution); a generation more than one save ahead;
+a missing file while a mark exists (a deletion), whatever ``resume`` says. With
+``resume=True`` it also refuses a missing file and a missing mark (freshness that
+cannot be checked). A file exactly one generation ahead of its mark is a save
+interrupted between the two writes, and is accepted with a warning.
+
+What this does not detect: (1) without a key, anything (whoever can write the
+files recomputes both checksums); (2) with the mark beside the file, the two rolled
+back **together** (an older copy of both), or both deleted while the run is
+restarted with ``resume=False`` (a new run: explicitly not a resume); (3) the mark
+itself rolled back together with the file wherever both are writable. Put
+``high_water_path`` on storage that whoever can write the ledger file cannot
+write (another volume, another owner, a WORM store): a rollback of the file
+alone is then always refused. The trust model is: the ledger is as trustworthy as
+the key's secrecy, the server process itself and the high-water record's storage.
 
 Durability. A save writes a temporary file next to the target
 (``.<name>.<pid>.<random>.tmp``), ``fsync``\ s it, renames it over the target
@@ -75,16 +103,23 @@ import stat
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ledger import PrivacyLedger
 
-FILE_FORMAT = "flwr-dp-strategies/ledger-file/1"
+FILE_FORMAT = "flwr-dp-strategies/ledger-file/2"
+FILE_FORMAT_1 = "flwr-dp-strategies/ledger-file/1"
+HIGH_WATER_FORMAT = "flwr-dp-strategies/ledger-high-water/1"
+HIGH_WATER_SUFFIX = ".hwm"
 MAIN = "main"
 DEFAULT_MAX_BYTES = 256 * 2**20
 KEY_ENV = "FLWR_DP_LEDGER_KEY"
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_RUN = re.compile(r"^[0-9a-f]{32}$")
+_CHECKSUM = re.compile(r"^(?:sha256|hmac-sha256):[0-9a-f]{64}$")
+_MAX_PATH = 4096
+_HIGH_WATER_MAX_BYTES = 8192
 _HEADER = re.compile(rb'^\{"checksum":"((?:sha256|hmac-sha256):[0-9a-f]{64})",')
 _LOG = logging.getLogger(__name__)
 PathLike = Union[str, "os.PathLike[str]"]
@@ -202,39 +237,116 @@ def _checksum(signed: str, key: Optional[bytes]) -> str:
     return "hmac-sha256:" + hmac.new(key, signed.encode("ascii"), hashlib.sha256).hexdigest()
 
 
-def encode_file(bodies: Mapping[str, str], key: Optional[bytes]) -> bytes:
-    """The file's bytes for canonical ledger bodies by name (built without re-parsing them)."""
+class Envelope(NamedTuple):
+    """A decoded, verified ledger file: its ledger bodies and what binds them to one run, path and save.
+
+    ``run``, ``path`` and ``generation`` are None / 0 for a file of format 1 (written before
+    the binding existed); ``state`` is the strategies' public state by name (e.g. a learnt
+    clipping norm), in the same signed envelope.
+    """
+
+    bodies: dict[str, str]
+    checksum: str
+    format: str
+    run: Optional[str]
+    path: Optional[str]
+    generation: int
+    state: dict[str, dict[str, Any]]
+
+
+def _signed_text(fields: list[tuple[str, str]]) -> str:
+    """The canonical JSON object of ``(name, canonical value text)`` pairs, in that order."""
+    return "{" + ",".join(f"{canonical_json(name)}:{value}" for name, value in fields) + "}"
+
+
+def _with_checksum(fields: list[tuple[str, str]], key: Optional[bytes]) -> bytes:
+    checksum = _checksum(_signed_text(fields), key)
+    return (_signed_text([("checksum", canonical_json(checksum)), *fields]) + "\n").encode("ascii")
+
+
+def encode_file(bodies: Mapping[str, str], key: Optional[bytes], *, run: Optional[str] = None,
+                path: Optional[str] = None, generation: int = 0,
+                state: Optional[Mapping[str, Any]] = None) -> bytes:
+    """The file's bytes for canonical ledger bodies by name (built without re-parsing them).
+
+    With ``run`` (and then ``path`` and ``generation`` >= 1): format 2, binding the ledgers
+    to that run, absolute path and save number, with the strategies' ``state``. Without:
+    format 1 (no binding; kept so that files of that format can be read and tested).
+    """
     ledgers = "{" + ",".join(f"{canonical_json(n)}:{bodies[n]}" for n in sorted(bodies)) + "}"
-    signed = '{"format":' + canonical_json(FILE_FORMAT) + ',"ledgers":' + ledgers + "}"
-    checksum = _checksum(signed, key)
-    return ('{"checksum":' + canonical_json(checksum) + ',"format":' + canonical_json(FILE_FORMAT)
-            + ',"ledgers":' + ledgers + "}\n").encode("ascii")
+    if run is None:
+        return _with_checksum([("format", canonical_json(FILE_FORMAT_1)), ("ledgers", ledgers)], key)
+    return _with_checksum([("format", canonical_json(FILE_FORMAT)), ("generation", canonical_json(generation)),
+                           ("ledgers", ledgers), ("path", canonical_json(path)), ("run", canonical_json(run)),
+                           ("state", canonical_json(dict(state or {})))], key)
 
 
-def decode_file(data: bytes, path: str, key: Optional[bytes]) -> tuple[dict[str, str], str]:
-    """(canonical body text by name, checksum) of a file's bytes; :class:`LedgerFileError` if anything is off."""
+_V1_FIELDS = ["checksum", "format", "ledgers"]
+_V2_FIELDS = ["checksum", "format", "generation", "ledgers", "path", "run", "state"]
+
+
+def _generation(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and 1 <= value < 2**63
+
+
+def _check_binding(envelope: Mapping[str, Any], path: str) -> None:
+    """The format-2 fields' types and domains."""
+    if not _generation(envelope["generation"]):
+        raise LedgerFileError(path, "'generation' must be an int in [1, 2**63)")
+    if not isinstance(envelope["run"], str) or not _RUN.match(envelope["run"]):
+        raise LedgerFileError(path, "'run' must be a run identifier (32 lowercase hex digits)")
+    where = envelope["path"]
+    if not isinstance(where, str) or not os.path.isabs(where) or len(where) > _MAX_PATH or "\x00" in where:
+        raise LedgerFileError(path, "'path' must be the absolute path the file was written to")
+    state = envelope["state"]
+    if not isinstance(state, dict) or not all(isinstance(n, str) and _NAME.match(n) and isinstance(v, dict)
+                                              for n, v in state.items()):
+        raise LedgerFileError(path, "'state' must map names to objects")
+
+
+def decode_envelope(data: bytes, path: str, key: Optional[bytes]) -> Envelope:
+    """The verified :class:`Envelope` of a file's bytes; :class:`LedgerFileError` if anything is off.
+
+    Checks the structure, the checksum (HMAC with ``key``) and the canonical form; it does
+    not check that the file is the latest of its run at this path (:class:`LedgerStore` does).
+    """
     try:
         envelope = strict_loads(data.decode("ascii"))
     except (UnicodeDecodeError, ValueError) as err:
         raise LedgerFileError(path, f"is not valid ledger JSON ({err})") from err
-    if not isinstance(envelope, dict) or sorted(envelope) != ["checksum", "format", "ledgers"]:
+    if not isinstance(envelope, dict) or "checksum" not in envelope or "ledgers" not in envelope:
         if isinstance(envelope, dict) and "format" in envelope and "events" in envelope:
             raise LedgerFileError(path, "was written without a checksum (an older version of this package); it "
                                   "cannot be trusted as is: re-save it deliberately with PrivacyLedger.save after "
                                   "checking its content")
-        raise LedgerFileError(path, "is not a ledger file (expected the fields checksum, format, ledgers)")
-    if envelope["format"] != FILE_FORMAT:
-        raise LedgerFileError(path, f"has format {envelope['format']!r}, expected {FILE_FORMAT!r}")
+        raise LedgerFileError(path, "is not a ledger file (expected the fields checksum, format, ledgers, ...)")
+    fmt = envelope.get("format")
+    if fmt not in (FILE_FORMAT, FILE_FORMAT_1):
+        raise LedgerFileError(path, f"has format {fmt!r}, expected {FILE_FORMAT!r}")
+    fields = _V2_FIELDS if fmt == FILE_FORMAT else _V1_FIELDS
+    if sorted(envelope) != fields:
+        raise LedgerFileError(path, f"is not a ledger file of format {fmt!r} (expected exactly the fields {fields})")
     ledgers, checksum = envelope["ledgers"], envelope["checksum"]
     if not isinstance(ledgers, dict) or not all(isinstance(n, str) and _NAME.match(n) for n in ledgers):
         raise LedgerFileError(path, "'ledgers' must map ledger names to ledgers")
     if not isinstance(checksum, str):
         raise LedgerFileError(path, "'checksum' must be a string")
+    binding: dict[str, Any] = {}
+    if fmt == FILE_FORMAT:
+        _check_binding(envelope, path)
+        binding = {name: envelope[name] for name in ("run", "path", "generation", "state")}
     try:
         bodies = {name: canonical_json(body) for name, body in ledgers.items()}
-        canonical = encode_file(bodies, key)
+        canonical = encode_file(bodies, key, **binding)
     except (TypeError, ValueError) as err:
         raise LedgerFileError(path, f"cannot be re-serialised ({err})") from err
+    _verify(checksum, canonical, data, path, key)
+    return Envelope(bodies, checksum, fmt, run=binding.get("run"), path=binding.get("path"),
+                    generation=binding.get("generation", 0), state=binding.get("state", {}))
+
+
+def _verify(checksum: str, canonical: bytes, data: bytes, path: str, key: Optional[bytes]) -> None:
+    """``checksum`` is the one of ``canonical`` under ``key``, and ``data`` is ``canonical``."""
     if checksum.startswith("hmac-") != (key is not None):
         problem = ("is authenticated with a key (HMAC); set the key (FLWR_DP_LEDGER_KEY) to load it"
                    if key is None else "is not authenticated with the configured key (FLWR_DP_LEDGER_KEY): "
@@ -247,7 +359,75 @@ def decode_file(data: bytes, path: str, key: Optional[bytes]) -> tuple[dict[str,
                               "(corruption or an edit); refusing to load it")
     if canonical != data:
         raise LedgerFileError(path, "is not in canonical form: it was edited after it was written")
-    return bodies, checksum
+
+
+def decode_file(data: bytes, path: str, key: Optional[bytes]) -> tuple[dict[str, str], str]:
+    """(canonical body text by name, checksum) of a file's bytes (:func:`decode_envelope`)."""
+    envelope = decode_envelope(data, path, key)
+    return envelope.bodies, envelope.checksum
+
+
+# ---------------------------------------------------------------------- the high-water mark
+class HighWaterMark(NamedTuple):
+    """The last save of a ledger file as recorded beside (or away from) it: run, path, generation, checksum."""
+
+    run: str
+    path: str
+    generation: int
+    ledger_checksum: str
+
+
+def encode_high_water(mark: HighWaterMark, key: Optional[bytes]) -> bytes:
+    """The high-water record's bytes (one line of canonical JSON, checksummed like the ledger file)."""
+    return _with_checksum([("format", canonical_json(HIGH_WATER_FORMAT)),
+                           ("generation", canonical_json(mark.generation)),
+                           ("ledger", canonical_json(mark.ledger_checksum)), ("path", canonical_json(mark.path)),
+                           ("run", canonical_json(mark.run))], key)
+
+
+def decode_high_water(data: bytes, path: str, key: Optional[bytes]) -> HighWaterMark:
+    """The verified :class:`HighWaterMark` of a record's bytes; :class:`LedgerFileError` if anything is off."""
+    try:
+        record = strict_loads(data.decode("ascii"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise LedgerFileError(path, f"is not a valid high-water record ({err})") from err
+    if not isinstance(record, dict) or sorted(record) != ["checksum", "format", "generation", "ledger", "path", "run"]:
+        raise LedgerFileError(path, "is not a high-water record (expected checksum, format, generation, ledger, "
+                              "path, run)")
+    if record["format"] != HIGH_WATER_FORMAT:
+        raise LedgerFileError(path, f"has format {record['format']!r}, expected {HIGH_WATER_FORMAT!r}")
+    if not isinstance(record["checksum"], str) or not isinstance(record["ledger"], str) \
+            or not _CHECKSUM.match(record["ledger"]):
+        raise LedgerFileError(path, "'checksum' and 'ledger' must be checksums")
+    _check_binding({**record, "state": {}}, path)
+    mark = HighWaterMark(record["run"], record["path"], record["generation"], record["ledger"])
+    _verify(record["checksum"], encode_high_water(mark, key), data, path, key)
+    return mark
+
+
+def check_high_water(path: str, envelope: Envelope, mark_path: str, mark: HighWaterMark) -> None:
+    """``envelope`` (the file at ``path``) is the latest save ``mark`` records, or the one save after it
+    (logged: a save interrupted before its mark was written); anything else raises :class:`LedgerFileError`.
+
+    Compares run, written-to path, generation and checksum; whether ``path`` is the path the file
+    was written to is the caller's check (:class:`LedgerStore` requires it, a reader need not)."""
+    if mark.path != envelope.path:
+        raise LedgerFileError(mark_path, f"is the high-water mark of {mark.path!r}, not of {envelope.path!r}")
+    if mark.run != envelope.run:
+        raise LedgerFileError(path, f"belongs to run {envelope.run}, but the high-water mark {mark_path!r} "
+                              f"records run {mark.run}: the ledger of another run is refused")
+    if envelope.generation < mark.generation or (envelope.generation == mark.generation
+                                                 and envelope.checksum != mark.ledger_checksum):
+        raise LedgerFileError(path, f"is generation {envelope.generation} of run {envelope.run}, but generation "
+                              f"{mark.generation} was saved (high-water mark {mark_path!r}): an older or "
+                              "substituted snapshot (a rollback); refusing it")
+    if envelope.generation > mark.generation + 1:
+        raise LedgerFileError(path, f"is generation {envelope.generation}, more than one save ahead of its "
+                              f"high-water mark ({mark.generation}, {mark_path!r}); refusing it")
+    if envelope.generation == mark.generation + 1:
+        _LOG.warning("Privacy ledger file %s: generation %d, its high-water mark %s still at %d (the last save "
+                     "was interrupted before the mark was written); continuing from the file", path,
+                     envelope.generation, mark_path, mark.generation)
 
 
 # ---------------------------------------------------------------------- reading
@@ -313,6 +493,14 @@ def read_file(path: PathLike, *, key: Union[None, str, bytes] = None,
     path = os.fspath(path)
     data = read_bytes(path, max_bytes)
     return None if data is None else decode_file(data, path, _key_bytes(key))
+
+
+def read_envelope(path: PathLike, *, key: Union[None, str, bytes] = None,
+                  max_bytes: Optional[int] = None) -> Optional[Envelope]:
+    """The verified :class:`Envelope` of the file at ``path``, or None if nothing is there."""
+    path = os.fspath(path)
+    data = read_bytes(path, max_bytes)
+    return None if data is None else decode_envelope(data, path, _key_bytes(key))
 
 
 def _current_checksum(path: str) -> Optional[str]:
@@ -443,6 +631,18 @@ def _target(path: PathLike) -> str:
     return real
 
 
+def _high_water_target(real: str, high_water_path: Optional[PathLike]) -> str:
+    """The absolute path of the high-water record of the ledger file ``real``."""
+    if high_water_path is None:
+        return real + HIGH_WATER_SUFFIX
+    if not isinstance(high_water_path, (str, os.PathLike)):
+        raise ValueError(f"high_water_path must be None, a str or an os.PathLike, got {type(high_water_path).__name__}")
+    mark = _target(high_water_path)
+    if mark in (real, real + ".lock"):
+        raise ValueError(f"high_water_path must be another file than the ledger {real!r} and its lock")
+    return mark
+
+
 # ---------------------------------------------------------------------- the store
 _ORIGIN: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
 
@@ -463,55 +663,148 @@ class LedgerStore:
 
     Args:
         path: the file (None: nothing is persisted, :meth:`save` does nothing). Opening
-            a path locks it for this process (see the module docstring) and restores
-            what is there; nothing there is a fresh start, anything else unreadable raises.
+            a path locks it for this process (see the module docstring), checks it and
+            its high-water mark (below) and restores what is there; anything there that is
+            unreadable raises.
         key: HMAC key (default: ``$FLWR_DP_LEDGER_KEY``, else plain SHA-256).
         max_bytes: size cap of the file, read and written (default :data:`DEFAULT_MAX_BYTES`,
             256 MiB, a module attribute an operator may raise).
+        resume: ``True``: continue the run whose ledger is at ``path``; no file there, a file of
+            another run or path, one without a high-water mark or older than it is an error.
+            ``False``: start a new run; a file already there is an error (unless a ledger in
+            memory is the continuation of exactly that file, read or written by this process),
+            and so is a high-water mark whose ledger is missing. ``None`` (the
+            :meth:`PrivacyLedger.save` path): continue what is there, checking it against the
+            high-water mark if there is one.
+        high_water_path: where the high-water record goes (default ``<path>.hwm``, beside the
+            file). Point it at storage that whoever can write the ledger file cannot write:
+            only then does a rollback of both files together fail.
 
-    :meth:`claim` gives the ledger of a name, :meth:`save` writes all of them.
+    :meth:`claim` gives the ledger of a name, :meth:`save` writes all of them; :meth:`get_state` /
+    :meth:`set_state` keep strategies' public state (a learnt clipping norm) in the same file.
     """
 
     def __init__(self, path: Optional[PathLike] = None, *, key: Union[None, str, bytes] = None,
-                 max_bytes: Optional[int] = None) -> None:
+                 max_bytes: Optional[int] = None, resume: Optional[bool] = None,
+                 high_water_path: Optional[PathLike] = None) -> None:
         self.max_bytes = _cap(max_bytes)
         self._key = _key_bytes(key)
         self.path: Optional[str] = None
+        self.high_water_path: Optional[str] = None
+        self.run_id: Optional[str] = None
+        self.generation = 0
+        self.restored = False  # True once bound to a path that held a ledger file
         self._lock: Optional[_FileLock] = None
         self._checksum: Optional[str] = None
         self._stored: dict[str, str] = {}      # bodies in the file that no one has claimed yet
         self._ledgers: dict[str, "PrivacyLedger"] = {}
         self._explicit: set[str] = set()
+        self._state: dict[str, dict[str, Any]] = {}
         if path is not None:
-            self.bind(path)
+            self.bind(path, resume=resume, high_water_path=high_water_path)
+        elif resume is not None or high_water_path is not None:
+            raise ValueError("resume and high_water_path need a path (the ledger file)")
 
     @property
     def names(self) -> list[str]:
         """Names of the ledgers this store holds (claimed or only restored)."""
         return sorted(set(self._ledgers) | set(self._stored))
 
-    def bind(self, path: PathLike) -> None:
-        """Persist to ``path`` from now on: lock it, restore what it holds into the claimed ledgers."""
+    def bind(self, path: PathLike, *, resume: Optional[bool] = None,
+             high_water_path: Optional[PathLike] = None) -> None:
+        """Persist to ``path`` from now on: lock it, check it (``resume``, the high-water mark, see
+        the class docstring), restore what it holds into the claimed ledgers."""
+        if resume not in (None, True, False):
+            raise ValueError(f"resume must be True, False or None, got {resume!r}")
         real = _target(path)
         if self.path is not None:
             if self.path != real:
                 raise LedgerFileError(path, f"these ledgers are already persisted to {self.path!r}")
             return
+        mark_path = _high_water_target(real, high_water_path)
         lock = _FileLock.acquire(real)
         with lock.mutex:
             remove_stale_temps(real)
-            found = self._read_keyed(real)
-        bodies, checksum = found if found is not None else ({}, None)
+            remove_stale_temps(mark_path)
+            data = read_bytes(real, self.max_bytes)
+            envelope = None if data is None else decode_envelope(data, real, self._key)
+            mark_data = read_bytes(mark_path, _HIGH_WATER_MAX_BYTES)
+            mark = None if mark_data is None else decode_high_water(mark_data, mark_path, self._key)
+        self._check_fresh(real, mark_path, envelope, mark, resume, beside=high_water_path is None)
+        bodies, checksum = (envelope.bodies, envelope.checksum) if envelope is not None else ({}, None)
         restored = {name: self._rebuild(real, name, body) for name, body in bodies.items()
                     if name in self._ledgers}
         for name, ledger in restored.items():  # check all before changing any
             self._check_compatible(real, name, self._ledgers[name], ledger, checksum)
         for name, ledger in restored.items():
             self._adopt(real, name, self._ledgers[name], ledger, checksum)
-        self.path, self._lock, self._checksum = real, lock, checksum
+        self.path, self._lock, self._checksum, self.high_water_path = real, lock, checksum, mark_path
+        self.restored = envelope is not None
+        if envelope is not None and envelope.run is not None:
+            self.run_id, self.generation = envelope.run, envelope.generation
+            self._state = {**envelope.state, **self._state}
+        else:
+            self.run_id, self.generation = secrets.token_hex(16), 0
         self._stored = {n: b for n, b in bodies.items() if n not in self._ledgers}
         for ledger in self._ledgers.values():
             _ORIGIN[ledger] = (real, checksum or "")
+        if envelope is None:
+            _LOG.info("Privacy ledger file %s: new run %s (high-water mark %s)", real, self.run_id, mark_path)
+
+    def _check_fresh(self, real: str, mark_path: str, envelope: Optional[Envelope], mark: Optional[HighWaterMark],
+                     resume: Optional[bool], *, beside: bool) -> None:
+        """Refuse what ``resume`` does not allow, a file bound to another run or path, and a rollback."""
+        if envelope is None:
+            if mark is not None:
+                raise LedgerFileError(real, f"is missing, but its high-water mark {mark_path!r} records run "
+                                      f"{mark.run} at generation {mark.generation}: the ledger was deleted or moved; "
+                                      "refusing to start from epsilon = 0 (remove the high-water mark deliberately "
+                                      "to start a new run there)")
+            if resume:
+                raise LedgerFileError(real, "does not exist, but resume=True: the ledger of the run to resume is "
+                                      "missing; refusing to start from epsilon = 0 (resume=False starts a new run)")
+            return
+        continuing = any(_ORIGIN.get(held) == (real, envelope.checksum) for held in self._ledgers.values())
+        if resume is False and not continuing:
+            raise LedgerFileError(real, f"already holds a ledger (run {envelope.run}, generation "
+                                  f"{envelope.generation}): pass resume=True to continue it, or another path for a "
+                                  "new run; refusing to overwrite it")
+        if envelope.run is None:
+            if resume:
+                raise LedgerFileError(real, f"has format {envelope.format!r}, without the run, path and generation "
+                                      "binding: its freshness cannot be checked; refusing to resume from it (load "
+                                      "it with PrivacyLedger.load and start a new run with ledger=)")
+            return
+        if envelope.path != real:
+            raise LedgerFileError(real, f"was written to {envelope.path!r}, not to this path: a ledger file copied "
+                                  "from elsewhere is refused")
+        if mark is None:
+            if resume:
+                raise LedgerFileError(real, f"has no high-water mark at {mark_path!r}: whether it is the latest "
+                                      "save of its run cannot be checked (a rolled-back or substituted file would "
+                                      "load); refusing to resume")
+            return
+        check_high_water(real, envelope, mark_path, mark)
+        _LOG.info("Privacy ledger file %s: resuming run %s at generation %d (high-water mark %s checked%s)", real,
+                  envelope.run, envelope.generation, mark_path,
+                  "; it lies beside the file: a rollback of both files together is not detected" if beside else "")
+
+    def get_state(self, name: str) -> Optional[dict[str, Any]]:
+        """A copy of the public state saved under ``name`` (None if none); validate it before use."""
+        value = self._state.get(name)
+        return None if value is None else strict_loads(canonical_json(value))
+
+    def set_state(self, name: str, value: Mapping[str, Any]) -> None:
+        """Keep ``value`` (a JSON object of public values, finite numbers) under ``name``: saved with
+        the ledgers, in the same signed envelope, at the next :meth:`save`."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(f"state name must match {_NAME.pattern}, got {name!r}")
+        if not isinstance(value, Mapping):
+            raise ValueError(f"state must be a mapping, got {type(value).__name__}")
+        try:
+            self._state[name] = strict_loads(canonical_json(dict(value)))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"state {name!r} must be JSON with finite numbers: {err}") from err
 
     def _read_keyed(self, real: str) -> Optional[tuple[dict[str, str], str]]:
         data = read_bytes(real, self.max_bytes)
@@ -619,7 +912,9 @@ class LedgerStore:
                                       "overwrite its events")
             bodies = dict(self._stored)
             bodies.update({name: ledger.to_json() for name, ledger in self._ledgers.items()})
-            data = encode_file(bodies, self._key)
+            generation = self.generation + 1
+            data = encode_file(bodies, self._key, run=self.run_id, path=self.path, generation=generation,
+                               state=self._state)
             if len(data) > self.max_bytes:
                 raise LedgerFileError(self.path, f"would be {len(data)} bytes, above the size cap of "
                                       f"{self.max_bytes} (max_bytes); nothing was written")
@@ -628,8 +923,16 @@ class LedgerStore:
             except OSError as err:
                 raise LedgerFileError(self.path, f"could not be written ({err.strerror or err})") from err
             self._checksum = _HEADER.match(data).group(1).decode("ascii")  # type: ignore[union-attr]
+            self.generation = generation
             for ledger in self._ledgers.values():
                 _ORIGIN[ledger] = (self.path, self._checksum)
+            assert self.run_id is not None and self.high_water_path is not None
+            mark = HighWaterMark(self.run_id, self.path, generation, self._checksum)
+            try:
+                write_atomic(self.high_water_path, encode_high_water(mark, self._key))
+            except OSError as err:
+                raise LedgerFileError(self.high_water_path, f"(the high-water mark) could not be written "
+                                      f"({err.strerror or err}); the ledger itself was saved") from err
 
     def close(self) -> None:
         """Stop persisting (the lock is released once no store of this process holds the path)."""
@@ -638,15 +941,24 @@ class LedgerStore:
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "Envelope",
     "FILE_FORMAT",
+    "FILE_FORMAT_1",
+    "HIGH_WATER_FORMAT",
+    "HighWaterMark",
     "KEY_ENV",
     "LedgerFileError",
     "LedgerStore",
     "MAIN",
     "canonical_json",
+    "check_high_water",
+    "decode_envelope",
     "decode_file",
+    "decode_high_water",
     "encode_file",
+    "encode_high_water",
     "parse_body",
+    "read_envelope",
     "read_file",
     "strict_loads",
 ]

@@ -93,8 +93,16 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s,
             in FedAvg's order and with its meaning and defaults.
         ledger: the ledger to book into (default: a new ``PrivacyLedger(1e-5)``).
-        ledger_path: JSON file the ledger is restored from (if it exists) and saved
-            to after every booking, so a restarted ServerApp loses nothing.
+        ledger_path: JSON file the ledger is saved to after every booking (authenticated with
+            ``$FLWR_DP_LEDGER_KEY`` when set), so a restarted ServerApp loses nothing.
+        resume: False (default): a new run; a ledger file already at ``ledger_path`` is refused,
+            never overwritten. True: continue the run whose ledger is at ``ledger_path``; no file
+            there, or one that is not the latest save of that run at that path, is refused
+            (never a fresh start). Every strategy with ``ledger_path`` takes it.
+        high_water_path: where the ledger's high-water mark is kept (default
+            ``<ledger_path>.hwm``); on storage the attacker cannot write, a rollback of the
+            ledger file is refused even together with the default location's copy (see
+            :mod:`flwr_dp_strategies.privacy.ledger_file`).
         per_client_metrics: also publish ``privacy/epsilon/node-<id>`` per node.
         max_reply_bytes: reject train replies whose arrays' payloads (``.npy`` headers
             not counted) exceed this many bytes.
@@ -121,13 +129,16 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         *,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
         **kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_arguments(locals()), **kwargs)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes,
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None
 

@@ -135,6 +135,8 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         accountant: PrivacyAccountant | None = None,
         ledger: PrivacyLedger | None = None,
         ledger_path: str | os.PathLike[str] | None = None,
+        resume: bool = False,
+        high_water_path: str | os.PathLike[str] | None = None,
         rng: RngLike = None,
         noise_sampler: str = "os-entropy",
         publish_client_metrics: bool = False,
@@ -150,7 +152,7 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         _check_accountable(strategy)
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
         self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path), per_client_metrics,
-                              max_reply_bytes, ADD_OR_REMOVE_ONE)
+                              max_reply_bytes, ADD_OR_REMOVE_ONE, resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self.rng = RngSource(rng)
         self.noise_sampler = noise_sampler

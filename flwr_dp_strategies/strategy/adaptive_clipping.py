@@ -113,6 +113,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
 
 from ..privacy import PrivacyLedger
+from ..privacy.ledger_file import LedgerFileError
 from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
@@ -131,6 +132,7 @@ UNCLIPPED_FRACTION_METRIC = "dp/unclipped-fraction"
 #: run of thousands of rounds at an extreme target never underflows C to 0 or overflows it to inf.
 MIN_CLIPPING_NORM = 1e-300
 MAX_CLIPPING_NORM = 1e300
+STATE_NAME = "adaptive-clipping"  # the learnt C, public, saved in the ledger file's signed envelope
 
 
 # ---------------------------------------------------------------------------------------------- the maths
@@ -199,8 +201,10 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         num_clients: N >= m (default: the nodes connected at round 1); q = m/N (``sampling="poisson"``).
         sampling: ``"poisson"`` (default, amplified accounting) or ``"fixed"`` (the wrapped FedAvg's
             sample, booked without amplification).
-        ledger, ledger_path, per_client_metrics: as :class:`AccountedServerSideFixedClipping` (a ledger
-            restored from ``ledger_path`` continues its round numbers; C restarts at C₀, which costs nothing).
+        ledger, ledger_path, resume, high_water_path, per_client_metrics: as
+            :class:`AccountedServerSideFixedClipping` (a ledger
+            restored from ``ledger_path`` continues its round numbers and the learnt C, saved with it: public,
+            it costs nothing; C₀ applies only to a new run).
         rng: sampling and noise generator (default: fresh OS entropy per use).
         publish_client_metrics: also publish the clients' aggregated train metrics, booking every such
             round as non-private.
@@ -223,6 +227,8 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         sampling: str = "poisson",
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Union[str, "os.PathLike[str]", None] = None,
+        resume: bool = False,
+        high_water_path: Union[str, "os.PathLike[str]", None] = None,
         per_client_metrics: bool = False,
         rng: RngLike = None,
         publish_client_metrics: bool = False,
@@ -249,14 +255,31 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
         _check_ledger_args(ledger, ledger_path, sampling)
         self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path),
-                              check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE)
+                              check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE,
+                              resume=resume, high_water_path=high_water_path)
         self.round_offset = max(self.ledger.rounds(), default=0)  # a restored ledger: round numbers continue
+        self._restore_clipping_norm()
         self._init_screening(max_weight)
         self.publish_client_metrics = check_bool("publish_client_metrics", publish_client_metrics)
         self.rng = RngSource(rng)
         self.budget_exhausted = False
         self.current_arrays = ArrayRecord()
         self._spec: Optional[dict] = None
+
+    def _restore_clipping_norm(self) -> None:
+        """Continue with the C learnt before a restart, if the ledger file holds one (checked: the file's
+        HMAC authenticates it only with a key, so its domain is validated like an argument's)."""
+        state = self.ledger_store.get_state(STATE_NAME)
+        if state is None:
+            return
+        norm = state.get("clipping_norm")
+        if list(state) != ["clipping_norm"] or isinstance(norm, bool) or not isinstance(norm, (int, float)) \
+                or not MIN_CLIPPING_NORM <= norm <= MAX_CLIPPING_NORM:
+            raise LedgerFileError(self.ledger_store.path, f"state {STATE_NAME!r} must be {{'clipping_norm': C}} with C "
+                                  f"in [{MIN_CLIPPING_NORM}, {MAX_CLIPPING_NORM}], got {state!r}")
+        self.clipping_norm = float(norm)
+        log(INFO, "Adaptive clipping: clipping norm %.6g restored from %s (initial_clipping_norm applies to new runs)",
+            self.clipping_norm, self.ledger_store.path)
 
     # ------------------------------------------------------------------ accounting
     @property
@@ -327,6 +350,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         metrics = self._published_metrics(server_round, accepted)
         metrics[CLIPPING_NORM_METRIC] = float(clipping_norm)
         metrics[UNCLIPPED_FRACTION_METRIC] = float(fraction)
+        self.ledger_store.set_state(STATE_NAME, {"clipping_norm": float(self.clipping_norm)})
         self.save_ledger()
         return arrays, self.round_metrics(metrics, rejected)
 

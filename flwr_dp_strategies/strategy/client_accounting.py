@@ -60,7 +60,7 @@ from flwr.serverapp import Grid
 from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
 from ..privacy.ledger_file import MAIN, LedgerStore
-from ..privacy.validation import check_int
+from ..privacy.validation import check_bool, check_int
 from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, log_failed_reply, with_privacy_metrics
 from .reply_screening import (DEFAULT_MAX_WEIGHT, REJECTION_REASONS, check_max_weight, check_weight,
                               has_config_record)
@@ -110,16 +110,22 @@ class ClientAccountingMixin:
         neighboring_relation: str = "replace_one",
         *,
         wrapped: object = None,
+        resume: bool = False,
+        high_water_path: Optional["os.PathLike[str] | str"] = None,
     ) -> None:
         """Open the strategy's ledgers (:func:`open_ledgers`); ``wrapped``: a strategy this one wraps,
-        whose ledger store (all its named ledgers, and its file) is shared rather than duplicated."""
+        whose ledger store (all its named ledgers, and its file) is shared rather than duplicated;
+        ``resume``, ``high_water_path``: as :func:`open_ledgers`."""
         store = getattr(wrapped, "ledger_store", None)
         if not isinstance(store, LedgerStore):
             store = None
             inner = getattr(wrapped, "ledger", None)
             ledger = ledger if ledger is not None or not isinstance(inner, PrivacyLedger) else inner
         self.ledger_path = None if ledger_path is None else os.fspath(ledger_path)
-        self.ledger_store, self.ledger = open_ledgers(ledger, self.ledger_path, neighboring_relation, store=store)
+        self.ledger_resume = check_bool("resume", resume)
+        self.high_water_path = high_water_path
+        self.ledger_store, self.ledger = open_ledgers(ledger, self.ledger_path, neighboring_relation, store=store,
+                                                      resume=self.ledger_resume, high_water_path=high_water_path)
         self.per_client_metrics = bool(per_client_metrics)
         self.max_reply_bytes = None if max_reply_bytes is None else check_int(
             "max_reply_bytes", max_reply_bytes, minimum=1)
@@ -310,11 +316,12 @@ class ClientAccountingMixin:
         one checksummed file, written atomically (:mod:`flwr_dp_strategies.privacy.ledger_file`).
 
         A ``ledger_path`` assigned after construction is bound (locked, checked against what is
-        there) at the first save.
+        there, with the strategy's ``resume`` and ``high_water_path``) at the first save.
         """
         store = self.ledger_store
         if self.ledger_path is not None and store.path is None:
-            store.bind(self.ledger_path)
+            store.bind(self.ledger_path, resume=getattr(self, "ledger_resume", False),
+                       high_water_path=getattr(self, "high_water_path", None))
         store.save()
 
 
@@ -324,6 +331,8 @@ def open_ledgers(
     neighboring_relation: str = "replace_one",
     *,
     store: Optional[LedgerStore] = None,
+    resume: bool = False,
+    high_water_path: Optional["os.PathLike[str] | str"] = None,
 ) -> tuple[LedgerStore, PrivacyLedger]:
     """A strategy's ledger store (locked on ``ledger_path``, restored from it) and its main ledger.
 
@@ -341,22 +350,40 @@ def open_ledgers(
     Anything at ``ledger_path`` that is not a valid ledger file (a dangling link, an
     empty, corrupted or edited file) raises: a path that was given is never a silent
     fresh start.
+
+    Resuming is explicit. ``resume=False`` (default) starts a new run: a ledger file
+    already at ``ledger_path`` is refused, never overwritten (unless the ledger passed is
+    the continuation of exactly that file in this process), and so is a high-water mark
+    whose ledger is gone. ``resume=True`` continues the run whose ledger is at
+    ``ledger_path``: a missing file, a file of another run or copied from another path,
+    one whose high-water mark is missing, or one older than its high-water mark (a
+    rollback) raises; it never starts from ε = 0. ``high_water_path``: where the
+    high-water record lives (default beside the file, ``<ledger_path>.hwm``; see
+    :class:`~flwr_dp_strategies.privacy.ledger_file.LedgerStore` for what each place detects).
     """
+    if resume and ledger_path is None and (store is None or store.path is None):
+        raise ValueError("resume=True needs a ledger_path (the ledger file of the run to resume)")
+    if high_water_path is not None and ledger_path is None and (store is None or store.path is None):
+        raise ValueError("high_water_path needs a ledger_path")
     store = store if store is not None else LedgerStore()
     if ledger_path is not None:
-        store.bind(ledger_path)
+        store.bind(ledger_path, resume=resume, high_water_path=high_water_path)
     main = store.claim(MAIN, ledger, lambda: PrivacyLedger(1e-5, neighboring_relation=neighboring_relation))
-    if ledger_path is not None and (main.clients or main.rounds()):
-        log(INFO, "Privacy ledger restored from %s: epsilon=%.4f at delta=%g, %d clients (ledgers: %s)",
-            ledger_path, main.epsilon(), main.target_delta, len(main.clients), ", ".join(store.names))
+    if ledger_path is not None and store.restored:
+        log(INFO, "Privacy ledger restored from %s (run %s, generation %d): epsilon=%.4f at delta=%g, %d clients "
+            "(ledgers: %s)", ledger_path, store.run_id, store.generation, main.epsilon(), main.target_delta,
+            len(main.clients), ", ".join(store.names))
+    elif ledger_path is not None:
+        log(INFO, "Privacy ledger: new run %s, saved to %s (high-water mark %s)", store.run_id, ledger_path,
+            store.high_water_path)
     return store, main
 
 
 def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
-                   neighboring_relation: str = "replace_one") -> PrivacyLedger:
+                   neighboring_relation: str = "replace_one", *, resume: bool = False) -> PrivacyLedger:
     """The main ledger of :func:`open_ledgers` (without keeping its store: save it with
     ``ledger.save(ledger_path)``, which checks that no one else wrote the file meanwhile)."""
-    return open_ledgers(ledger, ledger_path, neighboring_relation)[1]
+    return open_ledgers(ledger, ledger_path, neighboring_relation, resume=resume)[1]
 
 
 def _consume_declarations(reply: Message) -> None:

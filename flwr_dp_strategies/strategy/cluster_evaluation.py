@@ -120,7 +120,7 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         laplace_eval_eps: ε in (0, inf) sent to clients in LAPLACE mode.
         cluster_client_num: at most this many points are scored per round (>= 3).
         inference_key: ArrayRecord key of the inference result in replies.
-        ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`; a wrapped
+        ledger, ledger_path, resume, high_water_path, per_client_metrics: as :class:`AccountedFedAvg`; a wrapped
             accounting strategy's ledgers and file are shared (one ``ledger_store``): give
             ``ledger_path`` to either (or the same to both), a ledger to one of them only.
         num_classes: the inference vectors' length (None: pinned by the first round whose
@@ -143,6 +143,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         inference_key: str = "inference",
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         num_classes: Optional[int] = None,
         max_inference_abs: float = MAX_INFERENCE_ABS,
@@ -158,7 +160,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self.cluster_client_num = check_int("cluster_client_num", cluster_client_num, minimum=3)
         self.inference_key = inference_key
         # the wrapped strategy's ledgers and file are shared (one store), or its ledger if it has no store
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, wrapped=strategy)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, wrapped=strategy, resume=resume,
+                              high_water_path=high_water_path)
         self._init_screening(max_weight if max_weight is not None
                              else getattr(strategy, "max_weight", DEFAULT_MAX_WEIGHT))
         self.num_classes = None if num_classes is None else check_int("num_classes", num_classes, minimum=1)

@@ -115,7 +115,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
             replies; default: the ``timeout`` given to ``Strategy.start`` (3600 s by default), which
             also bounds the collect stage (Flower's own train round). A node that misses a stage
             is dropped from the round.
-        ledger, ledger_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
+        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
     """
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
@@ -147,6 +147,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
@@ -161,7 +163,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout,
                                       max_colluding_clients=max_colluding_clients, dropout_rate=dropout_rate,
                                       failure_probability=failure_probability)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._spec: Optional[ArrayRecord] = None

@@ -177,7 +177,8 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         selection_ledger: where the selection's events are booked (default:
             ``PrivacyLedger(1e-5, neighboring_relation="replace_one")``).
         rng: None (fresh OS entropy for every draw), an int seed or a numpy Generator.
-        ledger, ledger_path, per_client_metrics, max_reply_bytes, max_weight: as :class:`AccountedFedAvg`.
+        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_reply_bytes, max_weight: as
+            :class:`AccountedFedAvg`.
     """
 
     # pylint: disable=too-many-arguments,too-many-locals
@@ -201,11 +202,14 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         rng: RngLike = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path,
+        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path, resume=resume,
+                         high_water_path=high_water_path,
                          per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
         self.num_selected = check_int("num_selected", num_selected, minimum=1)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon, "epsilon")

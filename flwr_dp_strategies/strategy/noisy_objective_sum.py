@@ -109,11 +109,14 @@ class NoisyObjectiveSum(AccountedFedAvg):
         weights_key: str = "head.weight",
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path,
+        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path, resume=resume,
+                         high_water_path=high_water_path,
                          per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         if loss not in LOSSES:

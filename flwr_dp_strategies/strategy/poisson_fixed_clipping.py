@@ -97,7 +97,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             Poisson(q = m/N)-sampled Gaussian, and its ``max_epsilon`` stops training like the ledger's.
         num_clients: N (default: the accountant's ``population_size``, else the nodes connected
             at round 1); q = m/N.
-        ledger, ledger_path, per_client_metrics: as :class:`AccountedFedAvg`.
+        ledger, ledger_path, resume, high_water_path, per_client_metrics: as :class:`AccountedFedAvg`.
         rng: sampling and noise generator (default: OS entropy).
         publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
             booking every such round as non-private (default False: un-noised client metrics
@@ -116,6 +116,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         num_clients: Optional[int] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         rng: RngLike = None,
         publish_client_metrics: bool = False,
@@ -131,7 +133,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
         self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self.publish_client_metrics = bool(publish_client_metrics)
         self.rng = RngSource(rng)

@@ -84,8 +84,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
             failure_probability, stage_timeout: as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg`
             (the same trust model; the noise is split over m − c honest survivors).
         overflow_sigmas: noise standard deviations of headroom in the modular range.
-        ledger, ledger_path, per_client_metrics, max_weight: as :class:`~.accounted_fedavg.AccountedFedAvg`
-            (a new ledger is add/remove, record level).
+        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as
+            :class:`~.accounted_fedavg.AccountedFedAvg` (a new ledger is add/remove, record level).
     """
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
@@ -122,6 +122,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         stage_timeout: Optional[float] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
@@ -147,7 +149,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout,
                                       max_colluding_clients=max_colluding_clients, dropout_rate=dropout_rate,
                                       failure_probability=failure_probability)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one")
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self._spec: Optional[ArrayRecord] = None
         self._calibration: Optional[SecureObjectiveCalibration] = None

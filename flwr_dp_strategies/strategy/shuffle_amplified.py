@@ -140,13 +140,16 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         planned_rounds: Optional[int] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
         if amplification not in AMPLIFICATIONS:
             raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
-        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path,
+        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path, resume=resume,
+                         high_water_path=high_water_path,
                          per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
         self.shuffler = shuffler if shuffler is not None else LayerShuffler()
         self.layer_of = layer_of

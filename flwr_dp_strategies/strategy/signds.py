@@ -124,6 +124,8 @@ class SignDS(ClientAccountingMixin, FedAvg):
         magrr: MagRRConfig = MagRRConfig(),
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
@@ -133,7 +135,8 @@ class SignDS(ClientAccountingMixin, FedAvg):
         self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
         self.magrr = magrr
         self.state = MagRRState(r_est=magrr.initial_r_est)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None)
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None,
+                              resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._asked = 0

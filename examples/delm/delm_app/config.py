@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "num-selected": 10,
     "selection-epsilon": 1.0,
     "ledger-path": "",
+    "resume-ledger": False,
     "seed": 42,
     "results-dir": "results",
 }

@@ -77,14 +77,14 @@ def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int,
 
 
 def federated_projection(grid: Grid, config: dict[str, Any], dim: int, ledger: PrivacyLedger,
-                         ledger_path: Optional[str]) -> tuple[np.ndarray, PrivacyLedger]:
+                         ledger_path: Optional[str], resume: bool = False) -> tuple[np.ndarray, PrivacyLedger]:
     """LDP-FPCA's projection (d × q) and the ledger it booked into; the identity when ``components`` = 0."""
     components = min(int(config["components"]), dim)
     if components == 0:
-        restored = resolve_ledger(ledger, ledger_path)
+        restored = resolve_ledger(ledger, ledger_path, resume=resume)
         print(f"no PCA: FM on the {dim} unit-norm pixel features", flush=True)
         return np.eye(dim), restored
-    fpca = LdpFederatedPCA(dim, components, ledger=ledger, ledger_path=ledger_path)
+    fpca = LdpFederatedPCA(dim, components, ledger=ledger, ledger_path=ledger_path, resume=resume)
     projection = fpca.run(grid)
     print(f"LDP-FPCA: projection {dim} x {components} from {int(fpca.metrics['pca/accepted'])} clients; "
           f"epsilon so far {fpca.ledger.epsilon():.3f}", flush=True)
@@ -100,7 +100,7 @@ def main(grid: Grid, context: Context) -> None:
     wait_for_nodes(grid, clients)
     dim, classes = task.input_dim(config), task.num_classes(config)
     ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation=RELATION)
-    projection, ledger = federated_projection(grid, config, dim, ledger, ledger_path)
+    projection, ledger = federated_projection(grid, config, dim, ledger, ledger_path, config["resume-ledger"])
     components = projection.shape[1]
     strategy = build_strategy(config, ledger, clients, (components, classes))
     strategy.ledger_path = ledger_path  # the same ledger, saved after every round

@@ -31,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     "target-delta": 1e-5,
     "max-epsilon": 0.0,
     "ledger-path": "",
+    "resume-ledger": False,
     "model": "logreg",
     "local-epochs": 3,
     "lr": 0.2,

@@ -72,12 +72,13 @@ def build_strategy(config: dict[str, Any]) -> Strategy:
     ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None,
                            neighboring_relation=relation)
     ledger_path = str(config["ledger-path"]) or None
+    files = {"ledger_path": ledger_path, "resume": config["resume-ledger"]}  # resume: a bool, checked
     if mechanism in ("local-dp", "dp-sgd"):
-        return AccountedFedAvg(**node_counts(config), ledger=ledger, ledger_path=ledger_path)
+        return AccountedFedAvg(**node_counts(config), ledger=ledger, **files)
     central = AccountedPoissonFixedClipping if mechanism == "central-dp-poisson" else AccountedServerSideFixedClipping
     clients = int(config["clients-per-round"] if mechanism == "central-dp-poisson" else config["num-partitions"])
     return central(build_fedavg(config), float(config["noise-multiplier"]), float(config["clipping-norm"]),
-                   clients, ledger=ledger, ledger_path=ledger_path)
+                   clients, ledger=ledger, **files)
 
 
 def client_config(config: dict[str, Any]) -> ConfigRecord:
