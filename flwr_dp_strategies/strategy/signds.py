@@ -40,7 +40,7 @@ default (ε = 100, ε_rr = 5) spends 105 per round.
 
 Round metrics: ``signds/r-est-used`` and ``signds/step`` (this round's),
 ``signds/r-est`` and ``signds/is-reached`` (after MagRR: the next round's),
-``signds/majority``, ``signds/debiased-ones``, ``signds/fallback``,
+``signds/majority``, ``signds/debiased-ones`` (absent in a fallback round), ``signds/fallback``,
 ``signds/values-per-client``, ``signds/payload-bytes-per-client`` (the arrays),
 ``signds/bytes-per-client`` (as serialised, .npy headers included),
 ``signds/dense-values``, plus ``privacy/*``, ``rejected/*`` and ``replies/failed``
