@@ -160,7 +160,7 @@ def test_malformed_covariances_are_rejected_and_counted():
     expected = top_eigenvectors((good + good * 1.1 + good) / 3, 2)
     np.testing.assert_allclose(np.abs(projection.T @ expected), np.eye(2), atol=1e-8)
     m = pca.metrics
-    assert (m.get("rejected/values", 0), m.get("rejected/non-finite", 0), m.get("rejected/shape", 0)) == (1.0, 1.0, 1.0)
+    assert pca.rejections["train"] == {"values": 1, "non-finite": 1, "shape": 1}
     assert m["pca/accepted"] == 3.0
     assert ledger.epsilon(6) == math.inf  # an undeclared covariance is a non-private release
     assert math.isfinite(ledger.epsilon(3))  # rejected, but its declared release is still booked

@@ -169,7 +169,7 @@ def test_cluster_evaluation_sends_mode_scores_and_rejects_bad_vectors():
     config = msgs[0].content["config"]
     assert config["privacy-eval-type"] == "LAPLACE" and config["laplace-eval-eps"] == 50.0
     assert config["eval-type"] == "CALINSKI_HARABASZ_SCORE"
-    assert metrics.get("rejected/non-finite", 0) == 1 and metrics.get("rejected/shape", 0) == 1
+    assert strategy.rejections["evaluate"]["non-finite"] == 1 and strategy.rejections["evaluate"]["shape"] == 1
     assert metrics["cluster/points"] == n - 2
     expected = cluster_scores(np.stack(points[2:]))
     assert metrics["unsupervised-eval"] == pytest.approx(expected["calinski-harabasz"])
