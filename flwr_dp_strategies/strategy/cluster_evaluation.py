@@ -226,8 +226,10 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             return self._screened_train(server_round, replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
         inner = getattr(self.strategy, "rejections", {}).get("train")
-        counts = Counter(inner) if inner is not None else Counter(error=failed_replies(replies, server_round))
-        self.note_rejections(counts, "train", server_round)
+        if inner is not None:  # counted and logged by the wrapped strategy
+            self.rejections["train"] = Counter(inner)
+        else:
+            self.note_rejections(Counter(error=failed_replies(replies, server_round)), "train", server_round)
         return arrays, metrics
 
     def _screened_train(self, server_round: int, replies: list[Message]
