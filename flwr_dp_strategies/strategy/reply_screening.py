@@ -13,8 +13,8 @@ change which others are aggregated.
 
 Reasons (:data:`REJECTION_REASONS`; the first failing check names the rejection):
 
-* ``error`` - a failed reply (a SuperNode that died mid-round); also counted as
-  a dropout, nothing is booked for it;
+* ``error`` - a failed reply (a SuperNode that died mid-round); nothing is booked
+  for it;
 * ``identity`` - the reply's source node was sent no instruction of this phase in
   this round (checked against the node ids and message ids of the messages the
   strategy's ``configure_train`` / ``configure_evaluate`` returned), or the node
