@@ -27,7 +27,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from flwr_dp_strategies.declarations import declare_release
-from flwr_dp_strategies.privacy.covariance import private_second_moment
+from flwr_dp_strategies.privacy.covariance import covariance_replace_one_event, private_second_moment
 from flwr_dp_strategies.privacy.functional_mechanism import clip_rows
 from flwr_dp_strategies.privacy.rng import RngLike
 
@@ -40,13 +40,22 @@ EVENT_LABEL = "ldp-fpca/covariance"
 def covariance_reply(msg: Message, context: Context, features: np.ndarray, *, epsilon: float, delta: float = 1e-5,
                      noise: str = "analyze-gauss", neighboring_relation: str = "replace_one",
                      rng: RngLike = None) -> Message:
-    """Reply with the noisy second moment (float64, d × d) and declare its event."""
+    """Reply with the noisy second moment (float64, d × d) and declare its event.
+
+    The declaration names ``neighboring_relation``, the relation the noise was calibrated for
+    (:func:`~flwr_dp_strategies.privacy.covariance.covariance_l2_sensitivity`: Δ₂ = 1 for
+    ``"add_or_remove_one"``, √2 for ``"replace_one"``); an add/remove declaration carries its
+    replace-one form (:func:`~flwr_dp_strategies.privacy.covariance.covariance_replace_one_event`),
+    so a replace-one ledger books the √2 bound rather than the generic 2.
+    """
     release = private_second_moment(features, epsilon=epsilon, delta=delta, noise=noise,
                                     neighboring_relation=neighboring_relation, rng=rng)
     weight = float(len(features)) if neighboring_relation == "replace_one" else 1.0
     content = RecordDict({"arrays": ArrayRecord({COVARIANCE_KEY: Array(release.value)}),
                           "metrics": MetricRecord({"num-examples": weight})})
-    declare_release(content, release.event, label=EVENT_LABEL, neighboring_relation="replace_one")
+    declare_release(content, release.event, label=EVENT_LABEL, neighboring_relation=neighboring_relation,
+                    replace_one_event=covariance_replace_one_event(release.event)
+                    if neighboring_relation == "add_or_remove_one" else None)
     return Message(content, reply_to=msg)
 
 

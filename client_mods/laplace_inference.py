@@ -28,6 +28,11 @@ that is false (the bound is 2), so MindSpore's scale :math:`b = 1/\varepsilon` g
 release really has, :math:`2\varepsilon_\text{configured}`. ``m`` vectors in one reply
 are ``m`` Laplace releases composed (``SelfComposedDpEvent``).
 
+Declared relation (:attr:`LaplaceInferenceMod.neighboring_relation`): ``"replace_one"``
+when Δ₁ ≥ 2 (any two vectors, LDP); ``"add_or_remove_one"`` when 1 ≤ Δ₁ < 2 (the seed's
+Δ₁ = 1 bounds a vector against the absent, all-zero one: ‖x‖₁ = 1), which a replace-one
+ledger converts soundly (doubling Δ₁). Δ₁ < 1 bounds no relation and is refused.
+
 Domain check. The bound 2 holds only on the simplex, so the mod refuses (raises,
 and Flower sends an error reply: nothing leaves the client) any vector with a
 negative entry below ``-tolerance`` or a sum off 1 by more than ``tolerance``;
@@ -96,7 +101,8 @@ class LaplaceInferenceMod:
     Args:
         epsilon: the true LDP ε of one vector's release, in (0, inf); None: use the
             server's ``laplace-eval-eps`` (see module docstring).
-        sensitivity: L1 diameter Δ₁ of the vectors, default 2 (probability vectors).
+        sensitivity: Δ₁ in [1, inf), default 2, the L1 diameter of the simplex; below 2 the
+            release is declared under ``"add_or_remove_one"`` (see the module docstring).
         seed_calibration: MindSpore's noise b = 1/ε; the ledger records 2ε.
         key: the reply ArrayRecord holding the inference results.
         tolerance: accepted deviation from the simplex before projection.
@@ -125,6 +131,11 @@ class LaplaceInferenceMod:
         self.weighted_by_key = str(weighted_by_key)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon)
         self.sensitivity = check_sensitivity(sensitivity)
+        if self.sensitivity < SEED_SENSITIVITY:
+            raise ValueError(f"sensitivity must be in [1, inf): a probability vector is at L1 distance 1 from the "
+                             f"zero vector, got {sensitivity!r}")
+        self.neighboring_relation = "replace_one" if self.sensitivity >= PROBABILITY_SIMPLEX_L1_DIAMETER \
+            else "add_or_remove_one"
         self.seed_calibration = bool(seed_calibration)
         self.key = key
         self.tolerance = check_positive("tolerance", tolerance)
@@ -147,7 +158,7 @@ class LaplaceInferenceMod:
                 "Array(mean_softmax)}})}) (what ClusterEvaluation scores), or remove the mod. Nothing was sent.")
         noisy, event = self.protect(record, epsilon)
         reply.content[self.key] = noisy
-        declare_release(reply.content, event, label=EVENT_LABEL, neighboring_relation="replace_one")
+        declare_release(reply.content, event, label=EVENT_LABEL, neighboring_relation=self.neighboring_relation)
         settle_metrics(reply.content, release_metrics=self.release_metrics, weighted_by_key=self.weighted_by_key)
         return reply
 

@@ -16,6 +16,12 @@ examples use C; that bound holds only against the all-zero update (a
 "zero-out" relation), so it is available as ``sensitivity=clipping_norm`` and
 then the declared ε is for that relation, not for LDP.
 
+Declared relation (:attr:`LocalUpdateNoiseMod.neighboring_relation`): ``"replace_one"``
+when Δ₂ ≥ 2C (any two inputs are covered); ``"add_or_remove_one"`` when C ≤ Δ₂ < 2C
+(covers a clipped update against the absent, all-zero one: ‖Δ̄ − 0‖₂ ≤ C), which a
+replace-one ledger converts soundly (doubling Δ₂). Δ₂ < C bounds no relation and is
+refused.
+
 Calibration. Either a noise multiplier :math:`z` (:math:`\sigma = z\Delta_2`), or a
 per-round :math:`(\varepsilon, \delta)` calibrated with the *analytic* Gaussian
 mechanism (Balle & Wang 2018), exact for every ε. Flower's ``LocalDpMod`` uses
@@ -67,7 +73,8 @@ class LocalUpdateNoiseMod:
         clipping_norm: C in (0, inf).
         noise_multiplier: z in (0, inf); or give ``epsilon`` and ``delta`` instead.
         epsilon, delta: per-round (ε, δ) for the analytic Gaussian calibration.
-        sensitivity: Δ₂, default 2C (local DP, see module docstring).
+        sensitivity: Δ₂ in [C, inf), default 2C (local DP, see module docstring); below 2C the
+            release is declared under ``"add_or_remove_one"``.
         rng: None (OS entropy), a seed or a numpy Generator.
         release_metrics: send the reply's metrics (train loss, the exact ``num-examples``) as they
             are and declare them non-private (ε = ∞); default False: they are replaced by the
@@ -96,6 +103,11 @@ class LocalUpdateNoiseMod:
         self.weighted_by_key = str(weighted_by_key)
         self.clipping_norm = check_positive("clipping_norm", clipping_norm)
         self.sensitivity = 2.0 * self.clipping_norm if sensitivity is None else check_sensitivity(sensitivity)
+        if self.sensitivity < self.clipping_norm:
+            raise ValueError(f"sensitivity must be in [clipping_norm, inf) = [{self.clipping_norm}, inf): a clipped "
+                             f"update is {self.clipping_norm} from the zero update, got {sensitivity!r}")
+        self.neighboring_relation = "replace_one" if self.sensitivity >= 2.0 * self.clipping_norm \
+            else "add_or_remove_one"
         if (noise_multiplier is None) == (epsilon is None):
             raise ValueError("give exactly one of noise_multiplier (in (0, inf)) or epsilon (with delta)")
         if epsilon is not None:
@@ -143,7 +155,8 @@ class LocalUpdateNoiseMod:
             raise ValueError("the reply's ArrayRecord must have the keys of the received one")
         release = self.privatize(received, [npy_view(trained[k]) for k in keys])
         reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, release.value)})
-        declare_release(reply.content, release.event, label=EVENT_LABEL, neighboring_relation="replace_one")
+        declare_release(reply.content, release.event, label=EVENT_LABEL,
+                        neighboring_relation=self.neighboring_relation)
         settle_metrics(reply.content, release_metrics=self.release_metrics, weighted_by_key=self.weighted_by_key)
         return reply
 

@@ -103,7 +103,7 @@ class LdpFederatedPCA(ClientAccountingMixin):
         """Ask, aggregate, send the projection back; ``RuntimeError`` if no valid reply came."""
         projection = self.aggregate(server_round, list(grid.send_and_receive(self.requests(grid), timeout=timeout)))
         if projection is None:
-            raise RuntimeError("LDP-FPCA: no valid covariance reply; see the rejected/* metrics")
+            raise RuntimeError("LDP-FPCA: no valid covariance reply; see the rejected replies in the server log")
         list(grid.send_and_receive(self.broadcast(projection, grid), timeout=timeout))
         return projection
 

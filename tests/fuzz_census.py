@@ -1,8 +1,10 @@
 """Census of the malicious-reply corpus of ``test_reply_fuzz.py``: every strategy × phase × mutation ×
 value × identity, counted as aborted rounds, non-finite models, NaN metrics and bad replies aggregated.
 
-Run from the repository root: ``python tests/fuzz_census.py`` (about a minute). Used for the before/after
-figures of issue 17; the test suite runs the hypothesis-driven sample of the same corpus.
+Run from the repository root: ``python tests/fuzz_census.py`` (a few minutes). Every strategy of
+``strategy_registry.REGISTRY`` (every exported one) is covered; the figures are printed per strategy
+too. Used for the before/after figures of issues 17 and 25; the test suite runs the hypothesis-driven
+sample of the same corpus.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def main() -> None:
                     for identity in fuzz.IDENTITIES:
                         counts["cases"] += 1
                         try:
-                            result, _, _ = fuzz._run(name, phase, (mutation, value, identity))
+                            result, strategy, _ = fuzz._run(name, phase, (mutation, value, identity))
                         except Exception:  # noqa: BLE001 - counting what aborts
                             counts["aborted"] += 1
                             counts[f"aborted {name} {phase}"] += 1
@@ -47,8 +49,9 @@ def main() -> None:
                             counts["non-finite or no model"] += 1
                         if any(isinstance(v, float) and math.isnan(v) for v in (metrics or {}).values()):
                             counts["NaN metric"] += 1
-                        if fuzz._rejected(metrics) == 0:
+                        if fuzz._rejected(strategy, metrics, phase) == 0:
                             counts["bad reply aggregated"] += 1
+    print(f"strategies: {len(fuzz.STRATEGIES)} ({', '.join(fuzz.STRATEGIES)})")
     for key, count in sorted(counts.items()):
         print(f"{key}: {count}")
 

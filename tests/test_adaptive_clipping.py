@@ -228,7 +228,7 @@ def test_only_noised_figures_are_published_unless_client_metrics_are_booked_non_
         msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
         _, metrics = strategy.aggregate_train(1, [reply(m, current + 0.1, {"num-examples": 3.0, "loss": 0.7})
                                                   for m in msgs])
-        extra = {k for k in metrics if not k.startswith(("privacy/", "rejected/", "replies/"))}
+        extra = {k for k in metrics if not k.startswith("privacy/")}
         if publish:
             assert extra == {"dp/clipping-norm", "dp/unclipped-fraction", "loss"}
             assert NonPrivateDpEvent() in [e for _, e, _ in strategy.ledger.events()]
@@ -337,8 +337,8 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_released_as_without
         if with_bad:
             replies.append(BAD[reason](msgs[0] if reason == "identity" else msgs[3], current))
         arrays, metrics = strategy.aggregate_train(1, replies)
-        assert metrics.get(f"rejected/{reason}", 0) == float(with_bad)
-        assert sum(v for k, v in metrics.items() if k.startswith("rejected/")) == float(with_bad)
+        assert strategy.rejections["train"][reason] == float(with_bad)
+        assert sum(strategy.rejections["train"].values()) == float(with_bad)
         assert len(strategy.ledger.events()) == 1
         results.append((arrays.to_numpy_ndarrays()[0], metrics["dp/unclipped-fraction"], strategy.clipping_norm))
     np.testing.assert_array_equal(results[0][0], results[1][0])
@@ -353,7 +353,7 @@ def test_evaluate_replies_are_screened():
     bad = Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": math.nan})}), reply_to=msgs[3])
     metrics = strategy.aggregate_evaluate(1, good + [bad])
     assert metrics["eval-acc"] == pytest.approx(0.4)
-    assert metrics.get("rejected/metrics", 0) == 1.0
+    assert strategy.rejections["evaluate"]["metrics"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------- (7) client side
@@ -389,7 +389,7 @@ def test_the_mod_clips_to_the_servers_c_and_reports_the_unclipped_bit():
     assert unclipped.content["metrics"]["unclipped_bit"] == 1 and unclipped.content["metrics"]["norm_bit"] == 0
     flowers = _with_metrics(msgs[2], current, along_x(0.5), {"norm_bit": 0})  # Flower's mod: not clipped
     arrays, metrics = strategy.aggregate_train(1, [clipped, unclipped, flowers])
-    assert sum(v for k, v in metrics.items() if k.startswith("rejected/")) == 0
+    assert sum(strategy.rejections["train"].values()) == 0
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], [1.5 / 4, 0.0], atol=1e-5)
     assert metrics["dp/unclipped-fraction"] == pytest.approx((2 - 1.5) / 4 + 0.5, abs=1e-5)
 
@@ -415,7 +415,7 @@ def test_the_client_side_server_rejects_a_bad_bit_or_an_unclipped_update(case):
         if with_bad:
             replies.append(_with_metrics(msgs[2], current, update, bits))
         arrays, metrics = strategy.aggregate_train(1, replies)
-        assert metrics.get("rejected/values", 0) == float(with_bad)
+        assert strategy.rejections["train"]["values"] == float(with_bad)
         results.append((arrays.to_numpy_ndarrays()[0], metrics["dp/unclipped-fraction"]))
     np.testing.assert_array_equal(results[0][0], results[1][0])
     assert results[0][1] == results[1][1]
@@ -428,7 +428,7 @@ def test_a_float32_model_clipped_by_the_mod_passes_the_servers_norm_check():
     msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
     update = np.random.default_rng(1).normal(size=current.size)
     _, metrics = strategy.aggregate_train(1, [_client(m, update) for m in msgs])
-    assert metrics.get("rejected/values", 0) == 0.0
+    assert strategy.rejections["train"]["values"] == 0.0
 
 
 # ---------------------------------------------------------------------------------------------- (8) property
@@ -445,3 +445,32 @@ def test_published_c_stays_finite_and_positive_and_epsilon_never_decreases(round
         assert 0.0 <= metrics["dp/unclipped-fraction"] <= 1.0
         assert metrics["privacy/epsilon"] >= previous
         previous = metrics["privacy/epsilon"]
+
+
+@pytest.mark.parametrize("scale", [10.0, 1e-3])  # every update exceeds C / none does
+def test_flowers_own_mod_on_a_float32_model_is_reclipped_never_rejected(scale):
+    """Flower's ``adaptiveclipping_mod`` clips in float32: w + clipped update rounds past C(1 + 1e-6) when
+    ‖w‖ ≫ C. Such replies were rejected (11 of 40 when every update exceeds C, 0 when none does: a count
+    of data-dependent events, published). Now all 40 are aggregated (re-clipped to C), and no count of
+    rejected or failed replies is in the round's metrics."""
+    from flwr.clientapp.mod import adaptiveclipping_mod
+    n, c = 40, 0.05
+    strategy = AccountedClientSideAdaptiveClipping(FedAvg(min_available_nodes=n), 1.0, n, c,
+                                                   clipped_count_stddev=2.0, num_clients=n, rng=0)
+    current = (np.random.default_rng(0).normal(size=5_000) * 3).astype(np.float32)
+    msgs = list(strategy.configure_train(1, ArrayRecord({"w": Array(current)}), ConfigRecord(), FakeGrid(n)))
+    assert len(msgs) == n
+
+    def trained(i: int):
+        def call_next(msg: Message, ctxt: Context) -> Message:
+            update = np.random.default_rng(100 + i).normal(size=current.size) * scale / math.sqrt(current.size)
+            arrays = ArrayRecord({"w": Array((current + update).astype(np.float32))})
+            return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 10})}),
+                           reply_to=msg)
+        return call_next
+
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})
+    replies = [adaptiveclipping_mod(m, context, trained(i)) for i, m in enumerate(msgs)]
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert strategy.rejections["train"] == {}
+    assert not any(key.startswith(("rejected/", "replies/")) for key in metrics), sorted(metrics)

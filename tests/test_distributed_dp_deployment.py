@@ -97,6 +97,6 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
     assert row["epsilon"] == pytest.approx(results["privacy"]["epsilon"])
     assert row["accuracy"] > results["initial_accuracy"]  # the revealed mean is a usable update (z = 0.1)
     metrics = results["train_metrics"]["1"]
-    assert metrics["replies/failed"] == 0  # silence, not an error reply: the collect stage timed out
+    assert not any(key.startswith(("replies/", "rejected/")) for key in metrics)  # counts stay in the server log
     print(f"distributed-DP deployment test: {time.monotonic() - started:.0f} s; the run ended "
           f"{ended_after:.0f} s after the kill")

@@ -53,7 +53,7 @@ def test_one_round_applies_the_mean_of_the_survivors_clipped_updates_and_books_o
     noise_std = math.sqrt(len(survivors) * calibration.local_mu) / params.scale / len(survivors)
     rounding = math.sqrt(len(survivors)) / params.scale / len(survivors)
     assert np.abs(got - expected).max() < 6 * (noise_std + rounding) + 1e-6  # float32 model
-    assert "secagg/survivors" not in metrics and metrics["replies/failed"] == 1  # survivors: server log only
+    assert "secagg/survivors" not in metrics and strategy.rejections["train"]["error"] == 1  # counts: log only
     assert all(set(r.content.keys()) == {RECORD, MASKED_RECORD} for r in replies if not r.has_error())
     events = strategy.ledger.events()
     assert len(events) == 1 and events[0][0] == 1 and events[0][2] == EVENT_LABEL
@@ -96,7 +96,7 @@ def test_too_few_survivors_abort_the_round_and_book_nothing():
     strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, min_survivors=0.8)
     _, _, (arrays, metrics) = one_round(strategy, grid, model())
     assert arrays is None
-    assert metrics["replies/failed"] == 4 and metrics["privacy/epsilon"] == 0.0
+    assert strategy.rejections["train"]["error"] == 4 and metrics["privacy/epsilon"] == 0.0
     assert strategy.ledger.events() == []
     # the next round starts afresh
     grid.die, grid.dead = {}, set()
@@ -120,7 +120,7 @@ def test_a_reply_with_un_noised_records_is_rejected_booked_and_the_round_goes_on
     grid = LoopbackGrid(shifting_app(deltas, rng=3), NODES, tamper=tamper)
     strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, min_survivors=0.5)
     _, _, (arrays, metrics) = one_round(strategy, grid, model())
-    assert metrics["rejected/structure"] == 1.0 and metrics["rejected/secure-aggregation"] == 1.0
+    assert strategy.rejections["train"] == {"structure": 1, "secure-aggregation": 1}
     assert np.abs(arrays["w"].numpy() - 0.01).max() < 0.01
     assert math.isinf(strategy.ledger.epsilon(102))
     assert math.isfinite(strategy.ledger.epsilon(103))
@@ -131,7 +131,7 @@ def test_clients_refuse_noise_below_their_floor():
     grid = LoopbackGrid(shifting_app(deltas, rng=4, min_noise_multiplier=0.5), NODES)
     strategy = DistributedDpFedAvg(noise_multiplier=0.1, clipping_norm=1.0)
     _, _, (arrays, metrics) = one_round(strategy, grid, model())
-    assert arrays is None and metrics["replies/failed"] == 10
+    assert arrays is None and strategy.rejections["train"]["error"] == 10
     assert any("below this client's minimum 0.5" in e for e in grid.errors)
     assert strategy.ledger.events() == []
 

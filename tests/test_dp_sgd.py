@@ -344,7 +344,7 @@ def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
             assert set(reply.content["metrics"]) >= {"num-examples", EPSILON_METRIC, ROUND_EPSILON_METRIC}
             replies.append(reply)
         arrays, metrics = strategy.aggregate_train(server_round, replies)
-        assert arrays is not None and metrics.get("rejected/declaration", 0) == 0.0
+        assert arrays is not None and strategy.rejections["train"]["declaration"] == 0.0
     opacus = {r.metadata.src_node_id: float(r.content["metrics"][EPSILON_METRIC]) for r in replies}
     for node in nodes:
         assert float(metrics[f"privacy/epsilon/node-{node}"]) <= opacus[node] * (1 + RDP_TOLERANCE)

@@ -24,12 +24,11 @@ def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
     for name, result in results.items():
         assert result["changed"], name  # the model was trained and released
         assert 0.0 <= result["evaluate"]["accuracy"] <= 1.0, name  # the app's own evaluation still runs
-        assert result["train"].get("rejected/error", 0.0) == 0.0, name
+        assert not any(key.startswith(("rejected/", "replies/")) for key in result["train"]), name
     for name in ("AccountedServerSideFixedClipping", "AccountedPoissonFixedClipping", "AccountedAdaptiveClipping",
                  "AccountedClientSideAdaptiveClipping", "SignDS"):
         assert 0 < results[name]["train"]["privacy/epsilon"] < math.inf, name
     for name in ("AccountedAdaptiveClipping", "AccountedClientSideAdaptiveClipping"):  # float32 model, clients clip
-        assert sum(v for k, v in results[name]["train"].items() if k.startswith("rejected/")) == 0.0, name
         assert 0 < results[name]["train"]["dp/clipping-norm"] < math.inf, name
     # selecting all NODES replies per layer / shuffling layers: the same aggregate as FedAvg
     for name in ("FedAvg", "AccountedFedAvg", "ClusterEvaluation", "MinDivergenceExpSampling",

@@ -1,9 +1,9 @@
-"""A SuperNode that dies mid-round: its error reply is counted (``replies/failed``), the round goes on.
+"""A SuperNode that dies mid-round: its error reply is counted on the server (``error``), the round goes on.
 
 Flower hands the strategy ``Message(Error(...), reply_to=instruction)`` for such a
-node. Every strategy must aggregate the valid replies, report the failed count as
-an int in the round's train and evaluate metrics, and book what the surviving
-clients declared and nothing for the failed one.
+node. Every strategy must aggregate the valid replies, count the failed ones in its
+``rejections`` (the server's log), never in the round's metrics, and book what the
+surviving clients declared and nothing for the failed one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp.strategy import FedAvg
 
 from conftest import FakeGrid
+from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
                                 ClusterEvaluation, LayerShuffler, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg,
                                 SignDS, declare_release)
@@ -66,9 +67,34 @@ def evaluate_round(strategy, make_reply, n: int = N):
     return msgs, strategy.aggregate_evaluate(1, replies)
 
 
-def assert_failed_count(metrics: MetricRecord, count: int = 1) -> None:
-    assert metrics["replies/failed"] == count
-    assert isinstance(metrics["replies/failed"], int)
+def assert_failed_count(strategy, metrics: MetricRecord, count: int, phase: str) -> None:
+    """``count`` failed replies, kept by the strategy for the server's log, not in the round's metrics."""
+    assert rejection_counts(strategy, metrics, phase) == ({"error": count} if count else {})
+
+
+# ---------------------------------------------------------------------- every strategy
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_strategy_goes_on_without_a_failed_node_and_books_nothing_for_it(name):
+    """A node that dies before its train (and evaluate) reply: the others are aggregated, the failure is
+    counted under ``error``, the dead node is not booked, no metric is NaN (issue 25, F)."""
+    entry = REGISTRY[name]
+    strategy, grid = entry.make(), entry.grid()
+    msgs = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
+    replies = [failed(msgs[FAILED])] + entry.train_replies(grid, msgs[FAILED + 1:])
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    assert arrays is not None and all(np.isfinite(a).all() for a in arrays.to_numpy_ndarrays())
+    assert rejection_counts(strategy, metrics, "train") == {"error": 1}
+    dead = msgs[FAILED].metadata.dst_node_id
+    msgs = list(strategy.configure_evaluate(1, entry.model(), ConfigRecord(), grid))
+    eval_metrics = strategy.aggregate_evaluate(1, [
+        failed(m) if m.metadata.dst_node_id == dead else Message(entry.evaluate_content(i), reply_to=m)
+        for i, m in enumerate(msgs)])
+    assert eval_metrics["acc"] == pytest.approx(0.5)
+    assert rejection_counts(strategy, eval_metrics, "evaluate") == {"error": 1}
+    for record in (metrics, eval_metrics):
+        assert not any(isinstance(v, float) and v != v for v in record.values()), record
+    ledger = getattr(strategy, "ledger", None)
+    assert ledger is None or str(dead) not in {str(c) for c in ledger.clients}
 
 
 # ---------------------------------------------------------------------- AccountedFedAvg and its subclasses
@@ -84,8 +110,7 @@ def test_fedavg_family_aggregates_the_survivors_and_books_only_them(make):
     msgs, (arrays, metrics) = train_round(
         strategy, [np.zeros(3)], lambda i, m: train_reply(m, [np.full(3, float(i))], LaplaceDpEvent(1.0 / i)))
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, 2.0))  # mean of replies 1, 2, 3
-    assert_failed_count(metrics)
-    assert metrics.get("rejected/error", 0) == 1.0  # the legacy alias keeps the same count
+    assert_failed_count(strategy, metrics, 1, "train")
     assert metrics["loss"] == pytest.approx(1.0)
     assert set(strategy.ledger.clients) == {node(m) for m in msgs[1:]}  # nothing for the dead node
     assert metrics["privacy/epsilon"] == pytest.approx(3.0, rel=1e-3)  # node 3: Laplace scale 1/3 -> ε = 3
@@ -94,7 +119,7 @@ def test_fedavg_family_aggregates_the_survivors_and_books_only_them(make):
 def test_accounted_fedavg_evaluate_counts_failed_replies():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N)
     msgs, metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m, LaplaceDpEvent(1.0)))
-    assert_failed_count(metrics)
+    assert_failed_count(strategy, metrics, 1, "evaluate")
     assert metrics["accuracy"] == pytest.approx(0.75)
     assert set(strategy.ledger.clients) == {node(m) for m in msgs[1:]}
 
@@ -104,7 +129,7 @@ def test_every_reply_failed_gives_no_model_and_books_nothing():
     msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
     arrays, metrics = strategy.aggregate_train(1, [failed(m) for m in msgs])
     assert arrays is None
-    assert_failed_count(metrics, N)
+    assert_failed_count(strategy, metrics, N, "train")
     assert strategy.ledger.clients == [] and strategy.ledger.events() == []
 
 
@@ -112,7 +137,7 @@ def test_no_failure_reports_zero():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N)
     msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
     _, metrics = strategy.aggregate_train(1, [train_reply(m, [np.ones(3)]) for m in msgs])
-    assert_failed_count(metrics, 0)
+    assert_failed_count(strategy, metrics, 0, "train")
 
 
 # ---------------------------------------------------------------------- central DP wrappers
@@ -124,14 +149,14 @@ def test_server_side_fixed_clipping_releases_the_survivors_over_the_fixed_denomi
     _, (arrays, metrics) = train_round(strategy, [np.zeros(50)],
                                        lambda i, m: train_reply(m, [np.full(50, 0.01 * i)]))
     assert arrays is not None
-    assert_failed_count(metrics)
+    assert_failed_count(strategy, metrics, 1, "train")
     (_, event, _), = strategy.ledger.events()  # central events
     assert isinstance(event, GaussianDpEvent)
     assert event.noise_multiplier == pytest.approx(z)  # fixed denominator m = 4: three replies, same z
     assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
     assert strategy.ledger.clients == []  # central events only
     _, eval_metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m))
-    assert_failed_count(eval_metrics)
+    assert_failed_count(strategy, eval_metrics, 1, "evaluate")
     assert eval_metrics["accuracy"] == pytest.approx(0.75)
 
 
@@ -144,7 +169,7 @@ def test_poisson_fixed_clipping_releases_books_the_round_and_only_the_survivors_
         strategy, [np.zeros(5)], lambda i, msg: train_reply(msg, [np.full(5, 0.01)], GaussianDpEvent(4.0),
                                                   relation="add_or_remove_one"))
     assert arrays is not None and len(msgs) == N
-    assert_failed_count(metrics)
+    assert_failed_count(strategy, metrics, 1, "train")
     assert "dp/participants" not in metrics and "loss" not in metrics
     assert set(ledger.clients) == {node(msg) for msg in msgs[1:]}
     assert [event for _, event, _ in ledger.events()] == [PoissonSampledDpEvent(1.0, GaussianDpEvent(z))]
@@ -152,7 +177,7 @@ def test_poisson_fixed_clipping_releases_books_the_round_and_only_the_survivors_
         assert [event for _, event, _ in ledger.events(node(msg))] == [GaussianDpEvent(4.0)]
     assert ledger.events(node(msgs[FAILED])) == []
     _, eval_metrics = evaluate_round(strategy, lambda i, msg: evaluate_reply(msg))
-    assert_failed_count(eval_metrics)
+    assert_failed_count(strategy, eval_metrics, 1, "evaluate")
 
 
 # ---------------------------------------------------------------------- SignDS and ClusterEvaluation
@@ -168,10 +193,10 @@ def test_signds_counts_failed_replies_in_train_and_evaluate():
 
     msgs, (arrays, metrics) = train_round(strategy, [np.zeros(10, np.float32)], upload)
     assert arrays is not None
-    assert_failed_count(metrics)
+    assert_failed_count(strategy, metrics, 1, "train")
     assert set(strategy.ledger.clients) == {node(m) for m in msgs[1:]}
     _, eval_metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m))
-    assert_failed_count(eval_metrics)
+    assert_failed_count(strategy, eval_metrics, 1, "evaluate")
 
 
 def test_cluster_evaluation_scores_and_books_the_survivors():
@@ -180,16 +205,16 @@ def test_cluster_evaluation_scores_and_books_the_survivors():
                                  laplace_eval_eps=10.0)
     points = [np.array([0.9, 0.05, 0.05]) if i % 2 else np.array([0.05, 0.9, 0.05]) for i in range(n)]
     msgs, metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m, LaplaceDpEvent(0.1), points[i]), n)
-    assert_failed_count(metrics)
+    assert_failed_count(strategy, metrics, 1, "evaluate")
     assert metrics["cluster/points"] == n - 1
     assert set(strategy.points_history[-1]) == {m.metadata.dst_node_id for m in msgs[1:]}
     assert set(strategy.ledger.clients) == {node(m) for m in msgs[1:]}
     assert metrics["privacy/epsilon"] == pytest.approx(10.0, rel=1e-3)
-    # training is the wrapped FedAvg's; the failed count is added to its metrics
+    # training is the wrapped FedAvg's, screened here: the failed reply is counted here
     _, (arrays, train_metrics) = train_round(strategy, [np.zeros(3)],
                                              lambda i, m: train_reply(m, [np.full(3, float(i))]), n)
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, 3.5))  # mean of 1..6
-    assert_failed_count(train_metrics)
+    assert_failed_count(strategy, train_metrics, 1, "train")
 
 
 def test_cluster_evaluation_keeps_the_wrapped_accounting_strategys_count():
@@ -197,5 +222,5 @@ def test_cluster_evaluation_keeps_the_wrapped_accounting_strategys_count():
     inner = AccountedFedAvg(min_evaluate_nodes=n, min_available_nodes=n, min_train_nodes=n)
     strategy = ClusterEvaluation(inner)
     _, (_, metrics) = train_round(strategy, [np.zeros(3)], lambda i, m: train_reply(m, [np.ones(3)]), n)
-    assert_failed_count(metrics)
+    assert_failed_count(strategy, metrics, 1, "train")
     assert strategy.ledger is inner.ledger

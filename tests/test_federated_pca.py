@@ -160,7 +160,25 @@ def test_malformed_covariances_are_rejected_and_counted():
     expected = top_eigenvectors((good + good * 1.1 + good) / 3, 2)
     np.testing.assert_allclose(np.abs(projection.T @ expected), np.eye(2), atol=1e-8)
     m = pca.metrics
-    assert (m.get("rejected/values", 0), m.get("rejected/non-finite", 0), m.get("rejected/shape", 0)) == (1.0, 1.0, 1.0)
+    assert pca.rejections["train"] == {"values": 1, "non-finite": 1, "shape": 1}
     assert m["pca/accepted"] == 3.0
     assert ledger.epsilon(6) == math.inf  # an undeclared covariance is a non-private release
     assert math.isfinite(ledger.epsilon(3))  # rejected, but its declared release is still booked
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("relation", ["add_or_remove_one", "replace_one"])
+def test_covariance_reply_declares_the_relation_it_calibrated_for(relation):
+    """An add/remove calibration (Δ₂ = 1) read by a replace-one ledger is booked at its replace-one ε (Δ₂ = 2):
+    1.465 at ε = 1, δ = 1e-5, not the 1.000 a replace-one declaration of the same event would give."""
+    msg = Message(RecordDict(), dst_node_id=5, message_type="train.pca")
+    reply = covariance_reply(msg, node_context(5), unit_rows(20, 3), epsilon=1.0, delta=1e-5,
+                             neighboring_relation=relation, rng=0)
+    from flwr_dp_strategies import read_declarations
+    (declaration,) = read_declarations(reply.content)
+    assert declaration.neighboring_relation == relation
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one", accounting="pld")
+    ledger.record(declaration.event, server_round=1, client=5, neighboring_relation=declaration.neighboring_relation,
+                  replace_one_event=declaration.replace_one_event)
+    expected = 1.465 if relation == "add_or_remove_one" else 1.0
+    assert ledger.epsilon(5) == pytest.approx(expected, abs=0.01)

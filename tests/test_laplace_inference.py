@@ -169,7 +169,7 @@ def test_cluster_evaluation_sends_mode_scores_and_rejects_bad_vectors():
     config = msgs[0].content["config"]
     assert config["privacy-eval-type"] == "LAPLACE" and config["laplace-eval-eps"] == 50.0
     assert config["eval-type"] == "CALINSKI_HARABASZ_SCORE"
-    assert metrics.get("rejected/non-finite", 0) == 1 and metrics.get("rejected/shape", 0) == 1
+    assert strategy.rejections["evaluate"]["non-finite"] == 1 and strategy.rejections["evaluate"]["shape"] == 1
     assert metrics["cluster/points"] == n - 2
     expected = cluster_scores(np.stack(points[2:]))
     assert metrics["unsupervised-eval"] == pytest.approx(expected["calinski-harabasz"])
@@ -225,3 +225,19 @@ def test_pickled_copies_of_a_default_mod_draw_different_noise():
     first, second = (pickle.loads(pickle.dumps(seeded))(evaluate_message(), context(), app_returning(vectors))
                      .content["inference"]["probs"].numpy() for _ in range(2))
     np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.parametrize("sensitivity, relation", [(2.0, "replace_one"), (1.0, "add_or_remove_one")])
+def test_declared_relation_is_the_one_the_sensitivity_covers(sensitivity, relation):
+    """Δ₁ = 2 is the simplex's diameter (any two vectors); the seed's Δ₁ = 1 only bounds a vector against the zero
+    one (add/remove): a replace-one ledger must then book 2ε, not the ε the noise was calibrated for."""
+    from flwr_dp_strategies.privacy import PrivacyLedger
+    mod = LaplaceInferenceMod(1.0, sensitivity=sensitivity, rng=0)
+    reply = mod(evaluate_message(), context(), app_returning(np.array([0.2, 0.8])))
+    (declaration,) = read_declarations(reply.content)
+    assert declaration.neighboring_relation == relation
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    ledger.record(declaration.event, server_round=1, client=7, neighboring_relation=declaration.neighboring_relation)
+    assert ledger.epsilon(7) == pytest.approx(2.0 / sensitivity, rel=1e-3)  # noise b = Δ₁/1 against diameter 2
+    with pytest.raises(ValueError, match="sensitivity"):
+        LaplaceInferenceMod(1.0, sensitivity=0.5)

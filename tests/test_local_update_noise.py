@@ -123,3 +123,25 @@ def test_pickled_copies_of_a_default_mod_draw_different_noise():
     labels = np.arange(200) % 10
     a, b = (pickle.loads(pickle.dumps(label_dp))(labels) for _ in range(2))
     assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("factor, relation", [(None, "replace_one"), (2.0, "replace_one"), (1.0, "add_or_remove_one"),
+                                              (1.5, "add_or_remove_one")])
+def test_declared_relation_is_the_one_the_sensitivity_covers(factor, relation):
+    """Δ₂ = 2C covers any two inputs (replace one); Δ₂ = C only a clipped update against the zero one (add/remove),
+    which a replace-one ledger must book at 2C, i.e. at twice the noise multiplier's ε."""
+    c = 0.5
+    mod = LocalUpdateNoiseMod(c, 1.0, sensitivity=None if factor is None else factor * c, rng=0)
+    _, reply = released(mod, [np.zeros(4)], [np.ones(4)])
+    (declaration,) = read_declarations(reply.content)
+    assert declaration.neighboring_relation == relation
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    ledger.record(declaration.event, server_round=1, client=7, neighboring_relation=declaration.neighboring_relation)
+    true = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    true.record(GaussianDpEvent(mod.sigma / (2 * c)), server_round=1, client=7)  # the noise against Δ₂ = 2C
+    assert ledger.epsilon(7) >= true.epsilon(7) * (1 - 1e-9)
+
+
+def test_sensitivity_below_the_clipping_norm_bounds_no_relation():
+    with pytest.raises(ValueError, match="sensitivity"):
+        LocalUpdateNoiseMod(1.0, 1.0, sensitivity=0.5)

@@ -259,7 +259,7 @@ def test_malformed_replies_are_rejected_and_the_round_uses_the_valid_ones():
         reply_to(msgs[3], good[1], weight=3.0),
     ]
     out, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/non-finite", 0) == 1 and metrics.get("rejected/shape", 0) == 1
+    assert strategy.rejections["train"]["non-finite"] == 1 and strategy.rejections["train"]["shape"] == 1
     assert metrics["selection/candidates"] == 2
     assert metrics["selection/k"] == 2 and metrics["selection/k-requested"] == 3  # fewer than k: all of them
     np.testing.assert_allclose(out["fc.weight"].numpy(), np.full(3, 3.5))  # (1·2 + 3·4) / 4
@@ -271,7 +271,7 @@ def test_all_rejected_gives_no_model_and_books_no_selection():
     strategy = make(n, 1, 1.0, rng=0)
     msgs = configure(strategy, {"w": np.ones(2)}, n)
     out, metrics = strategy.aggregate_train(1, [reply_to(m, {"w": np.full(2, np.inf)}) for m in msgs])
-    assert out is None and metrics.get("rejected/non-finite", 0) == n
+    assert out is None and strategy.rejections["train"]["non-finite"] == n
     assert strategy.selection_ledger.events() == []
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from conftest import FakeGrid
+from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies import (AccountedFedAvg, ClusterEvaluation, LayerShuffler, MinDivergenceExpSampling,
                                 ShuffleAmplifiedFedAvg, SignDS, declare_release)
 from flwr_dp_strategies.cluster_scores import cluster_scores
@@ -24,7 +26,6 @@ from flwr_dp_strategies.declarations import PRIVACY_RECORD
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import round_event
 from flwr_dp_strategies.strategy.metrics import aggregate_reply_metrics
-from flwr_dp_strategies.strategy.reply_screening import REJECTION_REASONS
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 N = 4
@@ -68,11 +69,38 @@ def other_node_reply(msgs: list[Message], make) -> Message:
 
 
 # ---------------------------------------------------------------------- 1. identity
-STRATEGIES = {
-    "AccountedFedAvg": lambda: AccountedFedAvg(**fedavg_kwargs()),
-    "Shuffle": lambda: ShuffleAmplifiedFedAvg(**fedavg_kwargs(), shuffler=LayerShuffler(0)),
-    "MinDivergence": lambda: MinDivergenceExpSampling(num_selected=N, epsilon=None, **fedavg_kwargs()),
-}
+# the registry's strategies that release the plain mean of accepted dense updates (no noise, no clipping)
+STRATEGIES = {name: REGISTRY[name].make for name in ("AccountedFedAvg", "ShuffleAmplifiedFedAvg",
+                                                     "MinDivergenceExpSampling")}
+
+
+def _shallow_copy(content: RecordDict) -> RecordDict:
+    return RecordDict(dict(content.items()))
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_strategy_rejects_duplicate_and_unknown_senders_in_both_phases(name):
+    """A second reply of a node and a reply of a node never asked are rejected as ``identity``; the
+    round goes on with the valid replies, whatever the strategy (issue 25, F)."""
+    entry = REGISTRY[name]
+    strategy, grid = entry.make(), entry.grid()
+    for phase in ("train", "evaluate"):
+        configure = strategy.configure_train if phase == "train" else strategy.configure_evaluate
+        msgs = list(configure(1, entry.model(), ConfigRecord(), grid))
+        valid = entry.train_replies(grid, msgs) if phase == "train" else [
+            Message(entry.evaluate_content(i), reply_to=m) for i, m in enumerate(msgs)]
+        duplicate = Message(_shallow_copy(valid[1].content), reply_to=msgs[1])
+        unknown = Message(_shallow_copy(valid[0].content), reply_to=msgs[0])
+        unknown.metadata.__dict__["_src_node_id"] = 999
+        replies = valid + [duplicate, unknown]
+        if phase == "train":
+            arrays, metrics = strategy.aggregate_train(1, replies)
+            assert arrays is not None, (phase, metrics)
+        else:
+            metrics = strategy.aggregate_evaluate(1, replies)
+            assert metrics["acc"] == pytest.approx(0.5)
+        assert rejection_counts(strategy, metrics, phase) == {"identity": 2}, phase
+        assert 999 not in getattr(strategy, "ledger").clients
 
 
 @pytest.mark.parametrize("make", STRATEGIES.values(), ids=STRATEGIES.keys())
@@ -86,7 +114,7 @@ def test_duplicate_and_unknown_senders_are_rejected_as_identity(make):
     replies.append(reply(msgs[1], [np.full(3, 100.0)]))  # second reply, undeclared
     replies.append(other_node_reply(msgs, lambda m: reply(m, [np.full(3, 100.0)])))
     arrays, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/identity", 0) == 3
+    assert strategy.rejections["train"]["identity"] == 3
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.ones(3))
     assert 999 not in strategy.ledger.clients  # an unknown sender is not booked
     for m in msgs:  # nor is a duplicate: the first replies' epsilon is unchanged
@@ -101,7 +129,7 @@ def test_a_reply_to_another_message_id_is_rejected_as_identity():
     replies = [reply(m, [np.ones(3)]) for m in msgs]
     replies[1].metadata.__dict__["_reply_to_message_id"] = "forged"
     _, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/identity", 0) == 1
+    assert strategy.rejections["train"]["identity"] == 1
 
 
 def test_identity_is_checked_in_the_evaluate_phase_too():
@@ -110,7 +138,7 @@ def test_identity_is_checked_in_the_evaluate_phase_too():
     replies = [reply(m, metrics={"num-examples": 5.0, "accuracy": 0.5}) for m in msgs]
     replies.append(other_node_reply(msgs, lambda m: reply(m, metrics={"num-examples": 5.0, "accuracy": 0.0})))
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert metrics.get("rejected/identity", 0) == 1 and metrics["accuracy"] == pytest.approx(0.5)
+    assert strategy.rejections["evaluate"]["identity"] == 1 and metrics["accuracy"] == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------- 2. weights, both phases
@@ -129,22 +157,18 @@ BAD_EVALUATE = {
     "huge int weight": lambda m: reply(m, metrics={"num-examples": 10**400, "accuracy": 0.5}),
     "huge int metric": lambda m: reply(m, metrics={"num-examples": 5, "accuracy": 10**400}),
 }
-EVALUATORS = {
-    "AccountedFedAvg": lambda: AccountedFedAvg(**fedavg_kwargs()),
-    "SignDS": lambda: SignDS(**fedavg_kwargs()),
-    "ClusterEvaluation(FedAvg)": lambda: ClusterEvaluation(FedAvg(**fedavg_kwargs())),
-}
 
 
 @pytest.mark.parametrize("bad", BAD_EVALUATE.values(), ids=BAD_EVALUATE.keys())
-@pytest.mark.parametrize("make", EVALUATORS.values(), ids=EVALUATORS.keys())
-def test_malformed_evaluate_replies_are_rejected_and_the_round_goes_on(make, bad):
-    strategy = make()
-    msgs = configure_evaluate(strategy)
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_malformed_evaluate_replies_are_rejected_and_the_round_goes_on(name, bad):
+    entry = REGISTRY[name]
+    strategy = entry.make()
+    msgs = list(strategy.configure_evaluate(1, entry.model(), ConfigRecord(), entry.grid()))
     replies = [reply(m, metrics={"num-examples": 5.0, "accuracy": 0.75}) for m in msgs[1:]] + [bad(msgs[0])]
     metrics = strategy.aggregate_evaluate(1, replies)
     assert metrics["accuracy"] == pytest.approx(0.75)
-    assert sum(metrics.get(f"rejected/{r}", 0) for r in REJECTION_REASONS) == 1
+    assert sum(rejection_counts(strategy, metrics, "evaluate").values()) == 1
 
 
 def test_mismatched_evaluate_metric_keys_are_averaged_per_key_not_an_abort():
@@ -163,7 +187,7 @@ def test_train_weights_above_max_weight_are_rejected_and_the_model_stays_finite(
     replies = [reply(m, [np.ones(3, np.float32)]) for m in msgs[1:]]
     replies.append(reply(msgs[0], [np.full(3, 3e38, np.float32)], weight=weight))
     arrays, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/weight", 0) == 1
+    assert strategy.rejections["train"]["weight"] == 1
     np.testing.assert_array_equal(arrays.to_numpy_ndarrays()[0], np.ones(3, np.float32))
 
 
@@ -174,7 +198,7 @@ def test_max_weight_is_validated_and_configurable():
     msgs = configure_train(strategy, [np.zeros(3)])
     replies = [reply(m, [np.ones(3)], weight=50) for m in msgs[1:]] + [reply(msgs[0], [np.ones(3)], weight=51)]
     _, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/weight", 0) == 1
+    assert strategy.rejections["train"]["weight"] == 1
 
 
 # ---------------------------------------------------------------------- 3. metrics (C6)
@@ -191,7 +215,7 @@ def test_one_added_client_does_not_change_which_others_are_aggregated():
         return strategy.aggregate_train(1, replies)
 
     (a0, m0), (a1, m1) = run(0), run(1)
-    assert m0.get("rejected/metrics", 0) == m1.get("rejected/metrics", 0) == 0
+    assert not [key for key in {**m0, **m1} if key.startswith("rejected/")]
     np.testing.assert_allclose(a0.to_numpy_ndarrays()[0], np.full(2, 2.0))  # all three used
     np.testing.assert_allclose(a1.to_numpy_ndarrays()[0], np.full(2, 4.0))  # all four used
 
@@ -227,7 +251,7 @@ def test_non_finite_training_metrics_reject_the_reply_and_never_reach_the_loss(v
     replies = [reply(m, [np.ones(3)]) for m in msgs[1:]]
     replies.append(reply(msgs[0], [np.ones(3)], metrics={"num-examples": 10.0, "loss": value}))
     _, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/metrics", 0) == 1 and metrics["loss"] == pytest.approx(0.5)
+    assert strategy.rejections["train"]["metrics"] == 1 and metrics["loss"] == pytest.approx(0.5)
 
 
 # ---------------------------------------------------------------------- 4. max_reply_bytes
@@ -237,11 +261,11 @@ def test_max_reply_bytes_equal_to_the_model_size_accepts_valid_replies():
     strategy = AccountedFedAvg(**fedavg_kwargs(), max_reply_bytes=size)
     msgs = configure_train(strategy, current)
     _, metrics = strategy.aggregate_train(1, [reply(m, [np.ones_like(a) for a in current]) for m in msgs])
-    assert metrics.get("rejected/oversized", 0) == 0
+    assert strategy.rejections["train"]["oversized"] == 0
     small = AccountedFedAvg(**fedavg_kwargs(), max_reply_bytes=size - 1)
     msgs = configure_train(small, current)
     _, metrics = small.aggregate_train(1, [reply(m, [np.ones_like(a) for a in current]) for m in msgs])
-    assert metrics.get("rejected/oversized", 0) == N
+    assert small.rejections["train"]["oversized"] == N
 
 
 # ---------------------------------------------------------------------- 5. SignDS
@@ -274,7 +298,7 @@ def test_signds_malformed_uploads_are_rejected_with_their_reason(case):
     msgs = configure_train(strategy, [np.zeros(20, np.float32)])
     replies = [upload(m, np.array([1, 5])) for m in msgs[1:]] + [upload(msgs[0], **fields)]
     arrays, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get(f"rejected/{reason}", 0) == 1
+    assert strategy.rejections["train"][reason] == 1
     assert np.isfinite(arrays.to_numpy_ndarrays()[0]).all()
     assert set(np.nonzero(arrays.to_numpy_ndarrays()[0])[0]) == {1, 5}
 
@@ -284,7 +308,7 @@ def test_signds_accepts_narrow_integer_indices():
     msgs = configure_train(strategy, [np.zeros(20, np.float32)])
     replies = [upload(m, np.array([1, 5], dt)) for m, dt in zip(msgs, (np.uint8, np.int16, np.uint64, np.int64))]
     _, metrics = strategy.aggregate_train(1, replies)
-    assert sum(metrics.get(f"rejected/{r}", 0) for r in REJECTION_REASONS) == 0
+    assert sum(strategy.rejections["train"].values()) == 0
 
 
 def test_signds_books_at_least_what_it_configured_whatever_the_client_declares():
@@ -309,7 +333,7 @@ def test_shuffle_composed_declaration_with_a_number_for_events_is_a_rejection():
     bad.content[PRIVACY_RECORD] = ConfigRecord({"events": [json.dumps(
         {"event": {"type": "ComposedDpEvent", "events": 5}, "label": "x", "relation": "replace_one"})]})
     arrays, metrics = strategy.aggregate_train(1, replies + [bad])
-    assert metrics.get("rejected/declaration", 0) == 1 and arrays is not None
+    assert strategy.rejections["train"]["declaration"] == 1 and arrays is not None
 
 
 # ---------------------------------------------------------------------- 7. ClusterEvaluation
@@ -331,11 +355,11 @@ def test_cluster_length_tie_does_not_resolve_toward_attackers():
     msgs = configure_evaluate(strategy, n)
     attack = [np.array([1.0, 0.0]), np.array([0.0, 1.0])] * 2
     metrics = strategy.aggregate_evaluate(1, [inference_reply(m, p) for m, p in zip(msgs, HONEST + attack)])
-    assert metrics.get("rejected/shape", 0) == 0 and metrics["cluster/points"] == 0  # not scored, nobody rejected
+    assert strategy.rejections["evaluate"]["shape"] == 0 and metrics["cluster/points"] == 0  # not scored
     pinned = ClusterEvaluation(FedAvg(**fedavg_kwargs(n)), laplace_eval_eps=10.0, num_classes=3)
     msgs = configure_evaluate(pinned, n)
     metrics = pinned.aggregate_evaluate(1, [inference_reply(m, p) for m, p in zip(msgs, HONEST + attack)])
-    assert metrics.get("rejected/shape", 0) == 4 and metrics["cluster/points"] == 4
+    assert pinned.rejections["evaluate"]["shape"] == 4 and metrics["cluster/points"] == 4
     assert all(p.size == 3 for p in pinned.points_history[-1].values())
 
 
@@ -350,7 +374,7 @@ def test_cluster_rejects_non_real_and_absurd_inference_vectors(point, reason):
     msgs = configure_evaluate(strategy, 5)
     replies = [inference_reply(m, p) for m, p in zip(msgs, HONEST)] + [inference_reply(msgs[4], point)]
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert metrics.get(f"rejected/{reason}", 0) == 1 and metrics["cluster/points"] == 4
+    assert strategy.rejections["evaluate"][reason] == 1 and metrics["cluster/points"] == 4
     assert np.isfinite([metrics["cluster/calinski-harabasz"], metrics["cluster/davies-bouldin"]]).all()
 
 
@@ -366,18 +390,19 @@ def test_cluster_does_not_score_replies_with_a_bad_weight_and_adds_the_wrapped_r
     msgs = configure_evaluate(strategy, 5)
     replies = [inference_reply(m, p) for m, p in zip(msgs, HONEST)] + [inference_reply(msgs[4], HONEST[0], 500.0)]
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert metrics.get("rejected/weight", 0) == 1 and metrics["cluster/points"] == 4
+    assert strategy.rejections["evaluate"]["weight"] == 1 and metrics["cluster/points"] == 4
 
-    class Inner(FedAvg):
+    class Inner(AccountedFedAvg):
         def aggregate_evaluate(self, server_round, replies):
-            return MetricRecord({"rejected/metrics": 2.0})
+            self.rejections["evaluate"] = Counter(metrics=2)
+            return MetricRecord({"acc": 1.0})
 
     strategy = ClusterEvaluation(Inner(**fedavg_kwargs(5)), num_classes=3, laplace_eval_eps=10.0)
     msgs = configure_evaluate(strategy, 5)
     replies = [inference_reply(m, p) for m, p in zip(msgs, HONEST)]
     replies.append(inference_reply(msgs[4], HONEST[0], weight=math.nan))
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert metrics.get("rejected/metrics", 0) == 2 and metrics.get("rejected/weight", 0) == 1  # merged, not overwritten
+    assert strategy.rejections["evaluate"] == {"metrics": 2, "weight": 1}  # merged, not overwritten
 
 
 def test_cluster_around_an_unaccounted_strategy_reports_infinite_train_epsilon():
@@ -420,7 +445,7 @@ def test_cluster_around_plain_fedavg_screens_train_replies_instead_of_aborting()
     replies.append(Message(RecordDict({"a": ArrayRecord([np.ones(3)]), "b": ArrayRecord([np.ones(3)]),
                                        "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=msgs[1]))
     arrays, metrics = strategy.aggregate_train(1, replies)
-    assert metrics.get("rejected/structure", 0) == 1 and metrics["extra"] == pytest.approx(1.0)
+    assert strategy.rejections["train"]["structure"] == 1 and metrics["extra"] == pytest.approx(1.0)
     np.testing.assert_array_equal(arrays.to_numpy_ndarrays()[0], np.ones(3))
 
 
@@ -431,4 +456,4 @@ def test_a_non_config_record_under_the_declaration_name_is_screened_not_dropped(
     bad = reply(msgs[0], [np.ones(3)])
     bad.content[PRIVACY_RECORD] = ArrayRecord([np.full(3, 100.0)])
     _, metrics = strategy.aggregate_train(1, replies + [bad])
-    assert metrics.get("rejected/structure", 0) == 1
+    assert strategy.rejections["train"]["structure"] == 1

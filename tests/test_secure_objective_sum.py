@@ -220,7 +220,7 @@ def test_a_dropout_above_the_threshold_still_solves_the_survivors_objective():
     cal = strategy.round_parameters(q, strategy.protocol_sizes(len(NODES)))
     expected = decode_objective(expected_integer_sum(data, survivors, cal.params, cal.local_mu, c), cal.params)
     np.testing.assert_array_equal(objective_vector(strategy.objective), objective_vector(expected))
-    assert metrics["replies/failed"] == 1
+    assert strategy.rejections["train"]["error"] == 1
     assert abs(strategy.objective.count - 30 * 9) <= 1
     exact = sum_statistics(quadratic_statistics(*data[n], num_classes=c) for n in survivors)
     free = solve_objective(exact, ridge=strategy.last_ridge)

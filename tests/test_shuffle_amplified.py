@@ -92,7 +92,7 @@ def test_malformed_replies_are_rejected_counted_and_the_round_goes_on():
                reply_to(msgs[3], model(1.0), weight=-1.0)]
     arrays, metrics = strategy.aggregate_train(1, replies)
     np.testing.assert_allclose(arrays["fc2.weight"].numpy(), np.full((1, 3), 2.0))
-    assert (metrics.get("rejected/non-finite", 0), metrics.get("rejected/weight", 0)) == (1, 1)
+    assert (strategy.rejections["train"]["non-finite"], strategy.rejections["train"]["weight"]) == (1, 1)
     assert metrics["shuffle/reports"] == 2
 
 

@@ -142,6 +142,9 @@ def test_magrr_server_debiasing_phases_and_fallback():
     assert state.r_est == pytest.approx(5e-5 / 1.5) and state.is_reached == 1  # no way back
     state, info = update_state(state, 1, 4, 100, 0.1, cfg)  # 4 bits < 5 % of 100
     assert info["fallback"] == 1 and 3.0 * 100 * state.r_est == pytest.approx(0.1)
+    assert "debiased-ones" not in info and all(math.isfinite(v) for v in info.values())  # was NaN
+    _, info = update_state(state, 0, 0, 4, 0.1, cfg)  # no bit at all: a fallback round too
+    assert info["fallback"] == 1 and all(math.isfinite(v) for v in info.values())
 
 
 def test_round_event_composes_to_sign_eps_plus_rr_eps():

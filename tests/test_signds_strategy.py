@@ -115,7 +115,7 @@ def test_malformed_uploads_are_rejected_and_counted_while_the_round_goes_on():
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert arrays is not None
     # out of range, unsorted, duplicates -> indices; 101 indices -> shape; sign 0 -> values
-    assert (metrics.get("rejected/indices", 0), metrics.get("rejected/shape", 0), metrics.get("rejected/values", 0)) == (3, 1, 1)
+    assert strategy.rejections["train"] == {"indices": 3, "shape": 1, "values": 1}
     flat = np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
     assert set(np.nonzero(flat)[0]) == {1, 5, 9}
     # the valid upload came without a declaration: the server books what it asked for

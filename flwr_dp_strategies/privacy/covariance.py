@@ -67,6 +67,21 @@ def covariance_l2_sensitivity(neighboring_relation: str = "replace_one") -> floa
     return 1.0 if neighboring_relation == "add_or_remove_one" else math.sqrt(2.0)
 
 
+def covariance_replace_one_event(event: dp_event.DpEvent) -> Optional[dp_event.DpEvent]:
+    """The replace-one form of an add/remove covariance release's event, or None if there is no tighter one.
+
+    Replacing one unit row moves triu(Σ x xᵀ) by at most √2 in L2 (twice the add/remove bound's square),
+    not the 2 of the generic add/remove → replace-one conversion: the Gaussian's noise multiplier σ/Δ₂ is
+    divided by √2 (``GaussianDpEvent``), its zCDP ρ = Δ₂²/(2σ²) doubled (``ZCDpEvent``; for the secure
+    mechanism this bounds the rounding term (√2Δ₂/γ + √d)² ≤ 2(Δ₂/γ + √d)² too).
+    """
+    if isinstance(event, dp_event.GaussianDpEvent):
+        return dp_event.GaussianDpEvent(event.noise_multiplier / math.sqrt(2.0))
+    if isinstance(event, dp_event.ZCDpEvent) and event.xi == 0:
+        return dp_event.ZCDpEvent(2.0 * event.rho)
+    return None
+
+
 def _symmetric_gaussian(dim: int, sigma: float, gen: np.random.Generator) -> np.ndarray:
     upper = np.triu(gen.normal(0.0, sigma, size=(dim, dim)))
     return upper + np.triu(upper, 1).T
@@ -147,6 +162,7 @@ __all__ = [
     "NOISES",
     "analyze_gauss",
     "covariance_l2_sensitivity",
+    "covariance_replace_one_event",
     "num_components_for",
     "paper_wishart_noise",
     "private_second_moment",

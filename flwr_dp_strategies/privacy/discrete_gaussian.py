@@ -28,8 +28,17 @@ from the discrete Laplace with scale t (difference of two geometrics) and accept
 it with probability :math:`\exp(-(|Y| - s^2/t)^2 / (2 s^2))`; accepted values are
 exactly :math:`\mathcal N_{\mathbb Z}(0, s^2)`. :func:`sample_discrete_gaussian`
 runs it vectorised on a NumPy Generator (OS entropy by default); its geometric
-draws and acceptance test use float64, so the grid probabilities are accurate to
-about 1e-15 relative, not exact (the same residual caveat as the secure Laplace).
+draws and acceptance test use float64, so the grid probabilities are not exact.
+What holds: NumPy draws a geometric with success probability p ≈ 1/t by inversion,
+⌈E·t⌉ with E a float64 exponential variate (ziggurat: E = r·w_i, r < 2^53,
+w_i ≤ 7.7·2^-53). Each integer is the image of an interval of E of length ≈ 1/t that
+holds only about 1/(t·w_i) reachable values of E, so its probability is resolved to
+a relative error of order t·2^-53: about 1e-4 at the default grid, where
+:func:`gaussian_grid` puts s in (2^39, 2^40] (s ≈ 2^39.7 gives t·2^-53 ≈ 1.0e-4), and
+more in the far tails. A relative error r on every value's probability moves the
+privacy loss of any output by at most ln((1+r)/(1−r)) ≈ 2r; the booked ε is that of
+the exact :math:`\mathcal N_{\mathbb Z}(0, s^2)` and does not include this residual
+(the same caveat as the secure Laplace, whose grid is chosen the same way).
 :func:`sample_discrete_gaussian_exact` is the paper's rational-arithmetic
 algorithm (Python ``Fraction`` and :class:`random.SystemRandom`), exact and slow
 (tens of µs per draw): the reference the tests check the fast sampler against.

@@ -23,8 +23,12 @@ each coordinate by at most γ/2, so neighbours' grid images differ by at most
 ``DiscreteLaplaceDpEvent(noise_parameter=γ/b, sensitivity=⌊Δ₁/γ⌋ + d)``, i.e.
 ε_eff = (⌊Δ₁/γ⌋ + d)·γ/b, which exceeds ε by a relative d·γ/Δ₁ (≤ 1e-6 for
 d ≤ 1e6 with the default grid). Residual caveat: numpy's geometric sampler
-itself uses floating-point inversion, so the grid probabilities are accurate to
-about 1e-15 relative rather than exact (as CKS20's rational samplers are).
+itself uses floating-point inversion (⌈E/−log(1−p)⌉, E a float64 exponential
+variate on a grid of spacing ≤ 7.7·2^-53), so the grid probabilities are not exact
+(as CKS20's rational samplers are): with b/γ in (2^39, 2^40] (the default grid)
+each value's probability is resolved to a relative error of order (b/γ)·2^-53,
+about 1e-4 (more in the far tails), which can move the privacy loss of an output
+by about twice that; the booked ε does not include it.
 """
 
 from __future__ import annotations

@@ -90,10 +90,16 @@ def debiased_ones(ones: int, total: int, keep_probability: float) -> float:
 
 def update_state(state: MagRRState, ones: int, total: int, expected_participants: float,
                  global_lr: float, config: MagRRConfig) -> tuple[MagRRState, dict[str, float]]:
-    """One end-of-round update from the received bits; returns the new state and what happened."""
+    """One end-of-round update from the received bits; returns the new state and what happened.
+
+    What happened: ``fallback`` (1.0 when fewer than ``min_bit_ratio`` × the expected participants
+    sent a bit, else 0.0), ``majority`` (the debiased majority bit, −1.0 in a fallback round) and,
+    outside a fallback round, ``debiased-ones`` (:func:`debiased_ones`; a fallback round has too few
+    bits to estimate it, so the key is absent there). Every value is finite.
+    """
     if total < config.min_bit_ratio * expected_participants:
         r_est = global_lr / config.step_ratio / max(expected_participants, 1.0)
-        return replace(state, r_est=r_est), {"fallback": 1.0, "majority": -1.0, "debiased-ones": float("nan")}
+        return replace(state, r_est=r_est), {"fallback": 1.0, "majority": -1.0}
     n_true = debiased_ones(ones, total, config.keep_probability)
     majority = int(n_true > total - n_true)
     r_est, is_reached, count = state.r_est, state.is_reached, state.reach_count

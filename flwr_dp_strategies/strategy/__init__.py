@@ -46,9 +46,10 @@
 
 Every strategy aggregates dense replies by streaming them
 (:mod:`.streaming_aggregation`: payloads read zero-copy, one in-place accumulator
-per key, O(d) memory), and reports replies of SuperNodes that died mid-round as
-the int ``replies/failed`` in its train and evaluate metrics while aggregating
-the others (nothing is booked for a failed reply).
+per key, O(d) memory), and counts replies of SuperNodes that died mid-round, and
+rejected replies, in the server's log only (never in the round's metrics, which
+would publish data-dependent counts; see :mod:`.client_accounting`) while
+aggregating the others (nothing is booked for a failed reply).
 """
 
 from .accounted_fedavg import AccountedFedAvg

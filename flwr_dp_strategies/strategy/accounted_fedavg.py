@@ -28,14 +28,14 @@ finite weights in (0, ``max_weight``], finite metrics, keys, shapes, payload siz
 evaluate metrics are aggregated by :func:`.metrics.aggregate_reply_metrics`
 (Flower's arithmetic, per key over the replies that carry it), never by an
 unscreened FedAvg call; failed replies (a SuperNode that died mid-round) are
-counted as ``replies/failed`` and the round goes on with the others.
+counted in the server's log (reason ``error``) and the round goes on with the others.
 
 Aggregation is streamed (:mod:`.streaming_aggregation`): the released model is
 FedAvg's :math:`\bar x = \sum_i n_i x_i / \sum_i n_i` per key (``n_i`` = the
 ``weighted_by_key`` value), each reply's payload read zero-copy and added in place
 into one accumulator per key, never stacked. NaN/inf are not scanned for before
 aggregating: a non-finite mean reveals them, the offending replies are rejected
-(``rejected/non-finite``) and the rest is aggregated again, so a well-formed round
+(``non-finite``) and the rest is aggregated again, so a well-formed round
 reads every value once. Hooks overriding :meth:`AccountedFedAvg.aggregate_accepted`
 get pre-scanned replies unless marked with :func:`finds_non_finite`.
 """

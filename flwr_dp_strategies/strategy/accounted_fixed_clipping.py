@@ -52,10 +52,10 @@ Scope of the guarantee.
 
 Replies go through the shared screening (:mod:`.reply_screening` via
 :class:`~.client_accounting.ClientAccountingMixin`) in both phases: malformed,
-duplicate or unexpected replies are rejected and counted as ``rejected/<reason>``
+duplicate or unexpected replies are rejected and counted per reason (server log)
 while the round goes on; a reply whose update holds NaN/inf is rejected
-(``rejected/non-finite``) before any of it is added. Failed replies are counted
-as ``replies/failed``. With Flower's own ``accountant`` (which assumes exactly
+(``non-finite``) before any of it is added. Failed replies are counted
+(``error``, server log). With Flower's own ``accountant`` (which assumes exactly
 ``num_sampled_clients`` equally weighted replies) a round with fewer valid replies
 releases nothing, as in Flower.
 """
@@ -270,7 +270,7 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Screened evaluate replies, the wrapped FedAvg's metric aggregation, ``replies/failed``."""
+        """Screened evaluate replies and the wrapped FedAvg's metric aggregation."""
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:

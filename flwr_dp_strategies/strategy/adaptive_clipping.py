@@ -88,7 +88,7 @@ un-noised (not the sample size, not the raw count, not the clients' train
 metrics unless ``publish_client_metrics=True``, which books the round as
 non-private). Replies go through the shared screening and identity rules
 (:class:`~.client_accounting.ClientAccountingMixin`); a reply holding NaN/inf is
-rejected (``rejected/non-finite``) before any of it is added, and the round goes on.
+rejected (``non-finite``) before any of it is added, and the round goes on.
 
 :class:`AdaptiveClippingMixin` holds all of this; the server-side
 :class:`AccountedAdaptiveClipping` (clips on the server) and
@@ -379,7 +379,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         return super().configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord:
-        """Screened evaluate replies, the wrapped FedAvg's metric aggregation, ``replies/failed``."""
+        """Screened evaluate replies and the wrapped FedAvg's metric aggregation."""
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:

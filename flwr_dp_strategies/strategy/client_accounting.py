@@ -5,12 +5,11 @@
 * a :class:`~flwr_dp_strategies.privacy.PrivacyLedger` (restored from and saved
   to ``ledger_path`` when given, so a restarted ServerApp loses nothing);
 * reply screening (:mod:`.reply_screening`): malformed replies are dropped and
-  counted under ``rejected/<reason>`` in the round's metrics (only the reasons that
-  rejected something: an absent key means 0), the round goes on;
+  counted per reason, the round goes on;
   every train and evaluate reply of every strategy goes through
   :meth:`ClientAccountingMixin.screen_and_book`, so subclass hooks only ever see
   screened replies;
-* identity (``rejected/identity``): the mixin remembers the messages its
+* identity (reason ``identity``): the mixin remembers the messages its
   ``configure_train`` / ``configure_evaluate`` returned; a reply from a node that
   was sent no instruction of that phase in that round (or answering another
   message id), and every reply of a node after its first one in the round, is
@@ -21,9 +20,15 @@
   the first reply of the node is screened and booked as usual. Without a
   remembered configuration (a hook called directly) only the duplicate check applies;
 * failed replies (a SuperNode that died mid-round: ``reply.has_error()``) are
-  logged, skipped and counted as the int ``replies/failed`` in the round's
-  metrics (``rejected/error`` keeps the same count, as a float, when it is not 0);
-  nothing is booked for them, since they carry no content;
+  logged, skipped and counted under the reason ``error``; nothing is booked for
+  them, since they carry no content;
+* the counts of failed and rejected replies stay on the server: one WARNING per
+  reply, one summary line per round and phase, and :attr:`ClientAccountingMixin.rejections`;
+  they are never put in the round's metrics. Whether a reply fails or is rejected can
+  depend on the client's data (a training run that diverges to NaN, an update past
+  the clipping norm, an empty data set), and any count of replies bounds a secret
+  Poisson sample's size from below, so publishing the counts un-noised would release
+  data-dependent figures that no ε covers;
 * a train reply that books no declaration (none, or an unreadable one) and is
   rejected for its content (NaN, wrong shape, bad keys...) is booked as
   ``NonPrivateDpEvent`` by strategies that book undeclared updates
@@ -61,9 +66,8 @@ from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, re
 from ..privacy import PrivacyLedger
 from ..privacy.ledger_file import MAIN, LedgerStore
 from ..privacy.validation import check_bool, check_int
-from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, log_failed_reply, with_privacy_metrics
-from .reply_screening import (DEFAULT_MAX_WEIGHT, REJECTION_REASONS, check_max_weight, check_weight,
-                              has_config_record)
+from .metrics import aggregate_reply_metrics, log_failed_reply, with_privacy_metrics
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_max_weight, check_weight, has_config_record
 
 PHASES = ("train", "evaluate")
 
@@ -93,7 +97,12 @@ ContentCheck = Callable[[RecordDict], Optional[str]]
 
 
 class ClientAccountingMixin:
-    """Ledger, reply screening and client declarations for a Message-API strategy."""
+    """Ledger, reply screening and client declarations for a Message-API strategy.
+
+    ``rejections``: ``{phase: {reason: count}}`` of the last round of each phase (``"train"``,
+    ``"evaluate"``) that this strategy aggregated, failed replies under ``error``: what the server's
+    operator reads instead of round metrics (see the module docstring); also logged.
+    """
 
     ledger: PrivacyLedger
     ledger_path: Optional[str]
@@ -206,6 +215,7 @@ class ClientAccountingMixin:
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
         phase = phase if phase is not None else self.__dict__.get("_last_phase")
+        self.__dict__["_screened"] = (int(server_round), phase)  # for round_metrics' record of the counts
         replies = list(replies)
         log_received(phase, replies)
         expected = self._expected_senders(server_round, phase)
@@ -248,7 +258,7 @@ class ClientAccountingMixin:
     def screened_evaluate(self, server_round: int, replies: Iterable[Message], fedavg: object) -> MetricRecord:
         """The evaluate phase every strategy shares: screen (identity, weight in (0, ``max_weight``],
         finite metrics), book declarations, then ``fedavg``'s ``evaluate_metrics_aggr_fn`` over the
-        accepted replies, with the ledger's figures and the ``rejected/*`` counts."""
+        accepted replies, with the ledger's figures (the rejection counts: :meth:`note_rejections`)."""
         key = fedavg.weighted_by_key  # type: ignore[attr-defined]
         accepted, rejected = self.screen_and_book(
             server_round, replies, lambda content: check_weight(content, key, self.max_weight), phase="evaluate")
@@ -297,19 +307,35 @@ class ClientAccountingMixin:
         return None, declarations
 
     def round_metrics(self, metrics: Optional[MetricRecord], rejected: Counter[str]) -> MetricRecord:
-        """``metrics`` plus ``replies/failed`` (int), the ledger's figures and a ``rejected/<reason>``
-        count (float) for each reason that rejected a reply in this round: a reason that rejected
-        nothing is absent (read it as 0), so a clean round adds no ``rejected/*`` key.
-        ``rejected["error"]`` is the number of failed replies."""
+        """``metrics`` plus the ledger's figures (and ``privacy/epsilon/node-<id>`` with
+        ``per_client_metrics``). ``rejected`` (failed replies under ``error``) is recorded by
+        :meth:`note_rejections`, not published."""
+        self.note_rejections(rejected)
         merged = with_privacy_metrics(metrics, self.ledger)
-        merged[FAILED_REPLIES_KEY] = int(rejected.get("error", 0))
-        for reason in REJECTION_REASONS:
-            if rejected.get(reason, 0):
-                merged[f"rejected/{reason}"] = float(rejected[reason])
         if self.per_client_metrics:
             for client in self.ledger.clients:
                 merged[f"privacy/epsilon/node-{client}"] = float(self.ledger.epsilon(client))
         return merged
+
+    @property
+    def rejections(self) -> dict[str, Counter[str]]:
+        """``{phase: {reason: count}}`` of the last aggregated round of each phase (see the class docstring)."""
+        return self.__dict__.setdefault("_rejections", {})
+
+    def note_rejections(self, rejected: Counter[str], phase: Optional[str] = None,
+                        server_round: Optional[int] = None) -> None:
+        """Keep the round's counts of failed and rejected replies in :attr:`rejections` and log them
+        (one WARNING line when any); ``phase`` and ``server_round`` default to those of the last
+        :meth:`screen_and_book`. The counts never reach the round's metrics (module docstring)."""
+        screened_round, screened_phase = self.__dict__.get("_screened", (None, None))
+        phase = phase if phase is not None else (screened_phase if screened_phase is not None else "train")
+        server_round = server_round if server_round is not None else screened_round
+        counts: Counter[str] = Counter({reason: int(n) for reason, n in rejected.items() if n})
+        self.rejections[phase] = counts
+        if counts:
+            log(WARNING, "Round %s, %s: %d replies failed or rejected (%s); these counts stay in the server log "
+                "(they can depend on the clients' data) and are not in the round's metrics", server_round, phase,
+                sum(counts.values()), ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())))
 
     def save_ledger(self) -> None:
         """Persist every ledger of the strategy (``self.ledger_store``) to ``ledger_path``, if configured:

@@ -33,8 +33,8 @@ unsupervised evaluation to every evaluate round:
    point is kept for the wrapped strategy's evaluation but not scored
    (``cluster/missing``), so an unchanged app keeps its evaluation; Laplace
    declarations are booked in the ledger per node. The wrapped strategy gets the
-   accepted replies only, and its own ``rejected/*`` counts are added to these
-   (never overwritten). A wrapped plain Flower ``FedAvg`` evaluation is computed by
+   accepted replies only, and its own rejection counts are added to these
+   (never overwritten) in :attr:`rejections`. A wrapped plain Flower ``FedAvg`` evaluation is computed by
    :func:`.metrics.aggregate_reply_metrics` (same arithmetic, per key over the
    replies carrying it) instead of its consistency check, which would abort on
    honest replies with different metric keys.
@@ -44,10 +44,11 @@ unsupervised evaluation to every evaluate round:
    ``cluster/points``, ``cluster/labels``, and ``unsupervised-eval`` = the
    configured ``eval-type``'s score (MindSpore's metric).
 
-Failed replies (a SuperNode that died mid-round) are skipped and counted as the
-int ``replies/failed`` in the evaluate metrics (and in the train metrics of the
-wrapped strategy, added here if it does not report them); nothing is booked for
-them, and the round is scored with the others.
+Failed replies (a SuperNode that died mid-round) are skipped, logged and counted
+(reason ``error``) with the rejected ones in :attr:`rejections` (training through a
+wrapped strategy with a ledger: its counts), never in the round's metrics (see
+:mod:`.client_accounting`); nothing is booked for them, and the round is scored
+with the others.
 
 Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
 screened here (train screening of :mod:`.reply_screening` against the arrays
@@ -73,6 +74,7 @@ Points are scored in node-id order (at most ``cluster_client_num``) and kept in
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from logging import WARNING
 from typing import Any, Optional
@@ -89,8 +91,8 @@ from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
 from .client_accounting import ClientAccountingMixin, replies_already_logged, undeclared_replies
-from .metrics import FAILED_REPLIES_KEY, aggregate_reply_metrics, failed_replies, with_failed_replies
-from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, REJECTION_REASONS, ArraySpec, array_spec,
+from .metrics import aggregate_reply_metrics, failed_replies
+from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, ArraySpec, array_spec,
                               check_weight, decode_real, named_record, screen_train_content)
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
@@ -214,7 +216,8 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """The wrapped strategy's training aggregation, with ``replies/failed`` if it does not report it.
+        """The wrapped strategy's training aggregation; its rejection counts (or, if it keeps none, the
+        failed replies) become this strategy's ``rejections["train"]``.
 
         A wrapped strategy with a ledger screens and books its replies itself. One without a
         ledger gets only the replies that pass this strategy's train screening (identity,
@@ -225,10 +228,12 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if getattr(self.strategy, "ledger", None) is None:
             return self._screened_train(server_round, replies)
         arrays, metrics = self.strategy.aggregate_train(server_round, replies)
-        if metrics is not None and FAILED_REPLIES_KEY in metrics:
-            return arrays, metrics
-        failed = failed_replies(replies)
-        return arrays, (with_failed_replies(metrics, failed) if metrics is not None or failed else None)
+        inner = getattr(self.strategy, "rejections", {}).get("train")
+        if inner is not None:  # counted and logged by the wrapped strategy
+            self.rejections["train"] = Counter(inner)
+        else:
+            self.note_rejections(Counter(error=failed_replies(replies, server_round)), "train", server_round)
+        return arrays, metrics
 
     def _screened_train(self, server_round: int, replies: list[Message]
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
@@ -301,12 +306,9 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         if mismatch:
             with_points = []
         metrics = self._wrapped_evaluate(server_round, accepted) if accepted else None
+        if accepted:  # the wrapped strategy's own rejections are added, never overwritten
+            rejected = rejected + Counter(getattr(self.strategy, "rejections", {}).get("evaluate", {}))
         merged = self.round_metrics(metrics, rejected)
-        for reason in REJECTION_REASONS:  # the wrapped strategy's own rejections are added, never overwritten
-            if metrics is not None and isinstance(metrics.get(f"rejected/{reason}"), (int, float)):
-                total = float(rejected.get(reason, 0)) + float(metrics[f"rejected/{reason}"])
-                if total:
-                    merged[f"rejected/{reason}"] = total
         merged["cluster/missing"] = float(len(accepted) - len([r for r in accepted
                                                                if decoded.get(id(r.content)) is not None]))
         merged["cluster/length-mismatch"] = float(mismatch)

@@ -7,9 +7,11 @@ client so far (see :meth:`PrivacyLedger.metrics`).
 
 Failed replies. When a SuperNode dies mid-round Flower hands the strategy an
 error reply (``reply.has_error()``). Every strategy of this package then goes on
-with the valid replies and reports the count of failed ones as the int
-``replies/failed`` (:data:`FAILED_REPLIES_KEY`) in the round's train and evaluate
-MetricRecords; a failed reply carries no content, so nothing is booked for it.
+with the valid replies, logs each failed one (:func:`log_failed_reply`) and counts
+it with the rejected ones on the server (reason ``error``, see
+:mod:`.client_accounting`), never in the round's metrics: a training run that fails
+on its data is a data-dependent event. A failed reply carries no content, so
+nothing is booked for it.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ def with_privacy_metrics(metrics: MetricRecord | None, ledger: PrivacyLedger) ->
     return merged
 
 
-FAILED_REPLIES_KEY = "replies/failed"
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
@@ -128,16 +129,9 @@ def log_failed_reply(server_round: int, reply: Message) -> None:
     message the error replies to instead of guessing the node.
     """
     log(WARNING, "Round %d: a reply failed (error %s: %s; sent by node %s in reply to message %s); "
-        "counted in replies/failed", server_round, reply.error.code, reply.error.reason,
+        "not aggregated", server_round, reply.error.code, reply.error.reason,
         reply.metadata.src_node_id, reply.metadata.reply_to_message_id)
 
 
-def with_failed_replies(metrics: Optional[MetricRecord], failed: int) -> MetricRecord:
-    """A new MetricRecord: ``metrics`` (may be None) plus ``replies/failed`` = ``failed`` (an int)."""
-    merged = MetricRecord(dict(metrics) if metrics is not None else {})
-    merged[FAILED_REPLIES_KEY] = int(failed)
-    return merged
-
-
-__all__ = ["FAILED_REPLIES_KEY", "aggregate_reply_metrics", "failed_replies", "log_failed_reply", "privacy_metric_record",
-           "with_failed_replies", "with_privacy_metrics"]
+__all__ = ["aggregate_reply_metrics", "failed_replies", "log_failed_reply", "privacy_metric_record",
+           "with_privacy_metrics"]

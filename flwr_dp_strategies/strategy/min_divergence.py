@@ -63,7 +63,7 @@ Round metrics: FedAvg's aggregate of all accepted replies' metrics, plus
 ``selection/k``, ``selection/k-requested``, ``selection/candidates``,
 ``selection/layers``, ``selection/mean-divergence`` (all candidates),
 ``selection/mean-divergence-selected`` and ``selection/epsilon`` (the selection
-ledger's ε), and the ``privacy/*`` and ``rejected/*`` entries of the base class.
+ledger's ε), and the ``privacy/*`` entries of the base class.
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ counted twice (``objective/clients`` counts the contributors so far).
 Replies are screened as in :class:`~.accounted_fedavg.AccountedFedAvg`, against
 the arrays the server expects back (``linear_key`` of shape (q, c') and
 ``quadratic_key`` of shape (q, q), float64): NaN/inf, wrong shapes, extra keys and
-oversized payloads are rejected and counted. Not robust to a client that sends a
+oversized payloads, and coefficients beyond ±1e100 (:data:`MAX_COEFFICIENT_ABS`, which would
+overflow the sum or the solve), are rejected and counted. Not robust to a client that sends a
 well-formed but adversarial objective (as FedAvg is not robust to such updates).
 """
 
@@ -60,7 +61,11 @@ from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of
+from .streaming_aggregation import NonFiniteReplies
 
+MAX_COEFFICIENT_ABS = 1e100
+"""Bound on |coefficient| of an accepted objective: a sum of 10^9 of them and the products of the solve stay
+finite (honest coefficients are counts of at most ``max_weight`` = 1e9 records times bounded features, plus noise)."""
 LINEAR_KEY = "fm.linear"
 QUADRATIC_KEY = "fm.quadratic"
 
@@ -156,7 +161,15 @@ class NoisyObjectiveSum(AccountedFedAvg):
 
     def aggregate_accepted(self, server_round: int,
                            replies: list[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Add the new contributors' objectives to the running sum, solve, return the head."""
+        """Add the new contributors' objectives to the running sum, solve, return the head.
+
+        Raises :class:`~.streaming_aggregation.NonFiniteReplies` (the replies are then rejected as
+        ``non-finite`` and the others summed) for replies holding a coefficient beyond
+        ±:data:`MAX_COEFFICIENT_ABS`, judged each alone and before anything is added.
+        """
+        huge = [i for i, reply in enumerate(replies) if not _bounded(records_of(reply.content, ArrayRecord)[0])]
+        if huge:
+            raise NonFiniteReplies(huge)
         new = 0
         for reply in replies:
             node = int(reply.metadata.src_node_id)
@@ -203,4 +216,10 @@ class NoisyObjectiveSum(AccountedFedAvg):
         self._total = replace(self._total, count=self._total.count + max(1, int(round(weight))))
 
 
-__all__ = ["LINEAR_KEY", "NoisyObjectiveSum", "QUADRATIC_KEY"]
+def _bounded(arrays: ArrayRecord) -> bool:
+    """Every coefficient of the reply's (finite, screened) arrays is within ±MAX_COEFFICIENT_ABS."""
+    return all(np.abs(npy_view(arrays[key])).max(initial=0.0) <= MAX_COEFFICIENT_ABS
+               for key in (LINEAR_KEY, QUADRATIC_KEY))
+
+
+__all__ = ["LINEAR_KEY", "MAX_COEFFICIENT_ABS", "NoisyObjectiveSum", "QUADRATIC_KEY"]

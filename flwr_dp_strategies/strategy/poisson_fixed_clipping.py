@@ -45,10 +45,11 @@ non-private). Which replies are accepted depends on each reply alone (the shared
 screening), so one client cannot change which others are aggregated.
 
 Failed replies (a sampled SuperNode that died mid-round) contribute nothing, are
-counted as ``replies/failed`` (train and evaluate metrics) and the round is still
+counted in the server's log only (reason ``error``; any count of replies would bound
+the secret sample size from below) and the round is still
 released and booked: a sampled client that drops out is, for the analysis, a
 client that was not sampled, and the denominator stays m. A reply holding NaN/inf
-is rejected (``rejected/non-finite``) before any of it is added.
+is rejected (``non-finite``) before any of it is added.
 """
 
 from __future__ import annotations
@@ -199,7 +200,8 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Clip, sum in place, divide by m, add N(0, (zC/m)²), record the sampled-Gaussian event.
 
-        Published next to the release: the ledger's figures and the ``rejected/*`` counts only.
+        Published next to the release: the ledger's figures only (no count of replies, see the module
+        docstring).
         Not the sample size (amplification assumes the sample is secret: publishing |S| alone
         costs ε = 1.31 over 100 rounds at N = 100, q = 0.1), and not the clients' train
         metrics unless ``publish_client_metrics=True`` (then booked as non-private).
@@ -229,7 +231,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         return arrays, self.round_metrics(metrics, rejected)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screened evaluate replies, the wrapped FedAvg's metric aggregation, ``replies/failed``."""
+        """Screened evaluate replies and the wrapped FedAvg's metric aggregation."""
         return self.screened_evaluate(server_round, replies, self.strategy)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

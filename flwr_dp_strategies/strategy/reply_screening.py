@@ -5,16 +5,16 @@ when one reply has two ArrayRecords or different keys, and it averages NaN
 into the global model without a word. Every strategy of this package instead
 puts each train *and* evaluate reply through this one screening path (driven by
 :meth:`.client_accounting.ClientAccountingMixin.screen_and_book`), drops the bad
-ones with a named reason, reports the counts in the round's metrics
-(``rejected/<reason>``, only the reasons that rejected a reply: an absent key is 0), then aggregates the
+ones with a named reason, counts them per reason on the server (log and
+``rejections``, never the round's metrics: :mod:`.client_accounting`), then aggregates the
 rest. Whether a reply is accepted depends on that reply alone (and on what the
 server sent), never on the other replies of the round: one added client cannot
 change which others are aggregated.
 
 Reasons (:data:`REJECTION_REASONS`; the first failing check names the rejection):
 
-* ``error`` - a failed reply (a SuperNode that died mid-round); also counted as
-  ``replies/failed``, nothing is booked for it;
+* ``error`` - a failed reply (a SuperNode that died mid-round); nothing is booked
+  for it;
 * ``identity`` - the reply's source node was sent no instruction of this phase in
   this round (checked against the node ids and message ids of the messages the
   strategy's ``configure_train`` / ``configure_evaluate`` returned), or the node

@@ -243,7 +243,7 @@ class SecureAggregationMixin:
             return None, None, self._protocol_rejected
         accepted, rejected = self.screen_and_book(  # type: ignore[attr-defined]
             server_round, replies, lambda content: self.check_secure_reply(secure, content), phase="train")
-        self._book_unmasked_records(server_round, replies, accepted)
+        self._book_unmasked_records(server_round, replies, accepted, secure.collect_sent)
         for reply in accepted:
             secure.add_vector(int(reply.metadata.src_node_id), secure.masked_vector(reply.content))
         try:
@@ -266,11 +266,18 @@ class SecureAggregationMixin:
             return PROTOCOL_REJECTION
         return None
 
-    def _book_unmasked_records(self, server_round: int, replies: list[Message], accepted: list[Message]) -> None:
-        """A reply that carried more than the protocol's records released them un-noised: book it."""
+    def _book_unmasked_records(self, server_round: int, replies: list[Message], accepted: list[Message],
+                               asked: set[int]) -> None:
+        """A node's reply that carried more than the protocol's records released them un-noised: book it.
+        Only a node's own reply counts: the first from a node that was sent the collect stage (a second
+        reply, or one from a node never asked, was rejected for its identity and books nothing)."""
         kept = {id(r) for r in accepted}
+        seen: set[int] = set()
         for reply in replies:
-            if reply.has_error() or id(reply) in kept:
+            node = int(reply.metadata.src_node_id)
+            first = node in asked and node not in seen
+            seen.add(node)
+            if reply.has_error() or id(reply) in kept or not first:
                 continue
             if not set(reply.content.keys()) <= {RECORD, MASKED_RECORD}:
                 self.ledger.record(NonPrivateDpEvent(), server_round=server_round,  # type: ignore[attr-defined]

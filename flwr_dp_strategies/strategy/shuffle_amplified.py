@@ -1,8 +1,8 @@
 r"""FedAvg behind a layer-wise Split & Shuffle (DELM §3.4), with a sound shuffle-amplified ε.
 
 :class:`ShuffleAmplifiedFedAvg` is :class:`AccountedFedAvg` (screening, booking
-of the clients' declarations in ``self.ledger``, ``privacy/*`` and
-``rejected/*`` metrics) whose aggregation hook passes the accepted updates
+of the clients' declarations in ``self.ledger``, ``privacy/*`` metrics,
+rejection counts in the server log) whose aggregation hook passes the accepted updates
 through a :class:`~flwr_dp_strategies.layer_shuffler.LayerShuffler`: the
 replies' single ArrayRecords are split into layers (:func:`layer_groups`), every
 layer is permuted independently across the reports with its weight, the node

@@ -40,12 +40,12 @@ default (ε = 100, ε_rr = 5) spends 105 per round.
 
 Round metrics: ``signds/r-est-used`` and ``signds/step`` (this round's),
 ``signds/r-est`` and ``signds/is-reached`` (after MagRR: the next round's),
-``signds/majority``, ``signds/debiased-ones``, ``signds/fallback``,
+``signds/majority``, ``signds/debiased-ones`` (absent in a fallback round), ``signds/fallback``,
 ``signds/values-per-client``, ``signds/payload-bytes-per-client`` (the arrays),
 ``signds/bytes-per-client`` (as serialised, .npy headers included),
-``signds/dense-values``, plus ``privacy/*``, ``rejected/*`` and ``replies/failed``
-(replies of SuperNodes that died mid-round: counted in train and evaluate
-metrics, nothing booked for them, the round goes on with the others).
+``signds/dense-values``, plus ``privacy/*``. Replies of SuperNodes that died mid-round
+and rejected uploads are counted in the server's log only (never in the metrics),
+nothing is booked for a failed one, the round goes on with the others.
 
 Step size. As in MindSpore, ``sign_global_lr`` is used only by the fallback; the
 global step is ``magrr.step_ratio``·N·r_est. A vote moves a coordinate that is

@@ -114,7 +114,7 @@ class RoundLog:
             **{name: _finite(metrics.get(f"cluster/{name}")) for name in SCORE_KEYS},
             "points": int(metrics.get("cluster/points", 0)), "labels": int(metrics.get("cluster/labels", 0)),
             "epsilon": _finite(metrics.get("privacy/epsilon")) if protected else None,
-            "rejected": {k.split("/", 1)[1]: int(v) for k, v in metrics.items() if k.startswith("rejected/") and v},
+            "rejected": dict(getattr(self.strategy, "rejections", {}).get("evaluate", {})),  # server-side counts
             "metrics": {key: float(value) for key, value in metrics.items() if isinstance(value, (int, float))},
             "inference": None if self.strategy.last_points is None else self.strategy.last_points.tolist(),
             "elapsed_s": time.perf_counter() - self.started,

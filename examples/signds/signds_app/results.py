@@ -49,6 +49,7 @@ class RoundLog:
         self.initial_accuracy: Optional[float] = None
         self.rows: list[dict[str, Any]] = []
         self.train_metrics: dict[int, dict[str, float]] = {}
+        self.rejected: dict[int, dict[str, int]] = {}
         self.state_used: dict[int, tuple[float, int]] = {}
         self.started = time.perf_counter()
 
@@ -62,6 +63,8 @@ class RoundLog:
             arrays, metrics = original(server_round, replies)
             self.train_metrics[server_round] = {} if metrics is None else {
                 k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            # rejection counts stay on the server (never in the round's metrics): read from the strategy
+            self.rejected[server_round] = dict(getattr(strategy, "rejections", {}).get("train", {}))
             return arrays, metrics
 
         strategy.aggregate_train = aggregate_train
@@ -107,7 +110,7 @@ class RoundLog:
             indices_per_client=finite(values - 2.0),
             payload_bytes_per_client=finite(INT64_BYTES * values),
             serialized_bytes_per_client=finite(metrics.get("signds/bytes-per-client")),
-            rejected={k: v for k, v in metrics.items() if k.startswith("rejected/")},
+            rejected=self.rejected.get(server_round, {}),
         )
         return row
 
