@@ -36,6 +36,7 @@ class LoopbackGrid:
         self.die = dict(die or {})
         self.dead: set[int] = set()
         self.tamper = tamper
+        self.apps: dict[int, ClientApp] = {}  # per-node apps that differ from ``app``
         self.sent: list[Message] = []
         self.errors: list[str] = []
 
@@ -53,7 +54,7 @@ class LoopbackGrid:
                 reply = Message(Error(code=0, reason="node gone"), reply_to=msg)
             else:
                 try:
-                    reply = self.app(msg, self.contexts[node])
+                    reply = self.apps.get(node, self.app)(msg, self.contexts[node])
                 except Exception as err:  # noqa: BLE001 - the runtime turns it into an error reply
                     self.errors.append(f"{node}: {err}")
                     reply = Message(Error(code=0, reason=str(err)), reply_to=msg)
@@ -65,11 +66,12 @@ class LoopbackGrid:
 
 
 def shifting_app(deltas: dict[int, np.ndarray], *, rng=None, metrics: bool = True,
-                 min_noise_multiplier: float = 0.0) -> ClientApp:
+                 min_noise_multiplier: float = 0.0, max_colluding_clients: int = 0) -> ClientApp:
     """A ClientApp whose train adds ``deltas[node]`` (flattened over the arrays) to the received model,
     behind ``distributed_dp_mod``; it also returns a MetricRecord, which the mod must drop."""
     app = ClientApp()
-    mod = make_distributed_dp_mod(rng=rng, min_noise_multiplier=min_noise_multiplier)
+    mod = make_distributed_dp_mod(rng=rng, min_noise_multiplier=min_noise_multiplier,
+                                  max_colluding_clients=max_colluding_clients)
 
     @app.train(mods=[mod])
     def train(msg: Message, context: Context) -> Message:

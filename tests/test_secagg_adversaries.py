@@ -362,3 +362,27 @@ def test_the_summary_states_the_enforced_trust_model(caplog):
     assert "up to 1 colluding client" in caplog.text
     assert f"t = {sizes.threshold}" in caplog.text and "2t > h + c" in caplog.text
     assert "substitutes public keys" in caplog.text
+
+
+def test_a_client_assuming_more_colluders_than_declared_still_joins_a_round_that_meets_its_bound():
+    """Client 101 assumes 1 colluder, the server declares 0: t = 4 of 6 meets 2t > h + 1, so 101 takes part
+    (its own checks use its bound; the digest the clients compare uses the declared one)."""
+    nodes = list(range(101, 107))
+    app_plain = shifting_app(deltas_for(nodes), rng=3)
+    strict = shifting_app(deltas_for(nodes), rng=3, max_colluding_clients=1)
+    grid = LoopbackGrid(app_plain, nodes)
+    grid.apps = {101: strict}
+    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS,
+                                    length=PARAMS.padded_dim, timeout=None)
+    secure.setup(grid)
+    secure.share_keys(grid)
+    collect(secure, grid)
+    secure.unmask(grid)
+    assert secure.survivors == set(nodes) and grid.errors == []
+    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS,
+                                    length=PARAMS.padded_dim, timeout=None)
+    grid = LoopbackGrid(app_plain, nodes)
+    grid.apps = {101: shifting_app(deltas_for(nodes), rng=3, max_colluding_clients=2)}  # 2t = 8 = h + 2: refused
+    secure.setup(grid)
+    secure.share_keys(grid)
+    assert 101 not in secure.shared and any("2t > h + c" in e for e in grid.errors)

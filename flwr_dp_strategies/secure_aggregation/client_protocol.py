@@ -131,6 +131,7 @@ class ClientRound:
         sk1, pk1 = generate_key_pairs()
         sk2, pk2 = generate_key_pairs()
         self._set(stage=Stage.SETUP, round=server_round, threshold=threshold, bits=bits, colluders=colluders,
+                  **{"declared-colluders": declared},
                   sk1=private_key_to_bytes(sk1), pk1=public_key_to_bytes(pk1),
                   sk2=private_key_to_bytes(sk2), pk2=public_key_to_bytes(pk2))
         return {"pk1": self.state["pk1"], "pk2": self.state["pk2"]}
@@ -164,7 +165,8 @@ class ClientRound:
         if pk1s[own] != self.state["pk1"] or pk2s[own] != self.state["pk2"]:
             raise ProtocolError("the neighbour list holds other public keys for this node")
         digest = view_digest(server_round=server_round, threshold=threshold, bits=int(self.state["bits"]),
-                             colluders=colluders, num_shares=num_shares, graph_seed=graph_seed, view=view)
+                             colluders=int(self.state["declared-colluders"]), num_shares=num_shares,
+                             graph_seed=graph_seed, view=view)
         bound = honest_shares_bound(len(view), threshold, colluders, complete=len(nids) == len(view))
         seed = os.urandom(32)
         seed_shares = create_shares(seed, threshold, len(nids))
