@@ -50,6 +50,7 @@ from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_
 
 from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, History, combined_noise_multiplier, dp_sgd_event,
                                 dp_sgd_relation, history_delta, history_epsilon, history_record, load_history)
+from .reply_metrics import PUBLIC_WEIGHT
 
 EPSILON_METRIC = "dp-sgd/epsilon-opacus"
 ROUND_EPSILON_METRIC = "dp-sgd/epsilon-round-only"
@@ -85,7 +86,7 @@ class DpSgdRound:
         noise_multiplier: z (for per-layer clipping the combined z*, equal to z).
         sample_rate: q of the Poisson sampling.
         steps: noisy steps taken in this round.
-        num_examples: N, the size of the local dataset.
+        num_examples: N, the size of the local dataset (local use: :meth:`metrics` does not send it).
         rounds: rounds this client has trained so far, this one included.
         train_loss: mean training loss of the round (local use only: it is not privatised).
         grad_sample_mode: the Opacus per-sample gradient mode used.
@@ -105,10 +106,15 @@ class DpSgdRound:
     grad_sample_mode: str
     neighboring_relation: str = "add_or_remove_one"
 
-    def metrics(self) -> dict[str, Union[int, float]]:
-        """The reply's metrics: ``num-examples``, cumulative and round-only ε, z (nothing data-dependent)."""
+    def metrics(self, weighted_by_key: str = "num-examples") -> dict[str, Union[int, float]]:
+        """The reply's metrics: the public weight ``{weighted_by_key: 1.0}``, cumulative and round-only ε, z.
+
+        Nothing here is data-dependent beyond the declared events: the ε values and z are functions of
+        them, and the weight is public (the exact N is a count of the client's records, un-noised; it is
+        not sent, so FedAvg's weighted mean is the plain mean of the clients' updates).
+        """
         return {
-            "num-examples": int(self.num_examples),
+            weighted_by_key: PUBLIC_WEIGHT,
             EPSILON_METRIC: float(self.epsilon),
             ROUND_EPSILON_METRIC: float(self.epsilon_round_only),
             NOISE_METRIC: float(self.noise_multiplier),

@@ -353,6 +353,30 @@ def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
     assert isinstance(strategy, FedAvg)
 
 
+def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
+    """The exact num-examples is a count of the client's records: un-noised, it must not leave the client."""
+    arrays = ArrayRecord(mlp().state_dict())
+    (msg,) = FedAvg(min_train_nodes=1, min_available_nodes=1).configure_train(1, arrays, ConfigRecord(),
+                                                                              FakeGrid([11]))
+    sent = []
+    for n in (33, 48):  # ceil(n/16) = 3 batches both: the declared q and steps are the same
+        context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
+        reply = dp_sgd_train_reply(msg, context, trainer, toy_data(n=n), num_threads=None)
+        assert [type(d.event) for d in read_declarations(reply.content)] == [dp_event.SelfComposedDpEvent]
+        sent.append(dict(reply.content["metrics"]))
+    assert sent[0]["num-examples"] == 1.0
+    assert sent[0] == sent[1]  # nothing in the metrics tells 33 records from 48
+    context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
+    reply = dp_sgd_train_reply(msg, context, trainer, toy_data(n=33), num_threads=None, release_metrics=True,
+                               weighted_by_key="n")
+    assert reply.content["metrics"]["n"] == 33 and "train-loss" in reply.content["metrics"]
+    declared = read_declarations(reply.content)
+    assert [type(d.event) for d in declared] == [dp_event.SelfComposedDpEvent, dp_event.NonPrivateDpEvent]
+    assert declared[1].neighboring_relation == declared[0].neighboring_relation
+
+
 # ---------------------------------------------------------------------- (viii) the example app
 def test_example_pyproject_matches_code_defaults():
     sys.path.insert(0, str(EXAMPLE))
