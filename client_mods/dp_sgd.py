@@ -50,7 +50,7 @@ from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, combined_noise_multiplie
                                 history_delta, history_epsilon, history_record, load_history)
 from .dp_sgd_trainer import (CLIPPING_MODES, DECLARATION_LABEL, EPSILON_METRIC, GRAD_SAMPLE_MODES, NOISE_METRIC,
                              ROUND_EPSILON_METRIC, DataSource, DpSgdBudgetExhausted, DpSgdRound, DpSgdTrainer,
-                             as_dataset, choose_grad_sample_mode, trainable_parameters)
+                             as_dataset, choose_grad_sample_mode, clear_wrapped_cache, trainable_parameters)
 from .reply_metrics import NON_PRIVATE_METRICS_LABEL
 
 
@@ -66,6 +66,7 @@ def dp_sgd_train_reply(
     num_threads: Optional[int] = 1,
     release_metrics: bool = False,
     weighted_by_key: str = "num-examples",
+    keep_wrapped: bool = True,
 ) -> Message:
     """The reply of a ``@app.train()`` function that trains ``msg``'s model with ``trainer``.
 
@@ -79,13 +80,16 @@ def dp_sgd_train_reply(
     ``release_metrics``: also send the exact ``num-examples`` (under ``weighted_by_key``) and the
     round's ``train-loss``, un-noised, and declare them as a ``NonPrivateDpEvent`` (the client's ε
     is then ∞, the truth about sending them); default False: neither leaves the client.
+    ``keep_wrapped``: keep the client's wrapped model between rounds while this process lives on
+    (``cache_key=(run_id, node_id)``, see :mod:`client_mods.dp_sgd_trainer`; the round is the same).
     """
     if num_threads is not None:
         torch.set_num_threads(check_int("num_threads", num_threads, minimum=1))
     arrays = msg.content.array_records.get(arrays_key)
     if arrays is None:
         raise ValueError(f"the train message has no ArrayRecord {arrays_key!r}")
-    result = trainer.train_round(arrays, dataset, context.state, state_key=state_key)
+    result = trainer.train_round(arrays, dataset, context.state, state_key=state_key,
+                                 cache_key=(context.run_id, context.node_id) if keep_wrapped else None)
     metrics = result.metrics(weighted_by_key)
     if release_metrics:
         metrics.update({weighted_by_key: int(result.num_examples), "train-loss": float(result.train_loss)})
@@ -140,6 +144,7 @@ __all__ = [
     "STATE_KEY",
     "as_dataset",
     "choose_grad_sample_mode",
+    "clear_wrapped_cache",
     "combined_noise_multiplier",
     "dp_sgd_event",
     "dp_sgd_relation",
