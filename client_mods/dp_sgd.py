@@ -23,11 +23,13 @@ round; only ``context.state`` (a :class:`flwr.app.RecordDict`) persists. The
 trainer keeps Opacus' accountant history there (one ConfigRecord under
 :data:`STATE_KEY`: the list of ``(noise_multiplier, sample_rate, steps)`` of
 ``RDPAccountant.history``), loads it into the round's fresh ``PrivacyEngine``
-before training, and writes it back after. A fresh ``GradSampleModule`` is
-built every round from the received weights and unwrapped with
-``to_standard_module()`` afterwards, so hooks are never registered twice on the
-same module (Opacus issue #608) and no stale per-sample state leaks between
-rounds (#433).
+before training, and writes it back after. Without a cache key a fresh
+``GradSampleModule`` is built every round from the received weights and unwrapped
+with ``to_standard_module()`` afterwards, so hooks are never registered twice on
+the same module (Opacus issue #608). With one (:func:`dp_sgd_train_reply` passes
+the run and node id) the client's wrapped module is kept wrapped between rounds
+in this process and reset as new each round (:mod:`client_mods.dp_sgd_trainer`);
+either way no stale per-sample state leaks between rounds (#433).
 
 The module is split by concept: :mod:`client_mods.dp_sgd_accounting` (the event,
 its derivation and the history kept in ``context.state``), :mod:`client_mods.dp_sgd_trainer` (the
