@@ -23,11 +23,13 @@ round; only ``context.state`` (a :class:`flwr.app.RecordDict`) persists. The
 trainer keeps Opacus' accountant history there (one ConfigRecord under
 :data:`STATE_KEY`: the list of ``(noise_multiplier, sample_rate, steps)`` of
 ``RDPAccountant.history``), loads it into the round's fresh ``PrivacyEngine``
-before training, and writes it back after. A fresh ``GradSampleModule`` is
-built every round from the received weights and unwrapped with
-``to_standard_module()`` afterwards, so hooks are never registered twice on the
-same module (Opacus issue #608) and no stale per-sample state leaks between
-rounds (#433).
+before training, and writes it back after. Without a cache key a fresh
+``GradSampleModule`` is built every round from the received weights and unwrapped
+with ``to_standard_module()`` afterwards, so hooks are never registered twice on
+the same module (Opacus issue #608). With one (:func:`dp_sgd_train_reply` passes
+the run and node id) the client's wrapped module is kept wrapped between rounds
+in this process and reset as new each round (:mod:`client_mods.dp_sgd_trainer`);
+either way no stale per-sample state leaks between rounds (#433).
 
 The module is split by concept: :mod:`client_mods.dp_sgd_accounting` (the event,
 its derivation and the history kept in ``context.state``), :mod:`client_mods.dp_sgd_trainer` (the
@@ -40,6 +42,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from flwr_dp_strategies.declarations import declare_release
@@ -49,7 +52,8 @@ from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, combined_noise_multiplie
                                 history_delta, history_epsilon, history_record, load_history)
 from .dp_sgd_trainer import (CLIPPING_MODES, DECLARATION_LABEL, EPSILON_METRIC, GRAD_SAMPLE_MODES, NOISE_METRIC,
                              ROUND_EPSILON_METRIC, DataSource, DpSgdBudgetExhausted, DpSgdRound, DpSgdTrainer,
-                             as_dataset, choose_grad_sample_mode, trainable_parameters)
+                             as_dataset, choose_grad_sample_mode, clear_wrapped_cache, trainable_parameters)
+from .reply_metrics import NON_PRIVATE_METRICS_LABEL
 
 
 def dp_sgd_train_reply(
@@ -62,28 +66,43 @@ def dp_sgd_train_reply(
     state_key: str = STATE_KEY,
     label: str = DECLARATION_LABEL,
     num_threads: Optional[int] = 1,
+    release_metrics: bool = False,
+    weighted_by_key: str = "num-examples",
+    keep_wrapped: bool = True,
 ) -> Message:
     """The reply of a ``@app.train()`` function that trains ``msg``'s model with ``trainer``.
 
     The reply holds the ArrayRecord ``arrays_key`` (same keys as received), one
-    MetricRecord ``"metrics"`` (:meth:`DpSgdRound.metrics`: ``num-examples``,
-    ``dp-sgd/epsilon-opacus``, ...) and the declaration of this round's event
-    (``label``) for :class:`~flwr_dp_strategies.strategy.AccountedFedAvg`. The
+    MetricRecord ``"metrics"`` (:meth:`DpSgdRound.metrics`: the public weight
+    ``{weighted_by_key: 1.0}``, ``dp-sgd/epsilon-opacus``, ...) and the declaration of this
+    round's event (``label``) for :class:`~flwr_dp_strategies.strategy.AccountedFedAvg`. The
     accountant history is kept in ``context.state[state_key]``.
     ``num_threads``: torch threads for this client (1 suits simulated clients
     sharing a few cores; None leaves torch's setting alone).
+    ``release_metrics``: also send the exact ``num-examples`` (under ``weighted_by_key``) and the
+    round's ``train-loss``, un-noised, and declare them as a ``NonPrivateDpEvent`` (the client's ε
+    is then ∞, the truth about sending them); default False: neither leaves the client.
+    ``keep_wrapped``: keep the client's wrapped model between rounds while this process lives on
+    (``cache_key=(run_id, node_id)``, see :mod:`client_mods.dp_sgd_trainer`; the round is the same).
     """
     if num_threads is not None:
         torch.set_num_threads(check_int("num_threads", num_threads, minimum=1))
     arrays = msg.content.array_records.get(arrays_key)
     if arrays is None:
         raise ValueError(f"the train message has no ArrayRecord {arrays_key!r}")
-    result = trainer.train_round(arrays, dataset, context.state, state_key=state_key)
+    result = trainer.train_round(arrays, dataset, context.state, state_key=state_key,
+                                 cache_key=(context.run_id, context.node_id) if keep_wrapped else None)
+    metrics = result.metrics(weighted_by_key)
+    if release_metrics:
+        metrics.update({weighted_by_key: int(result.num_examples), "train-loss": float(result.train_loss)})
     content = RecordDict({
         arrays_key: ArrayRecord({k: result.state_dict[k] for k in arrays.keys()}),
-        "metrics": MetricRecord(result.metrics()),
+        "metrics": MetricRecord(metrics),
     })
     declare_release(content, result.event, label=label, neighboring_relation=result.neighboring_relation)
+    if release_metrics:
+        declare_release(content, NonPrivateDpEvent(), label=NON_PRIVATE_METRICS_LABEL,
+                        neighboring_relation=result.neighboring_relation)
     return Message(content=content, reply_to=msg)
 
 
@@ -127,6 +146,7 @@ __all__ = [
     "STATE_KEY",
     "as_dataset",
     "choose_grad_sample_mode",
+    "clear_wrapped_cache",
     "combined_noise_multiplier",
     "dp_sgd_event",
     "dp_sgd_relation",

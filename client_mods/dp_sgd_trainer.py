@@ -17,6 +17,24 @@ would, spends the whole budget in each round. A round that would push the
 client's cumulative ε above ``target_epsilon`` raises
 :class:`DpSgdBudgetExhausted` before anything is trained or sent.
 
+Wrapped models kept between rounds. Where the ClientApp process lives on between
+messages (Flower's simulation: one process serves many clients round after round),
+``train_round(..., cache_key=k)`` keeps the client's Opacus-wrapped model, its
+DP optimizer (and ghost-clipping loss) and its ``PrivacyEngine`` in a process-wide
+cache, so a round costs the training steps, not ``make_private``. What is reused
+is validated: the entry is rebuilt when anything it was built from differs (the
+model's architecture, lr, momentum, ``optimizer_fn``, criterion, z, C, clipping,
+``grad_sample_mode``, Poisson sampling, accountant, device, batch size and dataset
+size, which fix q). Every round starts as a fresh one would: the received weights
+are loaded, the optimizer's state is cleared, the noise and sampling generators
+are seeded for the round, a new Poisson loader is built over the given data, and
+the accountant's history is loaded from ``state`` (the client's true history, as
+without the cache), so the release, its event and every ε are those of the
+uncached round. The cache holds at most :data:`CACHE_MAX_CLIENTS` entries and
+:data:`CACHE_MAX_BYTES` of parameters, gradients and optimizer state (estimated as
+three copies of the parameters), least recently used out first; ``secure_mode``
+is never cached. :func:`clear_wrapped_cache` empties it.
+
 See :mod:`client_mods.dp_sgd_accounting` for the references.
 """
 
@@ -28,7 +46,8 @@ import importlib.util
 import math
 import secrets
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -39,6 +58,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from . import dp_sgd_accounting  # noqa: F401  (first: it imports Opacus without its root log handler)
 from opacus import PrivacyEngine
+from opacus.data_loader import DPDataLoader
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.utils.batch_memory_manager import BatchMemoryManager
@@ -50,6 +70,7 @@ from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_
 
 from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, History, combined_noise_multiplier, dp_sgd_event,
                                 dp_sgd_relation, history_delta, history_epsilon, history_record, load_history)
+from .reply_metrics import PUBLIC_WEIGHT
 
 EPSILON_METRIC = "dp-sgd/epsilon-opacus"
 ROUND_EPSILON_METRIC = "dp-sgd/epsilon-round-only"
@@ -61,6 +82,11 @@ GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost", "functorch")  # "ew" fails on emp
 ModelSource = Union[nn.Module, Callable[[], nn.Module]]
 Weights = Union[ArrayRecord, Mapping[str, Any]]
 DataSource = Union[Dataset, tuple[Any, Any]]
+
+#: At most this many clients' wrapped models are kept in one process (least recently used out first).
+CACHE_MAX_CLIENTS = 128
+#: At most this many bytes of cached parameters, gradients and optimizer state (3 x the parameters' bytes).
+CACHE_MAX_BYTES = 256 * 2**20
 
 # Warnings Opacus raises on every round that say nothing new here.
 _QUIET = ("Secure RNG turned off", "Full backward hook is firing", "Using a non-full backward hook")
@@ -85,7 +111,7 @@ class DpSgdRound:
         noise_multiplier: z (for per-layer clipping the combined z*, equal to z).
         sample_rate: q of the Poisson sampling.
         steps: noisy steps taken in this round.
-        num_examples: N, the size of the local dataset.
+        num_examples: N, the size of the local dataset (local use: :meth:`metrics` does not send it).
         rounds: rounds this client has trained so far, this one included.
         train_loss: mean training loss of the round (local use only: it is not privatised).
         grad_sample_mode: the Opacus per-sample gradient mode used.
@@ -105,10 +131,15 @@ class DpSgdRound:
     grad_sample_mode: str
     neighboring_relation: str = "add_or_remove_one"
 
-    def metrics(self) -> dict[str, Union[int, float]]:
-        """The reply's metrics: ``num-examples``, cumulative and round-only ε, z (nothing data-dependent)."""
+    def metrics(self, weighted_by_key: str = "num-examples") -> dict[str, Union[int, float]]:
+        """The reply's metrics: the public weight ``{weighted_by_key: 1.0}``, cumulative and round-only ε, z.
+
+        Nothing here is data-dependent beyond the declared events: the ε values and z are functions of
+        them, and the weight is public (the exact N is a count of the client's records, un-noised; it is
+        not sent, so FedAvg's weighted mean is the plain mean of the clients' updates).
+        """
         return {
-            "num-examples": int(self.num_examples),
+            weighted_by_key: PUBLIC_WEIGHT,
             EPSILON_METRIC: float(self.epsilon),
             ROUND_EPSILON_METRIC: float(self.epsilon_round_only),
             NOISE_METRIC: float(self.noise_multiplier),
@@ -126,6 +157,56 @@ class _RoundPlan:
     z: float
     planned_steps: int
     noise_seed: int
+
+
+@dataclass
+class _Wrapped:
+    """One client's Opacus objects kept between rounds, with what they were built from."""
+
+    fingerprint: tuple
+    sources: tuple  # the optimizer_fn and criterion objects (compared by identity; kept alive here)
+    engine: PrivacyEngine
+    module: nn.Module
+    optimizer: Any
+    criterion: Callable
+    nbytes: int
+
+
+_WRAPPED: "OrderedDict[Hashable, _Wrapped]" = OrderedDict()
+
+
+def clear_wrapped_cache() -> None:
+    """Forget every client's cached wrapped model (the next rounds wrap anew)."""
+    _WRAPPED.clear()
+
+
+def _keep_wrapped(key: Hashable, entry: _Wrapped) -> None:
+    """Store ``entry`` as the most recent one; evict the least recent beyond the bounds."""
+    _WRAPPED[key] = entry
+    _WRAPPED.move_to_end(key)
+    while len(_WRAPPED) > CACHE_MAX_CLIENTS or (
+            len(_WRAPPED) > 1 and sum(e.nbytes for e in _WRAPPED.values()) > CACHE_MAX_BYTES):
+        _WRAPPED.popitem(last=False)
+    if entry.nbytes > CACHE_MAX_BYTES:
+        _WRAPPED.pop(key, None)
+
+
+def _architecture(model: nn.Module) -> tuple:
+    """Every submodule's path, class and settings, and every state entry's shape, dtype and trainability."""
+    layers = tuple((name, f"{type(m).__module__}.{type(m).__qualname__}", m.extra_repr())
+                   for name, m in model.named_modules())
+    state = tuple((k, tuple(v.shape), str(v.dtype), bool(v.requires_grad))
+                  for k, v in model.state_dict(keep_vars=True).items())
+    return layers, state
+
+
+def _criterion_key(criterion: Callable) -> tuple:
+    """A loss module by class, settings and buffers (e.g. class weights); another callable by identity."""
+    if not isinstance(criterion, nn.Module):
+        return ("callable",)
+    buffers = tuple((k, tuple(v.shape), v.detach().cpu().numpy().tobytes()) for k, v in criterion.state_dict().items())
+    return (f"{type(criterion).__module__}.{type(criterion).__qualname__}", repr(criterion),
+            getattr(criterion, "reduction", None), buffers)
 
 
 # ---------------------------------------------------------------------- model helpers
@@ -277,6 +358,7 @@ class DpSgdTrainer:
         # the validated probe is a fresh, never-trained model: the first round loads into it instead of
         # building another (a trainer is often made per Flower message, where this halves the set-up)
         self._spare_model: Optional[nn.Module] = probe
+        self._architecture = _architecture(probe)
         if not self.poisson_sampling:
             warnings.warn("poisson_sampling=False: Opacus' epsilon assumes Poisson sampling (a heuristic for "
                           "shuffled batches); the declared event claims no amplification (replace-one)",
@@ -408,19 +490,25 @@ class DpSgdTrainer:
 
     # ------------------------------------------------------------------ one round
     def train_round(self, weights: Weights, dataset: DataSource, state: Optional[RecordDict] = None,
-                    *, state_key: str = STATE_KEY) -> DpSgdRound:
+                    *, state_key: str = STATE_KEY, cache_key: Optional[Hashable] = None) -> DpSgdRound:
         """Load ``weights``, train ``local_epochs`` with DP-SGD, update the accountant in ``state``.
 
         ``state`` is the client's persistent RecordDict (``context.state`` in Flower;
         None: an in-memory one owned by this trainer); it is written only after a
-        successful round. Raises ValueError for weights whose keys differ from the
-        model's, :class:`DpSgdBudgetExhausted` when a target-ε budget is spent.
+        successful round. ``cache_key``: a key stable for the client in this process (e.g. its
+        node id) to keep its wrapped model between rounds (see the module docstring; the
+        round is the same as without it); None wraps anew. Raises ValueError for weights
+        whose keys differ from the model's, :class:`DpSgdBudgetExhausted` when a target-ε
+        budget is spent.
         """
         state = self._own_state if state is None else state
         data = as_dataset(dataset)
         plan = self._plan(data, state, state_key)
-        model, keys = self._load(weights)
-        after, loss = self._train(model, plan.loader, plan.history, plan.z, plan.noise_seed)
+        if cache_key is None or self.secure_mode:
+            model, keys = self._load(weights)
+            after, loss = self._train(model, plan.loader, plan.history, plan.z, plan.noise_seed)
+        else:
+            model, keys, after, loss = self._train_cached((cache_key, state_key), weights, len(data), plan)
         state[state_key] = history_record(after, accountant=self.accountant, rounds=plan.rounds + 1,
                                           noise_multiplier=plan.z, target_epsilon=self.target_epsilon or 0.0,
                                           planned_steps=plan.planned_steps)
@@ -455,11 +543,15 @@ class DpSgdTrainer:
         generator = None if self.secure_mode else torch.Generator().manual_seed(seed)
         return DataLoader(data, batch_size=self.batch_size, shuffle=not self.poisson_sampling, generator=generator)
 
-    def _load(self, weights: Weights) -> tuple[nn.Module, list[str]]:
-        """A fresh model holding ``weights`` (keys checked: a ``_module.`` prefix is refused), on the device."""
+    def _load(self, weights: Weights, into: Optional[nn.Module] = None) -> tuple[nn.Module, list[str]]:
+        """A fresh model (or ``into``) holding ``weights`` (keys checked: a ``_module.`` prefix is refused),
+        on the device."""
         received = weights.to_torch_state_dict() if isinstance(weights, ArrayRecord) else {
             k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in weights.items()}
-        model, self._spare_model = (self._spare_model or self._new_model()), None
+        if into is None:
+            model, self._spare_model = (self._spare_model or self._new_model()), None
+        else:
+            model = into
         expected = set(model.state_dict())
         if set(received) != expected:
             missing, unexpected = sorted(expected - set(received)), sorted(set(received) - expected)
@@ -500,6 +592,44 @@ class DpSgdTrainer:
             finally:
                 module.to_standard_module()  # removes hooks and per-sample state (#608, #433)
         return [tuple(e) for e in engine.accountant.history], loss  # type: ignore[misc]
+
+    def _fingerprint(self, num_examples: int, z: float) -> tuple:
+        """What a cached wrapped model was built from (see the module docstring)."""
+        clip = tuple(self.max_grad_norm) if isinstance(self.max_grad_norm, list) else self.max_grad_norm
+        return (self._architecture, self.lr, self.momentum, _criterion_key(self.criterion), float(z), clip,
+                self.clipping, self.grad_sample_mode, self.poisson_sampling, self.accountant, str(self.device),
+                self.batch_size, int(num_examples))
+
+    def _train_cached(self, key: Hashable, weights: Weights, num_examples: int, plan: "_RoundPlan"
+                      ) -> tuple[nn.Module, list[str], History, float]:
+        """The round of :meth:`_train` on the client's cached wrapped model (built on a miss), reset as new."""
+        fingerprint = self._fingerprint(num_examples, plan.z)
+        entry = _WRAPPED.pop(key, None)
+        if entry is not None and (entry.fingerprint != fingerprint or entry.sources[0] is not self.optimizer_fn
+                                  or (entry.sources[1] is not self.criterion
+                                      and not isinstance(self.criterion, nn.Module))):
+            entry = None
+        with _quiet_opacus():
+            if entry is None:
+                model, keys = self._load(weights)
+                engine = PrivacyEngine(accountant=self.accountant)
+                module, optimizer, criterion, loader = self._make_private(engine, model, plan.loader, plan.z,
+                                                                          plan.noise_seed)
+                self._check_combined_z(optimizer, plan.z)
+                nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+                entry = _Wrapped(fingerprint, (self.optimizer_fn, self.criterion), engine, module, optimizer,
+                                 criterion, nbytes)
+            else:
+                _, keys = self._load(weights, into=entry.module._module)
+                entry.optimizer.state.clear()
+                entry.optimizer.generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)
+                loader = DPDataLoader.from_data_loader(plan.loader) if self.poisson_sampling else plan.loader
+            entry.engine.accountant.history = list(plan.history)  # the client's true history, from its state
+            loss = _run_epochs(entry.module, entry.optimizer, entry.criterion, loader, self.local_epochs,
+                               self.device, self.max_physical_batch_size)  # raises: the entry is not kept
+            entry.optimizer.zero_grad(set_to_none=True)
+        _keep_wrapped(key, entry)
+        return entry.module._module, keys, [tuple(e) for e in entry.engine.accountant.history], loss
 
     def _check_combined_z(self, optimizer: Any, z: float) -> None:
         """Per-layer clipping: the combined z* of Opacus' optimizer must equal the accounted z."""
@@ -543,7 +673,10 @@ __all__ = [
     "GRAD_SAMPLE_MODES",
     "NOISE_METRIC",
     "ROUND_EPSILON_METRIC",
+    "CACHE_MAX_BYTES",
+    "CACHE_MAX_CLIENTS",
     "as_dataset",
     "choose_grad_sample_mode",
+    "clear_wrapped_cache",
     "trainable_parameters",
 ]

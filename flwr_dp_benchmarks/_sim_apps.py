@@ -66,6 +66,7 @@ from client_mods import (
     signds_mod,
 )
 from flwr_dp_strategies import (
+    AccountedAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -121,6 +122,11 @@ VARIANTS: dict[str, Variant] = {
         lambda n: AccountedPoissonFixedClipping(FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")),
                                                 1.0, 1.0, n, num_clients=n),
         what="z = 1, C = 1, q = m/N = 1 (every node sampled, so the round does the same client work)"),
+    "AccountedAdaptiveClipping": Variant(
+        lambda n: AccountedAdaptiveClipping(FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")), 1.0, n,
+                                            clipped_count_stddev=max(n / 20.0, 1.0), num_clients=n),
+        what="z = 1 (model and count), C0 = 0.1, target quantile 0.5, q = m/N = 1 (every node sampled, so the "
+             "round does the same client work)"),
     "ShuffleAmplifiedFedAvg": Variant(lambda n: ShuffleAmplifiedFedAvg(**fedavg_args(n)),
                                       what="layer-wise shuffle of the updates, plain clients"),
     "MinDivergenceExpSampling": Variant(
@@ -147,6 +153,9 @@ VARIANTS: dict[str, Variant] = {
     "DpSgdTrainer (Opacus)": Variant(lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd", kind="mod",
                                      what="Opacus DP-SGD (z = 1, C = 1, Poisson batches of 32, same epochs/lr) "
                                           "instead of plain SGD; server: Flower's FedAvg"),
+    "DpSgdTrainer (Opacus, wrapped anew)": Variant(
+        lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd-anew", kind="diagnostic",
+        what="as DpSgdTrainer (Opacus) with keep_wrapped=False: Opacus wraps the model anew for every message"),
     "LabelDP": Variant(lambda n: FedAvg(**fedavg_args(n)), client="label-dp", kind="mod",
                        what="labels randomised once per node (epsilon = 2, k = 10, kept in context.state) and "
                             "declared once; server: Flower's FedAvg"),
@@ -249,10 +258,10 @@ def train(msg: Message, context: Context) -> Message:
     config = _config(msg)
     kind = str(config.get("bench-client", "plain"))
     x, y = _shard(context, "train")
-    if kind == "dp-sgd":
+    if kind in ("dp-sgd", "dp-sgd-anew"):
         from client_mods.dp_sgd import dp_sgd_train_reply
 
-        return dp_sgd_train_reply(msg, context, _dp_sgd_trainer(config), (x, y))
+        return dp_sgd_train_reply(msg, context, _dp_sgd_trainer(config), (x, y), keep_wrapped=kind == "dp-sgd")
     if kind == "fm":
         return _FM.train(msg, context, x, y)
     if kind == "label-dp":

@@ -41,7 +41,7 @@ def duels(subjects: tuple[str, ...], rounds: int, passes: int) -> list[tuple[str
 
 
 def rows_from(result: dict, subjects: tuple[str, ...], *, name: str, params: dict[str, Any], first_round: int,
-              strict: bool, target: Optional[float] = 1.10) -> list[dict]:
+              strict: bool, target: Optional[float] = 1.10, suffix: str = "") -> list[dict]:
     """Time and memory rows per subject from the duels of one run (``target`` None: reported, no target)."""
     goal = "reported" if target is None else f"<= {target:.2f}x"
     played = result["duels"]
@@ -56,7 +56,7 @@ def rows_from(result: dict, subjects: tuple[str, ...], *, name: str, params: dic
         base_times = pick(played, subject, "baseline", "round_s", first_round)
         case_params = {**params, "variant": subject, "kind": variant.kind,
                        "duels": sum(1 for d in played if d["subject"] == subject and not d.get("error"))}
-        case = f"{subject}: round wall time ({params.get('clients')} clients)"
+        case = f"{subject}: round wall time ({params.get('clients')} clients){suffix}"
         if not times or not base_times:
             why = failed.get(subject, "no completed duel")
             print(f"[{name}] {subject}: {why}", file=sys.stderr)
@@ -76,7 +76,7 @@ def rows_from(result: dict, subjects: tuple[str, ...], *, name: str, params: dic
                 continue
             reset = all(pick(played, subject, who, "hwm_reset", first_round) for who in ("subject", "baseline"))
             grew = (median(values) - median(base_values)) / 2**20
-            out.append(row(name, f"{subject}: {label}", case_params, metric="peak_bytes", values=values,
+            out.append(row(name, f"{subject}: {label}{suffix}", case_params, metric="peak_bytes", values=values,
                            baseline="Flower FedAvg rounds, same simulation", baseline_values=base_values,
                            target=goal, target_ratio=target,
                            notes=f"{grew:+.1f} MiB" + ("" if reset else " (VmHWM reset refused: peaks since start)")))
@@ -85,7 +85,7 @@ def rows_from(result: dict, subjects: tuple[str, ...], *, name: str, params: dic
 
 def run(*, clients: int = 100, rounds: int = 5, passes: int = 1, subjects: Optional[tuple[str, ...]] = None,
         local_epochs: int = 3, pull_interval: Optional[float] = 0.01, strict: bool = False,
-        with_scale_rounds: int = 0) -> list[dict]:
+        with_scale_rounds: int = 0, busy: int = 0) -> list[dict]:
     """Rows for every subject (default: every variant) against Flower's FedAvg in the same simulation.
 
     ``pull_interval``: the Grid's reply polling, 0.01 s instead of Flower's 0.1 s, which would round
@@ -95,6 +95,9 @@ def run(*, clients: int = 100, rounds: int = 5, passes: int = 1, subjects: Optio
     ``with_scale_rounds`` > 0 (the ``--tiny`` smoke run): also play ``bench_scale``'s duel at the same
     client count in this simulation and keep it in ``SHARED`` for ``bench_scale.run`` (one Ray start
     instead of two: Ray's start is most of a tiny run).
+
+    ``busy`` > 0: the whole simulation runs while ``busy`` processes spin on the cores
+    (``bench_aggregation.busy_processes``); the rows end in ``loaded (k busy processes)``.
     """
     subjects = tuple(subjects or SUBJECTS)
     segments = [(NAME, duels(subjects, rounds, passes))]
@@ -102,13 +105,18 @@ def run(*, clients: int = 100, rounds: int = 5, passes: int = 1, subjects: Optio
         from . import bench_scale
 
         segments.append((bench_scale.NAME, [(bench_scale.SUBJECT, with_scale_rounds)]))
-    results = run_segments(clients, segments, local_epochs=local_epochs, pull_interval=pull_interval)
+    from .bench_aggregation import busy_processes
+
+    with busy_processes(busy, seconds=4 * 3600.0):
+        results = run_segments(clients, segments, local_epochs=local_epochs, pull_interval=pull_interval)
     if with_scale_rounds > 0:
         SHARED[(bench_scale.NAME, clients, with_scale_rounds, local_epochs)] = results[bench_scale.NAME]
     result = results[NAME]
     print(f"[{NAME}] {len(segments[0][1])} duels of 2 x {rounds} rounds, {clients} clients: {result['wall_s']:.0f} s "
           f"(warm-up round {result['warmup_s'] or 0:.0f} s)", file=sys.stderr)
     params = {"clients": clients, "rounds": rounds, "passes": passes, "local_epochs": local_epochs,
+              "busy_processes": busy,
               "grid_pull_interval_s": pull_interval or 0.1,
               "ray_cpus": cpus(), "model": "digits MLP 64-32-10", "simulation_wall_s": round(result["wall_s"], 1)}
-    return rows_from(result, subjects, name=NAME, params=params, first_round=2 if rounds > 1 else 1, strict=strict)
+    return rows_from(result, subjects, name=NAME, params=params, first_round=2 if rounds > 1 else 1, strict=strict,
+                     suffix=f" loaded ({busy} busy processes)" if busy else "")

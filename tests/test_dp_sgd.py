@@ -241,6 +241,104 @@ def test_keys_unchanged_and_consecutive_rounds_reuse_the_model(mode):
         trainer.train_round(prefixed, (x, y))
 
 
+def cached_and_fresh_rounds(make_trainer, rounds: int, data, key) -> tuple[list, list, RecordDict, RecordDict]:
+    """The same seeded rounds with the wrapped model kept under ``key`` and wrapped anew."""
+    runs, states = ([], []), (RecordDict(), RecordDict())
+    weights = mlp().state_dict()
+    for r in range(rounds):
+        for run, state, cache_key in zip(runs, states, (key, None)):
+            run.append(make_trainer(r).train_round(ArrayRecord(weights), data, state, cache_key=cache_key))
+        weights = runs[1][-1].state_dict
+    return runs[0], runs[1], states[0], states[1]
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_kept_wrapped_model_gives_the_uncached_rounds(mode):
+    """Same seeds: the same weights, the same declared events, the same epsilon, the same state (issue 27.4)."""
+    from client_mods.dp_sgd_trainer import _WRAPPED, clear_wrapped_cache
+
+    clear_wrapped_cache()
+    make = lambda r: DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, momentum=0.5,  # noqa: E731
+                                  grad_sample_mode=mode, seed=3)
+    cached, fresh, cached_state, fresh_state = cached_and_fresh_rounds(make, 3, toy_data(48), "client-1")
+    assert len(_WRAPPED) == 1
+    module = next(iter(_WRAPPED.values())).module
+    ledgers = (PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"),
+               PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"))
+    for r, (a, b) in enumerate(zip(cached, fresh), start=1):
+        assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in b.state_dict)
+        assert a.event == b.event and a.epsilon == b.epsilon and a.epsilon_round_only == b.epsilon_round_only
+        for ledger, result in zip(ledgers, (a, b)):
+            ledger.record(result.event, server_round=r, client=1, label="dp-sgd",
+                          neighboring_relation=result.neighboring_relation)
+        assert ledgers[0].epsilon() == ledgers[1].epsilon()
+        assert next(iter(_WRAPPED.values())).module is module  # wrapped once, kept
+    assert dict(cached_state[STATE_KEY]) == dict(fresh_state[STATE_KEY])
+    clear_wrapped_cache()
+
+
+@pytest.mark.parametrize("change", [
+    {"lr": 0.05}, {"noise_multiplier": 2.0}, {"max_grad_norm": 0.3}, {"batch_size": 8}, {"momentum": 0.9},
+    {"model": lambda: mlp(hidden=7)}, {"criterion": nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))},
+    {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)}, {"grad_sample_mode": "ghost"},
+])
+def test_kept_wrapped_model_is_rebuilt_when_the_trainer_changes(change):
+    """A round after a change of model or hyper-parameters is the uncached round with the new settings."""
+    from client_mods.dp_sgd_trainer import clear_wrapped_cache
+
+    clear_wrapped_cache()
+    base = {"model": mlp, "noise_multiplier": 1.0, "batch_size": 16, "grad_sample_mode": "hooks", "seed": 4}
+
+    def make(r):
+        kwargs = {**base, **(change if r else {})}
+        return DpSgdTrainer(kwargs.pop("model"), **kwargs)
+
+    hidden = 7 if "model" in change else 6
+    runs, states = ([], []), (RecordDict(), RecordDict())
+    for r in range(2):
+        weights = mlp(hidden=hidden if r else 6).state_dict()
+        for run, state, key in zip(runs, states, ("client-2", None)):
+            run.append(make(r).train_round(ArrayRecord(weights), toy_data(48), state, cache_key=key))
+    (cached, fresh) = (runs[0][-1], runs[1][-1])
+    assert all(torch.equal(cached.state_dict[k], fresh.state_dict[k]) for k in fresh.state_dict)
+    assert cached.event == fresh.event and cached.epsilon == fresh.epsilon
+    clear_wrapped_cache()
+
+
+def test_kept_wrapped_model_takes_the_accountant_history_from_the_state():
+    """The cached engine never carries a history of its own: a new state starts at round 1."""
+    from client_mods.dp_sgd_trainer import clear_wrapped_cache
+
+    clear_wrapped_cache()
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=5)
+    weights, data = ArrayRecord(mlp().state_dict()), toy_data(48)
+    first = trainer.train_round(weights, data, RecordDict(), cache_key="client-3")
+    state = RecordDict()
+    for _ in range(2):
+        second = trainer.train_round(weights, data, state, cache_key="client-3")
+    restarted = trainer.train_round(weights, data, RecordDict(), cache_key="client-3")
+    assert second.epsilon > first.epsilon
+    assert restarted.epsilon == first.epsilon and restarted.event == first.event
+    clear_wrapped_cache()
+
+
+def test_kept_wrapped_models_are_bounded(monkeypatch):
+    from client_mods import dp_sgd_trainer
+    from client_mods.dp_sgd_trainer import _WRAPPED, clear_wrapped_cache
+
+    clear_wrapped_cache()
+    monkeypatch.setattr(dp_sgd_trainer, "CACHE_MAX_CLIENTS", 2)
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=6)
+    weights, data = ArrayRecord(mlp().state_dict()), toy_data(32)
+    for key in ("a", "b", "a", "c"):
+        trainer.train_round(weights, data, RecordDict(), cache_key=key)
+    assert list(_WRAPPED) == [("a", STATE_KEY), ("c", STATE_KEY)]  # b was the least recently used
+    monkeypatch.setattr(dp_sgd_trainer, "CACHE_MAX_BYTES", 100)  # less than one client's parameters
+    trainer.train_round(weights, data, RecordDict(), cache_key="d")
+    assert ("d", STATE_KEY) not in _WRAPPED and len(_WRAPPED) <= 2
+    clear_wrapped_cache()
+
+
 def test_grad_sample_mode_default_rule():
     conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4 * 26 * 26, 10))
     assert choose_grad_sample_mode(mlp()) == "ghost"
@@ -351,6 +449,30 @@ def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
         assert strategy.ledger.epsilon(node, method="rdp") == pytest.approx(opacus[node], rel=RDP_TOLERANCE)
     assert float(metrics["privacy/epsilon"]) == pytest.approx(strategy.ledger.epsilon())
     assert isinstance(strategy, FedAvg)
+
+
+def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
+    """The exact num-examples is a count of the client's records: un-noised, it must not leave the client."""
+    arrays = ArrayRecord(mlp().state_dict())
+    (msg,) = FedAvg(min_train_nodes=1, min_available_nodes=1).configure_train(1, arrays, ConfigRecord(),
+                                                                              FakeGrid([11]))
+    sent = []
+    for n in (33, 48):  # ceil(n/16) = 3 batches both: the declared q and steps are the same
+        context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
+        reply = dp_sgd_train_reply(msg, context, trainer, toy_data(n=n), num_threads=None)
+        assert [type(d.event) for d in read_declarations(reply.content)] == [dp_event.SelfComposedDpEvent]
+        sent.append(dict(reply.content["metrics"]))
+    assert sent[0]["num-examples"] == 1.0
+    assert sent[0] == sent[1]  # nothing in the metrics tells 33 records from 48
+    context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
+    reply = dp_sgd_train_reply(msg, context, trainer, toy_data(n=33), num_threads=None, release_metrics=True,
+                               weighted_by_key="n")
+    assert reply.content["metrics"]["n"] == 33 and "train-loss" in reply.content["metrics"]
+    declared = read_declarations(reply.content)
+    assert [type(d.event) for d in declared] == [dp_event.SelfComposedDpEvent, dp_event.NonPrivateDpEvent]
+    assert declared[1].neighboring_relation == declared[0].neighboring_relation
 
 
 # ---------------------------------------------------------------------- (viii) the example app

@@ -118,7 +118,7 @@ from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
-                              poisson_sample, require_configured, train_instructions)
+                              poisson_sample, require_configured, sampled_train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
@@ -300,8 +300,13 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Sample (Poisson at rate q, or the wrapped FedAvg's sample) and send the model; nothing once
-        one more round would exceed the budget."""
+        """Sample (Poisson at rate q, or the wrapped FedAvg's sample) and send the wrapped strategy's instruction;
+        nothing once one more round would exceed the budget, nor in a round the wrapped strategy configures
+        no training (then nothing is released nor booked).
+
+        The wrapped strategy's ``configure_train`` makes the instruction (its config, e.g. a learning-rate
+        schedule, its records); Poisson sampling replaces only its choice of nodes
+        (:func:`.central_release.sampled_train_instructions`)."""
         if self.sampling == "poisson" and self.num_clients is None:
             self.num_clients = check_int("num_clients", len(grid.get_node_ids()), minimum=self.num_sampled_clients)
         self.current_arrays = arrays
@@ -314,9 +319,11 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
         config = self.train_config(config)
         if self.sampling == "poisson":
             chosen = poisson_sample(grid.get_node_ids(), self.sampling_rate, self.rng())
-            messages = train_instructions(self.strategy, server_round, arrays, config, chosen)
+            messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
         else:
-            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid)) or None
+        self._idle_round = server_round if messages is None else None
+        messages = messages or []
         log(INFO, "configure_train: clipping norm %.6g, %s sampling", self.clipping_norm, self.sampling)
         self.remember_instructions("train", server_round, messages)
         return messages
@@ -330,7 +337,7 @@ class AdaptiveClippingMixin(ClientAccountingMixin):
                         ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen, add the clipped updates and bits, release with this round's C, then update C and book."""
         require_configured(self)
-        if self.budget_exhausted:
+        if self.budget_exhausted or server_round == getattr(self, "_idle_round", None):
             return None, None
         accepted, rejected = self.screen_and_book(
             server_round, replies,

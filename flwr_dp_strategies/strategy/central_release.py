@@ -23,10 +23,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from logging import WARNING
+from typing import Optional
 
 import numpy as np
 from dp_accounting import dp_event
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
 
 from ..privacy import PrivacyLedger
@@ -81,13 +82,41 @@ def poisson_sample(nodes: Iterable[int], rate: float, generator: np.random.Gener
     return [node for node, kept in zip(ordered, keep) if kept]
 
 
-def train_instructions(fedavg: object, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                       nodes: Iterable[int]) -> list[Message]:
-    """The train messages FedAvg would send to ``nodes`` (its record keys, ``server-round`` in the config)."""
-    config["server-round"] = server_round
-    content = RecordDict({fedavg.arrayrecord_key: arrays,  # type: ignore[attr-defined]
-                          fedavg.configrecord_key: config})  # type: ignore[attr-defined]
-    return [Message(content=content, message_type=MessageType.TRAIN, dst_node_id=node) for node in nodes]
+def sampled_train_instructions(strategy: object, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                               grid: object, nodes: Iterable[int]) -> Optional[list[Message]]:
+    """The wrapped strategy's train instructions, sent to ``nodes`` (a sample drawn by the caller) instead of its own.
+
+    ``strategy.configure_train(server_round, arrays, config, grid)`` is called as Flower's DP wrappers
+    call it (it may wait for its ``min_available_nodes``), so what it puts in an instruction (a
+    learning-rate schedule in the config, extra records, other arrays) reaches the nodes; only its
+    choice of nodes is replaced. A node it addressed gets its own message; another node gets a copy
+    of the instruction's content, type, ttl and group id when every message carries the same content.
+
+    Returns None when the strategy configures no training (no message): the caller then trains no
+    node and releases nothing. Raises ValueError when the messages differ in content and a node in
+    ``nodes`` was not addressed (which content it should get is unknown): such a strategy must
+    address every node (e.g. ``fraction_train=1.0``).
+    """
+    planned = list(strategy.configure_train(server_round, arrays, config, grid))  # type: ignore[attr-defined]
+    if not planned:
+        return None
+    own = {message.metadata.dst_node_id: message for message in planned}
+    template = planned[0]
+    uniform = all(m.content is template.content or m.content == template.content for m in planned[1:])
+    messages = []
+    for node in nodes:
+        if node in own:
+            messages.append(own[node])
+        elif uniform:
+            meta = template.metadata
+            messages.append(Message(content=template.content, message_type=meta.message_type, dst_node_id=node,
+                                    ttl=meta.ttl, group_id=meta.group_id))
+        else:
+            raise ValueError(
+                f"{type(strategy).__name__}.configure_train sent different content to different nodes and did "
+                f"not address node {node}, which the sampling picked: have it address every node (e.g. "
+                "fraction_train=1.0) so that each sampled node gets its own instruction")
+    return messages
 
 
 def log_budget_stop(server_round: int, ledger: PrivacyLedger) -> None:
@@ -97,7 +126,7 @@ def log_budget_stop(server_round: int, ledger: PrivacyLedger) -> None:
 
 
 __all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release", "log_budget_stop", "poisson_sample",
-           "secure_release_event", "train_instructions"]
+           "sampled_train_instructions", "secure_release_event"]
 
 
 def require_configured(strategy: object) -> None:

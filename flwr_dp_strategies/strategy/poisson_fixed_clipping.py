@@ -69,7 +69,7 @@ from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
 from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
-                              poisson_sample, require_configured, train_instructions)
+                              poisson_sample, require_configured, sampled_train_instructions)
 from .client_accounting import ClientAccountingMixin
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
@@ -169,7 +169,13 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        """Poisson-sample the nodes (rate q) and send them the model; nothing once the budget is spent."""
+        """Poisson-sample the nodes (rate q) and send them the wrapped strategy's instruction; nothing once the
+        budget is spent, nor in a round the wrapped strategy configures no training (then nothing is released).
+
+        The wrapped strategy's ``configure_train`` makes the instruction (its config, e.g. a learning-rate
+        schedule, its records); only its choice of nodes is replaced
+        (:func:`.central_release.sampled_train_instructions`).
+        """
         nodes = sorted(grid.get_node_ids())
         if self.num_clients is None:
             self.num_clients = check_int("num_clients", len(nodes), minimum=self.num_sampled_clients)
@@ -179,9 +185,14 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
             self._stop(server_round)
             return []
         chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
-        log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(chosen),
-            self.sampling_rate, len(nodes))
-        messages = train_instructions(self.strategy, server_round, arrays, config, chosen)
+        messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
+        self._idle_round = server_round if messages is None else None
+        if messages is None:
+            log(INFO, "configure_train: the wrapped strategy configures no training in round %d", server_round)
+            messages = []
+        else:
+            log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(chosen),
+                self.sampling_rate, len(nodes))
         self.remember_instructions("train", server_round, messages)
         return messages
 
@@ -207,7 +218,7 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         metrics unless ``publish_client_metrics=True`` (then booked as non-private).
         """
         require_configured(self)
-        if self.budget_exhausted:
+        if self.budget_exhausted or server_round == getattr(self, "_idle_round", None):
             return None, None
         accepted, rejected = self.screen_and_book(
             server_round, replies,

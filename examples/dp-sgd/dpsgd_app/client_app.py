@@ -4,7 +4,7 @@ The ClientApp is rebuilt for every message, so the trainer is too; what must
 survive between rounds -- Opacus' accountant history and, with a target ε, the
 noise multiplier calibrated on the first round -- lives in ``context.state``
 (see :mod:`client_mods.dp_sgd`). The reply carries the new weights, the
-metrics ``num-examples``, ``dp-sgd/epsilon-opacus`` (cumulative),
+metrics ``num-examples`` (the public weight 1.0, not the shard's size), ``dp-sgd/epsilon-opacus`` (cumulative),
 ``dp-sgd/epsilon-round-only`` (what Flower's Opacus example would print) and
 ``dp-sgd/noise-multiplier``, and the declaration of this round's DpEvent, which
 the server's AccountedFedAvg books in its ledger.
