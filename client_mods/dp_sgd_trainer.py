@@ -62,6 +62,7 @@ from opacus.data_loader import DPDataLoader
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.utils.batch_memory_manager import BatchMemoryManager
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -87,6 +88,9 @@ DataSource = Union[Dataset, tuple[Any, Any]]
 CACHE_MAX_CLIENTS = 128
 #: At most this many bytes of cached parameters, gradients and optimizer state (3 x the parameters' bytes).
 CACHE_MAX_BYTES = 256 * 2**20
+#: ``grad_sample_mode="auto"`` keeps per-sample gradients ("hooks") while batch size x trainable parameters
+#: is at most this (128 Ki elements, 512 KiB of float32 per-sample gradients a step); above it, ghost clipping.
+HOOKS_MAX_GRAD_SAMPLE_ELEMENTS = 2**17
 
 # Warnings Opacus raises on every round that say nothing new here.
 _QUIET = ("Secure RNG turned off", "Full backward hook is firing", "Using a non-full backward hook")
@@ -215,23 +219,73 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def choose_grad_sample_mode(model: nn.Module, clipping: str = "flat", criterion: Optional[nn.Module] = None) -> str:
+def choose_grad_sample_mode(model: nn.Module, clipping: str = "flat", criterion: Optional[nn.Module] = None,
+                            batch_size: Optional[int] = None) -> str:
     """Default rule for ``grad_sample_mode="auto"``.
 
     ``"ghost"`` (ghost clipping: per-sample gradient *norms* without materialising
     per-sample gradients) when the clipping is flat, the loss has a ``reduction``
-    attribute (ghost needs per-sample losses) and every layer that holds trainable
-    parameters has an Opacus norm sampler (``nn.Linear``, ``nn.Embedding``): on
-    such models per-sample gradients cost 12-59x a non-private step on CPU and
-    ghost 3.5-4.3x (MLP 784-64-10, ``shared/reference/perf-floors.md``).
-    ``"hooks"`` otherwise: with convolutions hooks is as fast as ghost or faster
-    (2.2-2.5x vs 2.2-2.6x on a small CNN) and supports per-layer clipping.
+    attribute (ghost needs per-sample losses), every layer that holds trainable
+    parameters has an Opacus norm sampler (``nn.Linear``, ``nn.Embedding``) and the
+    per-sample gradients would be large: on such models per-sample gradients cost
+    12-59x a non-private step on CPU and ghost 3.5-4.3x (MLP 784-64-10,
+    ``shared/reference/perf-floors.md``). ``"hooks"`` otherwise: with convolutions
+    hooks is as fast as ghost or faster (2.2-2.5x vs 2.2-2.6x on a small CNN) and
+    supports per-layer clipping; and when ``batch_size`` x trainable parameters is at
+    most :data:`HOOKS_MAX_GRAD_SAMPLE_ELEMENTS`, where ghost's second backward pass
+    costs more than the small per-sample gradients (one torch thread, ms a step,
+    hooks / ghost: MLP 64-32-10 at B = 8, 32, 64: 0.79/0.95, 0.83/0.97, 0.93/1.06;
+    at B = 256 (6.2e5 elements) 2.33/1.64; MLP 784-64-10 at B = 8 (4.1e5) 1.26/1.13).
+    Both modes clip every per-sample gradient to the same C and add the same noise:
+    the mechanism and its accounting do not depend on the mode.
     """
     if clipping != "flat" or (criterion is not None and not hasattr(criterion, "reduction")):
         return "hooks"
     layers = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
     samplers = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
-    return "ghost" if layers and all(type(m) in samplers for m in layers) else "hooks"
+    if not layers or not all(type(m) in samplers for m in layers):
+        return "hooks"
+    if batch_size is not None and batch_size * sum(p.numel() for p in trainable_parameters(model)) \
+            <= HOOKS_MAX_GRAD_SAMPLE_ELEMENTS:
+        return "hooks"
+    return "ghost"
+
+
+class _PoissonTensorBatches:
+    """Opacus' Poisson batches of a ``TensorDataset``, read by one index per batch.
+
+    The same sampler (``UniformWithReplacementSampler``), rate and generator as the
+    ``DPDataLoader`` that ``DPDataLoader.from_data_loader(loader)`` builds, drawing the same
+    random numbers in the same order (the DataLoader iterator's base-seed draw first), so every
+    batch holds the same examples; it indexes the tensors with the batch's indices instead of
+    calling ``__getitem__`` per example and collating (an empty batch has shape ``(0, ...)``,
+    as ``DPDataLoader``'s). Only sampling is touched: clipping, noise and accounting are Opacus'.
+    """
+
+    def __init__(self, dataset: TensorDataset, loader: DataLoader) -> None:
+        self.tensors = dataset.tensors
+        self.generator = loader.generator
+        self.sampler = UniformWithReplacementSampler(num_samples=len(dataset), sample_rate=1.0 / len(loader),
+                                                     generator=loader.generator)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # DataLoader's _base_seed draw
+        for indices in self.sampler:
+            index = torch.tensor(indices, dtype=torch.long)
+            yield tuple(t[index] for t in self.tensors)
+
+
+def _poisson_batches(loader: DataLoader, dp_loader: Optional[DataLoader] = None
+                     ) -> Union[DataLoader, _PoissonTensorBatches]:
+    """The round's Poisson batches over ``loader``'s data: indexed from a plain ``TensorDataset`` with a
+    seeded generator (see :class:`_PoissonTensorBatches`), else ``dp_loader`` (or
+    ``DPDataLoader.from_data_loader(loader)``)."""
+    if type(loader.dataset) is TensorDataset and loader.generator is not None:
+        return _PoissonTensorBatches(loader.dataset, loader)
+    return dp_loader if dp_loader is not None else DPDataLoader.from_data_loader(loader)
 
 
 def as_dataset(data: DataSource) -> Dataset:
@@ -433,7 +487,7 @@ class DpSgdTrainer:
     def _resolve_mode(self, mode: str, probe: nn.Module) -> str:
         self._check_choice("grad_sample_mode", mode, GRAD_SAMPLE_MODES)
         if mode == "auto":
-            return choose_grad_sample_mode(probe, self.clipping, self.criterion)
+            return choose_grad_sample_mode(probe, self.clipping, self.criterion, self.batch_size)
         if mode == "ghost" and self.clipping != "flat":
             raise ValueError("grad_sample_mode='ghost' supports only clipping='flat'")
         if mode == "ghost" and not hasattr(self.criterion, "reduction"):
@@ -585,6 +639,8 @@ class DpSgdTrainer:
             if history:
                 engine.accountant.load_state_dict({"history": list(history), "mechanism": self.accountant})
             module, optimizer, criterion, dp_loader = self._make_private(engine, model, loader, z, noise_seed)
+            if self.poisson_sampling and not self.max_physical_batch_size:
+                dp_loader = _poisson_batches(loader, dp_loader)
             self._check_combined_z(optimizer, z)
             try:
                 loss = _run_epochs(module, optimizer, criterion, dp_loader, self.local_epochs,
@@ -616,6 +672,8 @@ class DpSgdTrainer:
                 module, optimizer, criterion, loader = self._make_private(engine, model, plan.loader, plan.z,
                                                                           plan.noise_seed)
                 self._check_combined_z(optimizer, plan.z)
+                if self.poisson_sampling and not self.max_physical_batch_size:
+                    loader = _poisson_batches(plan.loader, loader)
                 nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
                 entry = _Wrapped(fingerprint, (self.optimizer_fn, self.criterion), engine, module, optimizer,
                                  criterion, nbytes)
@@ -623,7 +681,9 @@ class DpSgdTrainer:
                 _, keys = self._load(weights, into=entry.module._module)
                 entry.optimizer.state.clear()
                 entry.optimizer.generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)
-                loader = DPDataLoader.from_data_loader(plan.loader) if self.poisson_sampling else plan.loader
+                loader = (plan.loader if not self.poisson_sampling
+                          else DPDataLoader.from_data_loader(plan.loader) if self.max_physical_batch_size
+                          else _poisson_batches(plan.loader))
             entry.engine.accountant.history = list(plan.history)  # the client's true history, from its state
             loss = _run_epochs(entry.module, entry.optimizer, entry.criterion, loader, self.local_epochs,
                                self.device, self.max_physical_batch_size)  # raises: the entry is not kept

@@ -563,3 +563,92 @@ def test_declare_opacus_round_declares_the_engines_history_under_its_relation():
     assert declaration.neighboring_relation == "add_or_remove_one"
     with pytest.raises(ValueError, match="privacy_engine"):
         declare_opacus_round(RecordDict(), SimpleNamespace(accountant=SimpleNamespace(history=[])))
+
+
+# ---------------------------------------------------------------------- (vii) round cost (issue 27.4)
+class _PerExample(torch.utils.data.Dataset):
+    """The same examples as a TensorDataset, read one by one (the DataLoader path)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+@pytest.mark.parametrize("n,batch", [(48, 16), (40, 3), (14, 32)])
+def test_indexed_poisson_batches_are_opacus_dp_dataloader_batches(n, batch):
+    """Same sampler, rate and generator draws as DPDataLoader: the same examples in every batch, empty ones
+    included (q = 3/40 leaves some empty), over several epochs from one generator."""
+    from opacus.data_loader import DPDataLoader
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from client_mods.dp_sgd_trainer import _PoissonTensorBatches, _poisson_batches
+
+    x, y = toy_data(n)
+    loaders = [DataLoader(TensorDataset(x, y), batch_size=batch, generator=torch.Generator().manual_seed(9))
+               for _ in range(2)]
+    fast = _poisson_batches(loaders[0])
+    assert isinstance(fast, _PoissonTensorBatches)
+    slow = DPDataLoader.from_data_loader(loaders[1])
+    assert len(fast) == len(slow)
+    sizes = []
+    for _ in range(3):
+        for (fx, fy), (sx, sy) in zip(fast, slow, strict=True):
+            assert fx.shape == sx.shape and fy.shape == sy.shape and fx.dtype == sx.dtype and fy.dtype == sy.dtype
+            assert torch.equal(fx, sx) and torch.equal(fy, sy)
+            sizes.append(len(fy))
+    if batch == 3:
+        assert 0 in sizes
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("cache_key", [None, "client-9"])
+def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
+    """A TensorDataset (indexed batches) and a per-example Dataset (Opacus' DPDataLoader) of the same
+    examples give the same weights, event, ε and history, round after round."""
+    from client_mods.dp_sgd_trainer import clear_wrapped_cache
+
+    clear_wrapped_cache()
+    x, y = toy_data(40)
+    weights = ArrayRecord(mlp().state_dict())
+    states = (RecordDict(), RecordDict())
+    for _ in range(2):
+        results = [DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=8, local_epochs=2, grad_sample_mode=mode,
+                                seed=13).train_round(weights, data, state, cache_key=None if cache_key is None
+                                                     else (cache_key, i))
+                   for i, (data, state) in enumerate(zip(((x, y), _PerExample(x, y)), states))]
+        fast, slow = results
+        assert all(torch.equal(fast.state_dict[k], slow.state_dict[k]) for k in slow.state_dict)
+        assert fast.event == slow.event and fast.epsilon == slow.epsilon
+        assert fast.epsilon_round_only == slow.epsilon_round_only and fast.train_loss == slow.train_loss
+    assert load_history(states[0])[0] == load_history(states[1])[0] == [(1.0, 0.2, 20)]
+    clear_wrapped_cache()
+
+
+def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
+    """"auto": hooks while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above;
+    the declared event and ε are those of either explicit mode (the mechanism does not depend on it)."""
+    from client_mods.dp_sgd_trainer import HOOKS_MAX_GRAD_SAMPLE_ELEMENTS
+
+    params = sum(p.numel() for p in mlp().parameters())  # 75
+    assert choose_grad_sample_mode(mlp(), batch_size=HOOKS_MAX_GRAD_SAMPLE_ELEMENTS // params) == "hooks"
+    assert choose_grad_sample_mode(mlp(), batch_size=HOOKS_MAX_GRAD_SAMPLE_ELEMENTS // params + 1) == "ghost"
+    assert choose_grad_sample_mode(mlp()) == "ghost"  # no batch size: the model alone decides
+    big = lambda: nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))  # noqa: E731
+    assert DpSgdTrainer(big, noise_multiplier=1.0, batch_size=8).grad_sample_mode == "ghost"
+    assert DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32).grad_sample_mode == "hooks"
+    (x, y), weights = toy_data(48), mlp().state_dict()
+    results = {mode: DpSgdTrainer(mlp, noise_multiplier=1.1, batch_size=16, local_epochs=2, grad_sample_mode=mode,
+                                  seed=21).train_round(weights, (x, y), RecordDict())
+               for mode in ("auto", "hooks", "ghost")}
+    assert results["auto"].grad_sample_mode == "hooks"
+    for mode in ("hooks", "ghost"):
+        assert results[mode].event == results["auto"].event
+        assert results[mode].epsilon == results["auto"].epsilon
+        assert results[mode].steps == results["auto"].steps == 6
+    assert all(torch.allclose(results["ghost"].state_dict[k], results["auto"].state_dict[k], atol=1e-5)
+               for k in results["auto"].state_dict)  # same clipping and the same noise draws
