@@ -172,6 +172,14 @@ def history_epsilon(history: Sequence[tuple[float, float, int]], delta: float, a
     """
     if not history:
         return 0.0
+    return _history_epsilon(tuple((float(z), float(q), int(steps)) for z, q, steps in history), float(delta),
+                            accountant)
+
+
+@lru_cache(maxsize=1024)
+def _history_epsilon(history: tuple[tuple[float, float, int], ...], delta: float, accountant: str) -> float:
+    """:func:`history_epsilon` of a non-empty history (cached: clients with the same (z, q, steps) and rounds
+    share it; the value is a function of its arguments only)."""
     if accountant == "rdp":
         rdp = sum(int(steps) * _sgm_rdp(float(q), float(z)) for z, q, steps in history)
         eps, _ = rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)

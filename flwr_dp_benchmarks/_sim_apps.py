@@ -156,6 +156,10 @@ VARIANTS: dict[str, Variant] = {
     "DpSgdTrainer (Opacus, wrapped anew)": Variant(
         lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd-anew", kind="diagnostic",
         what="as DpSgdTrainer (Opacus) with keep_wrapped=False: Opacus wraps the model anew for every message"),
+    "DpSgdTrainer (Opacus, as before 27.4)": Variant(
+        lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd-before", kind="diagnostic",
+        what="as DpSgdTrainer (Opacus) the way it ran before issue 27.4's tuning: a trainer built per message, "
+             "ghost clipping, the shard read per example by Opacus' DPDataLoader (the same mechanism and events)"),
     "LabelDP": Variant(lambda n: FedAvg(**fedavg_args(n)), client="label-dp", kind="mod",
                        what="labels randomised once per node (epsilon = 2, k = 10, kept in context.state) and "
                             "declared once; server: Flower's FedAvg"),
@@ -238,12 +242,31 @@ def _evaluate_mod(msg: Message, context: Context, call_next: ClientAppCallable) 
     return call_next(msg, context)
 
 
-def _dp_sgd_trainer(config: ConfigRecord):
+def _dp_sgd_trainer(config: ConfigRecord, **extra: Any):
+    """The trainer a ClientApp builds once at import and reuses (cached per setting: the config is per run)."""
+    return _dp_sgd_trainer_for(float(config["lr"]), int(config["batch-size"]), int(config["local-epochs"]),
+                               **extra)
+
+
+@lru_cache(maxsize=8)
+def _dp_sgd_trainer_for(lr: float, batch_size: int, local_epochs: int, **extra: Any):
     from client_mods.dp_sgd import DpSgdTrainer
 
-    return DpSgdTrainer(_mlp, lr=float(config["lr"]),
-                        noise_multiplier=1.0, max_grad_norm=1.0, batch_size=int(config["batch-size"]),
-                        local_epochs=int(config["local-epochs"]))
+    return DpSgdTrainer(_mlp, lr=lr, noise_multiplier=1.0, max_grad_norm=1.0, batch_size=batch_size,
+                        local_epochs=local_epochs, **extra)
+
+
+class _PerExample(torch.utils.data.Dataset):
+    """A shard read one example at a time (what a torch Dataset that is not a TensorDataset gets)."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray) -> None:
+        self.x, self.y = torch.from_numpy(x), torch.from_numpy(y)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
 
 
 _FM = FunctionalMechanismTrainer(1.0, num_classes=NUM_CLASSES, local_steps=5, learning_rate=1.0)
@@ -262,6 +285,13 @@ def train(msg: Message, context: Context) -> Message:
         from client_mods.dp_sgd import dp_sgd_train_reply
 
         return dp_sgd_train_reply(msg, context, _dp_sgd_trainer(config), (x, y), keep_wrapped=kind == "dp-sgd")
+    if kind == "dp-sgd-before":
+        from client_mods.dp_sgd import DpSgdTrainer, dp_sgd_train_reply
+
+        trainer = DpSgdTrainer(_mlp, lr=float(config["lr"]), noise_multiplier=1.0, max_grad_norm=1.0,
+                               batch_size=int(config["batch-size"]), local_epochs=int(config["local-epochs"]),
+                               grad_sample_mode="ghost")
+        return dp_sgd_train_reply(msg, context, trainer, _PerExample(x, y))
     if kind == "fm":
         return _FM.train(msg, context, x, y)
     if kind == "label-dp":
