@@ -35,6 +35,12 @@ uncached round. The cache holds at most :data:`CACHE_MAX_CLIENTS` entries and
 three copies of the parameters), least recently used out first; ``secure_mode``
 is never cached. :func:`clear_wrapped_cache` empties it.
 
+Round cost. Poisson batches of a ``TensorDataset`` (what an ``(x, y)`` pair becomes) are read
+by indexing the tensors with Opacus' own sampler and generator, the same draws and examples as
+``DPDataLoader`` (:class:`_PoissonTensorBatches`); other datasets and virtual steps use
+``DPDataLoader``. ``grad_sample_mode="auto"`` keeps per-sample gradients (hooks) for small batch x
+model sizes (:func:`choose_grad_sample_mode`). Neither changes the mechanism or its events.
+
 See :mod:`client_mods.dp_sgd_accounting` for the references.
 """
 
