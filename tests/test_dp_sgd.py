@@ -652,3 +652,29 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
         assert results[mode].steps == results["auto"].steps == 6
     assert all(torch.allclose(results["ghost"].state_dict[k], results["auto"].state_dict[k], atol=1e-5)
                for k in results["auto"].state_dict)  # same clipping and the same noise draws
+
+
+def test_tuned_round_declares_what_the_round_before_27_4_declared():
+    """Default trainer on an (x, y) pair (auto -> hooks, indexed batches, kept wrapped) against the way the round
+    ran before issue 27.4 (ghost, per-example DPDataLoader, wrapped anew): over three rounds the same events,
+    cumulative and round-only ε, history and state, and the same weights up to float rounding."""
+    from client_mods.dp_sgd_trainer import clear_wrapped_cache
+
+    clear_wrapped_cache()
+    x, y = toy_data(60)
+    weights = ArrayRecord(mlp().state_dict())
+    new_state, old_state = RecordDict(), RecordDict()
+    for _ in range(3):
+        new = DpSgdTrainer(mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17).train_round(
+            weights, (x, y), new_state, cache_key="node-1")
+        old = DpSgdTrainer(mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17,
+                           grad_sample_mode="ghost").train_round(weights, _PerExample(x, y), old_state)
+        assert (new.grad_sample_mode, old.grad_sample_mode) == ("hooks", "ghost")
+        assert new.event == old.event and new.neighboring_relation == old.neighboring_relation
+        assert new.epsilon == old.epsilon and new.epsilon_round_only == old.epsilon_round_only
+        assert (new.steps, new.sample_rate, new.noise_multiplier) == (old.steps, old.sample_rate, old.noise_multiplier)
+        assert all(torch.allclose(new.state_dict[k], old.state_dict[k], atol=1e-5) for k in old.state_dict)
+        weights = ArrayRecord(old.state_dict)
+    assert dict(new_state[STATE_KEY]) == dict(old_state[STATE_KEY])
+    assert load_history(new_state)[0] == [(0.9, 0.2, 30)]
+    clear_wrapped_cache()
