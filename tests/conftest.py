@@ -20,12 +20,19 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """End-to-end runs (``integration``) are ``slow`` too: ``-m "not slow"`` is the fast subset CI
-    runs again on the second Flower version."""
+    runs again on the second Flower version.
+
+    With pytest-xdist (``-n 2 --dist loadgroup``, as CI runs), every test module is one group, so
+    its module fixtures (and a session-wide baseline such as test_flower_examples') are built once;
+    a module marked ``xdist_group(NAME)`` shares its worker with the other modules of that group."""
     for item in items:
         if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture
