@@ -1,6 +1,6 @@
 """Ready to publish: the sdist and wheel build, pass ``twine check``, hold the library only, and install.
 
-The wheel is built from the sdist (``python -m build``, without build isolation: the test
+The wheel is built (from a copy of the checkout) from the sdist (``python -m build``, without build isolation: the test
 environment has setuptools and nothing is downloaded), installed with ``--no-deps`` into a
 fresh venv that sees this environment's packages after its own (a ``.pth`` file naming them:
 ``--system-site-packages`` would name the base interpreter's, not this venv's), and both
@@ -8,6 +8,7 @@ packages are imported from that venv's copy, with ``__version__`` equal to the m
 """
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -25,9 +26,16 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
+    # Built from a copy: in the live checkout, a .pyc that another test process writes (a temporary
+    # file, then renamed) can vanish while setuptools lists the files (ENOENT), and the build's
+    # egg-info and build/ stay out of the checkout.
+    source = tmp_path_factory.mktemp("source") / "flwr-dp-strategies"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", "site", ".pytest_cache", ".hypothesis"))
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO)],
-                   check=True, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
+                          check=False, capture_output=True, text=True, cwd=source)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return out
 
 
