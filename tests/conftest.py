@@ -20,19 +20,12 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """End-to-end runs (``integration``) are ``slow`` too: ``-m "not slow"`` is the fast subset CI
-    runs again on the second Flower version.
-
-    With pytest-xdist (``-n 2 --dist loadgroup``, as CI runs), every test module is one group, so
-    its module fixtures (and a session-wide baseline such as test_flower_examples') are built once;
-    a module marked ``xdist_group(NAME)`` shares its worker with the other modules of that group."""
+    runs again on the second Flower version."""
     for item in items:
         if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture
@@ -59,7 +52,8 @@ class FakeGrid:
 @pytest.fixture(scope="session")
 def tiny_benchmarks(tmp_path_factory) -> Path:
     """The output folder of ``flwr_dp_benchmarks.run --tiny`` (every benchmark at toy size), run once per
-    session: the benchmark smoke tests and the DP-SGD step-time tests read the same rows."""
+    session (per pytest-xdist worker that needs it): the benchmark smoke tests and the DP-SGD
+    step-time tests read the same rows."""
     pytest.importorskip("matplotlib")
     root = str(Path(__file__).resolve().parent.parent)
     if root not in sys.path:

@@ -25,8 +25,6 @@ from flwr_dp_benchmarks import bench_dpsgd, bench_privacy_utility  # noqa: E402
 from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
 TOLERANCE = 0.01
-# One worker under pytest-xdist with test_benchmarks_smoke: both read the session's tiny benchmark run.
-pytestmark = pytest.mark.xdist_group("tiny_benchmarks")
 
 
 # ---------------------------------------------------------------------- DP-SGD step time

@@ -19,8 +19,7 @@ from flwr_dp_benchmarks import run as bench_run  # noqa: E402
 from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
 # Every benchmark, a Ray simulation among them: about a minute on 2 cores.
-# One worker under pytest-xdist with test_bench_dpsgd_utility, which reads the same tiny run.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("tiny_benchmarks")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
