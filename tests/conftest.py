@@ -14,7 +14,18 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 collect_ignore = ["flower_examples"]
 
 
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    """End-to-end runs (``integration``) are ``slow`` too: ``-m "not slow"`` is the fast subset CI
+    runs again on the second Flower version."""
+    for item in items:
+        if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture
@@ -36,3 +47,19 @@ class FakeGrid:
 
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
+
+
+@pytest.fixture(scope="session")
+def tiny_benchmarks(tmp_path_factory) -> Path:
+    """The output folder of ``flwr_dp_benchmarks.run --tiny`` (every benchmark at toy size), run once per
+    session (per pytest-xdist worker that needs it): the benchmark smoke tests and the DP-SGD
+    step-time tests read the same rows."""
+    pytest.importorskip("matplotlib")
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from flwr_dp_benchmarks import run as bench_run
+
+    out = tmp_path_factory.mktemp("bench")
+    assert bench_run.main(["--tiny", "--out", str(out)]) == 0
+    return out

@@ -15,7 +15,9 @@ runs ``flwr`` CLI commands against them through a connection in a private
 
 The binaries are taken from the directory of ``sys.executable`` (the venv that
 runs the tests), and that directory is put first on ``PATH``, because the
-SuperLink and SuperNode launch ``flower-superexec`` by name.
+SuperLink and SuperNode launch ``flower-superexec`` by name. The checkout comes
+first on ``PYTHONPATH``: the apps import ``flwr_dp_experiments``, which the
+wheel does not ship, and the checkout's library is the one under test.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ BIN_DIR = Path(sys.executable).parent
 BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 TAG_VAR = "FLWR_DP_DEPLOY_TAG"
 CONNECTION = "test-deploy"
+REPO = str(Path(__file__).resolve().parents[1])
 
 #: Offline, quiet, no ``uv sync`` of the app's dependencies.
 BASE_ENV = {
@@ -208,6 +211,8 @@ class LocalDeployment:
         env = dict(os.environ, **BASE_ENV)
         env["FLWR_HOME"] = str(home)
         env["PATH"] = os.pathsep.join([str(BIN_DIR), env.get("PATH", "")])
+        env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                      if p and p != REPO])
         env[TAG_VAR] = self.tag
         return env
 

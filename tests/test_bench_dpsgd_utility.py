@@ -29,16 +29,22 @@ TOLERANCE = 0.01
 
 # ---------------------------------------------------------------------- DP-SGD step time
 @pytest.fixture(scope="module")
-def dpsgd_rows():
-    return bench_dpsgd.run(**bench_dpsgd.MODES["tiny"])
+def dpsgd_rows(tiny_benchmarks):
+    """The tiny run's DP-SGD rows (``run --tiny`` runs ``bench_dpsgd.run(**MODES["tiny"])``; not run twice)."""
+    rows = json.loads((tiny_benchmarks / "results.json").read_text())["rows"]
+    return [r for r in rows if r["benchmark"] == bench_dpsgd.NAME]
 
 
 def test_dpsgd_modes_are_run_kwargs():
+    from flwr_dp_benchmarks import run as bench_run
+
+    assert bench_run.BENCHMARKS[bench_dpsgd.NAME] == (bench_dpsgd.run, bench_dpsgd.MODES)  # rows of dpsgd_rows
     assert set(bench_dpsgd.MODES) == {"full", "quick", "tiny"}
     for kwargs in bench_dpsgd.MODES.values():
         assert set(kwargs) <= {"models", "batch_sizes", "num_examples", "repeats", "seed"}
 
 
+@pytest.mark.slow
 def test_dpsgd_rows_are_well_formed(dpsgd_rows):
     assert dpsgd_rows
     models = {r["params"]["model"] for r in dpsgd_rows}
@@ -55,6 +61,7 @@ def test_dpsgd_rows_are_well_formed(dpsgd_rows):
     assert len(targeted) == 2 * len(models) * len(bench_dpsgd.MODES["tiny"]["batch_sizes"])  # warm and cold
 
 
+@pytest.mark.slow
 def test_dpsgd_auto_mode_is_ghost_for_the_mlp_and_hooks_for_the_cnn(dpsgd_rows):
     modes = {r["params"]["model"]: r["params"]["grad_sample_mode"] for r in dpsgd_rows if r["target"] != "report"}
     assert modes == {"mlp": "ghost", "cnn": "hooks"}
@@ -68,6 +75,7 @@ def utility_run(tmp_path_factory):
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow  # the tiny privacy-utility run: about 35 s
 def test_utility_writes_its_files(utility_run):
     out, result = utility_run
     for name in ("results.json", "results.md", "accuracy_vs_epsilon.png"):
@@ -78,6 +86,7 @@ def test_utility_writes_its_files(utility_run):
     assert table.count("\n| ") >= len(result["rows"]) + 1
 
 
+@pytest.mark.slow
 def test_utility_rows_state_relation_and_hit_the_target(utility_run):
     _, result = utility_run
     tiny = bench_privacy_utility.MODES["tiny"]
@@ -96,6 +105,7 @@ def test_utility_rows_state_relation_and_hit_the_target(utility_run):
     assert reference and all(math.isinf(r["ledger_epsilon"]) for r in reference)
 
 
+@pytest.mark.slow
 def test_utility_rerun_of_one_method_replaces_only_its_rows(utility_run):
     out, result = utility_run
     before = {(r["method"], r["target_epsilon"]): r for r in result["rows"]}
@@ -114,6 +124,7 @@ def test_utility_rerun_of_one_method_replaces_only_its_rows(utility_run):
         bench_privacy_utility.merge_rerun({**merged, "mode": "full"}, merged, ["ours-delm-fm"])
 
 
+@pytest.mark.slow
 def test_utility_own_accountants_are_reported(utility_run):
     _, result = utility_run
     for r in result["rows"]:

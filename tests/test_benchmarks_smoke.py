@@ -18,12 +18,13 @@ pytest.importorskip("matplotlib")
 from flwr_dp_benchmarks import run as bench_run  # noqa: E402
 from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
+# Every benchmark, a Ray simulation among them: about a minute on 2 cores.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench")
-    assert bench_run.main(["--tiny", "--out", str(out)]) == 0
-    return out
+def tiny_run(tiny_benchmarks):
+    return tiny_benchmarks
 
 
 def test_run_writes_its_files(tiny_run):
