@@ -66,22 +66,24 @@ def test_one_round_applies_the_mean_of_the_survivors_clipped_updates_and_books_o
     assert metrics["privacy/epsilon"] == pytest.approx(fresh.epsilon())
 
 
-def test_the_aggregate_noise_has_the_calibrated_scale():
-    """Zero updates: the decoded mean is pure noise of variance n·(μ/m)/(s n)² per coordinate. With
-    D = 4096 values the sample variance has relative s.e. √(2/D) = 2.2 %; the tolerance (5 s.e.)
-    rejects a 10 % error of the noise scale (21 % in variance)."""
+@pytest.mark.parametrize("colluders", [0, 2])
+def test_the_aggregate_noise_has_the_calibrated_scale(colluders):
+    """Zero updates: the decoded mean is pure noise of variance n·(μ/(m − c))/(s n)² per coordinate, with
+    μ = (zΔ̃₂)² fixed by z alone. With D = 4096 values the sample variance has relative s.e. √(2/D) = 2.2 %;
+    the tolerance (5 s.e.) rejects a 10 % error of the noise scale (21 % in variance)."""
     d = 4096
     deltas = {n: np.zeros(d) for n in NODES}
     grid = LoopbackGrid(shifting_app(deltas, rng=7), NODES)
     strategy = DistributedDpFedAvg(noise_multiplier=2.0, clipping_norm=1.0, bits=30, rotation_seed=1,
-                                   min_survivors=8)
+                                   min_survivors=8, max_colluding_clients=colluders)
     arrays = ArrayRecord({"w": Array(np.zeros(d, np.float64))})
     _, _, (new, _) = one_round(strategy, grid, arrays)
     sizes = strategy.protocol_sizes(len(NODES))
     params, calibration = strategy.round_parameters(1, d, sizes)
-    assert sizes.honest == 8
+    assert sizes.honest == 8 - colluders
+    assert calibration.mu == pytest.approx((2.0 * params.rounding_bound) ** 2)
     n = len(NODES)
-    expected_var = n * calibration.local_mu / (params.scale * n) ** 2
+    expected_var = n * (calibration.mu / (8 - colluders)) / (params.scale * n) ** 2
     sample_var = float(np.var(new["w"].numpy()))
     tolerance = 5 * math.sqrt(2 / d)
     assert abs(sample_var / expected_var - 1) < tolerance

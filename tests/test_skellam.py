@@ -270,3 +270,24 @@ def test_a_replace_one_ledger_books_an_add_remove_skellam_event_at_twice_the_sen
     replace.record(event, server_round=1, neighboring_relation="add_or_remove_one")
     add_remove.record(event, server_round=1, neighboring_relation="add_or_remove_one")
     assert replace.epsilon() > add_remove.epsilon()
+
+
+def test_numpys_poisson_is_trusted_only_where_it_is_accurate_and_larger_variances_are_split():
+    """At λ = MAX_POISSON_LAMBDA one NumPy draw matches its normal limit (2e5 draws: variance within
+    5 s.e., parity balanced); Sk(2e16), i.e. λ = 1e16 where a single NumPy draw is always even, is drawn
+    in pieces and takes odd values; Sk(2e14), in 1000 pieces, has variance μ (a 10 % error would be seen)."""
+    from flwr_dp_strategies.privacy.skellam import MAX_POISSON_LAMBDA
+
+    n = 200_000
+    lam = MAX_POISSON_LAMBDA
+    x = np.random.default_rng(11).poisson(lam, n).astype(np.float64)
+    se = math.sqrt(2 / n)
+    assert abs(x.var() / lam - 1) < 5 * se
+    assert abs(np.mean(x.astype(np.int64) % 2) - 0.5) < 5 * math.sqrt(0.25 / n)
+    y = sample_skellam(2e16, 64, rng=np.random.default_rng(12))
+    assert np.any(y % 2 == 1)  # one NumPy draw per Poisson would give only even values here
+    mu, size = 2e14, 20_000  # λ = 1e14 in 1000 pieces
+    z = sample_skellam(mu, size, rng=np.random.default_rng(13)).astype(np.float64) / math.sqrt(mu)
+    tolerance = 5 * math.sqrt(2 / size)
+    assert abs(z.var() - 1) < tolerance
+    assert abs(1.21 * z.var() - 1) > tolerance and abs(0.81 * z.var() - 1) > tolerance  # 10 % off is seen

@@ -83,7 +83,7 @@ from typing import Iterable
 import numpy as np
 
 from .rng import RngLike, resolve_rng
-from .skellam import MAX_MU, SkellamDpEvent, check_skellam_parameters, sample_skellam, skellam_event
+from .skellam import MAX_POISSON_LAMBDA, SkellamDpEvent, check_skellam_parameters, sample_skellam, skellam_event
 from .validation import as_finite_array, check_int, check_nonnegative, check_positive
 
 #: KLS21's and TF Federated's default for the conditional rounding (success probability ≥ 1 − e^{-1/2} ≈ 0.39 per draw).
@@ -363,7 +363,7 @@ def calibrate_skellam(params: DistributedDpParams, *, noise_multiplier: float, n
 
 
 DEFAULT_OVERFLOW_SIGMAS = 6.0
-_MAX_NOISE_STD = 0.5 * math.sqrt(MAX_MU)
+_MAX_NOISE_STD = 0.5 * math.sqrt(MAX_POISSON_LAMBDA)  # μ ≤ λ_max/4: every client's share is one Poisson draw
 
 
 def sum_headroom(scale: float, *, clip_norm: float, padded_dim: int, n_clients: int, noise_multiplier: float,
@@ -398,8 +398,9 @@ def scale_for_bits(*, bits: int, clip_norm: float, dim: int, n_clients: int, noi
     private (privacy rests on the enforced norm bound and the noise alone). With
     k = 6 a Gaussian coordinate overflows with probability 2e-9.
 
-    The scale is also capped so that μ = (zΔ̃₂)² ≤ MAX_MU/4 (the Skellam sampler's domain);
-    beyond b ≈ 40 more bits no longer raise s.
+    The scale is also capped so that μ = (zΔ̃₂)² ≤ MAX_POISSON_LAMBDA/4 (NumPy's Poisson sampler is
+    accurate there, :mod:`.skellam`); with many bits this cap, not b, fixes s, and the rounding's cost
+    shows in the effective noise multiplier (:attr:`SkellamCalibration.effective_noise_multiplier`).
 
     ``n_clients``: clients sampled; ``min_survivors``: m, the fewest whose noise is in
     a revealed sum (each adds μ/m). ValueError naming ``bits`` if no s > 0 fits.
@@ -418,7 +419,7 @@ def scale_for_bits(*, bits: int, clip_norm: float, dim: int, n_clients: int, noi
 
     def fits(scale: float) -> bool:
         if noise_multiplier * rounded_l2_norm_bound(scale * c, d, beta) > _MAX_NOISE_STD:
-            return False  # μ = (zΔ̃₂)² must stay in the sampler's domain (skellam.MAX_MU)
+            return False  # μ = (zΔ̃₂)² must stay where the Poisson sampler is accurate (skellam.MAX_POISSON_LAMBDA)
         return sum_headroom(scale, clip_norm=c, padded_dim=d, n_clients=n, noise_multiplier=z, min_survivors=m,
                             beta=beta, overflow_sigmas=k) <= limit
 
