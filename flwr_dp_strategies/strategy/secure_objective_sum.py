@@ -80,9 +80,10 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
             :class:`~.noisy_objective_sum.NoisyObjectiveSum` (the noise-adapted ridge is always on).
         weights_key: the head's key (the only key of the arrays).
         bits: b of the modulus 2^b, in [2, 62] (upload ⌈D·b/8⌉ bytes, D = qc + q(q+1)/2 + 1).
-        num_shares, reconstruction_threshold, min_survivors, max_colluding_clients, dropout_rate,
-            failure_probability, stage_timeout: as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg`
-            (the same trust model; the noise is split over m − c honest survivors).
+        num_shares ... stage_timeout: as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg` (num_shares,
+            reconstruction_threshold, min_survivors, max_colluding_clients, dropout_rate,
+            failure_probability, stage_timeout: the same trust model; the noise is split over the m − c
+            honest survivors).
         overflow_sigmas: noise standard deviations of headroom in the modular range.
         ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as
             :class:`~.accounted_fedavg.AccountedFedAvg` (a new ledger is add/remove, record level).
