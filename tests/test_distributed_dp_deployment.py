@@ -86,7 +86,6 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
     # the ServerApp's log is streamed to the CLI
     assert "secure aggregation: sum of 3 masked vectors revealed (4 sampled, 1 dropped after sharing keys)" \
         in output, output[-6000:]
-    assert "secure aggregation: 3 of 4 sampled clients in the revealed sum" in output, output[-6000:]
     assert re.search(r"round   1  sum revealed +epsilon \d+\.\d+  accuracy", output), output[-6000:]
     assert "Traceback" not in output and "ERROR" not in output, output[-6000:]
 

@@ -19,8 +19,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 
 from flwr_dp_strategies import DistributedDpFedAvg
-from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, decode_sum,
-                                                       inverse_randomized_hadamard)
+from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, decode_sum)
 from flwr_dp_strategies.secure_aggregation import SecureAggregationAborted, SecureAggregationRound
 from flwr_dp_strategies.secure_aggregation import client_protocol, protocol
 from flwr_dp_strategies.secure_aggregation.client_protocol import agreed_key, private_key_from_scalar

@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -226,7 +226,6 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         self.ledger.record(self._calibration.event, server_round=server_round, label=EVENT_LABEL,
                            neighboring_relation="add_or_remove_one")
         self.save_ledger()
-        self.log_survivors(secure)
         metrics = MetricRecord({"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier),
                                 "secagg/peak-fraction": peak})
         return arrays, self.round_metrics(metrics, rejected)

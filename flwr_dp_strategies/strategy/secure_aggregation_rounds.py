@@ -28,7 +28,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import WARNING
 from typing import Any, Optional
 
 import numpy as np
@@ -282,13 +282,6 @@ class SecureAggregationMixin:
             if not set(reply.content.keys()) <= {RECORD, MASKED_RECORD}:
                 self.ledger.record(NonPrivateDpEvent(), server_round=server_round,  # type: ignore[attr-defined]
                                    client=int(reply.metadata.src_node_id), label=UNMASKED_METRICS_LABEL)
-
-    @staticmethod
-    def log_survivors(secure: SecureAggregationRound) -> None:
-        """Survivors and dropouts go to the server log only: a client whose training fails (a NaN, an
-        exception) drops out, so the counts depend on data and are not in the round metrics."""
-        log(INFO, "Round %d, secure aggregation: %d of %d sampled clients in the revealed sum",
-            secure.server_round, len(secure.survivors), len(secure.sampled))
 
     def trust_lines(self) -> list[str]:
         """The trust model the protocol enforces, for the summary log (docs/distributed-dp.md has the table)."""

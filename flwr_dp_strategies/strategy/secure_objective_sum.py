@@ -221,7 +221,6 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         head, self.last_ridge = solve_noisy_sum(self.objective, ridge=self.ridge, noise_std=noise_std,
                                                 ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
         self.head = head
-        self.log_survivors(secure)
         metrics = MetricRecord({"objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
                                 "objective/noisy-count": float(self.objective.count)})
         return ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), self.round_metrics(metrics,
