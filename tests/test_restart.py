@@ -31,7 +31,9 @@ from flwr_dp_strategies import (
 )
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.events import PureDpEvent
-from flwr_dp_strategies.strategy import AccountedPoissonFixedClipping, AccountedServerSideFixedClipping
+from flwr_dp_strategies.strategy import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping,
+                                         AccountedPoissonFixedClipping, AccountedServerSideFixedClipping)
+from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -87,6 +89,18 @@ def _signds_content(msg: Message, i: int) -> ArrayRecord:
                         "sign": Array(np.array([1], dtype=np.int64)), "b-hat": Array(np.array([0], dtype=np.int64))})
 
 
+def _train_with_bits(strategy: Any, rnd: int) -> dict[str, float]:
+    """A round of client-side clipping: small updates, each with the client's unclipped bit."""
+    current = _model(rnd)
+    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), FakeGrid(N)))
+    replies = [Message(RecordDict({
+        "arrays": ArrayRecord({k: Array(v.numpy() + 0.01 * (i + 1)) for k, v in current.items()}),
+        "metrics": MetricRecord({"num-examples": 10.0, KEY_UNCLIPPED_BIT: 1})}), reply_to=msg)
+        for i, msg in enumerate(msgs)]
+    _, metrics = strategy.aggregate_train(rnd, replies)
+    return dict(metrics or {})
+
+
 def _train_eval(strategy: Any, rnd: int, events=(GaussianDpEvent(3.0),)) -> dict[str, float]:
     return {**_train(strategy, rnd, events), **_evaluate(strategy, rnd)}
 
@@ -126,6 +140,22 @@ CASES: dict[str, tuple[Callable[[str], Any], Callable[[Any, int], dict[str, floa
         lambda p, **kw: AccountedPoissonFixedClipping(FedAvg(**NODES), 0.8, 1.0, 2, num_clients=N, rng=r_seed(),
                                                 ledger_path=p, **kw),
         lambda s, r: _train(s, r)),
+    "AccountedAdaptiveClipping": (
+        lambda p, **kw: AccountedAdaptiveClipping(FedAvg(**NODES), 1.0, 2, num_clients=N, clipped_count_stddev=1.0,
+                                                  rng=r_seed(), ledger_path=p, **kw),
+        lambda s, r: _train(s, r)),
+    "AccountedClientSideAdaptiveClipping": (
+        lambda p, **kw: AccountedClientSideAdaptiveClipping(FedAvg(**NODES), 1.0, 2, num_clients=N,
+                                                            initial_clipping_norm=2.0, clipped_count_stddev=1.0,
+                                                            rng=r_seed(), ledger_path=p, **kw),
+        _train_with_bits),
+}
+
+#: Exported strategies whose restart is tested where their rounds are driven (secure aggregation needs
+#: the client protocol): the test that covers each.
+RESTART_ELSEWHERE = {
+    "DistributedDpFedAvg": "tests/test_distributed_dp_fedavg.py::test_the_ledger_survives_a_restart",
+    "SecureObjectiveSum": "tests/test_secure_objective_sum.py::test_the_ledger_survives_a_restart",
 }
 
 
@@ -140,6 +170,13 @@ def _ledgers(strategy: Any) -> dict[str, PrivacyLedger]:
 
 def _epsilons(strategy: Any) -> dict[str, float]:
     return {name: ledger.epsilon() for name, ledger in _ledgers(strategy).items()}
+
+
+def test_every_exported_strategy_has_a_restart_test():
+    from strategy_registry import exported_strategies
+
+    covered = {name.split("(")[0].split(",")[0] for name in CASES} | set(RESTART_ELSEWHERE)
+    assert {cls.__name__ for cls in exported_strategies()} <= covered
 
 
 @pytest.mark.parametrize("case", list(CASES))

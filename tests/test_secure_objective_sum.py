@@ -282,3 +282,26 @@ def test_fedavg_arguments_keep_their_order_and_the_extras_are_keyword_only():
     assert (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes) == (0.5, 0.25, 3)
     with pytest.raises(TypeError):
         SecureObjectiveSum(1.0, 1.0, 2, 2, 2, "n", "arrays", "config", None, None, 3)  # type: ignore[misc]
+
+
+def test_the_ledger_survives_a_restart(tmp_path):
+    """The one release is booked in the file; a resumed strategy reports it and a fresh start onto the
+    file is refused (it would restart from epsilon = 0)."""
+    q, c = 6, 3
+    grid = LoopbackGrid(objective_app(client_data(q, c, seed=4), c), NODES)
+    path = str(tmp_path / "ledger.json")
+
+    def make(**kw):
+        return SecureObjectiveSum(num_classes=c, max_records=1000, epsilon=1.0, bits=32, min_survivors=8,
+                                  ledger_path=path, **kw)
+
+    first = make()
+    one_round(first, grid, head(q, c))
+    booked = first.ledger.epsilon()
+    assert 0 < booked <= 1.0 + 1e-9
+    del first
+    assert make(resume=True).ledger.epsilon() == pytest.approx(booked)
+    from flwr_dp_strategies.privacy.ledger_file import LedgerFileError
+
+    with pytest.raises(LedgerFileError, match="already holds a ledger"):
+        make()
