@@ -23,7 +23,7 @@ Loaded machine. With ``busy`` > 0 the dense strategies are timed again while
 keep a simulation's cores busy), against ``np.mean`` timed under the same load;
 rows end in ``loaded (k busy processes)``. The target is a loaded ratio within
 1.2x of the idle one: the aggregation runs BLAS on one thread
-(:func:`~flwr_dp_strategies.strategy.streaming_aggregation.blas_single_thread`).
+(:func:`~flwr_dp_strategies.rounds.streaming_aggregation.blas_single_thread`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, 
                                 LayerShuffler, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS)
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import encode_update
-from flwr_dp_strategies.strategy.streaming_aggregation import npy_view
+from flwr_dp_strategies.rounds.streaming_aggregation import npy_view
 
 from ._common import available_memory_bytes, peak_bytes, row, time_pair
 

@@ -25,7 +25,7 @@ from .declarations import PRIVACY_RECORD
 from .privacy import PrivacyLedger
 from .privacy.covariance import top_eigenvectors
 from .privacy.validation import check_int
-from .strategy.client_accounting import ClientAccountingMixin
+from .rounds.client_accounting import ClientAccountingMixin
 
 COVARIANCE_KEY = "covariance"
 PROJECTION_KEY = "projection"

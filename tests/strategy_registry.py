@@ -207,7 +207,7 @@ def exported_strategies() -> set[type]:
 def rejection_counts(strategy: Any, metrics: Any, phase: str) -> dict[str, int]:
     """``{reason: count}`` of the replies ``strategy`` rejected in its last round of ``phase`` (failed
     replies under ``error``), read where the strategy keeps them for the server's operator
-    (:attr:`~flwr_dp_strategies.strategy.client_accounting.ClientAccountingMixin.rejections`); they must
+    (:attr:`~flwr_dp_strategies.rounds.client_accounting.ClientAccountingMixin.rejections`); they must
     never be in the round's ``metrics``."""
     assert not any(key.startswith(("rejected/", "replies/")) for key in (metrics or {})), sorted(metrics)
     return {reason: int(n) for reason, n in strategy.rejections.get(phase, {}).items() if n}

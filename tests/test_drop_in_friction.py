@@ -44,8 +44,9 @@ def test_shared_helpers_live_in_the_module_of_what_they_do():
     import numpy as np
     from flwr.app import Array, ArrayRecord
 
-    from flwr_dp_strategies.strategy import accounted_fedavg, accounted_fixed_clipping, reply_screening
-    from flwr_dp_strategies.strategy.streaming_aggregation import ClippedSum
+    from flwr_dp_strategies.rounds import reply_screening
+    from flwr_dp_strategies.strategy import accounted_fedavg, accounted_fixed_clipping
+    from flwr_dp_strategies.rounds.streaming_aggregation import ClippedSum
 
     assert reply_screening.reply_arrays.__module__ == reply_screening.__name__
     assert reply_screening.reply_weight.__module__ == reply_screening.__name__

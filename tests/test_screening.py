@@ -24,7 +24,7 @@ from flwr_dp_strategies.cluster_scores import cluster_scores
 from flwr_dp_strategies.declarations import PRIVACY_RECORD
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import round_event
-from flwr_dp_strategies.strategy.metrics import aggregate_reply_metrics
+from flwr_dp_strategies.rounds.metrics import aggregate_reply_metrics
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 N = 4

@@ -15,8 +15,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggre
 
 from conftest import FakeGrid
 from flwr_dp_strategies import AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping
-from flwr_dp_strategies.strategy.metrics import aggregate_reply_metrics
-from flwr_dp_strategies.strategy.streaming_aggregation import (
+from flwr_dp_strategies.rounds.metrics import aggregate_reply_metrics
+from flwr_dp_strategies.rounds.streaming_aggregation import (
     ClippedSum, NonFiniteReplies, WeightedMean, add_gaussian_noise, all_finite, mean_of_records, non_finite_records,
     npy_view, to_array)
 

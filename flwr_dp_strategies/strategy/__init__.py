@@ -45,10 +45,10 @@
   every accounted strategy uses to publish the ledger's figures.
 
 Every strategy aggregates dense replies by streaming them
-(:mod:`.streaming_aggregation`: payloads read zero-copy, one in-place accumulator
+(:mod:`flwr_dp_strategies.rounds.streaming_aggregation`: payloads read zero-copy, one in-place accumulator
 per key, O(d) memory), and counts replies of SuperNodes that died mid-round, and
 rejected replies, in the server's log only (never in the round's metrics, which
-would publish data-dependent counts; see :mod:`.client_accounting`) while
+would publish data-dependent counts; see :mod:`flwr_dp_strategies.rounds.client_accounting`) while
 aggregating the others (nothing is booked for a failed reply).
 """
 
@@ -56,7 +56,7 @@ from .accounted_fedavg import AccountedFedAvg
 from .adaptive_clipping import AccountedAdaptiveClipping
 from .client_side_adaptive_clipping import AccountedClientSideAdaptiveClipping
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
-from .client_accounting import ClientAccountingMixin
+from ..rounds.client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
 from .distributed_dp_fedavg import DistributedDpFedAvg
 from .min_divergence import MinDivergenceExpSampling
@@ -65,7 +65,7 @@ from .poisson_fixed_clipping import AccountedPoissonFixedClipping
 from .secure_objective_sum import SecureObjectiveSum
 from .shuffle_amplified import ShuffleAmplifiedFedAvg
 from .signds import SignDS
-from .metrics import privacy_metric_record, with_privacy_metrics
+from ..rounds.metrics import privacy_metric_record, with_privacy_metrics
 
 __all__ = [
     "AccountedAdaptiveClipping",

@@ -22,15 +22,15 @@ A train reply that declares nothing and is *rejected* (NaN, wrong shape, bad
 keys, an unreadable declaration, ...) is booked as ``NonPrivateDpEvent`` too: the
 server received its raw update all the same.
 
-What it checks and reports: see :mod:`.reply_screening` and
-:mod:`.client_accounting` (train and evaluate replies alike: identity, structure,
+What it checks and reports: see :mod:`flwr_dp_strategies.rounds.reply_screening` and
+:mod:`flwr_dp_strategies.rounds.client_accounting` (train and evaluate replies alike: identity, structure,
 finite weights in (0, ``max_weight``], finite metrics, keys, shapes, payload size);
 evaluate metrics are aggregated by :func:`.metrics.aggregate_reply_metrics`
 (Flower's arithmetic, per key over the replies that carry it), never by an
 unscreened FedAvg call; failed replies (a SuperNode that died mid-round) are
 counted in the server's log (reason ``error``) and the round goes on with the others.
 
-Aggregation is streamed (:mod:`.streaming_aggregation`): the released model is
+Aggregation is streamed (:mod:`flwr_dp_strategies.rounds.streaming_aggregation`): the released model is
 FedAvg's :math:`\bar x = \sum_i n_i x_i / \sum_i n_i` per key (``n_i`` = the
 ``weighted_by_key`` value), each reply's payload read zero-copy and added in place
 into one accumulator per key, never stacked. NaN/inf are not scanned for before
@@ -52,11 +52,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from ..privacy import PrivacyLedger
-from .client_accounting import ClientAccountingMixin, undeclared_replies
-from .metrics import aggregate_reply_metrics
-from .reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, reply_arrays, reply_weight,
+from ..rounds.client_accounting import ClientAccountingMixin, undeclared_replies
+from ..rounds.metrics import aggregate_reply_metrics
+from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, reply_arrays, reply_weight,
                               screen_train_content)
-from .streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
+from ..rounds.streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
 
 NON_PRIVATE_LABEL = "update/undeclared (non-private)"
 Hook = TypeVar("Hook", bound=Callable[..., Any])

@@ -8,7 +8,7 @@ arguments in the same order, new ones keyword-only). Per round:
 * the released model is
   :math:`\tilde w = w + \frac1m\sum_i \bar\Delta_i + \mathcal N(0, \sigma^2 I)`,
   :math:`\sigma = zC/m`, with ``m = num_sampled_clients`` a **public, fixed
-  denominator** (:mod:`.central_release`).
+  denominator** (:mod:`flwr_dp_strategies.rounds.central_release`).
 
 Why each round is a Gaussian mechanism with noise multiplier exactly ``z``
 (user-level DP, ``add_or_remove_one``: neighbouring federations differ by one
@@ -50,7 +50,7 @@ Scope of the guarantee.
   ``noise_sampler="flower"`` (explicit, logged: it is reproducible by anyone who
   seeds NumPy's global generator).
 
-Replies go through the shared screening (:mod:`.reply_screening` via
+Replies go through the shared screening (:mod:`flwr_dp_strategies.rounds.reply_screening` via
 :class:`~.client_accounting.ClientAccountingMixin`) in both phases: malformed,
 duplicate or unexpected replies are rejected and counted per reason (server log)
 while the round goes on; a reply whose update holds NaN/inf is rejected
@@ -81,11 +81,11 @@ from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, secure_release_event
-from .client_accounting import ClientAccountingMixin
-from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
-from .streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
+from ..rounds.central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, secure_release_event
+from ..rounds.client_accounting import ClientAccountingMixin
+from ..rounds.metrics import aggregate_reply_metrics
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
+from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
 
 NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
 

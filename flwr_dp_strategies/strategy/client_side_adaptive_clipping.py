@@ -33,7 +33,7 @@ float32 client (Flower's ``adaptiveclipping_mod`` included) whose update exceeds
 :math:`C_t` is re-clipped by the server, never rejected, so no rejection depends on
 the client's data. (A limit of :math:`C_t(1 + 10^{-6})` rejected 11 of 40 such
 replies when ‖w‖₂ ≫ :math:`C_t`.) The rejection counts stay on the server in any case
-(:mod:`.client_accounting`).
+(:mod:`flwr_dp_strategies.rounds.client_accounting`).
 
 The server then noises the sum with :math:`z_\Delta C_t/m` (fixed denominator m)
 and the centred count with :math:`\sigma_b`, publishes ``dp/clipping-norm`` and
@@ -56,8 +56,8 @@ from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClippin
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
 from .adaptive_clipping import AdaptiveClippingMixin
-from .reply_screening import records_of, reply_arrays
-from .streaming_aggregation import ClippedSum
+from ..rounds.reply_screening import records_of, reply_arrays
+from ..rounds.streaming_aggregation import ClippedSum
 
 #: MetricRecord key of the client's bit: 1 if its update's norm was <= the clipping norm (unclipped), else 0.
 KEY_UNCLIPPED_BIT = "unclipped_bit"

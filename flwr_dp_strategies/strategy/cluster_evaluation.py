@@ -16,7 +16,7 @@ unsupervised evaluation to every evaluate round:
    config: ``privacy-eval-type`` (``NOT_ENCRYPT`` | ``LAPLACE``), ``laplace-eval-eps``
    and ``eval-type``; :class:`client_mods.LaplaceInferenceMod` reads them.
 2. ``aggregate_evaluate`` screens each reply on its own, through the package's
-   one screening path (:mod:`.reply_screening`): identity, one MetricRecord with a
+   one screening path (:mod:`flwr_dp_strategies.rounds.reply_screening`): identity, one MetricRecord with a
    finite weight in (0, ``max_weight``] and finite metrics (as the wrapped
    strategy's evaluation needs), then the inference result (ArrayRecord
    ``inference_key``, all its arrays concatenated to one point, as MindSpore does):
@@ -47,11 +47,11 @@ unsupervised evaluation to every evaluate round:
 Failed replies (a SuperNode that died mid-round) are skipped, logged and counted
 (reason ``error``) with the rejected ones in :attr:`rejections` (training through a
 wrapped strategy with a ledger: its counts), never in the round's metrics (see
-:mod:`.client_accounting`); nothing is booked for them, and the round is scored
+:mod:`flwr_dp_strategies.rounds.client_accounting`); nothing is booked for them, and the round is scored
 with the others.
 
 Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
-screened here (train screening of :mod:`.reply_screening` against the arrays
+screened here (train screening of :mod:`flwr_dp_strategies.rounds.reply_screening` against the arrays
 sent; the wrapped strategy gets the accepted replies; a plain ``FedAvg``'s
 aggregation is computed without its aborting consistency check). It aggregates
 raw updates that nobody accounts: every node whose train reply reaches it is booked ``NonPrivateDpEvent`` (label ``update/unaccounted (non-private)``) in
@@ -90,9 +90,9 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
-from .client_accounting import ClientAccountingMixin, replies_already_logged, undeclared_replies
-from .metrics import aggregate_reply_metrics, failed_replies
-from .reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, ArraySpec, array_spec,
+from ..rounds.client_accounting import ClientAccountingMixin, replies_already_logged, undeclared_replies
+from ..rounds.metrics import aggregate_reply_metrics, failed_replies
+from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, ArraySpec, array_spec,
                               check_weight, decode_real, named_record, screen_train_content)
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")

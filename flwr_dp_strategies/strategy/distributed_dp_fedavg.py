@@ -78,10 +78,10 @@ from ..privacy.distributed_dp import (DEFAULT_BETA, DEFAULT_OVERFLOW_SIGMAS, Dis
 from ..privacy.validation import check_int, check_positive
 from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from .client_accounting import ClientAccountingMixin
-from .reply_screening import DEFAULT_MAX_WEIGHT
-from .secure_aggregation_rounds import ProtocolSizes, SecureAggregationMixin
-from .streaming_aggregation import single_threaded_blas
+from ..rounds.client_accounting import ClientAccountingMixin
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
+from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
+from ..rounds.streaming_aggregation import single_threaded_blas
 
 EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
 

@@ -82,9 +82,9 @@ from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger, gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments, finds_non_finite
-from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
-from .streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
+from ..rounds.metrics import aggregate_reply_metrics
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
+from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
 
 _SIGN_BLOCK = 1 << 16  # reply entries checked for NaN/inf and compared in sign while in cache
 

@@ -59,9 +59,9 @@ from ..privacy import PrivacyLedger
 from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_sum_ridge, solve_noisy_sum
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
-from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of
-from .streaming_aggregation import NonFiniteReplies
+from ..rounds.metrics import aggregate_reply_metrics
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of
+from ..rounds.streaming_aggregation import NonFiniteReplies
 
 MAX_COEFFICIENT_ABS = 1e100
 """Bound on |coefficient| of an accepted objective: a sum of 10^9 of them and the products of the solve stay

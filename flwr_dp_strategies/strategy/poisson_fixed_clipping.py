@@ -68,12 +68,12 @@ from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, PrivacyAccou
 from ..privacy import PrivacyLedger
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_int, check_positive
-from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
+from ..rounds.central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
                               poisson_sample, require_configured, sampled_train_instructions)
-from .client_accounting import ClientAccountingMixin
-from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
-from .streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
+from ..rounds.client_accounting import ClientAccountingMixin
+from ..rounds.metrics import aggregate_reply_metrics
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
+from ..rounds.streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 

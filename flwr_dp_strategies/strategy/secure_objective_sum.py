@@ -56,10 +56,10 @@ from ..privacy.secure_objective import (DEFAULT_BITS, DEFAULT_OVERFLOW_SIGMAS, S
 from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from .client_accounting import ClientAccountingMixin
-from .reply_screening import DEFAULT_MAX_WEIGHT
-from .secure_aggregation_rounds import ProtocolSizes, SecureAggregationMixin
-from .streaming_aggregation import single_threaded_blas
+from ..rounds.client_accounting import ClientAccountingMixin
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
+from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
+from ..rounds.streaming_aggregation import single_threaded_blas
 
 EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
 

@@ -79,9 +79,9 @@ from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments, finds_non_finite
-from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, has_config_record, records_of, reply_arrays
-from .streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records, single_threaded_blas
+from ..rounds.metrics import aggregate_reply_metrics
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, has_config_record, records_of, reply_arrays
+from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records, single_threaded_blas
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
 UNAMPLIFIED_LABEL = "round not amplified"

@@ -6,7 +6,7 @@ Per round (MindSpore spec §2–3):
    current MagRR state (``signds-r-est``, ``signds-is-reached``, ...) in the
    train config; :func:`client_mods.signds_mod` encodes each update with them.
 2. ``aggregate_train`` screens every reply through the package's one screening
-   path (:mod:`.reply_screening`, rejected and counted, the round goes on):
+   path (:mod:`flwr_dp_strategies.rounds.reply_screening`, rejected and counted, the round goes on):
    identity, a finite weight in (0, ``max_weight``], finite metrics, exactly the
    ArrayRecord keys ``indices``, ``sign``, ``b-hat``; payloads no larger than
    ``max_dim_out`` int64 indices and one value each (``oversized``); integer
@@ -75,11 +75,11 @@ from ..privacy.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
-from .client_accounting import ClientAccountingMixin, undeclared_replies
-from .metrics import aggregate_reply_metrics
+from ..rounds.client_accounting import ClientAccountingMixin, undeclared_replies
+from ..rounds.metrics import aggregate_reply_metrics
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
-from .streaming_aggregation import npy_view, to_array, single_threaded_blas
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
+from ..rounds.streaming_aggregation import npy_view, to_array, single_threaded_blas
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
 EVENT_LABEL = "signds/indices+magrr-bit"

@@ -33,7 +33,7 @@ from flwr_dp_strategies import (AccountedFedAvg, LdpFederatedPCA, MinDivergenceE
                                 ShuffleAmplifiedFedAvg)
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
-from flwr_dp_strategies.strategy.client_accounting import resolve_ledger
+from flwr_dp_strategies.rounds.client_accounting import resolve_ledger
 
 from . import task
 from .config import fm_epsilon, resolve_run_config
