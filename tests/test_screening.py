@@ -19,6 +19,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from conftest import FakeGrid
 from strategy_registry import REGISTRY, rejection_counts
+from flwr_dp_strategies.rounds.template import Release
 from flwr_dp_strategies import (AccountedFedAvg, ClusterEvaluation, LayerShuffler, ShuffleAmplifiedFedAvg, SignDS, declare_release)
 from flwr_dp_strategies.cluster_scores import cluster_scores
 from flwr_dp_strategies.declarations import PRIVACY_RECORD
@@ -392,9 +393,9 @@ def test_cluster_does_not_score_replies_with_a_bad_weight_and_adds_the_wrapped_r
     assert strategy.rejections["evaluate"]["weight"] == 1 and metrics["cluster/points"] == 4
 
     class Inner(AccountedFedAvg):
-        def aggregate_evaluate(self, server_round, replies):
-            self.rejections["evaluate"] = Counter(metrics=2)
-            return MetricRecord({"acc": 1.0})
+        def release_evaluate(self, server_round, screened):
+            screened.rejected["metrics"] += 2
+            return Release(metrics=MetricRecord({"acc": 1.0}))
 
     strategy = ClusterEvaluation(Inner(**fedavg_kwargs(5)), num_classes=3, laplace_eval_eps=10.0)
     msgs = configure_evaluate(strategy, 5)

@@ -195,6 +195,7 @@ class ClientAccountingMixin:
     def screen_and_book(
         self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None, *,
         phase: Optional[str] = None, undeclared_label: Optional[str] = None,
+        declared: Optional[dict[int, list[Declaration]]] = None,
     ) -> tuple[list[Message], Counter[str]]:
         """The replies to aggregate, and the count of rejected ones per reason.
 
@@ -209,8 +210,8 @@ class ClientAccountingMixin:
         ``undeclared_label``, a rejected reply that booked no declaration is booked as
         ``NonPrivateDpEvent`` under that label (the raw content reached the server).
         Declarations are consumed (removed from the reply), so a wrapped accounting
-        strategy that sees the same reply does not book them twice. The ledger is
-        saved if ``ledger_path``.
+        strategy that sees the same reply does not book them twice; ``declared`` (when given)
+        receives them, keyed by the reply's ``id``. The ledger is saved if ``ledger_path``.
         """
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
@@ -238,6 +239,8 @@ class ClientAccountingMixin:
             seen.add(node)
             reason, declarations = self._declared(reply)
             _consume_declarations(reply)  # consumed: a wrapped strategy must not book it again
+            if declared is not None:
+                declared[id(reply)] = declarations
             if declarations:
                 self.book_declarations(server_round, node, declarations, phase)
                 booked = True

@@ -36,41 +36,29 @@ FedAvg's :math:`\bar x = \sum_i n_i x_i / \sum_i n_i` per key (``n_i`` = the
 into one accumulator per key, never stacked. NaN/inf are not scanned for before
 aggregating: a non-finite mean reveals them, the offending replies are rejected
 (``non-finite``) and the rest is aggregated again, so a well-formed round
-reads every value once. Hooks overriding :meth:`AccountedFedAvg.aggregate_accepted`
-get pre-scanned replies unless marked with :func:`finds_non_finite`.
+reads every value once. A strategy that aggregates differently (layer shuffling,
+divergence-based selection, an objective sum) subclasses it and implements only
+:meth:`AccountedFedAvg.release_train` (:mod:`flwr_dp_strategies.rounds.template`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional
 
-from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from ..privacy import PrivacyLedger
-from ..rounds.client_accounting import ClientAccountingMixin, undeclared_replies
+from ..rounds.client_accounting import ContentCheck
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, reply_arrays, reply_weight,
                               screen_train_content)
-from ..rounds.streaming_aggregation import NonFiniteReplies, mean_of_records, single_threaded_blas
+from ..rounds.streaming_aggregation import mean_of_records
+from ..rounds.template import AccountedRound, Release, Screened
 
 NON_PRIVATE_LABEL = "update/undeclared (non-private)"
-Hook = TypeVar("Hook", bound=Callable[..., Any])
-
-
-def finds_non_finite(hook: Hook) -> Hook:
-    """Mark an ``aggregate_accepted`` that detects NaN/inf replies itself, before any side effect.
-
-    Such a hook raises :class:`~.streaming_aggregation.NonFiniteReplies` (indices into
-    its ``replies``) instead of returning; the base class then rejects those replies
-    as ``non-finite`` and calls it again with the others. Replies reach it unscanned.
-    """
-    hook.finds_non_finite = True  # type: ignore[attr-defined]
-    return hook
 
 
 MetricsAggregationFn = Callable[[list[RecordDict], str], MetricRecord]
@@ -86,7 +74,7 @@ def fedavg_arguments(scope: Mapping[str, Any]) -> dict[str, Any]:
     return {name: scope[name] for name in FEDAVG_PARAMETERS}
 
 
-class AccountedFedAvg(ClientAccountingMixin, FedAvg):
+class AccountedFedAvg(AccountedRound, FedAvg):
     """FedAvg + reply screening + a ledger of the clients' declared releases.
 
     Args:
@@ -112,6 +100,8 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
             with this class (``class AccountedFedProx(AccountedFedAvg, FedProx)`` takes
             ``proximal_mu=``); FedAvg itself accepts none.
     """
+
+    undeclared_label = NON_PRIVATE_LABEL
 
     # pylint: disable=too-many-arguments
     def __init__(
@@ -149,69 +139,30 @@ class AccountedFedAvg(ClientAccountingMixin, FedAvg):
         self._spec = array_spec(arrays)
         return super().configure_train(server_round, arrays, config, grid)
 
-    @single_threaded_blas
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Screen, aggregate the accepted replies, book the declarations; failed replies are counted."""
-        replies = list(replies)
-        undeclared = undeclared_replies(replies)
-        check_values = not getattr(type(self).aggregate_accepted, "finds_non_finite", False)
-        screened, rejected = self.screen_and_book(
-            server_round, replies,
-            lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
-                                                 check_values=check_values, max_weight=self.max_weight),
-            phase="train", undeclared_label=NON_PRIVATE_LABEL,
-        )
-        arrays, metrics, _ = self._aggregate_finite(server_round, screened, rejected)
-        # used or later found non-finite: the raw update reached the server either way
-        self._book_non_private(server_round, [r for r in screened if id(r) in undeclared])
-        return arrays, self.round_metrics(metrics, rejected)
+    def train_check(self) -> ContentCheck:
+        """Identity and structure of a train reply (:func:`.reply_screening.screen_train_content`); NaN/inf
+        are found by :meth:`release_train` while it aggregates, so a well-formed round reads every value once."""
+        return lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
+                                                    check_values=False, max_weight=self.max_weight)
 
-    def _aggregate_finite(
-        self, server_round: int, accepted: list[Message], rejected: Counter[str]
-    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord], list[Message]]:
-        """:meth:`aggregate_accepted`, dropping the replies it reports as non-finite; also the replies used."""
-        while accepted:
-            try:
-                arrays, metrics = self.aggregate_accepted(server_round, accepted)
-            except NonFiniteReplies as err:
-                if not err.indices:
-                    raise
-                accepted = self.drop_rejected(server_round, accepted, err.indices, "non-finite", rejected)
-                continue
-            return arrays, metrics, accepted
-        return None, None, []
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """FedAvg's weighted mean of the accepted replies, streamed (replies found non-finite are rejected and
+        the others aggregated again); no noise: the clients' declared releases are booked by screening."""
+        result, _ = screened.finite(self.weighted_mean)
+        if result is None:
+            return Release()
+        arrays, metrics = result
+        return Release(arrays, metrics)
 
-    @finds_non_finite
-    def aggregate_accepted(
-        self, server_round: int, replies: list[Message]
-    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Aggregate the screened, booked replies (non-empty): FedAvg's weighted mean, streamed.
-
-        The hook subclasses override to aggregate differently (layer shuffling,
-        divergence-based selection); screening and booking stay in
-        :meth:`aggregate_train`, so no subclass can skip them. Raises
-        :class:`NonFiniteReplies` if some replies hold NaN/inf.
-        """
+    def weighted_mean(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
+        """FedAvg's weighted mean of ``replies`` (non-empty) and Flower's train-metric aggregation; raises
+        :class:`NonFiniteReplies` if some replies hold NaN/inf."""
         arrays = mean_of_records([reply_arrays(r) for r in replies],
                                  [reply_weight(r, self.weighted_by_key) for r in replies])
         metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
         return arrays, metrics
 
-    def _book_non_private(self, server_round: int, replies: list[Message]) -> None:
-        """A model update sent without any declared release is not DP: book it (ε = inf, never 0)."""
-        for reply in replies:
-            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=reply.metadata.src_node_id,
-                               label=NON_PRIVATE_LABEL)
-        if replies:
-            self.save_ledger()
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screen, book the declarations (e.g. Laplace-protected inference results), then FedAvg's metrics."""
-        return self.screened_evaluate(server_round, replies, self)
-
 
 # reply_arrays and reply_weight live in .reply_screening; re-exported here, where they were public first
-__all__ = ["AccountedFedAvg", "FEDAVG_PARAMETERS", "fedavg_arguments", "finds_non_finite", "reply_arrays",
+__all__ = ["AccountedFedAvg", "FEDAVG_PARAMETERS", "fedavg_arguments", "reply_arrays",
            "reply_weight"]

@@ -81,7 +81,8 @@ from flwr.serverapp import Grid
 from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger, gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
-from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments, finds_non_finite
+from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
+from ..rounds.template import Booking, Release, Screened
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
@@ -231,11 +232,18 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         self._global_meta = {key: (v.shape, v.dtype) for key, v in values.items()}
         return super().configure_train(server_round, arrays, config, grid)
 
-    @finds_non_finite
-    def aggregate_accepted(
-        self, server_round: int, replies: list[Message]
-    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Divergences, per-layer selection, per-layer weighted mean; book the selection."""
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Divergences, per-layer selection, per-layer weighted mean; the selection's event is booked in
+        ``selection_ledger`` (replies holding NaN/inf are rejected before anything is selected)."""
+        result, replies = screened.finite(lambda accepted: self._select(server_round, accepted))
+        if result is None:
+            return Release()
+        arrays, metrics = result
+        event = selection_event(self.epsilon, self.num_selected, len(self._layers))
+        return Release(arrays, metrics, [Booking(event, SELECTION_LABEL, ledger=self.selection_ledger)],
+                       ledger_figures=self._selection_epsilon)
+
+    def _select(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         if self._global_meta is None:
             raise RuntimeError("MinDivergenceExpSampling: call configure_train before aggregate_train")
         dvg = self._divergences(replies)
@@ -244,9 +252,6 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         if len(replies) < self.num_selected:
             log(WARNING, "Round %d: %d accepted replies < num_selected=%d; every layer uses all of them",
                 server_round, len(replies), self.num_selected)
-        self.selection_ledger.record(selection_event(self.epsilon, self.num_selected, len(self._layers)),
-                                     server_round=server_round, label=SELECTION_LABEL)
-        self.save_ledger()
         arrays = self._aggregate_layers(replies, selected)
         metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
         for key, value in self._selection_metrics(dvg, selected).items():
@@ -297,8 +302,11 @@ class MinDivergenceExpSampling(AccountedFedAvg):
             "selection/layers": float(dvg.shape[1]),
             "selection/mean-divergence": float(dvg.mean()) if dvg.size else 0.0,
             "selection/mean-divergence-selected": float(picked.mean()) if picked.size else 0.0,
-            "selection/epsilon": float(self.selection_ledger.epsilon()),
         }
+
+    def _selection_epsilon(self) -> dict[str, float]:
+        """``selection/epsilon``: the selection ledger's ε, read once the round's selection is booked."""
+        return {"selection/epsilon": float(self.selection_ledger.epsilon())}
 
 
 

@@ -60,8 +60,10 @@ from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_su
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, screen_train_content
+from ..rounds.client_accounting import ContentCheck
 from ..rounds.streaming_aggregation import NonFiniteReplies
+from ..rounds.template import Release, Screened
 
 MAX_COEFFICIENT_ABS = 1e100
 """Bound on |coefficient| of an accepted objective: a sum of 10^9 of them and the products of the solve stay
@@ -159,8 +161,21 @@ class NoisyObjectiveSum(AccountedFedAvg):
                                              QUADRATIC_KEY: Array(np.zeros((q, q)))}))
         return messages
 
-    def aggregate_accepted(self, server_round: int,
-                           replies: list[Message]) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+    def train_check(self) -> ContentCheck:
+        """A reply holds the objective's two arrays with finite values (and FedAvg's identity and weight checks)."""
+        return lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
+                                                    check_values=True, max_weight=self.max_weight)
+
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """The head solved from the running sum of the contributors' noisy objectives (post-processing of
+        their declared releases, booked by screening)."""
+        result, _ = screened.finite(self._sum_and_solve)
+        if result is None:
+            return Release()
+        arrays, metrics = result
+        return Release(arrays, metrics)
+
+    def _sum_and_solve(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Add the new contributors' objectives to the running sum, solve, return the head.
 
         Raises :class:`~.streaming_aggregation.NonFiniteReplies` (the replies are then rejected as

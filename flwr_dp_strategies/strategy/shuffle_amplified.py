@@ -61,7 +61,7 @@ server unshuffled (not accounted, as elsewhere in this package).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any, Optional
@@ -70,7 +70,7 @@ from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
+from ..declarations import Declaration
 from ..privacy.relations import convert_event
 from ..layer_shuffler import LayerShuffler, layer_groups
 from ..privacy import PrivacyLedger
@@ -78,10 +78,11 @@ from ..privacy.accountants import basic_pure_epsilon
 from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
-from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments, finds_non_finite
+from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
+from ..rounds.template import Booking, Release, Screened
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, has_config_record, records_of, reply_arrays
-from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records, single_threaded_blas
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, records_of, reply_arrays
+from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
 UNAMPLIFIED_LABEL = "round not amplified"
@@ -160,7 +161,6 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         self._explicit_round_delta = (None if shuffle_round_delta is None
                                       else _round_delta(shuffle_round_delta, self.shuffle_ledger))
         self.planned_rounds = None if planned_rounds is None else check_int("planned_rounds", planned_rounds, minimum=1)
-        self._peeked: dict[int, _Declared] = {}
         self._logged: set[str] = set()
         self._unamplified: Optional[str] = None
         if self.ledger.clients and not self.shuffle_ledger.rounds():
@@ -183,68 +183,55 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
             self.planned_rounds = check_int("num_rounds", num_rounds, minimum=1)
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
-    @single_threaded_blas
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Read every reply's declarations (the base class consumes them), then screen, book and aggregate."""
-        replies = list(replies)
-        self._peeked = {id(r): _peek_declared(r.content) for r in replies if not r.has_error()}
-        try:
-            arrays, metrics = super().aggregate_train(server_round, replies)
-        finally:
-            self._peeked = {}
-        if arrays is not None and metrics is not None:  # after the base class booked undeclared updates
-            for key, value in self._shuffle_epsilon().items():
-                metrics[key] = float(value)
-        return arrays, metrics
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Split into layers, shuffle with the weights, forget the senders, average per layer; the FMT event
+        of the round (or the loss of amplification) is booked in ``shuffle_ledger``."""
+        result, replies = screened.finite(self._shuffle_and_average)
+        if result is None:
+            return Release()
+        arrays, metrics, weights, layers = result
+        declared = [_declared_epsilon(screened.declarations.get(id(r), [])) for r in replies]
+        figures, bookings = self._shuffle_metrics(server_round, declared, weights, layers)
+        for key, value in figures.items():
+            metrics[key] = float(value)
+        return Release(arrays, metrics, bookings, ledger_figures=self._shuffle_epsilon)
 
-    @finds_non_finite
-    def aggregate_accepted(
-        self, server_round: int, replies: list[Message]
-    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Split into layers, shuffle with the weights, forget the senders, average per layer."""
+    def _shuffle_and_average(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord, list[float], int]:
         reports, weights, keys = split_into_layers([r.content for r in replies], self.weighted_by_key, self.layer_of)
         shuffled, shuffled_weights = self.shuffler.shuffle(reports, weights)
         mean = layer_sums(shuffled, shuffled_weights)
-        if not mean.is_finite():  # found before anything is booked; the base class drops them and retries
+        if not mean.is_finite():  # found before anything is booked: those replies are rejected, the rest retried
             bad = non_finite_records([reply_arrays(r) for r in replies])
             if bad:
                 raise NonFiniteReplies(bad)
         arrays = mean.result(keys)
         metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
-        declared = [self._peeked.get(id(r)) for r in replies]
-        for key, value in self._shuffle_metrics(server_round, declared, weights, len(reports[0])).items():
-            metrics[key] = float(value)
-        return arrays, metrics
+        return arrays, metrics, weights, len(reports[0])
 
     def _shuffle_metrics(
         self, server_round: int, declared: list[Optional[_Declared]], weights: list[float], m: int
-    ) -> dict[str, float]:
-        """Book the round's FMT event when every condition holds; the ``shuffle/*`` metrics but ε and δ.
-
-        ``shuffle/epsilon`` and ``shuffle/delta`` are added by :meth:`aggregate_train` once the
-        base class has booked the round's undeclared (non-private) updates.
-        """
+    ) -> tuple[dict[str, float], list[Booking]]:
+        """The round's FMT event when every condition holds; the ``shuffle/*`` metrics but ε and δ
+        (``shuffle/epsilon`` and ``shuffle/delta`` are read from the ledgers once the round is booked)."""
         n, eps0 = len(declared), _worst_epsilon0(declared)
         reason = self._no_amplification_reason(declared, weights, eps0)
+        bookings = []
         if reason is None:
             event = shuffle_amplified_event(eps0, n, self.shuffle_round_delta)
-            self.shuffle_ledger.record(event, server_round=server_round, label="shuffled round")
+            bookings.append(Booking(event, "shuffled round", ledger=self.shuffle_ledger))
         else:
             if self._unamplified is None and self.shuffle_ledger.rounds():  # persisted, so that after a restart
-                self.shuffle_ledger.record(NonPrivateDpEvent(), server_round=server_round,  # the earlier amplified
-                                           label=UNAMPLIFIED_LABEL)  # rounds are not claimed as the whole account
+                # the earlier amplified rounds are not claimed as the whole account
+                bookings.append(Booking(NonPrivateDpEvent(), UNAMPLIFIED_LABEL, ledger=self.shuffle_ledger))
             self._unamplified = self._unamplified or reason
             self._log_once(INFO, f"shuffle/epsilon claims no amplification: {reason}")
-        self.save_ledger()
         metrics = {"shuffle/reports": n, "shuffle/layers": m, "shuffle/epsilon0": eps0}
         if self.amplification == "paper":
             metrics["shuffle/epsilon-paper"] = eps0 / m
             log(WARNING, "Round %d: shuffle/epsilon-paper = epsilon0/m = %.4g is the DELM paper's claim, NOT a "
                 "differential-privacy bound (every layer still reaches the analyst); it is never booked.",
                 server_round, eps0 / m)
-        return metrics
+        return metrics, bookings
 
     def _no_amplification_reason(
         self, declared: list[Optional[_Declared]], weights: list[float], eps0: float
@@ -318,14 +305,14 @@ def weighted_layer_mean(
     return layer_sums(shuffled, shuffled_weights).result(keys)
 
 
-def _peek_declared(content: RecordDict) -> _Declared:
+def _declared_epsilon(declarations: list[Declaration]) -> _Declared:
     """A reply's declared pure ε₀ (sum over its events; None unless every one is pure ε-DP) and event keys."""
-    if not has_config_record(content, PRIVACY_RECORD):
+    if not declarations:
         return _Declared(None, ())
     try:
-        events = [_as_replace_one(d) for d in read_declarations(content)]
+        events = [_as_replace_one(d) for d in declarations]
         signature = tuple(sorted(event_key(e) for e in events))
-    except (MalformedDeclaration, ValueError, TypeError):
+    except (ValueError, TypeError):
         return _Declared(None, ())
     parts = [basic_pure_epsilon(e) for e in events]
     if not parts or any(p is None for p in parts):

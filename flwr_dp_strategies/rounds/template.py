@@ -1,0 +1,235 @@
+"""The one accounted round every strategy of this package runs: screen → release → book → save → publish.
+
+:class:`AccountedRound` owns ``aggregate_train`` and ``aggregate_evaluate`` as a fixed
+template (the way Flower's ``Strategy.start`` owns the loop and dp-accounting's
+``compose()`` owns the bookkeeping):
+
+1. **screen** (:meth:`ClientAccountingMixin.screen_and_book`): failed replies, identity,
+   declarations (booked for the replying node), then the strategy's content check
+   (:meth:`AccountedRound.train_check` / :meth:`AccountedRound.evaluate_check`);
+2. **release**: the strategy's mechanism, :meth:`AccountedRound.release_train` /
+   :meth:`AccountedRound.release_evaluate`, which gets the :class:`Screened` replies and
+   returns a :class:`Release`: the arrays, the metrics and the :class:`Booking` of every DP
+   event it caused; it books nothing itself;
+3. **book** every booking in its ledger (the strategy's main ledger unless it names another),
+   and, for a strategy with :attr:`AccountedRound.undeclared_label`, a ``NonPrivateDpEvent``
+   for every accepted train reply that declared nothing (the raw update reached the server);
+4. **save** every ledger of the strategy to its file (when it has one);
+5. **publish** the release's metrics with the ledger's figures (:meth:`round_metrics`); the
+   counts of rejected and failed replies stay in the server log.
+
+A subclass implements its release (and its ``configure_*`` step when it samples clients or
+runs SecAgg stages); it cannot replace the template: defining ``aggregate_train`` or
+``aggregate_evaluate`` in a subclass raises ``TypeError`` at class creation, so no strategy can
+skip screening or booking.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from ..declarations import Declaration
+from ..privacy import PrivacyLedger
+from .client_accounting import ClientAccountingMixin, ContentCheck, undeclared_replies
+from .metrics import aggregate_reply_metrics
+from .reply_screening import check_weight
+from .streaming_aggregation import NonFiniteReplies, single_threaded_blas
+
+TEMPLATE_METHODS = ("aggregate_train", "aggregate_evaluate")
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One DP event a release caused, booked by the template.
+
+    ``client``: the node whose data it is about (None: a central event, every client's);
+    ``neighboring_relation``: the relation ``event`` is stated under (None: the ledger's);
+    ``replace_one_event``: its tighter replace-one form, if the mechanism has one;
+    ``ledger``: the ledger to book it in (None: the strategy's main ledger).
+    """
+
+    event: DpEvent
+    label: str
+    client: Optional[int] = None
+    neighboring_relation: Optional[str] = None
+    replace_one_event: Optional[DpEvent] = None
+    ledger: Optional[PrivacyLedger] = None
+
+
+@dataclass
+class Release:
+    """What a mechanism released in one round: the arrays (None: no new model), the metrics
+    published beside them (the ledger's figures are added by the template) and its bookings."""
+
+    arrays: Optional[ArrayRecord] = None
+    metrics: Optional[MetricRecord] = None
+    bookings: list[Booking] = field(default_factory=list)
+    #: figures read from the strategy's ledgers once the bookings are made, added to ``metrics``
+    ledger_figures: Optional[Callable[[], Mapping[str, float]]] = None
+
+
+@dataclass
+class Screened:
+    """The replies of one round and phase after screening.
+
+    ``replies``: every reply received (failed and rejected ones included), in order;
+    ``accepted``: those that passed screening (the release rejects more with :meth:`reject`);
+    ``passed``: those that passed screening, before the release rejected any; ``rejected``:
+    counts per reason; ``undeclared``: ``id`` of each reply that carried no declaration;
+    ``declarations``: what each screened reply declared (booked already), by ``id``.
+    """
+
+    server_round: int
+    replies: list[Message]
+    accepted: list[Message]
+    rejected: Counter[str]
+    undeclared: set[int]
+    declarations: dict[int, list[Declaration]]
+    strategy: "AccountedRound"
+    passed: list[Message] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.passed = list(self.accepted)
+
+    def reject(self, indices: Iterable[int], reason: str) -> list[Message]:
+        """Reject ``accepted[i]`` for each index (logged, counted under ``reason``); the others, also kept as
+        :attr:`accepted`."""
+        self.accepted = self.strategy.drop_rejected(self.server_round, self.accepted, indices, reason, self.rejected)
+        return self.accepted
+
+    def finite(self, aggregate: Callable[[list[Message]], Any]) -> tuple[Any, list[Message]]:
+        """``aggregate(accepted)``, again without the replies it reports as non-finite (it raises
+        :class:`NonFiniteReplies` with their indices before any side effect), until it succeeds;
+        its result (None when no reply is left) and the replies it used."""
+        while self.accepted:
+            try:
+                return aggregate(self.accepted), self.accepted
+            except NonFiniteReplies as err:
+                if not err.indices:
+                    raise
+                self.reject(err.indices, "non-finite")
+        return None, []
+
+
+class AccountedRound(ClientAccountingMixin):
+    """The accounted round (module docstring): a Flower strategy that inherits it runs every
+    ``aggregate_train`` / ``aggregate_evaluate`` through screen → release → book → save → publish.
+
+    Subclasses implement :meth:`release_train` (and may set :attr:`undeclared_label`, override
+    :meth:`train_check`, :meth:`skip_train`, :meth:`booking_round`, :meth:`evaluate_check`,
+    :meth:`release_evaluate`).
+    """
+
+    #: Label of the ``NonPrivateDpEvent`` booked for a train reply that declared nothing
+    #: (None: declarations are not expected in this strategy's train replies).
+    undeclared_label: Optional[str] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in TEMPLATE_METHODS:
+            if name in cls.__dict__:
+                raise TypeError(f"{cls.__name__} defines {name}: the accounted round owns it (screen → release → "
+                                "book → save → publish); implement release_train / release_evaluate instead")
+
+    # ------------------------------------------------------------------ hooks
+    @property
+    def fedavg(self) -> Any:
+        """The FedAvg whose ``weighted_by_key`` and metric aggregation functions apply: the strategy itself,
+        or the strategy a wrapper wraps."""
+        return getattr(self, "strategy", self)
+
+    def skip_train(self, server_round: int) -> bool:
+        """True when this round configured no training (budget exhausted, a protocol that never opened):
+        ``aggregate_train`` then returns ``(None, None)`` without reading the replies."""
+        return False
+
+    def train_check(self) -> Optional[ContentCheck]:
+        """The content check of a train reply (a reason to reject it, or None); None: no check."""
+        return None
+
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """The mechanism: what is released from the screened train replies, and its bookings."""
+        raise NotImplementedError
+
+    def evaluate_check(self) -> Optional[ContentCheck]:
+        """The content check of an evaluate reply: its weight in (0, ``max_weight``], finite metrics."""
+        key = self.fedavg.weighted_by_key
+        return lambda content: check_weight(content, key, self.max_weight)
+
+    def release_evaluate(self, server_round: int, screened: Screened) -> Release:
+        """Flower's evaluate metrics over the accepted replies (``evaluate_metrics_aggr_fn``)."""
+        if not screened.accepted:
+            return Release()
+        fedavg = self.fedavg
+        return Release(metrics=aggregate_reply_metrics(fedavg.evaluate_metrics_aggr_fn,
+                                                       [r.content for r in screened.accepted],
+                                                       fedavg.weighted_by_key))
+
+    def booking_round(self, server_round: int) -> int:
+        """The round number events of ``server_round`` are booked under."""
+        return server_round
+
+    # ------------------------------------------------------------------ template
+    @single_threaded_blas
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+        """Screen → release → book → save → publish (module docstring)."""
+        if self.skip_train(server_round):
+            return None, None
+        screened = self._screen(server_round, replies, "train", self.train_check(), self.undeclared_label)
+        release = self.release_train(server_round, screened)
+        bookings = list(release.bookings)
+        if self.undeclared_label is not None:
+            bookings += [Booking(NonPrivateDpEvent(), self.undeclared_label, client=int(r.metadata.src_node_id))
+                         for r in screened.passed if id(r) in screened.undeclared]
+        self._book(server_round, bookings)
+        return release.arrays, self._publish(release, screened)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
+        """Screen → release (metrics) → book → save → publish."""
+        screened = self._screen(server_round, replies, "evaluate", self.evaluate_check(), None)
+        release = self.release_evaluate(server_round, screened)
+        self._book(server_round, release.bookings)
+        return self._publish(release, screened)
+
+    def _publish(self, release: Release, screened: Screened) -> MetricRecord:
+        metrics = self.round_metrics(release.metrics, screened.rejected)
+        if release.ledger_figures is not None:
+            for key, value in release.ledger_figures().items():
+                metrics[key] = float(value)
+        return metrics
+
+    def _screen(self, server_round: int, replies: Iterable[Message], phase: str, check: Optional[ContentCheck],
+                undeclared_label: Optional[str]) -> Screened:
+        replies = list(replies)
+        undeclared = undeclared_replies(replies)
+        declarations: dict[int, list[Declaration]] = {}
+        accepted, rejected = self.screen_and_book(server_round, replies, check, phase=phase,
+                                                  undeclared_label=undeclared_label, declared=declarations)
+        return Screened(int(server_round), replies, accepted, rejected, undeclared, declarations, self)
+
+    def _book(self, server_round: int, bookings: list[Booking]) -> None:
+        """Book each event in its ledger, then save every ledger of the strategy (once)."""
+        if not bookings:
+            return
+        booked_round = self.booking_round(server_round)
+        for booking in bookings:
+            ledger = booking.ledger if booking.ledger is not None else self.ledger
+            ledger.record(booking.event, server_round=booked_round, client=booking.client, label=booking.label,
+                          neighboring_relation=booking.neighboring_relation,
+                          replace_one_event=booking.replace_one_event)
+        self.save_ledger()
+
+
+def reply_contents(replies: Iterable[Message]) -> list[RecordDict]:
+    """The contents of ``replies``, in order."""
+    return [reply.content for reply in replies]
+
+
+__all__ = ["AccountedRound", "Booking", "Release", "Screened", "TEMPLATE_METHODS", "reply_contents"]
