@@ -144,7 +144,7 @@ UNCONFIGURED_POISSON = UNCONFIGURED_ADAPTIVE = (
 EXPECTED_FAILURES: dict[tuple[str, str, str], str] = {}
 for _test in FLOWER_TESTS:
     EXPECTED_FAILURES[("AccountedFedAvg", _test, "as-written")] = NO_SENDER
-    EXPECTED_FAILURES[("AccountedServerSideFixedClipping", _test, "as-written")] = UNIFORM  # books no client
+    EXPECTED_FAILURES[("AccountedServerSideFixedClipping", _test, "as-written")] = UNCONFIGURED_POISSON
     EXPECTED_FAILURES[("AccountedServerSideFixedClipping", _test, "in-a-round")] = UNIFORM
     EXPECTED_FAILURES[("AccountedPoissonFixedClipping", _test, "as-written")] = UNCONFIGURED_POISSON
     EXPECTED_FAILURES[("AccountedPoissonFixedClipping", _test, "in-a-round")] = UNIFORM

@@ -100,7 +100,14 @@ class Screened:
     def reject(self, indices: Iterable[int], reason: str) -> list[Message]:
         """Reject ``accepted[i]`` for each index (logged, counted under ``reason``); the others, also kept as
         :attr:`accepted`."""
-        self.accepted = self.strategy.drop_rejected(self.server_round, self.accepted, indices, reason, self.rejected)
+        return self.reject_each({index: reason for index in indices})
+
+    def reject_each(self, reasons: Mapping[int, str]) -> list[Message]:
+        """Reject ``accepted[i]`` for ``reason`` for each ``i: reason`` (in index order); the others, kept as
+        :attr:`accepted`."""
+        for index in sorted(reasons):
+            self.strategy.drop_rejected(self.server_round, [self.accepted[index]], [0], reasons[index], self.rejected)
+        self.accepted = [reply for index, reply in enumerate(self.accepted) if index not in reasons]
         return self.accepted
 
     def finite(self, aggregate: Callable[[list[Message]], Any]) -> tuple[Any, list[Message]]:

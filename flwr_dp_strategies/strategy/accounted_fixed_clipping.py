@@ -62,37 +62,25 @@ releases nothing, as in Flower.
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Optional
 
-from dp_accounting.dp_event import DpEvent, GaussianDpEvent, NonPrivateDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy
-from flwr.serverapp.strategy.dp_fixed_clipping import validate_replies
-from flwr.supercore.differential_privacy import add_gaussian_noise_inplace
 from flwr.supercore.privacy_accounting import PrivacyAccountant
 
 from ..privacy import PrivacyLedger
-from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
-from ..privacy.rng import RngLike, RngSource
+from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
-from ..rounds.central_release import NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, secure_release_event
-from ..rounds.client_accounting import ClientAccountingMixin
-from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
-from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array, single_threaded_blas
-
-NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
+from ..rounds.central_gaussian import NOISE_SAMPLERS, CentralGaussianRound
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 
 EVENT_LABEL = "central-gaussian/server-side-fixed-clipping"
 
 
-class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivacyServerSideFixedClipping):
+class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacyServerSideFixedClipping):
     """Central DP with server-side fixed clipping over a fixed denominator, composed in a ledger.
 
     Same arguments as :class:`DifferentialPrivacyServerSideFixedClipping`, plus (keyword-only):
@@ -120,8 +108,9 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
 
     * ``configure_train``: if one more release would exceed ``ledger.max_epsilon``, log it
       and send nothing; the remaining rounds then neither train nor evaluate.
-    * ``aggregate_train``: screen, clip, sum over m, add noise, record
-      ``GaussianDpEvent(z)`` and merge ``ledger.metrics()`` into the returned MetricRecord.
+    * ``aggregate_train``: the accounted round (:mod:`flwr_dp_strategies.rounds.template`) with the
+      central-Gaussian release (:mod:`flwr_dp_strategies.rounds.central_gaussian`, fixed-size
+      sampling, fixed clipping): screen, clip, sum over m, add noise, book ``GaussianDpEvent(z)``.
     """
 
     # pylint: disable=too-many-arguments
@@ -154,124 +143,16 @@ class AccountedServerSideFixedClipping(ClientAccountingMixin, DifferentialPrivac
         self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path), per_client_metrics,
                               max_reply_bytes, ADD_OR_REMOVE_ONE, resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
-        self.rng = RngSource(rng)
-        self.noise_sampler = noise_sampler
+        self._init_central(sampling="fixed", clipping="fixed", num_clients=None, rng=rng,
+                           publish_client_metrics=publish_client_metrics, event_label=EVENT_LABEL,
+                           noise_sampler=noise_sampler)
         if noise_sampler == "flower":
             log(WARNING, "noise_sampler='flower': central noise from NumPy's global generator (reproducible by "
                 "anyone who seeds it); use the default OS-entropy sampler for a real deployment.")
-        self.publish_client_metrics = bool(publish_client_metrics)
-        self.round_offset = max(self.ledger.rounds(), default=0)
-        self.budget_exhausted = False
-        self._skipped_rounds: set[int] = set()
-        self._spec: Optional[dict] = None
-        self._dimension = 0
-        self._secure_bound = self.clipping_norm
 
     def __repr__(self) -> str:
         """Compute a string representation of the strategy."""
         return "Accounted Differential Privacy Strategy Wrapper (Server-Side Fixed Clipping)"
-
-    # ------------------------------------------------------------------ events
-    def round_event(self) -> DpEvent:
-        """One release, in the ledger's relation: ``GaussianDpEvent(z)`` (add/remove; z/2 under replace-one),
-        or with ``noise_sampler="secure"`` the discrete Gaussian's ``ZCDpEvent`` (4ρ under replace-one)."""
-        event: DpEvent = GaussianDpEvent(self.noise_multiplier)
-        if self.noise_sampler == "secure":
-            event = secure_release_event(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients,
-                                         self._dimension, self._secure_bound)
-        return convert_event(event, ADD_OR_REMOVE_ONE, self.ledger.neighboring_relation)
-
-    nominal_event = round_event
-
-    # ------------------------------------------------------------------ rounds
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Configure training, or send nothing if the next release would exceed the budget."""
-        self._spec = array_spec(arrays)
-        self._dimension = sum(math.prod(shape) for shape, _, _ in self._spec.values())
-        self._secure_bound = self.clipping_norm * max(1, len(grid.get_node_ids())) / self.num_sampled_clients
-        if self.ledger.would_exceed(central_events=[self.round_event()]):
-            self._stop(server_round)
-            return []
-        return super().configure_train(server_round, arrays, config, grid)
-
-    def _stop(self, server_round: int) -> None:
-        """Mark the budget as exhausted from ``server_round`` on and say so."""
-        self._skipped_rounds.add(server_round)
-        if not self.budget_exhausted:
-            log(
-                WARNING,
-                "Privacy budget: one more release (noise multiplier %s) would exceed max_epsilon=%s "
-                "at delta=%g (spent: epsilon=%.4f). No further training: round %d and later release nothing.",
-                self.noise_multiplier, self.ledger.max_epsilon, self.ledger.target_delta,
-                self.ledger.epsilon(), server_round,
-            )
-        self.budget_exhausted = True
-
-    @single_threaded_blas
-    def aggregate_train(
-        self,
-        server_round: int,
-        replies: Iterable[Message],
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Screen, clip, sum over m, add noise; record the release and return it with the ledger's figures."""
-        if server_round in self._skipped_rounds:
-            return None, None
-        flower_event = self._pop_pending_event(server_round)
-        accepted, rejected = self.screen_and_book(
-            server_round, replies,
-            lambda c: screen_train_content(c, self._spec, self._weight_key, self.max_reply_bytes, check_values=False,
-                                           max_weight=self.max_weight),
-            phase="train")
-        summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
-        accepted = self.drop_rejected(server_round, accepted, summed.add_records([reply_arrays(r) for r in accepted]),
-                                      "non-finite", rejected)
-        if not accepted or (self.accountant is not None
-                            and not validate_replies(accepted, self.num_sampled_clients, strict=True)):
-            return None, self.round_metrics(None, rejected)
-        arrays = self._release(summed)
-        self._compose_release(flower_event)
-        self.ledger.record(self.round_event(), server_round=server_round + self.round_offset, label=EVENT_LABEL)
-        metrics = None
-        if self.publish_client_metrics:
-            self.ledger.record(NonPrivateDpEvent(), server_round=server_round + self.round_offset,
-                               label=NON_PRIVATE_METRICS_LABEL)
-            metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn,  # type: ignore[attr-defined]
-                                              [r.content for r in accepted], self._weight_key)
-        self.save_ledger()
-        return arrays, self.round_metrics(metrics, rejected)
-
-    def _release(self, summed: ClippedSum) -> ArrayRecord:
-        """w + S/m + N(0, (zC/m)² I), noise from OS entropy (or Flower's sampler if asked)."""
-        m, sigma = self.num_sampled_clients, self.noise_multiplier * self.clipping_norm / self.num_sampled_clients
-        log(INFO, "aggregate_fit: parameters are clipped by value: %.4f.", self.clipping_norm)
-        if self.noise_sampler == "flower":
-            arrays = fixed_denominator_release(summed, m, 0.0, self.rng())
-            values = [a.numpy() for a in arrays.values()]
-            add_gaussian_noise_inplace(values, sigma)
-            arrays = ArrayRecord({key: to_array(v) for key, v in zip(arrays.keys(), values)})
-        else:
-            bound = self._secure_bound if self.noise_sampler == "secure" else None
-            arrays = fixed_denominator_release(summed, m, sigma, self.rng(), secure_bound=bound)
-        log(INFO, "aggregate_fit: central DP noise with %.4f stdev added", sigma)
-        return arrays
-
-    @property
-    def _weight_key(self) -> str:
-        return self.strategy.weighted_by_key  # type: ignore[attr-defined]
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """Configure federated evaluation; nothing once the budget is exhausted."""
-        if self.budget_exhausted:
-            return []
-        return super().configure_evaluate(server_round, arrays, config, grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """Screened evaluate replies and the wrapped FedAvg's metric aggregation."""
-        return self.screened_evaluate(server_round, replies, self.strategy)
 
     def summary(self) -> None:
         """Log the privacy spent so far, then Flower's DP settings and the wrapped strategy's summary

@@ -45,19 +45,19 @@ The bit is a client metric: it is never published (only its noised sum is).
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping
 from typing import Optional
 
 import numpy as np
 
-from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideAdaptiveClipping
-from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
+from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
 from .adaptive_clipping import AdaptiveClippingMixin
 from ..rounds.reply_screening import records_of, reply_arrays
 from ..rounds.streaming_aggregation import ClippedSum
+from ..rounds.template import Screened
 
 #: MetricRecord key of the client's bit: 1 if its update's norm was <= the clipping norm (unclipped), else 0.
 KEY_UNCLIPPED_BIT = "unclipped_bit"
@@ -113,34 +113,28 @@ class AccountedClientSideAdaptiveClipping(AdaptiveClippingMixin, DifferentialPri
     """
 
     event_label = EVENT_LABEL
+    clipping_side = "client"  # C_t goes to the clients in the train config under Flower's key
 
-    def train_config(self, config: ConfigRecord) -> ConfigRecord:
-        """The config with this round's clipping norm (Flower's key)."""
-        config[KEY_CLIPPING_NORM] = float(self.clipping_norm)
-        return config
-
-    def add_updates(self, server_round: int, summed: ClippedSum, replies: list[Message],
-                    rejected: Counter[str]) -> tuple[list[Message], int]:
+    def add_updates(self, server_round: int, summed: ClippedSum, screened: Screened) -> int:
         """Add (clipped to C) every reply with a valid bit and an update of norm <= :func:`clipped_norm_limit`;
-        the others are rejected (``values``; NaN/inf: ``non-finite``) before any of their update is added."""
+        the others are rejected (``values``; NaN/inf: ``non-finite``) before any of their update is added.
+        Returns the number of unclipped bits of the replies added."""
         keys = list(summed.reference)
         limit = clipped_norm_limit(summed.reference, summed.clipping_norm)
-        added, unclipped = [], 0
-        for reply in replies:
+        unclipped, reasons = 0, {}
+        for index, reply in enumerate(screened.accepted):
             bit = read_unclipped_bit(reply.content)
             if bit is None:
-                self._reject(server_round, reply, "values", rejected)
+                reasons[index] = "values"
                 continue
             record = reply_arrays(reply)
             norm = summed.add([record[key] for key in keys], limit=limit)
-            if norm is None:
-                self._reject(server_round, reply, "non-finite", rejected)
-            elif norm > limit:
-                self._reject(server_round, reply, "values", rejected)
+            if norm is None or norm > limit:
+                reasons[index] = "non-finite" if norm is None else "values"
             else:
-                added.append(reply)
                 unclipped += bit
-        return added, unclipped
+        screened.reject_each(reasons)
+        return unclipped
 
     def __repr__(self) -> str:
         return (f"AccountedClientSideAdaptiveClipping(z={self.noise_multiplier}, C={self.clipping_norm:.6g}, "

@@ -17,7 +17,7 @@ estimator):
   .. math:: \tilde w = w + \frac1m \sum_{i \in S} \bar\Delta_i + \mathcal N\!\big(0, (zC/m)^2 I\big),
             \qquad \bar\Delta_i = \Delta_i \min(1, C/\lVert\Delta_i\rVert_2),
 
-  with the sum streamed in place (:class:`~.streaming_aggregation.ClippedSum`:
+  with the sum streamed in place (:class:`~flwr_dp_strategies.rounds.streaming_aggregation.ClippedSum`:
   per reply, :math:`\Delta_i` is written into one model-sized buffer, its norm
   is the square root of the per-key ``dot`` products summed, and
   :math:`\min(1, C/\lVert\Delta_i\rVert_2)\,\Delta_i` is added to one
@@ -54,31 +54,24 @@ is rejected (``non-finite``) before any of it is added.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Optional
 
-from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
-from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, PrivacyAccountant, SamplingMethod
+from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
 from ..privacy import PrivacyLedger
-from ..privacy.rng import RngLike, RngSource
+from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
-from ..rounds.central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop,
-                              poisson_sample, require_configured, sampled_train_instructions)
-from ..rounds.client_accounting import ClientAccountingMixin
-from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays, screen_train_content
-from ..rounds.streaming_aggregation import ClippedSum, npy_view, single_threaded_blas
+from ..rounds.central_gaussian import CentralGaussianRound
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 
 
-class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacyServerSideFixedClipping):
+class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacyServerSideFixedClipping):
     """Flower's server-side fixed clipping with Poisson client sampling and a fixed denominator.
 
     Drop-in for Flower's ``DifferentialPrivacyServerSideFixedClipping``: its arguments in its order
@@ -133,126 +126,11 @@ class AccountedPoissonFixedClipping(ClientAccountingMixin, DifferentialPrivacySe
         if accountant is not None:
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
-        self.num_clients = None if num_clients is None else check_int("num_clients", num_clients, minimum=m)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
+        self._init_accounting(ledger, ledger_path, per_client_metrics, None, ADD_OR_REMOVE_ONE,
                               resume=resume, high_water_path=high_water_path)
         self._init_screening(max_weight)
-        self.publish_client_metrics = bool(publish_client_metrics)
-        self.rng = RngSource(rng)
-        self.budget_exhausted = False
-
-    @property
-    def sampling_rate(self) -> Optional[float]:
-        """q = m/N (None until N is known)."""
-        return None if self.num_clients is None else self.num_sampled_clients / self.num_clients
-
-    def round_event(self) -> PoissonSampledDpEvent:
-        """The event of one round: Poisson(q)-sampled Gaussian with noise multiplier z."""
-        return PoissonSampledDpEvent(self.sampling_rate, GaussianDpEvent(self.noise_multiplier))
-
-    def flower_event(self) -> Optional[GaussianPrivacyEvent]:
-        """The same round for Flower's accountant (None without one): q = m/N as sample/population."""
-        if self.accountant is None:
-            return None
-        return GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier, sample_size=self.num_sampled_clients,
-                                    population_size=self.accountant.config.population_size)
-
-    def _would_exceed(self) -> bool:
-        """One more round would exceed the ledger's ``max_epsilon`` or the Flower accountant's."""
-        if self.ledger.would_exceed(central_events=[self.round_event()],
-                                     neighboring_relation="add_or_remove_one"):
-            return True
-        flower = self.flower_event()
-        return flower is not None and self.accountant.config.max_epsilon is not None \
-            and self.accountant.would_exceed(flower)
-
-    # ------------------------------------------------------------------ train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """Poisson-sample the nodes (rate q) and send them the wrapped strategy's instruction; nothing once the
-        budget is spent, nor in a round the wrapped strategy configures no training (then nothing is released).
-
-        The wrapped strategy's ``configure_train`` makes the instruction (its config, e.g. a learning-rate
-        schedule, its records); only its choice of nodes is replaced
-        (:func:`.central_release.sampled_train_instructions`).
-        """
-        nodes = sorted(grid.get_node_ids())
-        if self.num_clients is None:
-            self.num_clients = check_int("num_clients", len(nodes), minimum=self.num_sampled_clients)
-        self.current_arrays = arrays
-        self._spec = array_spec(arrays)
-        if self._would_exceed():
-            self._stop(server_round)
-            return []
-        chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
-        messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
-        self._idle_round = server_round if messages is None else None
-        if messages is None:
-            log(INFO, "configure_train: the wrapped strategy configures no training in round %d", server_round)
-            messages = []
-        else:
-            log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(chosen),
-                self.sampling_rate, len(nodes))
-        self.remember_instructions("train", server_round, messages)
-        return messages
-
-    def _stop(self, server_round: int) -> None:
-        if not self.budget_exhausted:
-            if self.ledger.would_exceed(central_events=[self.round_event()],
-                                     neighboring_relation="add_or_remove_one"):
-                log_budget_stop(server_round, self.ledger)
-            else:
-                log(WARNING, "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "
-                    "no further training.", server_round, self.accountant.config.max_epsilon)
-        self.budget_exhausted = True
-
-    @single_threaded_blas
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Clip, sum in place, divide by m, add N(0, (zC/m)²), record the sampled-Gaussian event.
-
-        Published next to the release: the ledger's figures only (no count of replies, see the module
-        docstring).
-        Not the sample size (amplification assumes the sample is secret: publishing |S| alone
-        costs ε = 1.31 over 100 rounds at N = 100, q = 0.1), and not the clients' train
-        metrics unless ``publish_client_metrics=True`` (then booked as non-private).
-        """
-        require_configured(self)
-        if self.budget_exhausted or server_round == getattr(self, "_idle_round", None):
-            return None, None
-        accepted, rejected = self.screen_and_book(
-            server_round, replies,
-            lambda c: screen_train_content(c, self._spec, self.strategy.weighted_by_key, check_values=False,
-                                           max_weight=self.max_weight),
-            phase="train")
-        summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, self.clipping_norm)
-        accepted = self.drop_rejected(server_round, accepted, summed.add_records([reply_arrays(r) for r in accepted]),
-                                      "non-finite", rejected)
-        sigma = self.noise_multiplier * self.clipping_norm / self.num_sampled_clients
-        arrays = fixed_denominator_release(summed, self.num_sampled_clients, sigma, self.rng())
-        self.ledger.record(self.round_event(), server_round=server_round, label=EVENT_LABEL,
-                           neighboring_relation="add_or_remove_one")
-        self._compose_release(self.flower_event())  # Flower's accountant, if any (logs as Flower does)
-        metrics = None
-        if self.publish_client_metrics:
-            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, label=NON_PRIVATE_METRICS_LABEL)
-            metrics = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
-                                              self.strategy.weighted_by_key) if accepted else MetricRecord()
-        self.save_ledger()
-        return arrays, self.round_metrics(metrics, rejected)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screened evaluate replies and the wrapped FedAvg's metric aggregation."""
-        return self.screened_evaluate(server_round, replies, self.strategy)
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """The wrapped strategy's evaluation; nothing once the budget is spent."""
-        if self.budget_exhausted:
-            return []
-        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
-        self.remember_instructions("evaluate", server_round, messages)
-        return messages
+        self._init_central(sampling="poisson", clipping="fixed", num_clients=num_clients, rng=rng,
+                           publish_client_metrics=publish_client_metrics, event_label=EVENT_LABEL)
 
     def summary(self) -> None:
         """Log the privacy spent so far, then Flower's DP settings and the wrapped FedAvg's summary."""

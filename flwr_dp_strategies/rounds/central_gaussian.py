@@ -1,0 +1,374 @@
+r"""The one central-Gaussian round, with its sampler and clip policy chosen by configuration.
+
+Every central-DP strategy of this package releases, per round,
+
+.. math:: \tilde w = w + \frac1m \sum_{i \in S} \bar\Delta_i + \mathcal N\!\big(0, \sigma^2 I\big),
+          \qquad \bar\Delta_i = \Delta_i \min(1, C_t/\lVert\Delta_i\rVert_2),
+
+over a public denominator m (:mod:`.central_release`), and books one Gaussian event of
+noise multiplier z per round under ``add_or_remove_one`` (user-level DP). Two settings
+select the variant (as Opacus chooses an optimizer variant by configuration):
+
+* ``sampling``: ``"fixed"`` (the wrapped FedAvg's fixed-size sample, booked as
+  ``GaussianDpEvent(z)``: no amplification claimed) or ``"poisson"`` (each node asked
+  independently with q = m/N from OS entropy, :func:`.central_release.poisson_sample`,
+  booked as ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``: the contribution of one
+  client is bounded whatever the sample, so the round is a sampled Gaussian mechanism;
+  Mironov, Talwar & Zhang 2019). Either way the wrapped strategy's ``configure_train``
+  makes the instruction (config, records); the sampler chooses only the nodes.
+* ``clipping``: ``"fixed"`` (C constant, σ = zC/m) or ``"adaptive"`` (Andrew et al.,
+  NeurIPS 2021, Algorithm 1: the round releases the pair (clipped sum, centred unclipped
+  count) with noise :math:`z_\Delta C_t` and :math:`\sigma_b`, a Gaussian mechanism of
+  multiplier exactly z when :math:`z_\Delta = (z^{-2} - (2\sigma_b)^{-2})^{-1/2}`; then
+  :math:`C_{t+1} = C_t \exp(-\eta(\bar b - \gamma))`, post-processing). With adaptive
+  clipping the clip happens on the server (``clipping_side="server"``) or the clients clip
+  and send their bit (``"client"``; the server re-clips and rejects out-of-range bits and
+  norms, :mod:`flwr_dp_strategies.strategy.client_side_adaptive_clipping`).
+
+The round runs through :class:`~.template.AccountedRound`: screening, then
+:meth:`CentralGaussianRound.release_train` (clip, sum, noise, the event as a booking),
+then booking, saving (the learnt C is saved with the ledger: public, it costs nothing)
+and publishing (the ledger's figures; ``dp/clipping-norm`` and ``dp/unclipped-fraction``
+with adaptive clipping; the clients' train metrics only with
+``publish_client_metrics=True``, which books the round as non-private). Training stops
+before a round would exceed ``ledger.max_epsilon`` (or a Flower accountant's).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable
+from logging import INFO, WARNING
+from typing import Any, Optional
+
+import numpy as np
+from dp_accounting.dp_event import DpEvent, GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.supercore.differential_privacy import add_gaussian_noise_inplace
+
+from ..privacy import PrivacyLedger
+from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
+from ..privacy.rng import RngSource
+from ..privacy.validation import check_int, check_positive
+from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop, poisson_sample,
+                              require_configured, sampled_train_instructions, secure_release_event)
+from .client_accounting import ContentCheck
+from .metrics import aggregate_reply_metrics
+from .reply_screening import array_spec, reply_arrays, screen_train_content
+from .streaming_aggregation import ClippedSum, npy_view, to_array
+from .template import AccountedRound, Booking, Release, Screened
+
+SAMPLING = ("poisson", "fixed")
+CLIPPING = ("fixed", "adaptive")
+NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
+CLIPPING_NORM_METRIC = "dp/clipping-norm"
+UNCLIPPED_FRACTION_METRIC = "dp/unclipped-fraction"
+#: C is kept in [MIN_CLIPPING_NORM, MAX_CLIPPING_NORM] (post-processing: no privacy cost), so a
+#: run of thousands of rounds at an extreme target never underflows C to 0 or overflows it to inf.
+MIN_CLIPPING_NORM = 1e-300
+MAX_CLIPPING_NORM = 1e300
+
+
+def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float) -> float:
+    r""":math:`z_\Delta = (z^{-2} - (2\sigma_b)^{-2})^{-1/2}`, the multiplier of the update sum's noise that
+    makes the (sum, centred count) pair a Gaussian mechanism with multiplier z (Andrew et al., Thm 1).
+
+    Raises ValueError (naming both parameters) when :math:`z \ge 2\sigma_b`: the count alone would
+    then already cost more than z allows.
+    """
+    z = check_positive("noise_multiplier", noise_multiplier)
+    sigma_b = check_positive("clipped_count_stddev", clipped_count_stddev)
+    if z >= 2.0 * sigma_b:
+        raise ValueError(
+            f"noise_multiplier must be < 2 * clipped_count_stddev (the count's noise multiplier, sensitivity 1/2), "
+            f"got noise_multiplier={z!r} and clipped_count_stddev={sigma_b!r}; raise clipped_count_stddev "
+            f"(default num_sampled_clients/20) or lower noise_multiplier")
+    ratio = z / (2.0 * sigma_b)  # z_Δ = z / sqrt(1 - ratio²): the same number, no overflow for a tiny z
+    return float(z / math.sqrt((1.0 - ratio) * (1.0 + ratio)))
+
+
+def noisy_unclipped_fraction(centred_count: float, stddev: float, denominator: int,
+                             generator: np.random.Generator) -> float:
+    r""":math:`\bar b = \operatorname{clip}_{[0,1]}\big((\sum_i (b_i - \frac12) + \mathcal N(0, \sigma_b^2))/m
+    + \frac12\big)`, from the centred count :math:`\sum_i (b_i - \frac12)`."""
+    noisy = (centred_count + float(generator.normal(0.0, stddev))) / denominator + 0.5
+    return min(1.0, max(0.0, noisy))
+
+
+def geometric_update(clipping_norm: float, unclipped_fraction: float, target_unclipped_quantile: float,
+                     learning_rate: float) -> float:
+    r""":math:`C_{t+1} = C_t \exp(-\eta(\bar b - \gamma))`, kept in [MIN_CLIPPING_NORM, MAX_CLIPPING_NORM]."""
+    updated = clipping_norm * math.exp(-learning_rate * (unclipped_fraction - target_unclipped_quantile))
+    return min(MAX_CLIPPING_NORM, max(MIN_CLIPPING_NORM, updated))
+
+
+def check_ledger_arguments(ledger: object, ledger_path: object, sampling: str) -> None:
+    """``ledger``: None or a PrivacyLedger (add/remove-one under Poisson sampling: dp-accounting has no
+    replace-one form of the sampled Gaussian); ``ledger_path``: None, a str or a path."""
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise ValueError(f"ledger must be None or a PrivacyLedger, got {type(ledger).__name__}")
+    if sampling == "poisson" and ledger is not None and ledger.neighboring_relation != ADD_OR_REMOVE_ONE:
+        raise ValueError("ledger must use neighboring_relation='add_or_remove_one' with Poisson sampling "
+                         f"(got {ledger.neighboring_relation!r}); sample a fixed number of clients for a replace_one "
+                         "ledger")
+    if ledger_path is not None and not isinstance(ledger_path, (str, os.PathLike)):
+        raise ValueError(f"ledger_path must be None, a str or an os.PathLike, got {type(ledger_path).__name__}")
+
+
+class CentralGaussianRound(AccountedRound):
+    """The central-Gaussian round (module docstring) for a Flower DP wrapper of a FedAvg (``self.strategy``).
+
+    A public strategy sets, in its constructor, Flower's attributes (``strategy``, ``noise_multiplier``,
+    ``clipping_norm``, ``num_sampled_clients``; with adaptive clipping ``target_unclipped_quantile``,
+    ``clip_norm_lr``, ``update_noise_multiplier``, ``clipped_count_stddev``) and calls
+    :meth:`_init_central` with its configuration; it implements nothing of the round.
+    """
+
+    sampling: str = "fixed"
+    clipping: str = "fixed"
+    clipping_side: str = "server"
+    noise_sampler: str = "os-entropy"
+    event_label: str = "central-gaussian"
+    state_name: Optional[str] = None  # the name the learnt C is saved under in the ledger file (adaptive)
+    strategy: Any
+    noise_multiplier: float
+    clipping_norm: float
+    num_sampled_clients: int
+    accountant: Any = None
+
+    def _init_central(self, *, sampling: str, clipping: str, num_clients: Optional[int], rng: Any,
+                      publish_client_metrics: bool, event_label: str, noise_sampler: str = "os-entropy",
+                      clipping_side: str = "server") -> None:
+        """The configuration of the round (after the ledger is open: ``_init_accounting``)."""
+        if sampling not in SAMPLING:
+            raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+        if clipping not in CLIPPING:
+            raise ValueError(f"clipping must be one of {CLIPPING}, got {clipping!r}")
+        if noise_sampler not in NOISE_SAMPLERS:
+            raise ValueError(f"noise_sampler must be one of {NOISE_SAMPLERS}, got {noise_sampler!r}")
+        self.sampling, self.clipping, self.clipping_side = sampling, clipping, clipping_side
+        self.noise_sampler, self.event_label = noise_sampler, event_label
+        self.num_clients = None if num_clients is None else check_int("num_clients", num_clients,
+                                                                      minimum=self.num_sampled_clients)
+        self.rng = RngSource(rng)
+        self.publish_client_metrics = bool(publish_client_metrics)
+        self.round_offset = max(self.ledger.rounds(), default=0)  # a restored ledger: round numbers continue
+        self.budget_exhausted = False
+        self.current_arrays = ArrayRecord()
+        self._spec: Optional[dict] = None
+        self._idle_round: Optional[int] = None
+        self._dimension = 0
+        self._secure_bound = self.clipping_norm
+
+    # ------------------------------------------------------------------ accounting
+    @property
+    def sampling_rate(self) -> Optional[float]:
+        """q = m/N under Poisson sampling (None until N is known, or with fixed-size sampling)."""
+        if self.sampling != "poisson" or self.num_clients is None:
+            return None
+        return self.num_sampled_clients / self.num_clients
+
+    def add_remove_event(self) -> DpEvent:
+        """One round under ``add_or_remove_one``: the Gaussian of multiplier z (the discrete Gaussian's
+        ``ZCDpEvent`` with ``noise_sampler="secure"``), Poisson(q)-sampled under Poisson sampling."""
+        event: DpEvent = GaussianDpEvent(self.noise_multiplier)
+        if self.noise_sampler == "secure":
+            event = secure_release_event(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients,
+                                         self._dimension, self._secure_bound)
+        if self.sampling == "poisson":
+            event = PoissonSampledDpEvent(self.sampling_rate, event)
+        return event
+
+    def round_event(self) -> DpEvent:
+        """One round in the ledger's relation (a replace-one ledger, fixed-size sampling only, books the
+        event converted: replacing a client moves the release by twice as much)."""
+        return convert_event(self.add_remove_event(), ADD_OR_REMOVE_ONE, self.ledger.neighboring_relation)
+
+    nominal_event = round_event
+
+    def flower_event(self) -> Any:
+        """The round for a Flower ``PrivacyAccountant`` configured for Poisson sampling (None without one)."""
+        if self.accountant is None or self.sampling != "poisson":
+            return None
+        from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+
+        return GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier, sample_size=self.num_sampled_clients,
+                                    population_size=self.accountant.config.population_size)
+
+    def _ledger_would_exceed(self) -> bool:
+        return self.ledger.would_exceed(central_events=[self.add_remove_event()],
+                                        neighboring_relation=ADD_OR_REMOVE_ONE)
+
+    def _would_exceed(self) -> bool:
+        """One more round would exceed the ledger's ``max_epsilon`` (or, Poisson, the Flower accountant's)."""
+        if self._ledger_would_exceed():
+            return True
+        flower = self.flower_event()
+        return flower is not None and self.accountant.config.max_epsilon is not None \
+            and self.accountant.would_exceed(flower)
+
+    def _stop(self, server_round: int) -> None:
+        """Mark the budget as exhausted from ``server_round`` on and say so (once)."""
+        if not self.budget_exhausted:
+            if self._ledger_would_exceed():
+                log_budget_stop(server_round, self.ledger)
+            else:
+                log(WARNING, "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "
+                    "no further training.", server_round, self.accountant.config.max_epsilon)
+        self.budget_exhausted = True
+
+    # ------------------------------------------------------------------ configure
+    def train_config(self, config: ConfigRecord) -> ConfigRecord:
+        """The config sent with the model (clients that clip get this round's C under Flower's key)."""
+        if self.clipping_side == "client":
+            from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
+
+            config[KEY_CLIPPING_NORM] = float(self.clipping_norm)
+        return config
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Sample the nodes and send them the wrapped strategy's instruction; nothing once one more round
+        would exceed the budget, nor in a round the wrapped strategy configures no training (then nothing is
+        released nor booked)."""
+        nodes = sorted(grid.get_node_ids())
+        if self.sampling == "poisson" and self.num_clients is None:
+            self.num_clients = check_int("num_clients", len(nodes), minimum=self.num_sampled_clients)
+        self.current_arrays = arrays
+        self._spec = array_spec(arrays)
+        self._dimension = sum(math.prod(shape) for shape, _, _ in self._spec.values())
+        self._secure_bound = self.clipping_norm * max(1, len(nodes)) / self.num_sampled_clients
+        if self._would_exceed():
+            self._stop(server_round)
+            return []
+        config = self.train_config(config)
+        if self.sampling == "poisson":
+            chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
+            messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
+        else:
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
+            if self.accountant is not None:  # Flower's accountant: its budget check and pending event
+                messages = list(self._prepare_accounting(server_round, messages))  # type: ignore[attr-defined]
+            messages = messages or None
+        self._idle_round = server_round if messages is None else None
+        if messages is None:
+            log(INFO, "configure_train: the wrapped strategy configures no training in round %d", server_round)
+        elif self.sampling == "poisson":
+            log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(messages),
+                self.sampling_rate, len(nodes))
+        if self.clipping == "adaptive":
+            log(INFO, "configure_train: clipping norm %.6g, %s sampling", self.clipping_norm, self.sampling)
+        messages = messages or []
+        self.remember_instructions("train", server_round, messages)
+        return messages
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """The wrapped strategy's evaluation; nothing once the budget is spent."""
+        if self.budget_exhausted:
+            return []
+        messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
+        self.remember_instructions("evaluate", server_round, messages)
+        return messages
+
+    # ------------------------------------------------------------------ the round
+    def skip_train(self, server_round: int) -> bool:
+        require_configured(self)
+        return self.budget_exhausted or server_round == self._idle_round
+
+    def booking_round(self, server_round: int) -> int:
+        return server_round + self.round_offset
+
+    def train_check(self) -> ContentCheck:
+        """Identity, structure and weight of a train reply (NaN/inf are found while its update is added)."""
+        key = self.strategy.weighted_by_key
+        return lambda content: screen_train_content(content, self._spec, key, check_values=False,
+                                                    max_weight=self.max_weight)
+
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Clip and add the updates, divide by m, add the noise; with adaptive clipping also the noisy
+        unclipped fraction and the next C. The round's event is booked even for an empty sample (it is a
+        release: w + noise), except with fixed clipping and fixed-size sampling, where a round without a
+        valid reply releases nothing (Flower's wrapper, whose accountant assumes m equal replies)."""
+        flower_pending = None
+        if self.sampling == "fixed" and self.accountant is not None:
+            flower_pending = self._pop_pending_event(server_round)  # type: ignore[attr-defined]
+        clipping_norm = self.clipping_norm
+        summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, clipping_norm)
+        unclipped = self.add_updates(server_round, summed, screened)
+        accepted = screened.accepted
+        if self.clipping == "fixed" and self.sampling == "fixed":
+            if not accepted or (self.accountant is not None and not _flower_valid(accepted, self.num_sampled_clients)):
+                return Release()
+        m = self.num_sampled_clients
+        generator = self.rng()
+        metrics: Optional[MetricRecord] = None
+        if self.clipping == "adaptive":
+            arrays = fixed_denominator_release(summed, m, self.update_noise_multiplier * clipping_norm / m, generator)
+            fraction = noisy_unclipped_fraction(unclipped - len(accepted) / 2.0, self.clipped_count_stddev, m,
+                                                generator)
+            self.clipping_norm = geometric_update(clipping_norm, fraction, self.target_unclipped_quantile,
+                                                  self.clip_norm_lr)
+            metrics = MetricRecord({CLIPPING_NORM_METRIC: float(clipping_norm),
+                                    UNCLIPPED_FRACTION_METRIC: float(fraction)})
+            if self.state_name is not None:
+                self.ledger_store.set_state(self.state_name, {"clipping_norm": float(self.clipping_norm)})
+        else:
+            arrays = self._fixed_release(summed, generator)
+        bookings = [Booking(self.add_remove_event(), self.event_label, neighboring_relation=ADD_OR_REMOVE_ONE)]
+        self._compose_release(flower_pending if flower_pending is not None else self.flower_event())
+        if self.publish_client_metrics:
+            bookings.append(Booking(NonPrivateDpEvent(), NON_PRIVATE_METRICS_LABEL))
+            published = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
+                                                self.strategy.weighted_by_key) if accepted else MetricRecord()
+            metrics = published if metrics is None else _merged(published, metrics)
+        return Release(arrays, metrics, bookings)
+
+    def add_updates(self, server_round: int, summed: ClippedSum, screened: Screened) -> int:
+        """Clip and add every accepted update to ``summed`` (NaN/inf: rejected as ``non-finite``); the number
+        of updates left unscaled (the unclipped bits :math:`b_i = 1`)."""
+        screened.reject(summed.add_records([reply_arrays(r) for r in screened.accepted]), "non-finite")
+        return summed.count - summed.clipped
+
+    def _fixed_release(self, summed: ClippedSum, generator: np.random.Generator) -> ArrayRecord:
+        """w + S/m + N(0, (zC/m)² I) from OS entropy (the discrete Gaussian with ``noise_sampler="secure"``,
+        Flower's NumPy sampler with ``"flower"``)."""
+        m = self.num_sampled_clients
+        sigma = self.noise_multiplier * self.clipping_norm / m
+        log(INFO, "aggregate_fit: parameters are clipped by value: %.4f.", self.clipping_norm)
+        if self.noise_sampler == "flower":
+            arrays = fixed_denominator_release(summed, m, 0.0, generator)
+            values = [a.numpy() for a in arrays.values()]
+            add_gaussian_noise_inplace(values, sigma)
+            arrays = ArrayRecord({key: to_array(v) for key, v in zip(arrays.keys(), values)})
+        else:
+            bound = self._secure_bound if self.noise_sampler == "secure" else None
+            arrays = fixed_denominator_release(summed, m, sigma, generator, secure_bound=bound)
+        log(INFO, "aggregate_fit: central DP noise with %.4f stdev added", sigma)
+        return arrays
+
+    def _compose_release(self, event: Any) -> None:  # Flower's wrappers define it; adaptive ones have none
+        parent = getattr(super(), "_compose_release", None)
+        if parent is not None:
+            parent(event)
+
+
+def _flower_valid(replies: list[Message], num_sampled_clients: int) -> bool:
+    from flwr.serverapp.strategy.dp_fixed_clipping import validate_replies
+
+    return validate_replies(replies, num_sampled_clients, strict=True)
+
+
+def _merged(first: MetricRecord, second: MetricRecord) -> MetricRecord:
+    out = MetricRecord(dict(first.items()))
+    for key, value in second.items():
+        out[key] = value
+    return out
+
+
+__all__ = ["CLIPPING", "CLIPPING_NORM_METRIC", "CentralGaussianRound", "check_ledger_arguments", "MAX_CLIPPING_NORM", "MIN_CLIPPING_NORM",
+           "NOISE_SAMPLERS", "SAMPLING", "UNCLIPPED_FRACTION_METRIC", "geometric_update", "noisy_unclipped_fraction",
+           "update_noise_multiplier"]
