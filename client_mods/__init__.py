@@ -9,8 +9,8 @@ it per node.
 Mods (act on a message):
 
 * :class:`LaplaceInferenceMod` - ε-LDP Laplace noise on inference results
-  (probability vectors, L1 sensitivity 2) in evaluate replies (seed 000);
-  :func:`laplace_eval_epsilon` - the seed's ε for a target noise magnitude.
+  (probability vectors, L1 sensitivity 2) in evaluate replies;
+  :func:`laplace_eval_epsilon` - the ε for a target noise magnitude (MindSpore's rule).
 * :class:`LocalUpdateNoiseMod` - clip + analytic-Gaussian noise on model
   updates in train replies (local DP, LDP-FL).
 * :func:`adaptive_clipping_mod` - central DP with adaptive clipping: clip the
@@ -21,12 +21,12 @@ Mods (act on a message):
   update (for :class:`flwr_dp_strategies.DistributedDpFedAvg`);
   :func:`make_distributed_dp_mod` sets a noise floor the client insists on.
 * :func:`signds_mod` - SignDS encoding of the train update (a few sorted
-  indices, a sign and a MagRR bit replace the weights), seed 004.
+  indices, a sign and a MagRR bit replace the weights; Jiang et al. 2022).
 
 Data wrappers (act on local data):
 
 * :class:`LabelDp` - randomized-response label DP on a batch of labels
-  (binary, one-hot or integer; numpy or torch), seed 003;
+  (binary, one-hot or integer; numpy or torch; Ghazi et al. 2021);
 * :class:`LabelDpDataset`, :func:`private_labels`, :func:`declare_label_release`
   - randomise a client's labels once, keep them in ``context.state`` and declare
   the release exactly once (ledger with ``neighboring_relation="replace_one"``).

@@ -1,4 +1,4 @@
-r"""Label differential privacy by randomized response (seed 003: vertical-FL label protection).
+r"""Label differential privacy by randomized response, for label protection in vertical FL.
 
 In vertical (split) federated learning the *label party* trains the top model on
 its labels and sends gradients w.r.t. the feature parties' embeddings back to
