@@ -9,8 +9,8 @@ it per node.
 Mods (act on a message):
 
 * :class:`LaplaceInferenceMod` - ε-LDP Laplace noise on inference results
-  (probability vectors, L1 sensitivity 2) in evaluate replies (seed 000);
-  :func:`laplace_eval_epsilon` - the seed's ε for a target noise magnitude.
+  (probability vectors, L1 sensitivity 2) in evaluate replies;
+  :func:`laplace_eval_epsilon` - the ε for a target noise magnitude (MindSpore's rule).
 * :class:`LocalUpdateNoiseMod` - clip + analytic-Gaussian noise on model
   updates in train replies (local DP, LDP-FL).
 * :func:`adaptive_clipping_mod` - central DP with adaptive clipping: clip the
@@ -21,13 +21,13 @@ Mods (act on a message):
   update (for :class:`flwr_dp_strategies.DistributedDpFedAvg`);
   :func:`make_distributed_dp_mod` sets a noise floor the client insists on.
 * :func:`signds_mod` - SignDS encoding of the train update (a few sorted
-  indices, a sign and a MagRR bit replace the weights), seed 004.
+  indices, a sign and a MagRR bit replace the weights; Jiang et al. 2022).
 
 Data wrappers (act on local data):
 
-* :class:`LabelDP` - randomized-response label DP on a batch of labels
-  (binary, one-hot or integer; numpy or torch), seed 003;
-* :class:`LabelDPDataset`, :func:`private_labels`, :func:`declare_label_release`
+* :class:`LabelDp` - randomized-response label DP on a batch of labels
+  (binary, one-hot or integer; numpy or torch; Ghazi et al. 2021);
+* :class:`LabelDpDataset`, :func:`private_labels`, :func:`declare_label_release`
   - randomise a client's labels once, keep them in ``context.state`` and declare
   the release exactly once (ledger with ``neighboring_relation="replace_one"``).
 
@@ -55,8 +55,8 @@ _LAZY = {
     "covariance_reply": "federated_pca", "project": "federated_pca", "projection_from_state": "federated_pca",
     "store_projection": "federated_pca",
     "FunctionalMechanismTrainer": "functional_mechanism",
-    "LabelDP": "label_dp",
-    "LABEL_DP_DECLARATION": "label_dp_data", "LabelDPDataset": "label_dp_data",
+    "LabelDp": "label_dp",
+    "LABEL_DP_DECLARATION": "label_dp_data", "LabelDpDataset": "label_dp_data",
     "declare_label_release": "label_dp_data", "is_label_release_declared": "label_dp_data",
     "label_release_event": "label_dp_data", "private_labels": "label_dp_data",
     "LaplaceInferenceMod": "laplace_inference", "laplace_eval_epsilon": "laplace_inference",
@@ -88,18 +88,24 @@ from .signds_mod import make_signds_mod, signds_mod  # noqa: E402
 if TYPE_CHECKING:  # static analysers and the docs generator see the real names
     from .federated_pca import covariance_reply, project, projection_from_state, store_projection
     from .functional_mechanism import FunctionalMechanismTrainer
-    from .label_dp import LabelDP
-    from .label_dp_data import (LABEL_DP_DECLARATION, LabelDPDataset, declare_label_release,
+    from .label_dp import LabelDp
+    from .label_dp_data import (LABEL_DP_DECLARATION, LabelDpDataset, declare_label_release,
                                 is_label_release_declared, label_release_event, private_labels)
     from .laplace_inference import LaplaceInferenceMod, laplace_eval_epsilon
     from .local_update_noise import LocalUpdateNoiseMod
+
+
+#: former names -> "module:new name": they still resolve, with a DeprecationWarning naming the new import.
+_MOVED = {"LabelDP": "client_mods:LabelDp", "LabelDPDataset": "client_mods:LabelDpDataset"}
 
 
 def __getattr__(name: str):
     """Import the submodule that defines ``name`` on first use (Opacus, torch: seconds)."""
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from flwr_dp_strategies._deprecation import resolve_moved
+
+        return resolve_moved(__name__, name, _MOVED)
     import importlib
 
     value = getattr(importlib.import_module(f".{module}", __name__), name)
@@ -121,8 +127,8 @@ __all__ = [
     "project",
     "projection_from_state",
     "store_projection",
-    "LabelDP",
-    "LabelDPDataset",
+    "LabelDp",
+    "LabelDpDataset",
     "LaplaceInferenceMod",
     "LocalUpdateNoiseMod",
     "SecureObjectiveTrainer",

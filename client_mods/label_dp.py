@@ -1,9 +1,9 @@
-r"""Label differential privacy by randomized response (seed 003: vertical-FL label protection).
+r"""Label differential privacy by randomized response, for label protection in vertical FL.
 
 In vertical (split) federated learning the *label party* trains the top model on
 its labels and sends gradients w.r.t. the feature parties' embeddings back to
 them; those gradients can reveal the labels (e.g. the sign of the gradient of a
-binary cross-entropy). :class:`LabelDP` randomises the labels **once, before
+binary cross-entropy). :class:`LabelDp` randomises the labels **once, before
 training**; everything computed afterwards (top model, gradients, predictions)
 is post-processing of the randomised labels and inherits their guarantee.
 
@@ -55,7 +55,7 @@ Differences from MindSpore Federated's ``mindspore_federated.privacy.LabelDP``
   also allows ε = 0, a uniform relabelling that carries no information about the
   labels (0-DP) and is useless for training; this package rejects ε = 0 like
   every other mechanism here (:func:`~flwr_dp_strategies.privacy.validation.check_epsilon`).
-  "No label DP" is simply not applying :class:`LabelDP`;
+  "No label DP" is simply not applying :class:`LabelDp`;
 * numpy arrays and torch tensors are accepted (MindSpore: only its own Tensor),
   plus integer class labels (``num_classes=``), which MindSpore does not take.
 
@@ -194,8 +194,8 @@ def randomize(arr: np.ndarray, epsilon: float, num_classes: Optional[int], rng: 
     return noisy.reshape(arr.shape), k
 
 
-class LabelDP:
-    r"""ε-label-DP randomized response on a batch of labels: ``LabelDP(eps)(labels)``.
+class LabelDp:
+    r"""ε-label-DP randomized response on a batch of labels: ``LabelDp(eps)(labels)``.
 
     Args:
         eps: privacy parameter ε in ``(0, inf)``. Not capped: large ε are exact.
@@ -230,7 +230,7 @@ class LabelDP:
         self._rng = RngSource(rng)
 
     def __repr__(self) -> str:
-        return f"LabelDP(eps={self.eps!r}, num_classes={self.num_classes!r})"
+        return f"LabelDp(eps={self.eps!r}, num_classes={self.num_classes!r})"
 
     def __call__(self, labels: LabelsT) -> LabelsT:
         """Randomised copy of ``labels`` (same type, dtype, device and shape)."""
@@ -245,7 +245,7 @@ class LabelDP:
     def _k(self, num_classes: Optional[int]) -> int:
         k = self.num_classes if num_classes is None else num_classes
         if k is None:
-            raise ValueError("num_classes must be an integer in [2, inf): pass it here or to LabelDP(num_classes=...)")
+            raise ValueError("num_classes must be an integer in [2, inf): pass it here or to LabelDp(num_classes=...)")
         return check_int("num_classes", k, minimum=2)
 
     def keep_probability(self, num_classes: Optional[int] = None) -> float:
@@ -270,6 +270,17 @@ class LabelDP:
         return rr_event(self.eps, self._k(num_classes))
 
 
+def __getattr__(name: str):
+    """``LabelDP``, the former spelling of :class:`LabelDp`: still resolves, with a DeprecationWarning."""
+    if name == "LabelDP":
+        import warnings
+
+        warnings.warn("client_mods.label_dp.LabelDP is deprecated: use client_mods.LabelDp "
+                      "(from client_mods import LabelDp)", DeprecationWarning, stacklevel=2)
+        return LabelDp
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
-    "LabelDP", "class_indices", "label_format", "like", "one_hot_indices", "randomize", "to_numpy", "validated_indices",
+    "LabelDp", "class_indices", "label_format", "like", "one_hot_indices", "randomize", "to_numpy", "validated_indices",
 ]

@@ -1,12 +1,12 @@
 r"""Randomise a client's labels ONCE and keep them: a dataset wrapper and Flower helpers.
 
-Label DP (:class:`client_mods.label_dp.LabelDP`) protects each label by releasing
+Label DP (:class:`client_mods.label_dp.LabelDp`) protects each label by releasing
 a randomised copy of it. Randomising the *same* label again (every epoch, every
 round, every rebuilt ClientApp) is a new release: k releases of one label are
 k·ε-label-DP at best, and averaging them undoes the protection. So the labels are
 randomised exactly once and the randomised copy is reused for all training.
 
-* :class:`LabelDPDataset` wraps a torch ``Dataset`` of ``(x, y)`` items, or
+* :class:`LabelDpDataset` wraps a torch ``Dataset`` of ``(x, y)`` items, or
   ``(X, y)`` arrays, and randomises all labels once, at construction; its
   items are ``(x, noisy_y)``. The true labels are not kept. Build it once per
   process (and not once per epoch).
@@ -90,7 +90,7 @@ def _dataset_labels(dataset: Dataset) -> np.ndarray:
     return np.stack([to_numpy(dataset[i][1]) for i in range(n)]) if n else np.zeros(0, dtype=np.int64)
 
 
-class LabelDPDataset(Dataset):
+class LabelDpDataset(Dataset):
     r"""A dataset whose labels were randomised once with ε-label-DP randomized response.
 
     Args:
@@ -178,7 +178,7 @@ def private_labels(
 ) -> tuple[LabelsT, bool]:
     """Randomised ``labels`` (same type, dtype, device, shape), randomised once per node and kept.
 
-    The first call randomises with :class:`~client_mods.label_dp.LabelDP` rules
+    The first call randomises with :class:`~client_mods.label_dp.LabelDp` rules
     (binary / k-ary / one-hot) and stores the result in ``context.state``; every
     later call (another round, a rebuilt ClientApp) returns the stored labels.
 
@@ -250,10 +250,21 @@ def is_label_release_declared(context: Context, *, key: str = DEFAULT_STATE_KEY)
     return bool(meta is not None and meta["declared"])
 
 
+def __getattr__(name: str):
+    """``LabelDPDataset``, the former spelling of :class:`LabelDpDataset`: still resolves, with a DeprecationWarning."""
+    if name == "LabelDPDataset":
+        import warnings
+
+        warnings.warn("client_mods.label_dp_data.LabelDPDataset is deprecated: use client_mods.LabelDpDataset "
+                      "(from client_mods import LabelDpDataset)", DeprecationWarning, stacklevel=2)
+        return LabelDpDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_STATE_KEY",
     "LABEL_DP_DECLARATION",
-    "LabelDPDataset",
+    "LabelDpDataset",
     "declare_label_release",
     "is_label_release_declared",
     "label_release_event",

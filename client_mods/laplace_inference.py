@@ -1,4 +1,4 @@
-r"""Local Laplace protection of inference results (seed 000; MindSpore ``LAPLACE`` eval).
+r"""ε-LDP Laplace protection of inference results (MindSpore Federated's ``privacy_eval_type: LAPLACE``).
 
 Needs two things from the app: the evaluate function returns its inference result as an
 ArrayRecord ``"inference"`` in the reply (what the mod noises, what the server's
@@ -21,7 +21,8 @@ with equality for disjoint supports, e.g. :math:`e_1` and :math:`e_2`. So
 :math:`\Delta_1 = 2` (the default) and the release is ε-LDP (Dwork & Roth 2014,
 Thm 3.6): for every output z, :math:`p(z|x)/p(z|y) \le e^{\varepsilon\lVert x-y\rVert_1/\Delta_1} \le e^\varepsilon`.
 
-The seed's proof states :math:`\lVert X - Y\rVert_1 \le 1` for two vectors summing to 1;
+MindSpore Federated's documentation of this mechanism states :math:`\lVert X - Y\rVert_1 \le 1`
+for two vectors summing to 1;
 that is false (the bound is 2), so MindSpore's scale :math:`b = 1/\varepsilon` gives
 :math:`2\varepsilon`-LDP, not ε. ``seed_calibration=True`` reproduces MindSpore's noise
 (:math:`b = 1/\varepsilon_\text{configured}`) and the ledger then records the ε the
@@ -29,7 +30,7 @@ release really has, :math:`2\varepsilon_\text{configured}`. ``m`` vectors in one
 are ``m`` Laplace releases composed (``SelfComposedDpEvent``).
 
 Declared relation (:attr:`LaplaceInferenceMod.neighboring_relation`): ``"replace_one"``
-when Δ₁ ≥ 2 (any two vectors, LDP); ``"add_or_remove_one"`` when 1 ≤ Δ₁ < 2 (the seed's
+when Δ₁ ≥ 2 (any two vectors, LDP); ``"add_or_remove_one"`` when 1 ≤ Δ₁ < 2 (MindSpore's
 Δ₁ = 1 bounds a vector against the absent, all-zero one: ‖x‖₁ = 1), which a replace-one
 ledger converts soundly (doubling Δ₁). Δ₁ < 1 bounds no relation and is refused.
 
@@ -77,10 +78,10 @@ CONFIG_LAPLACE_EVAL_EPS = "laplace-eval-eps"
 
 
 def laplace_eval_epsilon(noise_bound: float = 1e-5, probability: float = 0.9, *, sensitivity: float = 1.0) -> float:
-    r"""The ε at which Laplace(Δ₁/ε) noise satisfies :math:`P(|L| < t) = p` (seed 000).
+    r"""The ε at which Laplace(Δ₁/ε) noise satisfies :math:`P(|L| < t) = p`.
 
     :math:`P(|L| < t) = 1 - e^{-t/b}`, so :math:`b = t/\ln(1/(1-p))` and
-    :math:`\varepsilon = \Delta_1 \ln(1/(1-p))/t`. With the seed's ``sensitivity=1``
+    :math:`\varepsilon = \Delta_1 \ln(1/(1-p))/t`. With MindSpore's ``sensitivity=1``
     and its t = 1e-5, p = 0.9: ε = ln(10)/1e-5 ≈ 230 258.5 (MindSpore rounds to
     230 260). The same noise on probability vectors is 2ε-LDP (see the module
     docstring): pass ``sensitivity=2`` for the ε to give :class:`LaplaceInferenceMod`.
@@ -194,7 +195,8 @@ class LaplaceInferenceMod:
         return ArrayRecord({name: Array(value) for name, value in noisy.items()}), event
 
     def _noise(self, vectors: np.ndarray, epsilon: float):
-        """Per-vector ε-LDP release; the seed calibration adds b = 1/ε and declares its true ε."""
+        """Per-vector ε-LDP release; ``seed_calibration`` adds MindSpore's b = 1/ε and declares the true
+        ε·Δ₁ (2ε on the simplex)."""
         if self.seed_calibration:
             true_epsilon = epsilon * self.sensitivity / SEED_SENSITIVITY
             if true_epsilon != epsilon:

@@ -1,4 +1,4 @@
-"""Flower mod: replace a train reply's weights by its SignDS upload (seed 004).
+"""Flower mod: replace a train reply's weights by its SignDS upload (SignDS-FL, Jiang et al. 2022).
 
 Needs its server counterpart: the ServerApp's strategy must be
 :class:`flwr_dp_strategies.SignDS` (it takes FedAvg's arguments), which puts the SignDS

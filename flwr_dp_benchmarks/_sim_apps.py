@@ -160,7 +160,7 @@ VARIANTS: dict[str, Variant] = {
         lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd-before", kind="diagnostic",
         what="as DpSgdTrainer (Opacus) the way it ran before issue 27.4's tuning: a trainer built per message, "
              "ghost clipping, the shard read per example by Opacus' DPDataLoader (the same mechanism and events)"),
-    "LabelDP": Variant(lambda n: FedAvg(**fedavg_args(n)), client="label-dp", kind="mod",
+    "LabelDp": Variant(lambda n: FedAvg(**fedavg_args(n)), client="label-dp", kind="mod",
                        what="labels randomised once per node (epsilon = 2, k = 10, kept in context.state) and "
                             "declared once; server: Flower's FedAvg"),
     "FunctionalMechanismTrainer": Variant(lambda n: FedAvg(**fedavg_args(n)), client="fm", model="head", kind="mod",

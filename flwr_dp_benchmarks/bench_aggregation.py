@@ -41,7 +41,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
-                                LayerShuffler, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS)
+                                MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS)
+from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import encode_update
 from flwr_dp_strategies.rounds.streaming_aggregation import npy_view

@@ -4,8 +4,8 @@ r"""Server side of LDP federated PCA (DELM Algorithm 2, lines 7-9).
 (message ``train.pca``, answered by :func:`client_mods.federated_pca.covariance_reply`),
 books each declared release in the ledger (share the ledger with the training
 strategy, so that ``privacy/epsilon`` includes the PCA), rejects malformed
-replies (wrong shape, NaN, asymmetric, oversized, undeclared: counted in the
-metrics, the others go on), averages the accepted ones, eigendecomposes and
+replies (wrong shape, NaN, asymmetric, oversized, undeclared: logged and counted
+in ``rejections``, the others go on), averages the accepted ones, eigendecomposes and
 sends the top-k eigenvectors back (``train.pca_projection``). Everything after
 the clients' releases is post-processing.
 

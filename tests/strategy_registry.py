@@ -29,8 +29,9 @@ from client_mods.secure_objective import SecureObjectiveTrainer
 from conftest import FakeGrid
 from flwr_dp_strategies import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping, AccountedFedAvg,
                                 AccountedPoissonFixedClipping, AccountedServerSideFixedClipping, ClusterEvaluation,
-                                DistributedDpFedAvg, LayerShuffler, MinDivergenceExpSampling, NoisyObjectiveSum,
-                                SecureObjectiveSum, ShuffleAmplifiedFedAvg, SignDS)
+                                DistributedDpFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, SecureObjectiveSum,
+                                ShuffleAmplifiedFedAvg, SignDS)
+from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 from secagg_harness import LoopbackGrid, shifting_app

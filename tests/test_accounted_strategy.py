@@ -12,7 +12,8 @@ from flwr.serverapp.strategy import FedAdam, FedAvg
 
 from conftest import FakeGrid
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping, privacy_metric_record
+from flwr_dp_strategies.rounds.metrics import privacy_metric_record
+from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping
 
 M = 4  # clients per round
 Z = 0.8

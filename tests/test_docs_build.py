@@ -37,6 +37,6 @@ def test_mkdocs_build_strict(tmp_path):
     assert 'id="flwr_dp_strategies.privacy.PrivacyLedger"' in privacy
 
     # every page of the nav was built
-    for page in ("quickstart", "choosing", "ledger", "mechanisms", "delm", "adaptive-clipping", "deployment",
-                 "benchmarks"):
+    for page in ("quickstart", "architecture", "choosing", "ledger", "mechanisms", "delm", "adaptive-clipping",
+                 "differences-from-flower", "deployment", "benchmarks"):
         assert (site / page / "index.html").is_file(), page

@@ -18,8 +18,9 @@ from flwr.serverapp.strategy import FedAvg
 from conftest import FakeGrid
 from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
-                                ClusterEvaluation, LayerShuffler, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg,
-                                SignDS, declare_release)
+                                ClusterEvaluation, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS,
+                                declare_release)
+from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.privacy import PrivacyLedger
 
 pytestmark = pytest.mark.usefixtures("task_identity")

@@ -11,7 +11,8 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from scipy import stats as st
 
 from client_mods import covariance_reply, project, projection_from_state, store_projection
-from flwr_dp_strategies import LdpFederatedPCA, declare_release
+from flwr_dp_strategies import declare_release
+from flwr_dp_strategies.federated_pca import LdpFederatedPCA
 from flwr_dp_strategies.privacy import PrivacyLedger, gaussian_sigma
 from flwr_dp_strategies.privacy.covariance import (
     analyze_gauss,

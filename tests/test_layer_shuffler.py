@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from flwr_dp_strategies import LayerShuffler
+from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.layer_shuffler import layer_groups
 
 N, M = 20, 4

@@ -114,12 +114,12 @@ def test_rounds_compose_per_client_in_accounted_fedavg():
 def test_pickled_copies_of_a_default_mod_draw_different_noise():
     import pickle
 
-    from client_mods import LabelDP
+    from client_mods import LabelDp
 
     mod = LocalUpdateNoiseMod(1.0, 1.0)
     outs = [released(pickle.loads(pickle.dumps(mod)), [np.zeros(16)], [np.zeros(16)])[0][0] for _ in range(2)]
     assert not np.array_equal(outs[0], outs[1])
-    label_dp = LabelDP(0.5, num_classes=10)
+    label_dp = LabelDp(0.5, num_classes=10)
     labels = np.arange(200) % 10
     a, b = (pickle.loads(pickle.dumps(label_dp))(labels) for _ in range(2))
     assert not np.array_equal(a, b)

@@ -20,7 +20,8 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from conftest import FakeGrid
 from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies.rounds.template import Release
-from flwr_dp_strategies import (AccountedFedAvg, ClusterEvaluation, LayerShuffler, ShuffleAmplifiedFedAvg, SignDS, declare_release)
+from flwr_dp_strategies import AccountedFedAvg, ClusterEvaluation, ShuffleAmplifiedFedAvg, SignDS, declare_release
+from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.cluster_scores import cluster_scores
 from flwr_dp_strategies.declarations import PRIVACY_RECORD
 from flwr_dp_strategies.privacy import PrivacyLedger

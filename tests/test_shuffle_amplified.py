@@ -10,7 +10,8 @@ import pytest
 from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from flwr_dp_strategies import AccountedFedAvg, LayerShuffler, ShuffleAmplifiedFedAvg, declare_release
+from flwr_dp_strategies import AccountedFedAvg, ShuffleAmplifiedFedAvg, declare_release
+from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.events import PureDpEvent
 from flwr_dp_strategies.privacy.shuffle import shuffle_amplified_epsilon

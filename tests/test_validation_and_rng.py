@@ -15,8 +15,8 @@ from flwr_dp_strategies.privacy import (
     gaussian_sigma,
     kary_randomized_response,
     laplace_mechanism,
-    resolve_rng,
 )
+from flwr_dp_strategies.privacy.rng import resolve_rng
 
 BAD_EPS = [0.0, -1.0, math.nan, math.inf, "1", None, True]
 

@@ -23,7 +23,6 @@ from .randomized_response import (
 )
 from .release import Release
 from .shuffle import shuffle_amplified_epsilon, shuffle_amplified_event
-from .rng import resolve_rng
 
 # dp-accounting's absl warnings must never add a root log handler (every Flower line would print twice)
 _route_absl_warnings()
@@ -56,10 +55,18 @@ __all__ = [
     "laplace_mechanism",
     "laplace_scale",
     "privacy_metrics",
-    "resolve_rng",
     "rr_event",
     "shuffle_amplified_epsilon",
     "shuffle_amplified_event",
     "strong_composition",
     "textbook_bounds",
 ]
+
+#: internal helpers that left this package's surface -> "module:name" (DeprecationWarning; PEP 562)
+_MOVED = {"resolve_rng": "flwr_dp_strategies.privacy.rng:resolve_rng"}
+
+
+def __getattr__(name: str):
+    from .._deprecation import resolve_moved
+
+    return resolve_moved(__name__, name, _MOVED)

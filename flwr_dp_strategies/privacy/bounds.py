@@ -1,11 +1,11 @@
 """Textbook composition and subsampling bounds, for comparison with the accountants.
 
-These are what the seeds and most papers quote; the ledger's RDP/PLD figures
+These are what most papers and tutorials quote; the ledger's RDP/PLD figures
 are tighter and are what the project reports. All take and return (ε, δ).
 
 * Basic composition (Dwork et al. 2006): (Σεᵢ, Σδᵢ).
-* Strong (advanced) composition as written in the DP-SGD seed (Dwork,
-  Rothblum, Vadhan 2010; seed 002 §"Composition"): T mechanisms, each (ε, δ)-DP,
+* Strong (advanced) composition (Dwork, Rothblum, Vadhan 2010, "Boosting and
+  Differential Privacy", FOCS), in the form DP-SGD tutorials quote: T mechanisms, each (ε, δ)-DP,
   compose to ε̃ = ε·√(2T·ln(1/δ')) + T·ε·(e^ε − 1)/(e^ε + 1), δ̃ = T·δ + δ'.
 * Amplification by subsampling (Balle, Barthe, Gaboardi 2018, Thm 9; Poisson
   or uniform sampling with rate q under the matching relation):

@@ -8,7 +8,7 @@ Balle & Wang 2018, Thm 8: δ(ε) = Φ(1/(2z) − εz) − e^ε·Φ(−1/(2z) −
 Calibration: :func:`gaussian_sigma` returns the smallest σ for a target (ε, δ)
 from that exact curve (dp-accounting's ``get_sigma_gaussian``), valid for every
 ε > 0. The classical σ = Δ₂·√(2 ln(1.25/δ))/ε (Dwork & Roth Thm A.1, used by
-Flower's ``LocalDpMod`` and the DP-SGD seed's eq. (1)) holds only for ε < 1; it
+Flower's ``LocalDpMod`` and most DP-SGD tutorials) holds only for ε < 1; it
 is offered as :func:`classical_gaussian_sigma` for comparison and rejects ε ≥ 1.
 
 Floating-point caveat: by default noise comes from numpy's ``Generator.normal`` in

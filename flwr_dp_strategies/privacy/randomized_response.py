@@ -3,7 +3,8 @@
 Binary RR: each bit is flipped independently with probability
 f = 1/(1 + e^ε), kept with 1 − f = e^ε/(1 + e^ε). For two inputs y ≠ y' the
 likelihood ratio of any output is at most (1−f)/f = e^ε, so each bit's release
-is ε-DP under replacement of that bit (label DP, seed 003).
+is ε-DP under replacement of that bit (label DP: Ghazi et al. 2021, "Deep Learning
+with Label Differential Privacy", NeurIPS).
 
 k-ary RR: the true value y ∈ {0..k−1} is kept with probability
 e^ε/(e^ε + k − 1) and otherwise replaced by one of the k − 1 other values

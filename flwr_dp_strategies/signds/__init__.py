@@ -1,4 +1,8 @@
-"""SignDS with MagRR (seed 004; MindSpore Federated spec §1–4), Flower-free core.
+"""SignDS with MagRR, Flower-free core.
+
+SignDS: Jiang, Zhou, Grossklags, "SignDS-FL: Local Differentially-Private Federated Learning with
+Sign-based Dimension Selection", ACM TIST 2022;
+MagRR and the parameter domains as in MindSpore Federated's local-DP SignDS training.
 
 * :func:`encode_update` - the client algorithm on a flat update vector;
 * :func:`optimal_output_dim` - h when ``sign_dim_out = 0`` (exact, log space);

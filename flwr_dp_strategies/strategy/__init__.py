@@ -41,8 +41,11 @@
   secure aggregation: clients send exact, rounded coefficients with a Skellam share,
   the sum carries the noise of one release (√m less than ``NoisyObjectiveSum``),
   solved once on the server (``client_mods.secure_objective`` on the clients).
-* :func:`privacy_metric_record` / :func:`with_privacy_metrics` - the helpers
-  every accounted strategy uses to publish the ledger's figures.
+
+This package exports strategies only. The helpers every accounted strategy uses live in
+:mod:`flwr_dp_strategies.rounds`: ``ClientAccountingMixin`` in
+:mod:`flwr_dp_strategies.rounds.client_accounting`, ``privacy_metric_record`` and
+``with_privacy_metrics`` in :mod:`flwr_dp_strategies.rounds.metrics`.
 
 Every strategy aggregates dense replies by streaming them
 (:mod:`flwr_dp_strategies.rounds.streaming_aggregation`: payloads read zero-copy, one in-place accumulator
@@ -56,7 +59,6 @@ from .accounted_fedavg import AccountedFedAvg
 from .adaptive_clipping import AccountedAdaptiveClipping
 from .client_side_adaptive_clipping import AccountedClientSideAdaptiveClipping
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
-from ..rounds.client_accounting import ClientAccountingMixin
 from .cluster_evaluation import ClusterEvaluation
 from .distributed_dp_fedavg import DistributedDpFedAvg
 from .min_divergence import MinDivergenceExpSampling
@@ -65,7 +67,6 @@ from .poisson_fixed_clipping import AccountedPoissonFixedClipping
 from .secure_objective_sum import SecureObjectiveSum
 from .shuffle_amplified import ShuffleAmplifiedFedAvg
 from .signds import SignDS
-from ..rounds.metrics import privacy_metric_record, with_privacy_metrics
 
 __all__ = [
     "AccountedAdaptiveClipping",
@@ -73,7 +74,6 @@ __all__ = [
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",
     "AccountedServerSideFixedClipping",
-    "ClientAccountingMixin",
     "ClusterEvaluation",
     "DistributedDpFedAvg",
     "MinDivergenceExpSampling",
@@ -81,4 +81,17 @@ __all__ = [
     "SecureObjectiveSum",
     "ShuffleAmplifiedFedAvg",
     "SignDS",
-    "privacy_metric_record", "with_privacy_metrics"]
+]
+
+#: names that left this package -> "module:name" (they resolve, with a DeprecationWarning; PEP 562)
+_MOVED = {
+    "ClientAccountingMixin": "flwr_dp_strategies.rounds.client_accounting:ClientAccountingMixin",
+    "privacy_metric_record": "flwr_dp_strategies.rounds.metrics:privacy_metric_record",
+    "with_privacy_metrics": "flwr_dp_strategies.rounds.metrics:with_privacy_metrics",
+}
+
+
+def __getattr__(name: str):
+    from .._deprecation import resolve_moved
+
+    return resolve_moved(__name__, name, _MOVED)

@@ -1,6 +1,6 @@
 """ServerApp: DELM over a Flower Grid, every release booked in one record-level ledger.
 
-1. LDP federated PCA (:class:`~flwr_dp_strategies.LdpFederatedPCA`, messages
+1. LDP federated PCA (:class:`~flwr_dp_strategies.federated_pca.LdpFederatedPCA`, messages
    ``train.pca`` and ``train.pca_projection``): the projection V (d × q) from the
    mean of the clients' noisy second moments; skipped when ``components`` = 0
    (V = I: the head sits on the pixels and FM gets the whole budget).
@@ -29,8 +29,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_dp_strategies import (AccountedFedAvg, LdpFederatedPCA, MinDivergenceExpSampling, NoisyObjectiveSum,
+from flwr_dp_strategies import (AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum,
                                 ShuffleAmplifiedFedAvg)
+from flwr_dp_strategies.federated_pca import LdpFederatedPCA
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
 from flwr_dp_strategies.rounds.client_accounting import resolve_ledger

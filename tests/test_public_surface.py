@@ -1,0 +1,108 @@
+"""The package-level ``__all__``s are small and honest, and every name that left one still resolves.
+
+* ``flwr_dp_strategies`` exports the strategies, ``PrivacyLedger`` and the declaration API only;
+* ``flwr_dp_strategies.strategy`` exports strategies only;
+* a name that left a package (or was renamed, ``LabelDP`` -> ``LabelDp``) resolves through the package's
+  module-level ``__getattr__`` (PEP 562) to the same object, with a DeprecationWarning naming the new import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+
+import pytest
+
+STRATEGIES = {
+    "AccountedAdaptiveClipping",
+    "AccountedClientSideAdaptiveClipping",
+    "AccountedFedAvg",
+    "AccountedPoissonFixedClipping",
+    "AccountedServerSideFixedClipping",
+    "ClusterEvaluation",
+    "DistributedDpFedAvg",
+    "MinDivergenceExpSampling",
+    "NoisyObjectiveSum",
+    "SecureObjectiveSum",
+    "ShuffleAmplifiedFedAvg",
+    "SignDS",
+}
+
+PACKAGES = ("flwr_dp_strategies", "flwr_dp_strategies.strategy", "flwr_dp_strategies.privacy", "client_mods")
+
+#: (package, former name, module that holds it now, name there)
+MOVED = [
+    ("flwr_dp_strategies", "LdpFederatedPCA", "flwr_dp_strategies.federated_pca", "LdpFederatedPCA"),
+    ("flwr_dp_strategies", "LayerShuffler", "flwr_dp_strategies.layer_shuffler", "LayerShuffler"),
+    ("flwr_dp_strategies.strategy", "ClientAccountingMixin", "flwr_dp_strategies.rounds.client_accounting",
+     "ClientAccountingMixin"),
+    ("flwr_dp_strategies.strategy", "privacy_metric_record", "flwr_dp_strategies.rounds.metrics",
+     "privacy_metric_record"),
+    ("flwr_dp_strategies.strategy", "with_privacy_metrics", "flwr_dp_strategies.rounds.metrics",
+     "with_privacy_metrics"),
+    ("flwr_dp_strategies.privacy", "resolve_rng", "flwr_dp_strategies.privacy.rng", "resolve_rng"),
+    ("client_mods", "LabelDP", "client_mods", "LabelDp"),
+    ("client_mods", "LabelDPDataset", "client_mods", "LabelDpDataset"),
+    ("client_mods.label_dp", "LabelDP", "client_mods", "LabelDp"),
+    ("client_mods.label_dp_data", "LabelDPDataset", "client_mods", "LabelDpDataset"),
+]
+
+
+def test_top_level_exports_strategies_ledger_and_declarations_only():
+    import flwr_dp_strategies
+
+    assert set(flwr_dp_strategies.__all__) == STRATEGIES | {"PrivacyLedger", "declare_release", "read_declarations"}
+
+
+def test_strategy_package_exports_strategies_only():
+    import flwr_dp_strategies.strategy as strategy
+
+    assert set(strategy.__all__) == STRATEGIES
+    from flwr.serverapp.strategy import Strategy
+
+    for name in strategy.__all__:
+        assert issubclass(getattr(strategy, name), Strategy), name
+
+
+def test_privacy_surface_drops_internal_helpers_only():
+    import flwr_dp_strategies.privacy as privacy
+
+    assert "resolve_rng" not in privacy.__all__
+    for kept in ("PrivacyLedger", "LedgerStore", "LedgerRdpAccountant", "LedgerPldAccountant", "gaussian_mechanism",
+                 "laplace_mechanism", "exponential_mechanism", "rr_event", "PureDpEvent", "Release"):
+        assert kept in privacy.__all__, kept
+
+
+def test_one_spelling_of_dp_in_client_mods():
+    import client_mods
+
+    assert {"LabelDp", "LabelDpDataset"} <= set(client_mods.__all__)
+    assert not [name for name in client_mods.__all__ if "DP" in name and not name.isupper()]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_all_entry_resolves_without_warning(package):
+    module = importlib.import_module(package)
+    assert len(module.__all__) == len(set(module.__all__)), "duplicate names in __all__"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        for name in module.__all__:
+            assert getattr(module, name) is not None, name
+
+
+@pytest.mark.parametrize(("package", "old", "module", "new"), MOVED, ids=[f"{p}.{o}" for p, o, _, _ in MOVED])
+def test_moved_name_resolves_with_deprecation_warning(package, old, module, new):
+    pkg = importlib.import_module(package)
+    assert old not in getattr(pkg, "__all__", ())
+    expected = getattr(importlib.import_module(module), new)
+    with pytest.warns(DeprecationWarning, match=rf"{module.replace('.', r'[.]')}.*{new}|{new}.*{module}"):
+        value = getattr(pkg, old)
+    assert value is expected
+    with pytest.warns(DeprecationWarning):  # ``from package import old`` goes through the same hook
+        exec(f"from {package} import {old}", {})
+
+
+def test_unknown_name_is_still_an_attribute_error():
+    for package in PACKAGES:
+        with pytest.raises(AttributeError):
+            getattr(importlib.import_module(package), "no_such_name")
