@@ -38,7 +38,7 @@ from ..declarations import Declaration
 from ..privacy import PrivacyLedger
 from .client_accounting import ClientAccountingMixin, ContentCheck, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import check_weight
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight
 from .streaming_aggregation import NonFiniteReplies, single_threaded_blas
 
 TEMPLATE_METHODS = ("aggregate_train", "aggregate_evaluate")
@@ -143,6 +143,18 @@ class AccountedRound(ClientAccountingMixin):
             if name in cls.__dict__:
                 raise TypeError(f"{cls.__name__} defines {name}: the accounted round owns it (screen → release → "
                                 "book → save → publish); implement release_train / release_evaluate instead")
+
+    def _init_round(self, *, ledger: Optional[PrivacyLedger] = None, ledger_path: Optional[str] = None,
+                    resume: bool = False, high_water_path: Optional[str] = None, per_client_metrics: bool = False,
+                    max_reply_bytes: Optional[int] = None, max_weight: float = DEFAULT_MAX_WEIGHT,
+                    neighboring_relation: str = "replace_one") -> None:
+        """Open the strategy's ledger (restored from ``ledger_path``, see
+        :func:`~.client_accounting.open_ledgers`) and set the screening limits; call it in ``__init__``
+        after the Flower strategy's own constructor. ``neighboring_relation``: the default ledger's
+        (``add_or_remove_one`` for central DP, ``replace_one`` for client-declared releases)."""
+        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes, neighboring_relation,
+                              resume=resume, high_water_path=high_water_path)
+        self._init_screening(max_weight)
 
     # ------------------------------------------------------------------ hooks
     @property
