@@ -62,12 +62,11 @@ from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_argu
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of
 from ..rounds.streaming_aggregation import NonFiniteReplies
+from ..wire import LINEAR_KEY, QUADRATIC_KEY
 
 MAX_COEFFICIENT_ABS = 1e100
 """Bound on |coefficient| of an accepted objective: a sum of 10^9 of them and the products of the solve stay
 finite (honest coefficients are counts of at most ``max_weight`` = 1e9 records times bounded features, plus noise)."""
-LINEAR_KEY = "fm.linear"
-QUADRATIC_KEY = "fm.quadratic"
 
 
 class NoisyObjectiveSum(AccountedFedAvg):
