@@ -37,30 +37,27 @@ from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
 from flwr_dp_strategies.npy_codec import npy_view, to_array
 from flwr_dp_strategies.privacy.validation import check_positive
-from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
+from flwr_dp_strategies.wire import KEY_UNCLIPPED_BIT, flat_update
 
 _SHRINK_ATTEMPTS = 8
-
-
-def _norm(arrays: list[np.ndarray], reference: list[np.ndarray]) -> float:
-    """‖x − w‖₂ over all arrays, in float64."""
-    return math.sqrt(sum(float(np.sum(np.square(np.asarray(x, np.float64) - r))) for x, r in zip(arrays, reference)))
 
 
 def clip_to_norm(received: list[np.ndarray], trained: list[np.ndarray],
                  clipping_norm: float) -> tuple[list[np.ndarray], int]:
     """(arrays to send, unclipped bit): :math:`w + \\Delta\\min(1, C/\\lVert\\Delta\\rVert_2)` in the received
     dtypes, whose distance to ``received`` (after the cast) is at most C, and :math:`1[\\lVert\\Delta\\rVert_2 \\le C]`."""
-    if len(received) != len(trained) or any(r.shape != t.shape for r, t in zip(received, trained)):
-        raise ValueError("trained arrays must have the shapes of the received ones")
+    delta = flat_update(received, trained)
     reference = [np.asarray(r, np.float64) for r in received]
-    deltas = [np.asarray(t, np.float64) - r for r, t in zip(reference, trained)]
-    norm = math.sqrt(sum(float(np.sum(np.square(d))) for d in deltas))
+    deltas, start = [], 0
+    for r in reference:
+        deltas.append(delta[start:start + r.size].reshape(r.shape))
+        start += r.size
+    norm = math.sqrt(float(np.dot(delta, delta)))
     bit = int(norm <= clipping_norm)
     scale = 1.0 if bit else clipping_norm / norm
     for _ in range(_SHRINK_ATTEMPTS):
         out = [_cast(r + scale * d, original.dtype) for r, d, original in zip(reference, deltas, received)]
-        sent = _norm(out, reference)
+        sent = float(np.linalg.norm(flat_update(reference, out)))
         if sent <= clipping_norm:
             return out, bit
         scale *= clipping_norm / sent * (1.0 - 1e-9)

@@ -48,15 +48,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_dp_strategies.npy_codec import npy_view
 from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, encode_update
 from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
 from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
 from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, field
+from flwr_dp_strategies.wire import DISTRIBUTED_DP_FIELDS, flat_update
 
-DP_FIELDS = {"dp-dim": int, "dp-clip-norm": float, "dp-scale": float, "dp-rotation-seed": int, "dp-beta": float,
-             "dp-noise-share": float}
+DP_FIELDS = DISTRIBUTED_DP_FIELDS
 """The public distributed-DP parameters of the collect stage (server → client), with their types."""
 
 
@@ -73,19 +72,6 @@ def _single_array_record(content: RecordDict, what: str) -> ArrayRecord:
     if len(records) != 1:
         raise ValueError(f"the {what} must hold exactly one ArrayRecord, got {len(records)}")
     return records[0]
-
-
-def update_vector(received: ArrayRecord, trained: ArrayRecord) -> np.ndarray:
-    """Δ = w' − w over every array, flattened in the received order (float64)."""
-    if list(trained.keys()) != list(received.keys()):
-        raise ValueError("the train reply's arrays must have the received keys, in the received order")
-    parts = []
-    for key in received.keys():
-        w, w_new = npy_view(received[key]), npy_view(trained[key])
-        if w.shape != w_new.shape:
-            raise ValueError(f"array {key!r}: trained shape {w_new.shape} differs from received {w.shape}")
-        parts.append((w_new.astype(np.float64) - w.astype(np.float64)).ravel())
-    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0, max_colluding_clients: int = 0,
@@ -119,7 +105,7 @@ def _encode(msg: Message, ctxt: Context, call_next: ClientAppCallable, state: Co
     reply = call_next(msg, ctxt)
     if reply.has_error():
         raise RuntimeError(f"the train function failed: {reply.error}")
-    delta = update_vector(received, _single_array_record(reply.content, "train reply"))
+    delta = flat_update(received, _single_array_record(reply.content, "train reply"))
     if delta.size != params.dim:
         raise ValueError(f"the update has {delta.size} values, the server expects dp-dim = {params.dim}")
     return encode_update(delta, params, local_noise_variance=share, rng=generator)
@@ -128,4 +114,4 @@ def _encode(msg: Message, ctxt: Context, call_next: ClientAppCallable, state: Co
 distributed_dp_mod = make_distributed_dp_mod()
 """The mod with no noise floor, drawing from OS entropy."""
 
-__all__ = ["DP_FIELDS", "distributed_dp_mod", "make_distributed_dp_mod", "params_from_record", "update_vector"]
+__all__ = ["DP_FIELDS", "distributed_dp_mod", "make_distributed_dp_mod", "params_from_record"]

@@ -61,7 +61,7 @@ from flwr_dp_strategies.privacy.functional_mechanism import (
 )
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
-from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
+from flwr_dp_strategies.wire import LINEAR_KEY, QUADRATIC_KEY
 
 STATE_KEY = "functional-mechanism"
 UPLOADS: tuple[str, ...] = ("head", "objective")

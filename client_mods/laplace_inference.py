@@ -69,12 +69,11 @@ from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import laplace_mechanism
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_epsilon, check_positive, check_sensitivity
+from flwr_dp_strategies.wire import CONFIG_LAPLACE_EVAL_EPS, CONFIG_PRIVACY_EVAL_TYPE
 
 PROBABILITY_SIMPLEX_L1_DIAMETER = 2.0
 SEED_SENSITIVITY = 1.0
 EVENT_LABEL = "local-laplace/inference-results"
-CONFIG_PRIVACY_EVAL_TYPE = "privacy-eval-type"
-CONFIG_LAPLACE_EVAL_EPS = "laplace-eval-eps"
 
 
 def laplace_eval_epsilon(noise_bound: float = 1e-5, probability: float = 0.9, *, sensitivity: float = 1.0) -> float:

@@ -54,6 +54,7 @@ from flwr_dp_strategies.privacy.release import Release
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_positive, check_sensitivity
 from flwr_dp_strategies.npy_codec import npy_view, to_array
+from flwr_dp_strategies.wire import flat_update
 
 EVENT_LABEL = "local-gaussian/update"
 
@@ -124,9 +125,7 @@ class LocalUpdateNoiseMod:
 
     def privatize(self, received: list[np.ndarray], trained: list[np.ndarray]) -> Release[list[np.ndarray]]:
         """Clip the concatenated update, add noise, and return the noisy weights (same shapes)."""
-        if len(received) != len(trained) or any(a.shape != b.shape for a, b in zip(received, trained)):
-            raise ValueError("trained arrays must have the shapes of the received ones")
-        update = np.concatenate([(np.asarray(t, np.float64) - r).ravel() for r, t in zip(received, trained)])
+        update = flat_update(received, trained)
         clipped, _ = clip_l2(update, self.clipping_norm)
         release = gaussian_mechanism(clipped, noise_multiplier=self.noise_multiplier,
                                      sensitivity=self.sensitivity, rng=self.rng(), secure=self.secure,

@@ -47,9 +47,9 @@ from flwr_dp_strategies.privacy.secure_objective import (SecureObjectiveParams, 
 from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
 from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
+from flwr_dp_strategies.wire import SECURE_OBJECTIVE_FIELDS
 
-OBJECTIVE_FIELDS = {"fm-dim": int, "fm-num-classes": int, "fm-loss": str, "fm-scale": float,
-                    "fm-noise-share": float}
+OBJECTIVE_FIELDS = SECURE_OBJECTIVE_FIELDS
 """The public parameters of the collect stage (server → client), with their types."""
 
 

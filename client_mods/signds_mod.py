@@ -26,30 +26,18 @@ encoding (the ClientApp is pickled to simulation workers for every message).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp.typing import ClientAppCallable
 
 from client_mods.reply_metrics import settle_metrics
 from flwr_dp_strategies.declarations import declare_release
-from flwr_dp_strategies.npy_codec import ArrayLike, npy_view, to_array
+from flwr_dp_strategies.npy_codec import npy_view, to_array
 from flwr_dp_strategies.signds import MagRRConfig, encode_update, round_event
+from flwr_dp_strategies.wire import SIGNDS_CONFIG_KEYS, SIGNDS_EVENT_LABEL, flat_update
 
-EVENT_LABEL = "signds/indices+magrr-bit"
-CONFIG_KEYS = {
-    "sign_k": "signds-sign-k",
-    "sign_eps": "signds-sign-eps",
-    "sign_thr_ratio": "signds-sign-thr-ratio",
-    "sign_dim_out": "signds-sign-dim-out",
-    "max_dim_out": "signds-max-dim-out",
-    "r_est": "signds-r-est",
-    "is_reached": "signds-is-reached",
-    "rr_epsilon": "signds-rr-eps",
-    "growth_margin": "signds-growth-margin",
-    "shrink_margin": "signds-shrink-margin",
-}
+EVENT_LABEL = SIGNDS_EVENT_LABEL
+CONFIG_KEYS = SIGNDS_CONFIG_KEYS
 
 
 class SignDSConfigMissing(KeyError):
@@ -88,26 +76,6 @@ def signds_settings(config: ConfigRecord) -> dict:
         "is_reached": int(config[CONFIG_KEYS["is_reached"]]),
         "magrr": magrr,
     }
-
-
-def flat_update(received: Mapping[str, ArrayLike], trained: Mapping[str, ArrayLike]) -> np.ndarray:
-    """trained − received over the received record's keys, flattened and concatenated in that order.
-
-    Payloads are read zero-copy (:func:`~flwr_dp_strategies.npy_codec.npy_view`);
-    the float64 difference is the only copy.
-    """
-    if list(trained.keys()) != list(received.keys()):
-        raise ValueError("signds_mod: the trained ArrayRecord must have the received keys, in order")
-    out = np.empty(sum(npy_view(received[k]).size for k in received.keys()), dtype=np.float64)
-    start = 0
-    for key in received.keys():
-        before, after = npy_view(received[key]), npy_view(trained[key])
-        if before.shape != after.shape:
-            raise ValueError(f"signds_mod: trained array {key!r} has shape {after.shape}, "
-                             f"the received one {before.shape}")
-        np.subtract(after.reshape(-1), before.reshape(-1), out=out[start:start + before.size], casting="unsafe")
-        start += before.size
-    return out
 
 
 def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100,

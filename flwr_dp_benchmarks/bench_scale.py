@@ -23,7 +23,7 @@ import sys
 
 from ._common import row
 from ._sim_apps import SHARED, pick, median, run_segments
-from .bench_simulation import rows_from
+from ._duel_rows import rows_from
 
 NAME = "scale"
 SUBJECT = "ClusterEvaluation + LaplaceInferenceMod"

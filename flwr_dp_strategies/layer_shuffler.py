@@ -58,34 +58,22 @@ Privacy analysis.
    segments): FMT assumes one common randomizer. Layer-wise splitting adds no
    provable amplification beyond whole-report shuffling here.
 
-This module is numpy only (no Flower import).
+Layer grouping (:func:`layer_groups`, :func:`default_layer_of`) is the wire contract of
+:mod:`flwr_dp_strategies.wire`, shared with the strategies that split replies by layer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from typing import TypeVar
 
 import numpy as np
 
 from .privacy.rng import RngLike, RngSource
+from .wire import default_layer_of, layer_groups
 
 Segment = TypeVar("Segment")
-
-
-def default_layer_of(key: str) -> str:
-    """The layer of a parameter key: the part before the last ``.`` (the whole key if none)."""
-    return key.rsplit(".", 1)[0]
-
-
-def layer_groups(keys: Iterable[str], layer_of: Callable[[str], str] | None = None) -> dict[str, list[str]]:
-    """``{layer: [keys]}`` in order of first appearance; ``fc1.weight`` and ``fc1.bias`` form ``fc1``."""
-    of = default_layer_of if layer_of is None else layer_of
-    groups: dict[str, list[str]] = {}
-    for key in keys:
-        groups.setdefault(str(of(key)), []).append(key)
-    return groups
 
 
 class LayerShuffler:

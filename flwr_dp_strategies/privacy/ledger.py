@@ -59,6 +59,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from . import bounds
 from .accountants import LedgerPldAccountant, LedgerRdpAccountant, basic_pure_epsilon, epsilon_from_rdp
 from .events import event_from_dict, event_key, event_to_dict
+from .ledger_file import _ORIGIN, MAIN, LedgerFileError, LedgerStore, canonical_json, parse_body, read_file
 from .release import Release
 from .event_validation import validate_event
 from .relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, check_relation, convert_event
@@ -477,8 +478,6 @@ class PrivacyLedger:
     def to_json(self) -> str:
         """Serialise the whole ledger (configuration, events, clients, rounds) as canonical JSON
         (no whitespace, ASCII, no NaN): the body a ledger file checksums."""
-        from .ledger_file import canonical_json
-
         return canonical_json({
             "format": LEDGER_FORMAT,
             "target_delta": self.target_delta,
@@ -501,8 +500,6 @@ class PrivacyLedger:
         :func:`~.event_validation.validate_event` and refused if it cannot be accounted under
         the ledger's relation). Bookings of event descriptions that turn out equal are merged.
         """
-        from .ledger_file import parse_body
-
         data = parse_body(text)
         if data["format"] != LEDGER_FORMAT:
             raise ValueError(f"unsupported ledger format {data['format']!r}, expected {LEDGER_FORMAT}")
@@ -532,8 +529,6 @@ class PrivacyLedger:
         ledger's events, i.e. one this ledger was neither loaded from nor last saved to. Other
         named ledgers in the file are kept. ``key``: HMAC key (default ``$FLWR_DP_LEDGER_KEY``).
         """
-        from .ledger_file import MAIN, LedgerStore
-
         store = LedgerStore(path, key=key, max_bytes=max_bytes)
         store.claim(MAIN, self, lambda: self)
         store.save()
@@ -546,8 +541,6 @@ class PrivacyLedger:
         Every fault (nothing there, a dangling link, an empty, oversized, corrupted, edited or
         invalid file) raises :class:`~.ledger_file.LedgerFileError` naming the file.
         """
-        from .ledger_file import _ORIGIN, LedgerFileError, read_file
-
         found = read_file(path, key=key, max_bytes=max_bytes)
         if found is None:
             raise LedgerFileError(path, "does not exist")

@@ -103,10 +103,7 @@ import stat
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Union
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .ledger import PrivacyLedger
+from typing import Any, NamedTuple, Optional, Protocol, Union
 
 FILE_FORMAT = "flwr-dp-strategies/ledger-file/2"
 FILE_FORMAT_1 = "flwr-dp-strategies/ledger-file/1"
@@ -647,11 +644,35 @@ def _high_water_target(real: str, high_water_path: Optional[PathLike]) -> str:
 _ORIGIN: "weakref.WeakKeyDictionary[Any, tuple[str, str]]" = weakref.WeakKeyDictionary()
 
 
-def _is_empty(ledger: "PrivacyLedger") -> bool:
+class StoredLedger(Protocol):
+    """What the store needs of a ledger (:class:`~.ledger.PrivacyLedger` is one): its canonical body
+    (``to_json``, and ``from_json`` on its class to rebuild one), the configuration it checks on a
+    restore, and whether it holds any event. The store rebuilds a stored body into the class of the
+    ledger that claims its name, so this module needs no import of the ledger's."""
+
+    target_delta: float
+    neighboring_relation: str
+    max_epsilon: Optional[float]
+    accounting: str
+
+    @property
+    def clients(self) -> Any: ...
+
+    def rounds(self) -> Any: ...
+
+    def epsilon(self) -> float: ...
+
+    def to_json(self) -> str: ...
+
+    @classmethod
+    def from_json(cls, text: Union[str, bytes]) -> "StoredLedger": ...
+
+
+def _is_empty(ledger: "StoredLedger") -> bool:
     return not ledger.clients and not ledger.rounds()
 
 
-def _transplant(target: "PrivacyLedger", source: "PrivacyLedger") -> None:
+def _transplant(target: "StoredLedger", source: "StoredLedger") -> None:
     """Make ``target`` (an object others hold) the restored ledger ``source``."""
     state = vars(source).copy()
     vars(target).clear()
@@ -697,7 +718,7 @@ class LedgerStore:
         self._lock: Optional[_FileLock] = None
         self._checksum: Optional[str] = None
         self._stored: dict[str, str] = {}      # bodies in the file that no one has claimed yet
-        self._ledgers: dict[str, "PrivacyLedger"] = {}
+        self._ledgers: dict[str, "StoredLedger"] = {}
         self._explicit: set[str] = set()
         self._state: dict[str, dict[str, Any]] = {}
         if path is not None:
@@ -732,8 +753,8 @@ class LedgerStore:
             mark = None if mark_data is None else decode_high_water(mark_data, mark_path, self._key)
         self._check_fresh(real, mark_path, envelope, mark, resume, beside=high_water_path is None)
         bodies, checksum = (envelope.bodies, envelope.checksum) if envelope is not None else ({}, None)
-        restored = {name: self._rebuild(real, name, body) for name, body in bodies.items()
-                    if name in self._ledgers}
+        restored = {name: self._rebuild(real, name, body, type(self._ledgers[name]))
+                    for name, body in bodies.items() if name in self._ledgers}
         for name, ledger in restored.items():  # check all before changing any
             self._check_compatible(real, name, self._ledgers[name], ledger, checksum)
         for name, ledger in restored.items():
@@ -811,16 +832,15 @@ class LedgerStore:
         return None if data is None else decode_file(data, real, self._key)
 
     @staticmethod
-    def _rebuild(path: str, name: str, body: str) -> "PrivacyLedger":
-        from .ledger import PrivacyLedger
-
+    def _rebuild(path: str, name: str, body: str, kind: type[StoredLedger]) -> StoredLedger:
+        """Ledger ``name``'s stored ``body`` rebuilt as a ``kind`` (the class of the ledger claiming it)."""
         try:
-            ledger = PrivacyLedger.from_json(body)
+            ledger = kind.from_json(body)
         except Exception as err:  # noqa: BLE001 - any failure to rebuild means the content is invalid
             raise LedgerFileError(path, f"ledger {name!r} is not a valid ledger: {err}") from err
         return ledger
 
-    def _check_compatible(self, path: str, name: str, held: "PrivacyLedger", restored: "PrivacyLedger",
+    def _check_compatible(self, path: str, name: str, held: "StoredLedger", restored: "StoredLedger",
                           checksum: Optional[str]) -> None:
         if _ORIGIN.get(held) == (path, checksum or ""):
             return  # ``held`` is the continuation of exactly this file
@@ -838,7 +858,7 @@ class LedgerStore:
             raise LedgerFileError(path, f"holds ledger {name!r} with events, and the ledger passed holds events "
                                   "of its own: refusing to choose or merge (pass an empty ledger or none)")
 
-    def _adopt(self, path: str, name: str, held: "PrivacyLedger", restored: "PrivacyLedger",
+    def _adopt(self, path: str, name: str, held: "StoredLedger", restored: "StoredLedger",
                checksum: Optional[str]) -> None:
         if _ORIGIN.get(held) == (path, checksum or ""):
             return
@@ -852,8 +872,8 @@ class LedgerStore:
         _LOG.info("Privacy ledger %r restored from %s: epsilon=%.4f at delta=%g, %d clients", name, path,
                   held.epsilon(), held.target_delta, len(held.clients))
 
-    def claim(self, name: str, ledger: Optional["PrivacyLedger"],
-              default: Callable[[], "PrivacyLedger"]) -> "PrivacyLedger":
+    def claim(self, name: str, ledger: Optional["StoredLedger"],
+              default: Callable[[], "StoredLedger"]) -> "StoredLedger":
         """The live ledger called ``name``: restored from the file (into ``ledger`` if one is passed,
         which must then be empty with the same δ and relation), else ``ledger``, else ``default()``.
 
@@ -872,7 +892,7 @@ class LedgerStore:
         if ledger is not None:
             self._explicit.add(name)
         if self.path is not None and name in self._stored:
-            restored = self._rebuild(self.path, name, self._stored[name])
+            restored = self._rebuild(self.path, name, self._stored[name], type(held))
             self._ledgers[name] = held
             try:
                 self._check_compatible(self.path, name, held, restored, self._checksum)
@@ -892,7 +912,7 @@ class LedgerStore:
             _ORIGIN[held] = (self.path, self._checksum or "")
         return held
 
-    def get(self, name: str) -> Optional["PrivacyLedger"]:
+    def get(self, name: str) -> Optional["StoredLedger"]:
         """The claimed ledger ``name``, or None."""
         return self._ledgers.get(name)
 

@@ -58,9 +58,8 @@ from .adaptive_clipping import AdaptiveClippingMixin
 from ..rounds.reply_screening import records_of, reply_arrays
 from ..rounds.streaming_aggregation import ClippedSum
 from ..rounds.template import Screened
+from ..wire import KEY_UNCLIPPED_BIT
 
-#: MetricRecord key of the client's bit: 1 if its update's norm was <= the clipping norm (unclipped), else 0.
-KEY_UNCLIPPED_BIT = "unclipped_bit"
 #: Relative slack on the norm of an update a client clipped itself, beyond the float rounding of
 #: :func:`clipped_norm_limit`.
 NORM_TOLERANCE = 1e-6

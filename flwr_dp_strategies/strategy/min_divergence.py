@@ -86,24 +86,12 @@ from ..rounds.template import Booking, Release, Screened
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
+from ..wire import default_layer_of, layer_groups as group_layers
 
 _SIGN_BLOCK = 1 << 16  # reply entries checked for NaN/inf and compared in sign while in cache
 
 SELECTION_LABEL = "selection"
 Layers = dict[str, list[str]]
-
-
-def default_layer_of(key: str) -> str:
-    """The part of ``key`` before its last '.' ("fc1.weight" → "fc1"); a key without '.' is its own layer."""
-    return key.rpartition(".")[0] or key
-
-
-def group_layers(keys: Iterable[str], layer_of: Callable[[str], str] = default_layer_of) -> Layers:
-    """``{layer: [keys]}`` in order of first appearance, keys in their original order."""
-    layers: Layers = {}
-    for key in keys:
-        layers.setdefault(layer_of(key), []).append(key)
-    return layers
 
 
 def flip_count(global_negative: np.ndarray, reply: np.ndarray, out: Optional[np.ndarray] = None) -> int:

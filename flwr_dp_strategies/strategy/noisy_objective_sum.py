@@ -64,12 +64,11 @@ from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of,
 from ..rounds.client_accounting import ContentCheck
 from ..rounds.streaming_aggregation import NonFiniteReplies
 from ..rounds.template import Release, Screened
+from ..wire import LINEAR_KEY, QUADRATIC_KEY
 
 MAX_COEFFICIENT_ABS = 1e100
 """Bound on |coefficient| of an accepted objective: a sum of 10^9 of them and the products of the solve stay
 finite (honest coefficients are counts of at most ``max_weight`` = 1e9 records times bounded features, plus noise)."""
-LINEAR_KEY = "fm.linear"
-QUADRATIC_KEY = "fm.quadratic"
 
 
 class NoisyObjectiveSum(AccountedFedAvg):

@@ -80,9 +80,10 @@ from ..rounds.metrics import aggregate_reply_metrics
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import npy_view, to_array, single_threaded_blas
+from ..wire import SIGNDS_EVENT_LABEL
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
-EVENT_LABEL = "signds/indices+magrr-bit"
+EVENT_LABEL = SIGNDS_EVENT_LABEL
 NON_PRIVATE_LABEL = "signds/rejected-undeclared (non-private)"
 HEADER_ALLOWANCE = 1024  # bytes of .npy header tolerated beyond a payload's largest valid size
 

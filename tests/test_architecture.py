@@ -1,0 +1,209 @@
+"""Import architecture, read from the source (``ast``, nothing imported).
+
+The graph has one node per module under ``flwr_dp_strategies/``, ``client_mods/`` and
+``flwr_dp_benchmarks/`` (a package is its ``__init__``) and an edge for every import
+statement anywhere in a module (top level, in functions, under ``TYPE_CHECKING``), relative
+imports resolved. ``from package import name`` is an edge to ``package.name`` when that is a
+module, else to ``package``. The rules:
+
+* client mods depend on the wire (:mod:`flwr_dp_strategies.wire`), never on a strategy or on
+  the server's round plumbing (``flwr_dp_strategies.strategy*``, ``flwr_dp_strategies.rounds*``);
+* no import cycle among these modules;
+* ``flwr_dp_strategies/privacy/`` is independent of Flower: none of its modules imports ``flwr``, nor
+  does any module of the graph they import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("flwr_dp_strategies", "client_mods", "flwr_dp_benchmarks")
+CLIENT = "client_mods"
+FORBIDDEN_FOR_CLIENT = ("flwr_dp_strategies.strategy", "flwr_dp_strategies.rounds")
+PRIVACY = "flwr_dp_strategies.privacy"
+
+
+@dataclass
+class ImportGraph:
+    """``imports[m]``: every absolute name module ``m`` imports (resolved, external ones included);
+    ``edges[m]``: the modules of the graph among them."""
+
+    imports: dict[str, set[str]] = field(default_factory=dict)
+    edges: dict[str, set[str]] = field(default_factory=dict)
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def _imports(module: str, is_package: bool, tree: ast.AST) -> set[tuple[str, Optional[str]]]:
+    """(name, origin) for everything imported anywhere in ``tree``, relative imports resolved:
+    ``("a.b", None)`` for ``import a.b``, ``("p.n", "p")`` for ``from p import n`` (``p.n`` is a
+    module or an attribute of ``p``)."""
+    found: set[tuple[str, Optional[str]]] = set()
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update((alias.name, None) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            found.update((f"{origin}.{alias.name}" if alias.name != "*" else origin, origin) for alias in node.names)
+    return found
+
+
+def build_graph(sources: Mapping[str, tuple[str, bool]]) -> ImportGraph:
+    """The import graph of ``{module: (source, is_package)}``."""
+    graph = ImportGraph()
+    for module, (source, is_package) in sources.items():
+        found = _imports(module, is_package, ast.parse(source, filename=module))
+        graph.imports[module] = {name for name, _ in found} | {origin for _, origin in found if origin}
+        targets = {name if name in sources else origin for name, origin in found
+                   if name in sources or origin in sources}
+        targets.discard(module)
+        graph.edges[module] = targets  # type: ignore[assignment]
+    return graph
+
+
+def read_sources(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> dict[str, tuple[str, bool]]:
+    """``{module: (source, is_package)}`` for every ``.py`` file under ``packages``."""
+    sources = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            if is_package:
+                parts.pop()
+            sources[".".join(parts)] = (path.read_text(encoding="utf-8"), is_package)
+    return sources
+
+
+def forbidden_imports(graph: ImportGraph, importer: str, forbidden: Iterable[str]) -> list[tuple[str, str]]:
+    """(module, name) for every name a module within ``importer`` imports from within ``forbidden``."""
+    forbidden = tuple(forbidden)
+    return sorted((module, name) for module, names in graph.imports.items() if _within(module, importer)
+                  for name in names if any(_within(name, prefix) for prefix in forbidden))
+
+
+def find_cycle(edges: Mapping[str, Iterable[str]]) -> Optional[list[str]]:
+    """One import cycle ``[m0, m1, ..., m0]``, or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(edges):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(edges[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(edges.get(nxt, ()))))
+    return None
+
+
+def flower_imports(graph: ImportGraph, package: str) -> list[tuple[str, str]]:
+    """(module, name) for every ``flwr`` (Flower) import of a module within ``package`` or of a module
+    of the graph that those import, directly or not."""
+    reached, todo = set(), [module for module in graph.edges if _within(module, package)]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(graph.edges[module])
+    return sorted((module, name) for module in reached for name in graph.imports[module] if _within(name, "flwr"))
+
+
+# ---------------------------------------------------------------------- the project
+
+
+GRAPH = build_graph(read_sources())
+
+
+def test_the_graph_covers_the_three_packages_and_sees_their_imports():
+    for package in PACKAGES:
+        assert package in GRAPH.edges
+    assert "flwr_dp_strategies.wire" in GRAPH.edges["client_mods.adaptive_clipping_mod"]
+    assert "flwr_dp_strategies.privacy.ledger_file" in GRAPH.edges["flwr_dp_strategies.privacy.ledger"]
+
+
+def test_client_mods_import_no_strategy_and_no_round_plumbing():
+    found = forbidden_imports(GRAPH, CLIENT, FORBIDDEN_FOR_CLIENT)
+    assert not found, f"client mods import server modules (move what they share to flwr_dp_strategies.wire): {found}"
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(GRAPH.edges)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_privacy_imports_nothing_from_flower():
+    found = flower_imports(GRAPH, PRIVACY)
+    assert not found, f"flwr_dp_strategies.privacy must not depend on Flower: {found}"
+
+
+# ---------------------------------------------------------------------- each check can fail
+
+
+def _synthetic(modules: Mapping[str, str]) -> ImportGraph:
+    """A graph of inline modules; a name ending in ``/`` is a package (its ``__init__``)."""
+    return build_graph({name.rstrip("/"): (source, name.endswith("/")) for name, source in modules.items()})
+
+
+def test_a_cycle_is_found_and_reported_even_through_a_function_level_import():
+    graph = _synthetic({
+        "pkg/": "",
+        "pkg.a": "from .b import f\n",
+        "pkg.b": "from . import c\n",
+        "pkg.c": "def g():\n    from pkg.a import h\n    return h\n",
+        "pkg.d": "import pkg.a\n",
+    })
+    assert graph.edges["pkg.b"] == {"pkg.c"}
+    cycle = find_cycle(graph.edges)
+    assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"pkg.a", "pkg.b", "pkg.c"}
+    del graph.edges["pkg.c"]
+    assert find_cycle(graph.edges) is None
+
+
+def test_a_forbidden_client_import_is_found_from_a_module_a_package_or_in_a_function():
+    graph = _synthetic({
+        "flwr_dp_strategies/": "",
+        "flwr_dp_strategies.wire": "",
+        "flwr_dp_strategies.strategy/": "",
+        "flwr_dp_strategies.strategy.s": "KEY = 'k'\n",
+        "flwr_dp_strategies.rounds/": "",
+        "flwr_dp_strategies.rounds.r": "",
+        "client_mods/": "",
+        "client_mods.ok": "from flwr_dp_strategies.wire import KEY\n",
+        "client_mods.direct": "from flwr_dp_strategies.strategy.s import KEY\n",
+        "client_mods.package": "from flwr_dp_strategies import strategy\n",
+        "client_mods.lazy": "def f():\n    import flwr_dp_strategies.rounds.r\n",
+    })
+    found = {module for module, _ in forbidden_imports(graph, CLIENT, FORBIDDEN_FOR_CLIENT)}
+    assert found == {"client_mods.direct", "client_mods.package", "client_mods.lazy"}
+
+
+def test_a_flower_import_in_privacy_is_found_direct_or_through_a_module_it_imports():
+    graph = _synthetic({
+        "flwr_dp_strategies.privacy/": "",
+        "flwr_dp_strategies.privacy.clean": "import numpy\nfrom flwr_dp_strategies_extra import x\n",
+        "flwr_dp_strategies.privacy.dirty": "def f():\n    from flwr.app import ArrayRecord\n",
+        "flwr_dp_strategies.privacy.plain": "import flwr\n",
+        "flwr_dp_strategies.privacy.indirect": "from ..codec import view\n",
+        "flwr_dp_strategies.codec": "from flwr.app import Array\n",
+    })
+    assert {module for module, _ in flower_imports(graph, PRIVACY)} == {
+        "flwr_dp_strategies.privacy.dirty", "flwr_dp_strategies.privacy.plain", "flwr_dp_strategies.codec"}
