@@ -32,7 +32,7 @@
 * a train reply that books no declaration (none, or an unreadable one) and is
   rejected for its content (NaN, wrong shape, bad keys...) is booked as
   ``NonPrivateDpEvent`` by strategies that book undeclared updates
-  (``undeclared_label``): the server did receive the raw update (issue 16, D8);
+  (``undeclared_label``): the server did receive the raw update;
 * booking of what clients declare they released (:mod:`flwr_dp_strategies.declarations`)
   under the replying node id, each event checked with
   :meth:`PrivacyLedger.check_accountable` first (an unreadable or unaccountable

@@ -18,19 +18,20 @@
   (``client_mods.adaptive_clipping_mod``).
 * :class:`ClusterEvaluation` - wraps any strategy; scores the clients'
   (Laplace-protected) inference results with silhouette / Calinski-Harabasz /
-  Davies-Bouldin every evaluate round (seed 000).
-* :class:`SignDS` - SignDS + MagRR (seed 004): clients upload a few sorted
+  Davies-Bouldin every evaluate round (Laplace-protected inference, MindSpore Federated's
+  ``privacy_eval_type: LAPLACE``).
+* :class:`SignDS` - SignDS + MagRR (Jiang, Zhou & Grossklags, ACM TIST 2022): clients upload a few sorted
   indices, a sign and one randomized-response bit; the server rebuilds, averages
   and tracks the step size.
 * :class:`MinDivergenceExpSampling` - DELM's ε-DP minimum-divergence exponential
-  sampling aggregation (seed 001 §5.3): per layer, the weighted mean of k replies
+  sampling aggregation (DELM §5.3): per layer, the weighted mean of k replies
   drawn by the exponential mechanism on their sign-flip divergence (or the k
   lowest with ``epsilon=None``), the selection booked in its own ledger.
-* :class:`ShuffleAmplifiedFedAvg` - DELM's layer-wise Split & Shuffle (seed 001
+* :class:`ShuffleAmplifiedFedAvg` - DELM's layer-wise Split & Shuffle (DELM
   §3.4): accepted updates are permuted per layer before averaging; a sound
   FMT shuffle-amplified ε is booked only for LDP reports (the paper's ε/m is not).
 * :class:`NoisyObjectiveSum` - sums the clients' noisy functional-mechanism
-  objectives (seed 001's FM, uploaded as coefficients), repairs and solves the
+  objectives (DELM's functional mechanism, uploaded as coefficients), repairs and solves the
   sum once on the server instead of averaging heads trained on each client's
   repaired objective (less bias, same privacy).
 * :class:`DistributedDpFedAvg` - distributed DP under secure aggregation: clients

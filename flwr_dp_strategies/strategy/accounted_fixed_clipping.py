@@ -22,12 +22,10 @@ weights :math:`a_i = n_i/\sum_j n_j` over the replies that arrived. That
 denominator is data dependent: removing client k also rescales every other
 client's weight, which up to doubles the sensitivity (:math:`2C\max_k a_k`), and
 the :math:`n_i` are reported by the clients themselves, so even that bound is not
-a bound (one client reporting :math:`n = 10^{308}` made the old effective noise
-multiplier inf/inf = NaN and ε read 0). Before this version the class booked
-:math:`z\sum n/(m \max n)` under an add/remove label, which covers only the
-zero-out relation (z = 1, 50 rounds: 54.4 booked where the doubled sensitivity
-gives 159.5); the replace-one ledger it offered as "conservative" was not
-conservative either, for the same reason. Uniform weights over the public m are
+a bound (one client reporting :math:`n = 10^{308}` makes the effective noise
+multiplier of such an average inf/inf = NaN). Booking :math:`z\sum n/(m \max n)`
+for it covers only the zero-out relation (z = 1, 50 rounds: 54.4 where the doubled
+sensitivity gives 159.5), under add/remove and replace-one alike. Uniform weights over the public m are
 the sound estimator; with equally sized clients it equals FedAvg's mean when m
 replies arrive.
 

@@ -1,4 +1,5 @@
-r"""ε-DP minimum-divergence exponential sampling aggregation (DELM enhanced scheme, seed 001 §5.3).
+r"""ε-DP minimum-divergence exponential sampling aggregation (DELM enhanced scheme, §5.3;
+Cao, Chen, Tang & Su, Chinese Journal of Computers 2023).
 
 Per round, for every layer j (the ArrayRecord's keys grouped by ``layer_of``) and
 every accepted reply i, the server computes the layer's *divergence* (eq. 14)
@@ -110,7 +111,7 @@ def finite_flip_count(global_negative: np.ndarray, reply: np.ndarray, scratch: n
     Each block of the reply (``scratch.size`` entries) is read from memory once and, while
     it is in cache, checked for NaN/inf (:func:`~.streaming_aggregation.all_finite`) and
     compared with the global signs: the finiteness screen costs no extra pass over the
-    payload (issue 17: the screen and the sign pass were two passes).
+    payload.
     """
     flat, negative = np.asarray(reply).reshape(-1), global_negative.reshape(-1)
     step, flips = scratch.size, 0

@@ -1,6 +1,6 @@
 r"""Sum the clients' noisy functional-mechanism objectives and solve the sum once, on the server.
 
-DELM (seed 001, Algorithm 1) has every client descend on its *own* noisy Taylor
+DELM (Cao, Chen, Tang & Su, Chinese Journal of Computers 2023, Algorithm 1) has every client descend on its *own* noisy Taylor
 objective and the server average the heads. Each client must then repair its
 noisy quadratic :math:`\tilde S_i = S_i + E_i` (clip negative eigenvalues, else
 its objective is unbounded below), and FedAvg's fixed point minimises the
