@@ -15,7 +15,9 @@ unsupervised evaluation to every evaluate round:
 1. ``configure_evaluate`` tells clients the privacy mode through the evaluate
    config: ``privacy-eval-type`` (``NOT_ENCRYPT`` | ``LAPLACE``), ``laplace-eval-eps``
    and ``eval-type``; :class:`client_mods.LaplaceInferenceMod` reads them.
-2. ``aggregate_evaluate`` screens each reply on its own, through the package's
+2. ``aggregate_evaluate`` (the accounted round,
+   :class:`~flwr_dp_strategies.rounds.template.AccountedRound`, whose release is
+   :meth:`ClusterEvaluation.release_evaluate`) screens each reply on its own, through the package's
    one screening path (:mod:`flwr_dp_strategies.rounds.reply_screening`): identity, one MetricRecord with a
    finite weight in (0, ``max_weight``] and finite metrics (as the wrapped
    strategy's evaluation needs), then the inference result (ArrayRecord
@@ -50,7 +52,9 @@ wrapped strategy with a ledger: its counts), never in the round's metrics (see
 :mod:`flwr_dp_strategies.rounds.client_accounting`); nothing is booked for them, and the round is scored
 with the others.
 
-Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
+Training is the wrapped strategy's, called inside :meth:`ClusterEvaluation.release_train`. A
+wrapped strategy with a ledger gets every train reply unread and screens and books it in its own
+round. Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
 screened here (train screening of :mod:`flwr_dp_strategies.rounds.reply_screening` against the arrays
 sent; the wrapped strategy gets the accepted replies; a plain ``FedAvg``'s
 aggregation is computed without its aborting consistency check). It aggregates
@@ -260,8 +264,10 @@ class ClusterEvaluation(AccountedRound, Strategy):
             else:
                 screened.rejected["error"] += failed_replies(screened.replies, server_round)
             return Release(arrays, metrics)
-        bookings = [Booking(NonPrivateDpEvent(), UNACCOUNTED_TRAIN_LABEL, client=int(r.metadata.src_node_id))
-                    for r in screened.accepted if id(r) not in screened.undeclared] if self._unaccounted_training else []
+        bookings = []
+        if self._unaccounted_training:  # the declared ones: the template books the undeclared ones
+            bookings = [Booking(NonPrivateDpEvent(), UNACCOUNTED_TRAIN_LABEL, client=int(r.metadata.src_node_id))
+                        for r in screened.accepted if id(r) not in screened.undeclared]
         arrays, metrics = self._wrapped_train(server_round, screened.accepted) if screened.accepted else (None, None)
         return Release(arrays, metrics, bookings)
 

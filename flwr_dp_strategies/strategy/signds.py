@@ -7,8 +7,8 @@ Per round (MindSpore spec §2–3):
    train config; :func:`client_mods.signds_mod` encodes each update with them.
 2. ``aggregate_train`` (the accounted round,
    :class:`~flwr_dp_strategies.rounds.template.AccountedRound`) screens every reply through the
-   package's one screening path (:mod:`flwr_dp_strategies.rounds.reply_screening`, rejected and counted, the round goes on):
-   identity, a finite weight in (0, ``max_weight``], finite metrics, exactly the
+   package's one screening path (:mod:`flwr_dp_strategies.rounds.reply_screening`, rejected and
+   counted, the round goes on): identity, a finite weight in (0, ``max_weight``], finite metrics, exactly the
    ArrayRecord keys ``indices``, ``sign``, ``b-hat``; payloads no larger than
    ``max_dim_out`` int64 indices and one value each (``oversized``); integer
    indices (any width, signed or not: range-checked in their own dtype before any
