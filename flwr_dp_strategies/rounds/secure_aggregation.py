@@ -7,10 +7,13 @@ is handed:
 * :meth:`SecureAggregationMixin.open_secure_round` (from ``configure_train``): budget check, SecAgg+
   *setup* and *share-keys*, then the *collect* messages (FedAvg's train content + the protocol
   record + the strategy's public fields), remembered for the identity check;
-* :meth:`SecureAggregationMixin.reveal_sum` (from ``aggregate_train``): one screening path
-  (:meth:`ClientAccountingMixin.screen_and_book` with :meth:`check_secure_reply`), the masked
-  vectors added, the *unmask* stage, the revealed sum mod 2^b, or None when the round aborts
-  (nothing revealed, nothing to book).
+* the accounted round (:class:`~flwr_dp_strategies.rounds.template.AccountedRound`) of
+  ``aggregate_train``: :meth:`SecureAggregationMixin.skip_train` (no protocol round was opened
+  and no stage rejected anyone), the screening with :meth:`SecureAggregationMixin.train_check`
+  (:meth:`check_secure_reply` against the open round), then, inside the strategy's
+  ``release_train``, :meth:`SecureAggregationMixin.reveal_sum`: the masked vectors added, the
+  *unmask* stage, the revealed sum mod 2^b, or None when the round aborts (nothing revealed; only
+  the un-noised records some replies carried are booked, :meth:`SecureAggregationMixin.unmasked_bookings`).
 
 The subclass calibrates (vector length, public fields, the DpEvent it will book) for
 :attr:`ProtocolSizes.honest` = m − c noise shares and decodes. :meth:`SecureAggregationMixin.plan_sizes`
@@ -26,10 +29,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from logging import WARNING
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, cast
 
 import numpy as np
 from dp_accounting import dp_event
@@ -45,6 +47,8 @@ from ..secure_aggregation.protocol import (MASKED_RECORD, RECORD, ProtocolError,
 from ..secure_aggregation.server_protocol import (PROTOCOL_REJECTION, SecureAggregationAborted,
                                                   SecureAggregationRound)
 from .central_release import log_budget_stop, require_configured
+from .client_accounting import ContentCheck
+from .template import AccountedRound, Booking, Screened
 
 UNMASKED_METRICS_LABEL = "reply carried un-noised records next to its masked vector (non-private)"
 
@@ -98,8 +102,29 @@ def resolve_count(name: str, value: int | float, n: int) -> int:
     return check_int(name, value, minimum=1)
 
 
-class SecureAggregationMixin:
-    """SecAgg+ stages for a ``ClientAccountingMixin`` + FedAvg strategy (see the module docstring)."""
+class _Startable(Protocol):
+    """The strategy after the mixin in the MRO: Flower's ``Strategy.start``."""
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              *args: Any, **kwargs: Any) -> Any:
+        """Flower's ``Strategy.start``."""
+
+
+@dataclass
+class Revealed:
+    """What :meth:`SecureAggregationMixin.reveal_sum` got from a round's protocol: ``total``, the revealed
+    sum mod 2^b (None: the round aborted or never opened), ``secure``, the round (None: never opened),
+    and ``bookings``, the un-noised records replies carried (:meth:`SecureAggregationMixin.unmasked_bookings`)."""
+
+    total: Optional[np.ndarray]
+    secure: Optional[SecureAggregationRound]
+    bookings: list[Booking]
+
+
+class SecureAggregationMixin(AccountedRound):
+    """SecAgg+ stages for an accounted FedAvg strategy (see the module docstring): it opens the protocol in
+    ``configure_train`` and supplies the accounted round's :meth:`skip_train` and :meth:`train_check`;
+    the strategy's ``release_train`` calls :meth:`reveal_sum` and returns its bookings with its own."""
 
     num_shares: Optional[int | float]
     reconstruction_threshold: Optional[int | float]
@@ -146,7 +171,7 @@ class SecureAggregationMixin:
         """Flower's ``Strategy.start``; its ``timeout`` also bounds the extra stages unless
         ``stage_timeout`` was given."""
         self._start_timeout = check_positive("timeout", timeout)
-        return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)  # type: ignore[misc]
+        return cast(_Startable, super()).start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
 
     def protocol_sizes(self, n_sampled: int) -> ProtocolSizes:
         """The sizes for ``n_sampled`` nodes (ValueError naming the setting that cannot be met):
@@ -208,11 +233,11 @@ class SecureAggregationMixin:
         """Budget check for ``event`` (calibrated under add/remove; ``replace_one_event``: its tighter
         replace-one form, as it will be booked), setup and share-keys with the nodes of ``planned``, then their
         collect messages (their content + the protocol record + ``public``); [] if it cannot go on."""
-        ledger = self.ledger  # type: ignore[attr-defined]
+        ledger = self.ledger
         tighter = replace_one_event is not None and ledger.neighboring_relation == "replace_one"
         if ledger.would_exceed(central_events=[replace_one_event if tighter else event],
                                neighboring_relation="replace_one" if tighter else "add_or_remove_one"):
-            log_budget_stop(server_round, self.ledger)  # type: ignore[attr-defined]
+            log_budget_stop(server_round, self.ledger)
             self.budget_exhausted = True
             return []
         content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
@@ -226,33 +251,47 @@ class SecureAggregationMixin:
         except SecureAggregationAborted as err:
             self._log_abort(err)
             self._protocol_rejected = secure.rejected
+            self.remember_instructions("train", server_round, [])  # no collect stage: any reply is unasked
             return []
         self._round = secure
         messages = secure.collect_messages(lambda node: RecordDict(dict(content[node].items())), public)
-        self.remember_instructions("train", server_round, messages)  # type: ignore[attr-defined]
+        self.remember_instructions("train", server_round, messages)
         return messages
 
-    def reveal_sum(self, server_round: int, replies: Iterable[Message]
-                   ) -> tuple[Optional[np.ndarray], Optional[SecureAggregationRound], Counter[str]]:
-        """(the revealed sum mod 2^b or None if the round aborted or never opened, the round, the
-        rejection counts of every stage)."""
+    def skip_train(self, server_round: int) -> bool:
+        """True when no protocol round was opened this round and no stage rejected anyone (nothing to
+        aggregate or report); Flower's ``AggregationError`` before ``configure_train``."""
         require_configured(self)
-        replies = list(replies)
-        secure, self._round = self._round, None
+        return self._round is None and not self._protocol_rejected
+
+    def train_check(self) -> Optional[ContentCheck]:
+        """A collect reply's content check against the open round (:meth:`check_secure_reply`); without one,
+        every reply is rejected (``identity``: no collect stage was sent)."""
+        secure = self._round
         if secure is None:
-            return None, None, self._protocol_rejected
-        accepted, rejected = self.screen_and_book(  # type: ignore[attr-defined]
-            server_round, replies, lambda content: self.check_secure_reply(secure, content), phase="train")
-        self._book_unmasked_records(server_round, replies, accepted, secure.collect_sent)
-        for reply in accepted:
+            return lambda content: "identity"
+        return lambda content: self.check_secure_reply(secure, content)
+
+    def reveal_sum(self, server_round: int, screened: Screened) -> Revealed:
+        """Close the round's protocol: the accepted replies' masked vectors added, the unmask stage, the revealed
+        sum; the rejection counts of every protocol stage merged into ``screened.rejected``. The round is
+        forgotten (one reveal per round); :attr:`Revealed.bookings` holds the un-noised records replies carried."""
+        secure, self._round = self._round, None
+        rejected = screened.rejected
+        if secure is None:
+            rejected.update(self._protocol_rejected)
+            return Revealed(None, None, [])
+        bookings = self.unmasked_bookings(screened.replies, screened.accepted, secure.collect_sent)
+        for reply in screened.accepted:
             secure.add_vector(int(reply.metadata.src_node_id), secure.masked_vector(reply.content))
         try:
             total = secure.unmask(self._grid)
         except SecureAggregationAborted as err:
             self._log_abort(err)
-            return None, secure, rejected + secure.rejected
+            rejected.update(secure.rejected)
+            return Revealed(None, secure, bookings)
         rejected.update(secure.rejected)  # the other stages' dropouts and malformed replies
-        return total, secure, rejected
+        return Revealed(total, secure, bookings)
 
     @staticmethod
     def check_secure_reply(secure: SecureAggregationRound, content: RecordDict) -> Optional[str]:
@@ -266,13 +305,14 @@ class SecureAggregationMixin:
             return PROTOCOL_REJECTION
         return None
 
-    def _book_unmasked_records(self, server_round: int, replies: list[Message], accepted: list[Message],
-                               asked: set[int]) -> None:
-        """A node's reply that carried more than the protocol's records released them un-noised: book it.
-        Only a node's own reply counts: the first from a node that was sent the collect stage (a second
-        reply, or one from a node never asked, was rejected for its identity and books nothing)."""
+    @staticmethod
+    def unmasked_bookings(replies: list[Message], accepted: list[Message], asked: set[int]) -> list[Booking]:
+        """A ``NonPrivateDpEvent`` for each node whose reply carried more than the protocol's records (it released
+        them un-noised). Only a node's own reply counts: the first from a node that was sent the collect stage
+        (a second reply, or one from a node never asked, was rejected for its identity and books nothing)."""
         kept = {id(r) for r in accepted}
         seen: set[int] = set()
+        bookings = []
         for reply in replies:
             node = int(reply.metadata.src_node_id)
             first = node in asked and node not in seen
@@ -280,8 +320,8 @@ class SecureAggregationMixin:
             if reply.has_error() or id(reply) in kept or not first:
                 continue
             if not set(reply.content.keys()) <= {RECORD, MASKED_RECORD}:
-                self.ledger.record(NonPrivateDpEvent(), server_round=server_round,  # type: ignore[attr-defined]
-                                   client=int(reply.metadata.src_node_id), label=UNMASKED_METRICS_LABEL)
+                bookings.append(Booking(NonPrivateDpEvent(), UNMASKED_METRICS_LABEL, client=node))
+        return bookings
 
     def trust_lines(self) -> list[str]:
         """The trust model the protocol enforces, for the summary log (docs/distributed-dp.md has the table)."""
@@ -306,5 +346,5 @@ class SecureAggregationMixin:
             type(self).__name__, err)
 
 
-__all__ = ["ProtocolSizes", "SecureAggregationMixin", "UNMASKED_METRICS_LABEL", "fraction_or_count",
+__all__ = ["ProtocolSizes", "Revealed", "SecureAggregationMixin", "UNMASKED_METRICS_LABEL", "fraction_or_count",
            "resolve_count"]

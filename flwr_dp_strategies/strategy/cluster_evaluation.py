@@ -15,7 +15,9 @@ unsupervised evaluation to every evaluate round:
 1. ``configure_evaluate`` tells clients the privacy mode through the evaluate
    config: ``privacy-eval-type`` (``NOT_ENCRYPT`` | ``LAPLACE``), ``laplace-eval-eps``
    and ``eval-type``; :class:`client_mods.LaplaceInferenceMod` reads them.
-2. ``aggregate_evaluate`` screens each reply on its own, through the package's
+2. ``aggregate_evaluate`` (the accounted round,
+   :class:`~flwr_dp_strategies.rounds.template.AccountedRound`, whose release is
+   :meth:`ClusterEvaluation.release_evaluate`) screens each reply on its own, through the package's
    one screening path (:mod:`flwr_dp_strategies.rounds.reply_screening`): identity, one MetricRecord with a
    finite weight in (0, ``max_weight``] and finite metrics (as the wrapped
    strategy's evaluation needs), then the inference result (ArrayRecord
@@ -50,7 +52,9 @@ wrapped strategy with a ledger: its counts), never in the round's metrics (see
 :mod:`flwr_dp_strategies.rounds.client_accounting`); nothing is booked for them, and the round is scored
 with the others.
 
-Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
+Training is the wrapped strategy's, called inside :meth:`ClusterEvaluation.release_train`. A
+wrapped strategy with a ledger gets every train reply unread and screens and books it in its own
+round. Training through a wrapped strategy *without* a ledger (a plain ``FedAvg``) is
 screened here (train screening of :mod:`flwr_dp_strategies.rounds.reply_screening` against the arrays
 sent; the wrapped strategy gets the accepted replies; a plain ``FedAvg``'s
 aggregation is computed without its aborting consistency check). It aggregates
@@ -90,10 +94,12 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
 from ..privacy.validation import check_epsilon, check_int
-from ..rounds.client_accounting import ClientAccountingMixin, replies_already_logged, undeclared_replies
+from ..declarations import Declaration
+from ..rounds.client_accounting import ContentCheck, replies_already_logged
 from ..rounds.metrics import aggregate_reply_metrics, failed_replies
 from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, ArraySpec, array_spec,
                               check_weight, decode_real, named_record, screen_train_content)
+from ..rounds.template import AccountedRound, Booking, Release, Screened
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
 UNPROTECTED_LABEL = "inference-results/unprotected"
@@ -106,7 +112,7 @@ RUN_CONFIG_KEYS = {
 }
 
 
-class ClusterEvaluation(ClientAccountingMixin, Strategy):
+class ClusterEvaluation(AccountedRound, Strategy):
     """Wrap ``strategy``; score the clients' inference results by clustering every evaluate round.
 
     Clients must return an ArrayRecord ``inference_key`` from evaluate and run
@@ -172,10 +178,14 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
                 or self.max_inference_abs <= 0:
             raise ValueError(f"max_inference_abs must be a finite number > 0, got {max_inference_abs!r}")
         self._unaccounted_training = getattr(strategy, "ledger", None) is None and bool(book_unaccounted_training)
+        #: the template books a rejected (and an accepted) undeclared train reply of an unaccounted strategy
+        self.undeclared_label = UNACCOUNTED_TRAIN_LABEL if self._unaccounted_training else None
         if getattr(strategy, "ledger", None) is None and not book_unaccounted_training:
             log(WARNING, "ClusterEvaluation(book_unaccounted_training=False): the wrapped strategy's training "
                 "releases are not booked; privacy/epsilon covers the evaluate-phase releases only")
         self._train_spec: Optional[ArraySpec] = None
+        self._decoded: dict[int, np.ndarray] = {}  # id(content) -> inference point, decoded once while screening
+        self._inner_counts_logged = False  # the train counts are the wrapped strategy's, logged by it
         self._hinted: set[str] = set()  # counterpart hints already logged (once each)
         self.scores_history: list[dict[str, float]] = []
         self.points_history: list[dict[int, np.ndarray]] = []
@@ -214,39 +224,63 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self._train_spec = array_spec(arrays)
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """The wrapped strategy's training aggregation; its rejection counts (or, if it keeps none, the
-        failed replies) become this strategy's ``rejections["train"]``.
+    def _accounts_training(self) -> bool:
+        """Whether the wrapped strategy has a ledger: it screens and books its own train replies."""
+        return getattr(self.strategy, "ledger", None) is not None
 
-        A wrapped strategy with a ledger screens and books its replies itself. One without a
-        ledger gets only the replies that pass this strategy's train screening (identity,
-        structure, weight, metrics, keys, shapes, finite values against the arrays sent),
-        and their nodes are booked non-private (D9) unless ``book_unaccounted_training=False``.
+    def screen_and_book(self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None,
+                        *, phase: Optional[str] = None, undeclared_label: Optional[str] = None,
+                        declared: Optional[dict[int, list[Declaration]]] = None) -> tuple[list[Message], Counter[str]]:
+        """:meth:`ClientAccountingMixin.screen_and_book`, except for the train replies of a wrapped strategy
+        with a ledger: they reach it unread (it screens, books and logs them in its own accounted round,
+        with their declarations), so every reply is handed on and nothing is counted here."""
+        if phase == "train" and self._accounts_training():
+            self.__dict__["_screened"] = (int(server_round), phase)
+            return list(replies), Counter()
+        return super().screen_and_book(server_round, replies, check, phase=phase,
+                                       undeclared_label=undeclared_label, declared=declared)
+
+    def train_check(self) -> Optional[ContentCheck]:
+        """For a wrapped strategy without a ledger: train screening against the arrays sent (identity,
+        structure, weight, metrics, keys, shapes, finite values)."""
+        spec = self._train_spec
+        return lambda content: screen_train_content(content, spec, self._weight_key(), max_weight=self.max_weight)
+
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """The wrapped strategy's training aggregation.
+
+        A wrapped strategy with a ledger gets every reply and screens and books them itself; its
+        rejection counts (or, if it keeps none, the failed replies) become this strategy's
+        ``rejections["train"]``. One without a ledger gets only the replies that passed this
+        strategy's screening, and every node among them is booked non-private (D9: the undeclared
+        ones by the template, under :attr:`undeclared_label`) unless ``book_unaccounted_training=False``.
         """
-        replies = list(replies)
-        if getattr(self.strategy, "ledger", None) is None:
-            return self._screened_train(server_round, replies)
-        arrays, metrics = self.strategy.aggregate_train(server_round, replies)
-        inner = getattr(self.strategy, "rejections", {}).get("train")
-        if inner is not None:  # counted and logged by the wrapped strategy
-            self.rejections["train"] = Counter(inner)
-        else:
-            self.note_rejections(Counter(error=failed_replies(replies, server_round)), "train", server_round)
-        return arrays, metrics
+        if self._accounts_training():
+            arrays, metrics = self.strategy.aggregate_train(server_round, screened.replies)
+            inner = getattr(self.strategy, "rejections", {}).get("train")
+            if inner is not None:  # counted and logged by the wrapped strategy
+                screened.rejected.update(inner)
+                self._inner_counts_logged = True
+            else:
+                screened.rejected["error"] += failed_replies(screened.replies, server_round)
+            return Release(arrays, metrics)
+        bookings = []
+        if self._unaccounted_training:  # the declared ones: the template books the undeclared ones
+            bookings = [Booking(NonPrivateDpEvent(), UNACCOUNTED_TRAIN_LABEL, client=int(r.metadata.src_node_id))
+                        for r in screened.accepted if id(r) not in screened.undeclared]
+        arrays, metrics = self._wrapped_train(server_round, screened.accepted) if screened.accepted else (None, None)
+        return Release(arrays, metrics, bookings)
 
-    def _screened_train(self, server_round: int, replies: list[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Screen for a ledger-less wrapped strategy; book its raw updates; aggregate the accepted replies."""
-        label = UNACCOUNTED_TRAIN_LABEL if self._unaccounted_training else None
-        accepted, rejected = self.screen_and_book(
-            server_round, replies,
-            lambda c: screen_train_content(c, self._train_spec, self._weight_key(), max_weight=self.max_weight),
-            phase="train", undeclared_label=label)
-        if self._unaccounted_training:
-            self._book_unaccounted_training(server_round, accepted)
-        arrays, metrics = self._wrapped_train(server_round, accepted) if accepted else (None, None)
-        return arrays, self.round_metrics(metrics, rejected)
+    def note_rejections(self, rejected: Counter[str], phase: Optional[str] = None,
+                        server_round: Optional[int] = None) -> None:
+        """:meth:`ClientAccountingMixin.note_rejections`; counts a wrapped accounting strategy logged already
+        are kept without a second log line."""
+        if self._inner_counts_logged:
+            self._inner_counts_logged = False
+            screened_phase = self.__dict__.get("_screened", (None, None))[1]
+            self.rejections[phase or screened_phase or "train"] = Counter({k: int(n) for k, n in rejected.items() if n})
+            return
+        super().note_rejections(rejected, phase, server_round)
 
     def _wrapped_train(self, server_round: int, accepted: list[Message]
                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
@@ -265,15 +299,6 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         with replies_already_logged():  # logged by this strategy's screening
             return strategy.aggregate_train(server_round, accepted)
 
-    def _book_unaccounted_training(self, server_round: int, accepted: list[Message]) -> None:
-        """Every node whose screened train update reaches an unaccounted strategy: ``NonPrivateDpEvent``."""
-        nodes = {r.metadata.src_node_id for r in accepted}
-        for node in sorted(nodes):
-            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node,
-                               label=UNACCOUNTED_TRAIN_LABEL)
-        if nodes:
-            self.save_ledger()
-
     # ------------------------------------------------------------------ evaluation
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
@@ -286,13 +311,17 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
         self.remember_instructions("evaluate", server_round, messages)
         return messages
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screen and book the replies, score the inference results, then the wrapped evaluation."""
-        replies = list(replies)
-        undeclared = undeclared_replies(replies)
-        decoded: dict[int, np.ndarray] = {}  # id(content) -> point, decoded once while screening
-        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, decoded),
-                                                  phase="evaluate")
+    def evaluate_check(self) -> Optional[ContentCheck]:
+        """An evaluate reply's weight in (0, ``max_weight``], finite metrics, then its inference point (decoded
+        once, kept for :meth:`release_evaluate`; see the module docstring)."""
+        decoded: dict[int, np.ndarray] = {}
+        self._decoded = decoded
+        return lambda content: self._check(content, decoded)
+
+    def release_evaluate(self, server_round: int, screened: Screened) -> Release:
+        """Score the inference results of the accepted replies, then the wrapped evaluation; bookings: a
+        ``NonPrivateDpEvent`` for each inference result that came without a declaration."""
+        decoded, accepted = self._decoded, screened.accepted
         with_points = [r for r in accepted if decoded.get(id(r.content)) is not None]
         if accepted and not with_points:
             self._hint_once("inference", "ClusterEvaluation: none of the %d evaluate replies of round %d carries an "
@@ -301,21 +330,21 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
                             "ArrayRecord %r in the reply and add client_mods.LaplaceInferenceMod to its mods: "
                             "@app.evaluate(mods=[LaplaceInferenceMod()])",
                             len(accepted), server_round, self.inference_key, self.inference_key)
-        self._book_unprotected(server_round, [r for r in with_points if id(r) in undeclared])
+        bookings = self._unprotected_bookings(server_round, [r for r in with_points if id(r) in screened.undeclared])
+        missing = len(accepted) - len(with_points)
         mismatch = self._pin_length(with_points, decoded)
         if mismatch:
             with_points = []
         metrics = self._wrapped_evaluate(server_round, accepted) if accepted else None
         if accepted:  # the wrapped strategy's own rejections are added, never overwritten
-            rejected = rejected + Counter(getattr(self.strategy, "rejections", {}).get("evaluate", {}))
-        merged = self.round_metrics(metrics, rejected)
-        merged["cluster/missing"] = float(len(accepted) - len([r for r in accepted
-                                                               if decoded.get(id(r.content)) is not None]))
-        merged["cluster/length-mismatch"] = float(mismatch)
+            screened.rejected.update(Counter(getattr(self.strategy, "rejections", {}).get("evaluate", {})))
+        metrics = MetricRecord() if metrics is None else metrics
+        metrics["cluster/missing"] = float(missing)
+        metrics["cluster/length-mismatch"] = float(mismatch)
         if self.eval_type != "NOT_EVAL":
             for key, value in self._score(with_points, decoded).items():
-                merged[key] = value
-        return merged
+                metrics[key] = value
+        return Release(metrics=metrics, bookings=bookings)
 
     def _wrapped_evaluate(self, server_round: int, accepted: list[Message]) -> Optional[MetricRecord]:
         """The wrapped strategy's evaluation of the accepted replies.
@@ -349,18 +378,14 @@ class ClusterEvaluation(ClientAccountingMixin, Strategy):
             self._hinted.add(key)
             log(WARNING, message, *args)
 
-    def _book_unprotected(self, server_round: int, replies: list[Message]) -> None:
-        """An inference result sent without a declared release is not DP: book it as such (ε = inf)."""
+    def _unprotected_bookings(self, server_round: int, replies: list[Message]) -> list[Booking]:
+        """An inference result sent without a declared release is not DP: a ``NonPrivateDpEvent`` (ε = inf)."""
         if replies and self.privacy_eval_type == "LAPLACE":
             self._hint_once("laplace", "ClusterEvaluation: %d inference results of round %d arrived without a Laplace "
                             "declaration and are booked as non-private (epsilon = inf). Add "
                             "client_mods.LaplaceInferenceMod to each ClientApp's evaluate mods: "
                             "@app.evaluate(mods=[LaplaceInferenceMod()])", len(replies), server_round)
-        for reply in replies:
-            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=reply.metadata.src_node_id,
-                               label=UNPROTECTED_LABEL)
-        if replies:
-            self.save_ledger()
+        return [Booking(NonPrivateDpEvent(), UNPROTECTED_LABEL, client=int(r.metadata.src_node_id)) for r in replies]
 
     def _point(self, content: RecordDict) -> tuple[Optional[np.ndarray], Optional[str]]:
         """The reply's inference point (float64) and None, or (None, reason); (None, None) if it has none."""

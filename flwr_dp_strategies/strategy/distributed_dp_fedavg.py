@@ -11,8 +11,9 @@ Each round (Kairouz, Liu & Steinke 2021; Agarwal, Kairouz & Liu 2021; Bell et al
    :math:`\Delta_u` to C, rotates, scales by s, rounds (conditionally, to
    :math:`\lVert k_u\rVert_2 \le \tilde\Delta_2`), adds :math:`\mathrm{Sk}(\mu/m)`
    per coordinate, masks and uploads :math:`\lceil Db/8\rceil` bytes;
-4. ``aggregate_train`` screens the replies (one screening path:
-   :meth:`ClientAccountingMixin.screen_and_book`), adds the masked vectors, runs the
+4. ``aggregate_train`` (the accounted round,
+   :class:`~flwr_dp_strategies.rounds.template.AccountedRound`) screens the replies
+   against the open protocol round; the release adds the masked vectors, runs the
    unmask stage, decodes :math:`\sum_{u\in U_3} k_u + \mathrm{Sk}(|U_3|\mu/m)`, and
    applies FedAvg's update with uniform weights,
 
@@ -78,15 +79,14 @@ from ..privacy.distributed_dp import (DEFAULT_BETA, DEFAULT_OVERFLOW_SIGMAS, Dis
 from ..privacy.validation import check_int, check_positive
 from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_accounting import ClientAccountingMixin
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
-from ..rounds.streaming_aggregation import single_threaded_blas
+from ..rounds.template import Booking, Release, Screened
 
 EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
 
 
-class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
+class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
     """FedAvg + SecAgg+ + Skellam distributed DP; clients must run ``client_mods.distributed_dp_mod``.
 
     Args:
@@ -208,13 +208,14 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
         self._params, self._calibration = params, calibration
         return messages
 
-    @single_threaded_blas  # the ServerApp shares the cores with the clients (decode, solve)
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Screen, add the masked vectors, unmask, decode, apply FedAvg's (uniform) update, book the round."""
-        total, secure, rejected = self.reveal_sum(server_round, replies)
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Add the masked vectors, unmask, decode, apply FedAvg's (uniform) update; the round's Skellam event
+        (add/remove) is booked when the sum is revealed, nothing but the un-noised records replies carried when
+        the round aborts."""
+        revealed = self.reveal_sum(server_round, screened)
+        total, secure = revealed.total, revealed.secure
         if total is None or secure is None:
-            return None, (self.round_metrics(None, rejected) if secure is not None or rejected else None)
+            return Release(bookings=revealed.bookings)
         assert self._params is not None and self._calibration is not None
         peak = peak_fraction(total, self._params.bits)
         if peak > WRAP_WARNING:
@@ -223,16 +224,10 @@ class DistributedDpFedAvg(SecureAggregationMixin, ClientAccountingMixin, FedAvg)
                 server_round, 100 * peak, self._params.bits)
         mean = decode_sum(total, self._params) / len(secure.survivors)
         arrays = _add_update(self._current, mean)
-        self.ledger.record(self._calibration.event, server_round=server_round, label=EVENT_LABEL,
-                           neighboring_relation="add_or_remove_one")
-        self.save_ledger()
         metrics = MetricRecord({"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier),
                                 "secagg/peak-fraction": peak})
-        return arrays, self.round_metrics(metrics, rejected)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screened FedAvg evaluation (as every strategy of this package), plus the round's counts."""
-        return self.screened_evaluate(server_round, replies, self)
+        event = Booking(self._calibration.event, EVENT_LABEL, neighboring_relation="add_or_remove_one")
+        return Release(arrays, metrics, [*revealed.bookings, event])
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""

@@ -12,7 +12,8 @@ release (√m times less noise at the same record-level ε). One round:
    the SecAgg+ setup and key sharing (:class:`~flwr_dp_strategies.secure_aggregation.SecureAggregationRound`,
    as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg` does) and sends the collect
    messages with the public parameters (q, c, loss, s, μ/m′);
-2. ``aggregate_train`` screens the replies, adds the masked vectors, unmasks, decodes
+2. ``aggregate_train`` (the accounted round) screens the replies; the release adds the masked
+   vectors, unmasks, decodes
    the summed objective (count included), repairs it once and solves it in closed form
    (:func:`~flwr_dp_strategies.privacy.functional_mechanism.solve_noisy_sum`, the solve
    NoisyObjectiveSum uses, with the ridge adapted to the revealed sum's noise
@@ -56,15 +57,14 @@ from ..privacy.secure_objective import (DEFAULT_BITS, DEFAULT_OVERFLOW_SIGMAS, S
 from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_accounting import ClientAccountingMixin
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
-from ..rounds.streaming_aggregation import single_threaded_blas
+from ..rounds.template import Booking, Release, Screened
 
 EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
 
 
-class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
+class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
     """Solve the FM objective summed under SecAgg+ with Skellam noise added once; clients run
     ``client_mods.secure_objective.SecureObjectiveTrainer``.
 
@@ -203,19 +203,18 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
                                       length=params.length, event=calibration.add_remove_event, public=public,
                                       replace_one_event=calibration.replace_one_event)
 
-    @single_threaded_blas  # the ServerApp shares the cores with the clients (decode, solve)
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Screen, add the masked vectors, unmask, decode, repair and solve once, book the release."""
-        total, secure, rejected = self.reveal_sum(server_round, replies)
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Add the masked vectors, unmask, decode, repair and solve once; the release's Skellam event (add/remove,
+        with its replace-one form) is booked when the sum is revealed, nothing but the un-noised records replies
+        carried when the round aborts."""
+        revealed = self.reveal_sum(server_round, screened)
+        total, secure = revealed.total, revealed.secure
         if total is None or secure is None:
-            return None, (self.round_metrics(None, rejected) if secure is not None or rejected else None)
+            return Release(bookings=revealed.bookings)
         calibration = self._calibration
         assert calibration is not None
-        self.ledger.record(calibration.add_remove_event, server_round=server_round, label=EVENT_LABEL,
-                           neighboring_relation="add_or_remove_one",
-                           replace_one_event=calibration.replace_one_event)
-        self.save_ledger()
+        event = Booking(calibration.add_remove_event, EVENT_LABEL, neighboring_relation="add_or_remove_one",
+                        replace_one_event=calibration.replace_one_event)
         self.objective = decode_objective(total, calibration.params)
         noise_std = math.sqrt(len(secure.survivors) * calibration.local_mu) / calibration.params.scale
         head, self.last_ridge = solve_noisy_sum(self.objective, ridge=self.ridge, noise_std=noise_std,
@@ -223,12 +222,8 @@ class SecureObjectiveSum(SecureAggregationMixin, ClientAccountingMixin, FedAvg):
         self.head = head
         metrics = MetricRecord({"objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
                                 "objective/noisy-count": float(self.objective.count)})
-        return ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), self.round_metrics(metrics,
-                                                                                                         rejected)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screened FedAvg evaluation, as every strategy of this package."""
-        return self.screened_evaluate(server_round, replies, self)
+        return Release(ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics,
+                       [*revealed.bookings, event])
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""

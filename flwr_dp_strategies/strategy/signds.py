@@ -5,9 +5,10 @@ Per round (MindSpore spec §2–3):
 1. ``configure_train`` sends FedAvg's message plus the SignDS parameters and the
    current MagRR state (``signds-r-est``, ``signds-is-reached``, ...) in the
    train config; :func:`client_mods.signds_mod` encodes each update with them.
-2. ``aggregate_train`` screens every reply through the package's one screening
-   path (:mod:`flwr_dp_strategies.rounds.reply_screening`, rejected and counted, the round goes on):
-   identity, a finite weight in (0, ``max_weight``], finite metrics, exactly the
+2. ``aggregate_train`` (the accounted round,
+   :class:`~flwr_dp_strategies.rounds.template.AccountedRound`) screens every reply through the
+   package's one screening path (:mod:`flwr_dp_strategies.rounds.reply_screening`, rejected and
+   counted, the round goes on): identity, a finite weight in (0, ``max_weight``], finite metrics, exactly the
    ArrayRecord keys ``indices``, ``sign``, ``b-hat``; payloads no larger than
    ``max_dim_out`` int64 indices and one value each (``oversized``); integer
    indices (any width, signed or not: range-checked in their own dtype before any
@@ -64,6 +65,7 @@ from logging import WARNING
 from typing import Any, Optional
 
 import numpy as np
+from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -75,11 +77,12 @@ from ..privacy.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
-from ..rounds.client_accounting import ClientAccountingMixin, undeclared_replies
+from ..rounds.client_accounting import ContentCheck
 from ..rounds.metrics import aggregate_reply_metrics
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
-from ..rounds.streaming_aggregation import npy_view, to_array, single_threaded_blas
+from ..rounds.streaming_aggregation import npy_view, to_array
+from ..rounds.template import AccountedRound, Booking, Release, Screened
 from ..wire import SIGNDS_EVENT_LABEL
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
@@ -88,7 +91,7 @@ NON_PRIVATE_LABEL = "signds/rejected-undeclared (non-private)"
 HEADER_ALLOWANCE = 1024  # bytes of .npy header tolerated beyond a payload's largest valid size
 
 
-class SignDS(ClientAccountingMixin, FedAvg):
+class SignDS(AccountedRound, FedAvg):
     """SignDS + MagRR on Flower's FedAvg; clients must run :func:`client_mods.signds_mod`.
 
     Needs its client counterpart: every ClientApp adds ``client_mods.signds_mod`` to its train
@@ -166,33 +169,37 @@ class SignDS(ClientAccountingMixin, FedAvg):
         }
 
     # ------------------------------------------------------------------ aggregate
-    @single_threaded_blas
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
-        """Screen, book, rebuild the sign updates, average; then MagRR for the next round."""
-        if self._current is None:
-            return None, None
+    def skip_train(self, server_round: int) -> bool:
+        """True before any ``configure_train`` (no model to rebuild the updates against)."""
+        return self._current is None
+
+    def train_check(self) -> Optional[ContentCheck]:
+        """The SignDS upload check against the round's model (see the module docstring)."""
+        assert self._current is not None
+        d = int(sum(npy_view(a).size for a in self._current.values()))
+        return lambda content: self._check(content, d)
+
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Rebuild the sign updates and average; MagRR for the next round. Bookings: the configured round event
+        for each accepted upload that declared nothing, ``NonPrivateDpEvent`` for each rejected one that
+        declared nothing (module docstring)."""
+        assert self._current is not None
         keys = list(self._current.keys())
         current = [npy_view(self._current[k]) for k in keys]
         d = int(sum(a.size for a in current))
-        replies = list(replies)
-        undeclared = undeclared_replies(replies)
-        accepted, rejected = self.screen_and_book(server_round, replies, lambda c: self._check(c, d),
-                                                  phase="train", undeclared_label=NON_PRIVATE_LABEL)
+        accepted = screened.accepted
         if not accepted:
-            self._hint_missing_mod(server_round, replies, keys)
-        self._book_undeclared(server_round, [r for r in accepted if id(r) in undeclared])
+            self._hint_missing_mod(server_round, screened.replies, keys)
         r_est_used = self.state.r_est
         step = step_size(r_est_used, max(self._asked, 1), self.magrr)
         arrays = self._rebuild(current, keys, accepted, step) if accepted else None
-        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in accepted], self.weighted_by_key) \
-            if accepted else MetricRecord()
+        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in accepted],
+                                          self.weighted_by_key) if accepted else MetricRecord()
         info = self._magrr_round(accepted)
-        merged = self.round_metrics(metrics, rejected)
         for key, value in {**info, "step": step, "r-est-used": r_est_used, "dense-values": float(d),
                            **self._upload_sizes(accepted)}.items():
-            merged[f"signds/{key}"] = float(value)
-        return arrays, merged
+            metrics[f"signds/{key}"] = float(value)
+        return Release(arrays, metrics, self._undeclared_bookings(screened))
 
     def _hint_missing_mod(self, server_round: int, replies: list[Message], model_keys: list[str]) -> None:
         """Once: say that replies carrying the model's own arrays come from clients without ``signds_mod``."""
@@ -206,10 +213,6 @@ class SignDS(ClientAccountingMixin, FedAvg):
                 "upload (%s), so they are rejected and the model is not updated: the ClientApps do not run "
                 "client_mods.signds_mod. Add it to the train function: @app.train(mods=[signds_mod])",
                 len(plain), server_round, ", ".join(UPLOAD_KEYS))
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Screened FedAvg evaluation (weighted metric mean of the accepted replies), plus the round's counts."""
-        return self.screened_evaluate(server_round, replies, self)
 
     def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
                           phase: Optional[str]) -> None:
@@ -244,14 +247,23 @@ class SignDS(ClientAccountingMixin, FedAvg):
             return "shape"
         return check_upload(idx, sign, bit, d, self.max_dim_out)
 
-    def _book_undeclared(self, server_round: int, replies: list[Message]) -> None:
-        """A valid upload without a declaration still released what was asked: book it."""
+    def _undeclared_bookings(self, screened: Screened) -> list[Booking]:
+        """The uploads of asked nodes that declared nothing (identity-rejected and failed replies book
+        nothing): a valid one still released what was asked, the configured round event; a rejected one
+        reached the server raw, ``NonPrivateDpEvent``."""
         event = round_event(self.params.sign_eps, self.magrr.rr_epsilon)
-        for reply in replies:
-            self.ledger.record(event, server_round=server_round, client=reply.metadata.src_node_id,
-                               label=EVENT_LABEL)
-        if replies:
-            self.save_ledger()
+        passed = {id(r) for r in screened.passed}
+        bookings = []
+        for reply in screened.replies:
+            declarations = screened.declarations.get(id(reply))
+            if declarations is None or declarations:  # not screened for content (identity, error), or declared
+                continue
+            node = int(reply.metadata.src_node_id)
+            if id(reply) in passed:
+                bookings.append(Booking(event, EVENT_LABEL, client=node))
+            else:
+                bookings.append(Booking(NonPrivateDpEvent(), NON_PRIVATE_LABEL, client=node))
+        return bookings
 
     def _rebuild(self, current: list[np.ndarray], keys: list[str], accepted: list[Message],
                  step: float) -> ArrayRecord:

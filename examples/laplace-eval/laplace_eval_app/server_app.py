@@ -31,18 +31,19 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.rounds.metrics import with_privacy_metrics
+from flwr_dp_strategies.rounds.template import Release, Screened
 from flwr_dp_strategies.strategy import ClusterEvaluation
 
 from . import task
@@ -59,24 +60,30 @@ class RecordingClusterEvaluation(ClusterEvaluation):
 
     ``last_points``: (n, k) array of the vectors of the non-error replies of the
     last evaluate round, ordered by node id (as the server received them: noisy
-    in LAPLACE mode); ``last_metrics``: the MetricRecord it returned.
+    in LAPLACE mode); ``last_metrics``: that round's metrics with the ledger's
+    figures as they stand when read (after the round's bookings).
     """
 
     last_points: Optional[np.ndarray] = None
-    last_metrics: Optional[MetricRecord] = None
+    _released: Optional[MetricRecord] = None
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
-        """Record the inference vectors, then :meth:`ClusterEvaluation.aggregate_evaluate`."""
-        replies = list(replies)
+    @property
+    def last_metrics(self) -> Optional[MetricRecord]:
+        """The last evaluate round's metrics with the ledger's figures (None before the first round)."""
+        return None if self._released is None else with_privacy_metrics(self._released, self.ledger)
+
+    def release_evaluate(self, server_round: int, screened: Screened) -> Release:
+        """Record the inference vectors, then :meth:`ClusterEvaluation.release_evaluate`."""
         received = sorted(
             (reply.metadata.src_node_id, np.concatenate([np.asarray(a.numpy(), np.float64).ravel()
                                                           for a in reply.content[self.inference_key].values()]))
-            for reply in replies
+            for reply in screened.replies
             if not reply.has_error() and self.inference_key in reply.content.array_records
         )
         self.last_points = np.stack([vector for _, vector in received]) if received else None
-        self.last_metrics = super().aggregate_evaluate(server_round, replies)
-        return self.last_metrics
+        release = super().release_evaluate(server_round, screened)
+        self._released = release.metrics
+        return release
 
 
 def _finite(value: Optional[float]) -> Optional[float]:
