@@ -66,8 +66,8 @@ from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, re
 from ..privacy import PrivacyLedger
 from ..privacy.ledger_file import MAIN, LedgerStore
 from ..privacy.validation import check_bool, check_int
-from .metrics import aggregate_reply_metrics, log_failed_reply, with_privacy_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, check_max_weight, check_weight, has_config_record
+from .metrics import log_failed_reply, with_privacy_metrics
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_max_weight, has_config_record
 
 PHASES = ("train", "evaluate")
 
@@ -257,17 +257,6 @@ class ClientAccountingMixin:
         if booked:
             self.save_ledger()
         return screened, rejected
-
-    def screened_evaluate(self, server_round: int, replies: Iterable[Message], fedavg: object) -> MetricRecord:
-        """The evaluate phase every strategy shares: screen (identity, weight in (0, ``max_weight``],
-        finite metrics), book declarations, then ``fedavg``'s ``evaluate_metrics_aggr_fn`` over the
-        accepted replies, with the ledger's figures (the rejection counts: :meth:`note_rejections`)."""
-        key = fedavg.weighted_by_key  # type: ignore[attr-defined]
-        accepted, rejected = self.screen_and_book(
-            server_round, replies, lambda content: check_weight(content, key, self.max_weight), phase="evaluate")
-        metrics = aggregate_reply_metrics(fedavg.evaluate_metrics_aggr_fn,  # type: ignore[attr-defined]
-                                          [r.content for r in accepted], key) if accepted else None
-        return self.round_metrics(metrics, rejected)
 
     def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
                           phase: Optional[str]) -> None:

@@ -1,0 +1,120 @@
+"""The one accounted round: the template cannot be bypassed, and it books what a release returns.
+
+Also the worked example of docs/architecture.md ("Add a strategy"), which lives in
+``examples/add-a-strategy/noisy_clipped_mean.py`` and is run here as a user would run it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dp_accounting.dp_event import GaussianDpEvent
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+import flwr_dp_strategies
+from conftest import FakeGrid
+from flwr_dp_strategies import AccountedFedAvg
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.rounds.template import TEMPLATE_METHODS, AccountedRound, Booking
+
+pytestmark = pytest.mark.usefixtures("task_identity")
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "add-a-strategy"
+
+
+def _reply(message: Message, values: np.ndarray, weight: float = 1.0) -> Message:
+    content = RecordDict({"arrays": ArrayRecord([values]), "metrics": MetricRecord({"num-examples": weight})})
+    return Message(content, reply_to=message)
+
+
+def _round(strategy, server_round: int, model: np.ndarray, updates: list[np.ndarray]):
+    messages = list(strategy.configure_train(server_round, ArrayRecord([model]), ConfigRecord(),
+                                             FakeGrid(len(updates))))
+    return strategy.aggregate_train(server_round, [_reply(m, u) for m, u in zip(messages, updates)])
+
+
+@pytest.mark.parametrize("method", TEMPLATE_METHODS)
+def test_a_strategy_cannot_replace_the_template(method):
+    with pytest.raises(TypeError, match=method):
+        type("Bypass", (AccountedFedAvg,), {method: lambda self, server_round, replies: None})
+
+
+def test_every_exported_strategy_runs_the_template():
+    """Every exported Flower strategy of the package is an AccountedRound, and no class in its MRO
+    above the template defines the template's methods (the class statement would have raised)."""
+    strategies = [getattr(flwr_dp_strategies, name) for name in flwr_dp_strategies.__all__]
+    strategies = [cls for cls in strategies if isinstance(cls, type) and hasattr(cls, "configure_train")]
+    assert len(strategies) >= 12
+    for cls in strategies:
+        assert issubclass(cls, AccountedRound), cls.__name__
+        below = cls.__mro__[:cls.__mro__.index(AccountedRound)]
+        assert not any(method in klass.__dict__ for klass in below for method in TEMPLATE_METHODS), cls.__name__
+
+
+class _Counting(AccountedFedAvg):
+    """A release that books one central event in the main ledger and one in a second ledger."""
+
+    def release_train(self, server_round, screened):
+        release = super().release_train(server_round, screened)
+        other = self.ledger_store.claim("other", None, lambda: PrivacyLedger(1e-5))
+        release.bookings += [Booking(GaussianDpEvent(3.0), "central"), Booking(GaussianDpEvent(1.0), "other",
+                                                                                  ledger=other)]
+        release.ledger_figures = lambda: {"other/epsilon": other.epsilon()}
+        return release
+
+
+def test_the_template_books_each_booking_in_its_ledger_saves_and_publishes_figures_read_after(tmp_path):
+    path = tmp_path / "ledger.json"
+    strategy = _Counting(min_train_nodes=3, min_available_nodes=3, ledger_path=str(path))
+    updates = [np.ones(3), np.full(3, np.nan), 2 * np.ones(3)]  # undeclared; one found non-finite
+    arrays, metrics = _round(strategy, 1, np.zeros(3), updates)
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], 1.5)
+    assert strategy.rejections["train"] == {"non-finite": 1}
+    other = strategy.ledger_store.claim("other", None, lambda: PrivacyLedger(1e-5))
+    assert metrics["other/epsilon"] == pytest.approx(other.epsilon()) and other.epsilon() > 0
+    # the three undeclared replies (the non-finite one too: its raw update reached the server) read inf
+    for node in (101, 102, 103):
+        assert strategy.ledger.epsilon(node) == math.inf
+    assert len(strategy.ledger.rounds()) == 1 and path.exists()
+    reopened = _Counting(min_train_nodes=3, min_available_nodes=3, ledger_path=str(path), resume=True)
+    assert reopened.ledger.epsilon(101) == math.inf
+    assert reopened.ledger_store.claim("other", None, lambda: PrivacyLedger(1e-5)).epsilon() == \
+        pytest.approx(other.epsilon())
+
+
+# --------------------------------------------------------------------------- the worked example
+@pytest.fixture(scope="module")
+def example():
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import noisy_clipped_mean
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    return noisy_clipped_mean
+
+
+def test_the_worked_example_in_the_docs_is_the_tested_module(example):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    source = Path(example.__file__).read_text()
+    klass = source[source.index("class NoisyClippedMean"):]
+    assert klass.strip() in doc
+
+
+def test_the_worked_example_releases_the_noisy_clipped_mean_and_books_one_gaussian(example):
+    d, m, z, c = 20_000, 4, 2.0, 1.0
+    strategy = example.NoisyClippedMean(min_train_nodes=m, min_available_nodes=m, clipping_norm=c,
+                                        noise_multiplier=z, num_sampled_clients=m, rng=11)
+    updates = [np.full(d, 10.0 / math.sqrt(d)) for _ in range(m)]  # norm 10: clipped to 1
+    arrays, metrics = _round(strategy, 1, np.zeros(d), updates)
+    released = arrays.to_numpy_ndarrays()[0]
+    noise = released - 1.0 / math.sqrt(d)  # m clipped updates over m
+    sigma = z * c / m
+    # the sample std of d normals is within 4 * sigma / sqrt(2d) of sigma; 10 % off is 14 such widths away
+    assert abs(noise.std() - sigma) < 4 * sigma / math.sqrt(2 * d)
+    fresh = PrivacyLedger(1e-5)
+    fresh.record(GaussianDpEvent(z), server_round=1)
+    assert metrics["privacy/epsilon"] == pytest.approx(fresh.epsilon())
+    assert strategy.ledger.rounds() == [1]
