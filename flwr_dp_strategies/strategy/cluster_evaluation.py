@@ -100,13 +100,14 @@ from ..rounds.metrics import aggregate_reply_metrics, failed_replies
 from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, ArraySpec, array_spec,
                               check_weight, decode_real, named_record, screen_train_content)
 from ..rounds.template import AccountedRound, Booking, Release, Screened
+from ..wire import CONFIG_LAPLACE_EVAL_EPS, CONFIG_PRIVACY_EVAL_TYPE
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
 UNPROTECTED_LABEL = "inference-results/unprotected"
 UNACCOUNTED_TRAIN_LABEL = "update/unaccounted (non-private)"
 RUN_CONFIG_KEYS = {
-    "privacy-eval-type": "privacy_eval_type",
-    "laplace-eval-eps": "laplace_eval_eps",
+    CONFIG_PRIVACY_EVAL_TYPE: "privacy_eval_type",
+    CONFIG_LAPLACE_EVAL_EPS: "laplace_eval_eps",
     "cluster-client-num": "cluster_client_num",
     "eval-type": "eval_type",
 }
@@ -304,8 +305,8 @@ class ClusterEvaluation(AccountedRound, Strategy):
                            grid: Grid) -> Iterable[Message]:
         """The wrapped strategy's evaluate messages, with the privacy mode in their config."""
         config = ConfigRecord(dict(config))
-        config["privacy-eval-type"] = self.privacy_eval_type
-        config["laplace-eval-eps"] = float(self.laplace_eval_eps)
+        config[CONFIG_PRIVACY_EVAL_TYPE] = self.privacy_eval_type
+        config[CONFIG_LAPLACE_EVAL_EPS] = float(self.laplace_eval_eps)
         config["eval-type"] = self.eval_type
         messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
         self.remember_instructions("evaluate", server_round, messages)

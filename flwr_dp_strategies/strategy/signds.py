@@ -83,7 +83,7 @@ from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import npy_view, to_array
 from ..rounds.template import AccountedRound, Booking, Release, Screened
-from ..wire import SIGNDS_EVENT_LABEL
+from ..wire import SIGNDS_CONFIG_KEYS, SIGNDS_EVENT_LABEL
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
 EVENT_LABEL = SIGNDS_EVENT_LABEL
@@ -159,14 +159,14 @@ class SignDS(AccountedRound, FedAvg):
 
     def client_config(self) -> dict[str, Any]:
         """The train-config entries :func:`client_mods.signds_mod` reads."""
-        return {
-            "signds-sign-k": float(self.params.sign_k), "signds-sign-eps": float(self.params.sign_eps),
-            "signds-sign-thr-ratio": float(self.params.sign_thr_ratio),
-            "signds-sign-dim-out": int(self.params.sign_dim_out), "signds-max-dim-out": int(self.max_dim_out),
-            "signds-r-est": float(self.state.r_est), "signds-is-reached": int(self.state.is_reached),
-            "signds-rr-eps": float(self.magrr.rr_epsilon), "signds-growth-margin": float(self.magrr.growth_margin),
-            "signds-shrink-margin": float(self.magrr.shrink_margin),
+        values = {
+            "sign_k": float(self.params.sign_k), "sign_eps": float(self.params.sign_eps),
+            "sign_thr_ratio": float(self.params.sign_thr_ratio), "sign_dim_out": int(self.params.sign_dim_out),
+            "max_dim_out": int(self.max_dim_out), "r_est": float(self.state.r_est),
+            "is_reached": int(self.state.is_reached), "rr_epsilon": float(self.magrr.rr_epsilon),
+            "growth_margin": float(self.magrr.growth_margin), "shrink_margin": float(self.magrr.shrink_margin),
         }
+        return {SIGNDS_CONFIG_KEYS[name]: value for name, value in values.items()}
 
     # ------------------------------------------------------------------ aggregate
     def skip_train(self, server_round: int) -> bool:
