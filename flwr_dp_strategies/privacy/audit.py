@@ -145,10 +145,10 @@ def canary_cosines(delta: object, canaries: object) -> np.ndarray:
 def cosine_null_sf(t: object, dim: int) -> np.ndarray | float:
     """P[cos ≥ t] for the cosine between a fixed vector and a uniformly random unit vector in ℝ^dim.
 
-    The cosine has density ∝ (1 − t²)^((dim−3)/2) on [−1, 1], i.e.
-    (cos + 1)/2 ~ Beta((dim−1)/2, (dim−1)/2); its mean is 0 and its variance 1/dim, so for large dim it is
-    close to N(0, 1/dim). This is the exact null distribution of an unseen canary's cosine with any model delta that does not depend on it
-    (Andrew et al., ICLR 2024). ``t``: finite real(s) (values outside [−1, 1] give 1 or 0); ``dim``: an
+    The cosine has density ∝ (1 − t²)^((dim−3)/2) on [−1, 1], i.e. (cos + 1)/2 ~ Beta((dim−1)/2,
+    (dim−1)/2); its mean is 0 and its variance 1/dim, so for large dim it is close to N(0, 1/dim). This is
+    the exact null distribution of an unseen canary's cosine with any model delta that does not depend on
+    it (Andrew et al., ICLR 2024). ``t``: finite real(s) (values outside [−1, 1] give 1 or 0); ``dim``: an
     integer in [2, inf). Returns a float for a scalar ``t``, else an array of its shape.
     """
     d = check_int("dim", dim, minimum=2)
