@@ -169,6 +169,16 @@ def test_estimator_recovers_gaussian_mechanism_epsilon_and_sees_half_the_noise()
     assert eps_half - tol_half > eps_z + tol_z  # half the noise is clearly larger, beyond both tolerances
 
 
+def test_estimator_fits_each_sample_separately():
+    rng = np.random.default_rng(11)
+    inserted, null = rng.normal(0.3, 0.05, 400), rng.normal(0.01, 0.1, 300)
+    est = estimate_epsilon(inserted, null, DELTA)
+    assert (est.mu_in, est.sigma_in) == pytest.approx((inserted.mean(), inserted.std(ddof=1)), rel=1e-12)
+    assert (est.mu_out, est.sigma_out) == pytest.approx((null.mean(), null.std(ddof=1)), rel=1e-12)
+    assert est.epsilon == epsilon_from_gaussians(est.mu_in, est.sigma_in, est.mu_out, est.sigma_out, DELTA)
+    assert (est.num_inserted, est.num_null, est.delta) == (400, 300, DELTA)
+
+
 def test_estimator_with_analytic_null():
     dim, n = 10_000, 5_000
     rng = np.random.default_rng(3)
