@@ -251,7 +251,7 @@ class CentralGaussianRound(AccountedRound):
         else:
             messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
             if self.accountant is not None:  # Flower's accountant: its budget check and pending event
-                messages = list(self._prepare_accounting(server_round, messages))  # type: ignore[attr-defined]
+                messages = list(self._flower_wrapper()._prepare_accounting(server_round, messages))
             messages = messages or None
         self._idle_round = server_round if messages is None else None
         if messages is None:
@@ -295,7 +295,7 @@ class CentralGaussianRound(AccountedRound):
         valid reply releases nothing (Flower's wrapper, whose accountant assumes m equal replies)."""
         flower_pending = None
         if self.sampling == "fixed" and self.accountant is not None:
-            flower_pending = self._pop_pending_event(server_round)  # type: ignore[attr-defined]
+            flower_pending = self._flower_wrapper()._pop_pending_event(server_round)
         clipping_norm = self.clipping_norm
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, clipping_norm)
         unclipped = self.add_updates(server_round, summed, screened)
@@ -350,8 +350,12 @@ class CentralGaussianRound(AccountedRound):
         log(INFO, "aggregate_fit: central DP noise with %.4f stdev added", sigma)
         return arrays
 
+    def _flower_wrapper(self) -> Any:
+        """The Flower DP wrapper this round is mixed into (next in the MRO): its accountant's bookkeeping."""
+        return super()
+
     def _compose_release(self, event: Any) -> None:  # Flower's wrappers define it; adaptive ones have none
-        parent = getattr(super(), "_compose_release", None)
+        parent = getattr(self._flower_wrapper(), "_compose_release", None)
         if parent is not None:
             parent(event)
 

@@ -29,6 +29,8 @@ import numpy as np
 from dp_accounting import dp_event
 from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
 
 from ..privacy import PrivacyLedger
 from ..privacy.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
@@ -82,8 +84,8 @@ def poisson_sample(nodes: Iterable[int], rate: float, generator: np.random.Gener
     return [node for node, kept in zip(ordered, keep) if kept]
 
 
-def sampled_train_instructions(strategy: object, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                               grid: object, nodes: Iterable[int]) -> Optional[list[Message]]:
+def sampled_train_instructions(strategy: Strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                               grid: Grid, nodes: Iterable[int]) -> Optional[list[Message]]:
     """The wrapped strategy's train instructions, sent to ``nodes`` (a sample drawn by the caller) instead of its own.
 
     ``strategy.configure_train(server_round, arrays, config, grid)`` is called as Flower's DP wrappers
@@ -97,7 +99,7 @@ def sampled_train_instructions(strategy: object, server_round: int, arrays: Arra
     ``nodes`` was not addressed (which content it should get is unknown): such a strategy must
     address every node (e.g. ``fraction_train=1.0``).
     """
-    planned = list(strategy.configure_train(server_round, arrays, config, grid))  # type: ignore[attr-defined]
+    planned = list(strategy.configure_train(server_round, arrays, config, grid))
     if not planned:
         return None
     own = {message.metadata.dst_node_id: message for message in planned}

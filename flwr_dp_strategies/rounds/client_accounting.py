@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from logging import ERROR, INFO, WARNING
-from typing import Optional
+from typing import Any, Optional, cast
 
 from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -147,14 +147,14 @@ class ClientAccountingMixin:
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         """The next class's ``configure_train``; its messages are remembered for the identity check."""
-        messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
+        messages = list(cast(Any, super()).configure_train(server_round, arrays, config, grid))  # the Flower strategy's
         self.remember_instructions("train", server_round, messages)
         return messages
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """The next class's ``configure_evaluate``; its messages are remembered for the identity check."""
-        messages = list(super().configure_evaluate(server_round, arrays, config, grid))  # type: ignore[misc]
+        messages = list(cast(Any, super()).configure_evaluate(server_round, arrays, config, grid))
         self.remember_instructions("evaluate", server_round, messages)
         return messages
 

@@ -101,7 +101,14 @@ def reply_arrays(reply: Message) -> ArrayRecord:
 
 def reply_weight(reply: Message, weighted_by_key: str) -> float:
     """The reply's weight as FedAvg reads it: the first MetricRecord's ``weighted_by_key``."""
-    return float(records_of(reply.content, MetricRecord)[0][weighted_by_key])  # type: ignore[arg-type]
+    return metric_scalar(records_of(reply.content, MetricRecord)[0][weighted_by_key])
+
+
+def metric_scalar(value: object) -> float:
+    """A MetricRecord value that screening found to be a finite number, as a float (ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"a metric scalar must be an int or a float, got {type(value).__name__}")
+    return float(value)
 
 
 def named_record(content: RecordDict, name: str, kind: type[R]) -> Optional[R]:

@@ -100,7 +100,7 @@ from __future__ import annotations
 
 import os
 from logging import INFO
-from typing import Optional, Union
+from typing import Any, Optional, Union, cast
 
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
@@ -185,7 +185,7 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         z_update = update_noise_multiplier(z, sigma_b)
         if sampling not in SAMPLING:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
-        super().__init__(strategy, z, m, initial, clipped_target, learning_rate, sigma_b)  # type: ignore[call-arg]
+        cast(Any, super()).__init__(strategy, z, m, initial, clipped_target, learning_rate, sigma_b)  # Flower's wrapper
         self.noise_multiplier = z  # Flower stores z_Δ here; this class books z (see update_noise_multiplier)
         self.update_noise_multiplier = z_update
         self.clipped_count_stddev = sigma_b
@@ -221,7 +221,7 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         log(INFO, "\t├──> z=%s split into z_update=%.4g and count std %.4g; target unclipped quantile %.3g; "
             "epsilon=%.4f at delta=%g", self.noise_multiplier, self.update_noise_multiplier,
             self.clipped_count_stddev, self.target_unclipped_quantile, self.ledger.epsilon(), self.ledger.target_delta)
-        super().summary()  # type: ignore[misc]
+        cast(Any, super()).summary()
 
 
 class AccountedAdaptiveClipping(AdaptiveClippingMixin, DifferentialPrivacyServerSideAdaptiveClipping):

@@ -60,7 +60,7 @@ from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_su
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, screen_train_content
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, reply_weight, screen_train_content
 from ..rounds.client_accounting import ContentCheck
 from ..rounds.streaming_aggregation import NonFiniteReplies
 from ..rounds.template import Release, Screened
@@ -219,7 +219,7 @@ class NoisyObjectiveSum(AccountedFedAvg):
 
     def _add(self, reply: Message) -> None:
         arrays = records_of(reply.content, ArrayRecord)[0]
-        weight = float(records_of(reply.content, MetricRecord)[0][self.weighted_by_key])  # type: ignore[arg-type]
+        weight = reply_weight(reply, self.weighted_by_key)
         linear, quadratic = npy_view(arrays[LINEAR_KEY]), npy_view(arrays[QUADRATIC_KEY])
         if self._total is None:
             self._total = QuadraticStatistics(np.array(linear, dtype=np.float64), np.array(quadratic, dtype=np.float64),

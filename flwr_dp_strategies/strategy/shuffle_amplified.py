@@ -81,7 +81,7 @@ from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from ..rounds.template import Booking, Release, Screened
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, records_of, reply_arrays
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, metric_scalar, records_of, reply_arrays
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
@@ -281,7 +281,7 @@ def split_into_layers(
     for content in contents:
         arrays = records_of(content, ArrayRecord)[0]
         reports.append([tuple((key, arrays[key]) for key in group) for group in groups])
-        weights.append(float(records_of(content, MetricRecord)[0][weighted_by_key]))  # type: ignore[arg-type]
+        weights.append(metric_scalar(records_of(content, MetricRecord)[0][weighted_by_key]))
     return reports, weights, keys
 
 
