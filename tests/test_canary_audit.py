@@ -121,7 +121,8 @@ def test_fixed_size_sampling_sends_every_node_including_canaries(task_identity):
 
 
 def test_canary_ids_colliding_with_real_nodes_are_refused():
-    grid = CanaryGrid(LoopbackGrid(real_app(), [CANARY_ID_BASE]), [CANARY_ID_BASE], canary_client_app(local_direction, 1))
+    grid = CanaryGrid(LoopbackGrid(real_app(), [CANARY_ID_BASE]), [CANARY_ID_BASE],
+                      canary_client_app(local_direction, 1))
     with pytest.raises(RuntimeError, match="collide"):
         grid.get_node_ids()
 
@@ -198,19 +199,27 @@ def audited_run(cls, z: float, k: int, rounds: int, seed: int = 1):
 
 
 def test_correct_noise_gives_a_lower_bound_within_the_ledger(task_identity, caplog):
-    strategy, audit, result, report = audited_run(AccountedServerSideFixedClipping, 5.0, 100, 2)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        strategy, audit, result, report = audited_run(AccountedServerSideFixedClipping, 5.0, 200, 3)
     assert report is audit.report
     assert report.ledger_epsilon == pytest.approx(strategy.ledger.epsilon())
     assert report.epsilon_lower_bound_final <= report.ledger_epsilon
     assert report.epsilon_lower_bound_all_iterates <= report.ledger_epsilon
     assert not report.alarm and report.metric_record()["audit/alarm"] == 0.0
-    assert report.inserted_final.shape == report.null_final.shape == (100,)
-    assert report.inserted_all_iterates.shape == (100,)
+    assert report.inserted_final.shape == report.null_final.shape == (200,)
+    assert report.inserted_all_iterates.shape == report.null_all_iterates.shape == (200,)
+    assert len(audit.iterates(model())) == 3  # initial, round 2's and round 3's models; the final one is apart
+    assert "never a replacement for the ledger" in caplog.text and "misconfiguration" not in caplog.text
+    # the canaries are regenerated from the seed: the reported cosines are those of the final model's change
+    from flwr_dp_strategies.privacy.audit import canary_cosines
+
+    delta = flatten_arrays(result.arrays) - flatten_arrays(model())
+    np.testing.assert_allclose(report.inserted_final, canary_cosines(delta, audit.vectors(audit.inserted_ids, DIM)))
 
 
 def test_under_noised_release_raises_the_alarm(task_identity, caplog):
     with caplog.at_level(logging.WARNING, logger="flwr"):
-        _, _, _, report = audited_run(UnderNoised, 5.0, 100, 2)
+        _, _, _, report = audited_run(UnderNoised, 5.0, 200, 3)
     assert max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates) > report.ledger_epsilon
     assert report.alarm
     assert "misconfiguration" in caplog.text

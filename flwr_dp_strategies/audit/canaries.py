@@ -392,7 +392,6 @@ class CanaryAudit:
         """The report of a run with these models (``iterates``: initial, then every later round's model)."""
         from ..privacy.audit import epsilon_lower_bound, estimate_epsilon
 
-        dim = initial.size
         models = list(iterates) + [final]
         steps = [b - a for a, b in zip(models[:-1], models[1:])]
         final_delta = [final - initial]
@@ -401,7 +400,7 @@ class CanaryAudit:
         inserted_all = self.scores(steps, self.inserted_ids).max(axis=0)
         null_all = self.scores(steps, self.unseen_ids).max(axis=0)
         ledger_epsilon = float(self.strategy.ledger.epsilon(delta=self.delta))
-        estimate_final = estimate_epsilon(inserted_final, null_final, self.delta, dim=dim).epsilon
+        estimate_final = estimate_epsilon(inserted_final, null_final, self.delta).epsilon
         estimate_all = estimate_epsilon(inserted_all, null_all, self.delta).epsilon
         bound_final = epsilon_lower_bound(inserted_final, null_final, self.delta, confidence=self.confidence).epsilon
         bound_all = epsilon_lower_bound(inserted_all, null_all, self.delta, confidence=self.confidence).epsilon
