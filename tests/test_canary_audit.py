@@ -232,3 +232,38 @@ def test_plot_audit(task_identity, tmp_path):
     _, _, _, report = audited_run(AccountedServerSideFixedClipping, 5.0, 50, 1)
     plot_audit(report, tmp_path / "audit.png")
     assert (tmp_path / "audit.png").stat().st_size > 0
+
+
+def test_poisson_audit_samples_canaries_and_stays_within_the_ledger(task_identity):
+    pytest.importorskip("flwr_dp_strategies.privacy.audit")
+    k, m = 150, 16
+    strategy = AccountedPoissonFixedClipping(FedAvg(fraction_evaluate=0.0), 3.0, 1.0, m, rng=4)
+    audit = CanaryAudit(strategy, num_canaries=k, seed=4)
+    real = LoopbackGrid(real_app(), REAL)
+    _, report = audit.start(real, model(), num_rounds=3)
+    assert strategy.sampling_rate == pytest.approx(m / (len(REAL) + k))
+    assert 0 < sum(len(n) for n in audit.grid.canary_participation.values()) < k * 3
+    assert all(int(msg.metadata.dst_node_id) in REAL for msg in real.sent)
+    assert not report.alarm and report.epsilon_lower_bound_final <= report.ledger_epsilon
+
+
+def test_distributed_dp_canaries_run_the_client_mod_and_secure_aggregation(task_identity):
+    """Canaries behind ``distributed_dp_mod`` join every secure-aggregation stage as real clients do."""
+    pytest.importorskip("flwr_dp_strategies.privacy.audit")
+    from client_mods.distributed_dp_mod import make_distributed_dp_mod
+    from flwr_dp_strategies import DistributedDpFedAvg
+    from secagg_harness import shifting_app
+
+    k = 20
+    deltas = {n: np.random.default_rng(n).normal(size=DIM) * 1e-3 for n in REAL}
+    real = LoopbackGrid(shifting_app(deltas, rng=1), REAL)
+    strategy = DistributedDpFedAvg(fraction_evaluate=0.0, noise_multiplier=0.5, clipping_norm=1.0, bits=24,
+                                   rotation_seed=3)
+    audit = CanaryAudit(strategy, num_canaries=k, seed=2, canary_mods=[make_distributed_dp_mod(rng=2)])
+    result, report = audit.start(real, model(), num_rounds=2)
+    assert audit.canary_norm == 10.0
+    assert not audit.grid.canary_errors and not real.errors
+    assert list(audit.grid.canary_participation.values()) == [set(audit.inserted_ids)] * 2
+    assert all(int(msg.metadata.dst_node_id) in REAL for msg in real.sent)
+    assert len(audit.iterates(model())) == 2 and np.all(np.isfinite(flatten_arrays(result.arrays)))
+    assert not report.alarm and report.ledger_epsilon == pytest.approx(strategy.ledger.epsilon())
