@@ -3,7 +3,7 @@ r"""Canary clients: a one-shot empirical privacy estimate of a federated run (An
 Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy Estimation for
 Federated Learning" (ICLR 2024), Algorithms 1 and 2. In the *same* run that trains the model,
 k canary clients take part; canary i always answers with the direction :math:`c_i` (a random unit
-vector of the model's dimension d, reproducible from ``(seed, i)``) scaled to ``canary_norm``. After
+vector of the model's dimension d, reproducible from ``seed`` and the canary's node id) scaled to ``canary_norm``. After
 the run, the cosine of each canary with the model's change is a score; k further *unseen* canaries,
 never inserted, give the scores' null distribution. Because independent random directions in high
 dimension are nearly orthogonal, the k canaries do not interfere with each other, so k samples of
@@ -28,10 +28,17 @@ k/(Σ n_i + k)). To leave the real model untouched, run the audit as a separate 
 same configuration (same strategy settings, same mods, same number of rounds) on the real or a proxy
 federation, and train the real model without canaries.
 
-What it is not. The estimate assumes the scores are Gaussian (the paper's fit); the lower bound
-(Clopper-Pearson on a threshold test, valid with probability ``confidence``) holds for the canary
-client in this run only. Neither replaces the ledger's ε, an upper bound for every client under the
-accountant's model. A lower bound *above* the ledger's ε means the release is leakier than booked:
+Statistics (:mod:`flwr_dp_strategies.privacy.audit`). Both statistics use the k unseen canaries'
+scores as the null. The estimate (:func:`~flwr_dp_strategies.privacy.audit.estimate_epsilon`) fits a
+Gaussian to each side and reports the ε at which the two Gaussians are (ε, δ)-indistinguishable; it is
+an estimate, neither a bound nor conservative. The lower bound
+(:func:`~flwr_dp_strategies.privacy.audit.epsilon_lower_bound`: Clopper-Pearson on the best threshold
+test, valid with probability ``confidence``) treats the k canaries' scores as independent trials,
+which the near-orthogonality of random directions makes approximately true (Andrew et al.'s argument),
+not exactly.
+
+What it is not. Both numbers are about the canary client in this run only. Neither replaces the
+ledger's ε, an upper bound for every client under the accountant's model. A lower bound *above* the ledger's ε means the release is leakier than booked:
 a bug or a misconfiguration (a client without its mod, a noise multiplier set wrong); the audit
 then logs a WARNING and sets ``AuditReport.alarm``.
 """
@@ -355,7 +362,10 @@ class CanaryAudit:
     # ------------------------------------------------------------------ the run
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               **kwargs: Any) -> tuple[Any, AuditReport]:
-        """``strategy.start`` with the canaries, then the audit: ``(result, report)`` (also :attr:`report`)."""
+        """``strategy.start(CanaryGrid(grid, ...), initial_arrays, num_rounds, timeout, **kwargs)`` (``train_config``,
+        ``evaluate_config``, ``evaluate_fn`` pass through), then the audit; returns ``(result, report)`` (the report
+        is also :attr:`report`; :meth:`AuditReport.metric_record` gives it as a MetricRecord). The result's round
+        keys are the strategy's own: nothing of the audit is written into them."""
         self.grid = self.make_grid(grid)
         result = self.strategy.start(self.grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, **kwargs)
         final = result.arrays if len(result.arrays) else initial_arrays
