@@ -38,9 +38,10 @@ which the near-orthogonality of random directions makes approximately true (Andr
 not exactly.
 
 What it is not. Both numbers are about the canary client in this run only. Neither replaces the
-ledger's ε, an upper bound for every client under the accountant's model. A lower bound *above* the ledger's ε means the release is leakier than booked:
-a bug or a misconfiguration (a client without its mod, a noise multiplier set wrong); the audit
-then logs a WARNING and sets ``AuditReport.alarm``.
+ledger's ε, an upper bound for every client under the accountant's model. A lower bound *above*
+the ledger's ε means the release is leakier than booked: a bug or a misconfiguration (a client
+without its mod, a noise multiplier set wrong); the audit then logs a WARNING and sets
+``AuditReport.alarm``.
 """
 
 from __future__ import annotations
