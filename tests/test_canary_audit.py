@@ -11,7 +11,7 @@ import logging
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -29,7 +29,7 @@ def model() -> ArrayRecord:
 
 
 def real_app(scale: float = 0.01) -> ClientApp:
-    """Each real node adds a small fixed shift (norm ≈ ``scale``·sqrt(d)/sqrt(d) ... well below C)."""
+    """Each real node adds a fixed shift of norm ``scale`` (well below C): training, trivially."""
     app = ClientApp()
 
     @app.train()
@@ -58,8 +58,7 @@ def test_canary_update_is_the_received_model_plus_its_direction(task_identity):
     app = canary_client_app(local_direction, 3.0)
     canary = CANARY_ID_BASE + 7
     grid = CanaryGrid(LoopbackGrid(real_app(), REAL), [canary], app)
-    msg = Message(RecordDict({"arrays": model(), "config": __import__("flwr").app.ConfigRecord({})}), canary,
-                  "train", group_id="1")
+    msg = Message(RecordDict({"arrays": model(), "config": ConfigRecord({})}), canary, "train", group_id="1")
     (reply,) = grid.send_and_receive([msg])
     assert reply.metadata.src_node_id == canary
     assert reply.metadata.reply_to_message_id == msg.metadata.message_id != ""
