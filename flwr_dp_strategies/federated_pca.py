@@ -73,8 +73,7 @@ class LdpFederatedPCA(ClientAccountingMixin):
         total = np.zeros((self.dim, self.dim))
         for reply in accepted:
             total += _matrix(reply.content)
-        metrics = MetricRecord({"pca/accepted": float(len(accepted))})
-        self.metrics = self.round_metrics(metrics, rejected)
+        self.metrics = self.round_metrics(None, rejected)  # the ledger's figures; counts stay in the log
         return top_eigenvectors(total / len(accepted), self.num_components) if accepted else None
 
     def _check(self, content: RecordDict) -> Optional[str]:
