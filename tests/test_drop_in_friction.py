@@ -63,14 +63,14 @@ def test_no_round_publishes_a_count_of_rejected_or_failed_replies(task_identity)
     import numpy as np
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid
     from flwr_dp_strategies import AccountedFedAvg
 
     strategy = AccountedFedAvg(min_train_nodes=3, min_available_nodes=3)
     current = [np.zeros(3)]
 
     def replies(rnd, bad=None):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), FakeGrid(3)))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(3)))
         out = []
         for i, msg in enumerate(msgs):
             values = np.full(3, np.nan) if i == bad else np.ones(3)
@@ -157,7 +157,7 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     from flwr.supercore.privacy_accounting import (NeighboringRelation, PrivacyConfig, SamplingMethod)
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid
     from flwr_dp_strategies import AccountedPoissonFixedClipping
 
     def accountant(method, relation=NeighboringRelation.ADD_OR_REMOVE_ONE, max_epsilon=None):
@@ -174,7 +174,7 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     strategy = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=flower, rng=0)
     assert strategy.num_clients == 4
     current = ArrayRecord({"w": Array(np.zeros(3))})
-    messages = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(4)))
+    messages = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4)))
     replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(3))}),
                                    "metrics": MetricRecord({"num-examples": 1})}), reply_to=m) for m in messages]
     _, metrics = strategy.aggregate_train(1, replies)
@@ -182,7 +182,7 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     assert strategy.privacy_spent().epsilon == pytest.approx(metrics["privacy/epsilon-rdp"], rel=0.05)
     tight = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON,
                                                                                      max_epsilon=0.5))
-    assert list(tight.configure_train(1, current, ConfigRecord(), FakeGrid(4))) == [] and tight.budget_exhausted
+    assert list(tight.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4))) == [] and tight.budget_exhausted
 
 
 # ---------------------------------------------------------------------------- 3. Flower's log lines
@@ -190,10 +190,10 @@ def _messages(strategy, phase, rnd, n=3):
     import numpy as np
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid
 
     configure = strategy.configure_train if phase == "train" else strategy.configure_evaluate
-    return list(configure(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
+    return list(configure(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def _replies(messages, train=True):

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.serverapp.strategy import FedAvg
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
                                 ClusterEvaluation, LayerShuffler, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg,
@@ -56,13 +56,13 @@ def node(msg: Message) -> str:
 
 
 def train_round(strategy, current: list[np.ndarray], make_reply, n: int = N):
-    msgs = list(strategy.configure_train(1, ArrayRecord(current), ConfigRecord(), FakeGrid(n)))
+    msgs = list(strategy.configure_train(1, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(n)))
     replies = [failed(m) if i == FAILED else make_reply(i, m) for i, m in enumerate(msgs)]
     return msgs, strategy.aggregate_train(1, replies)
 
 
 def evaluate_round(strategy, make_reply, n: int = N):
-    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
+    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n)))
     replies = [failed(m) if i == FAILED else make_reply(i, m) for i, m in enumerate(msgs)]
     return msgs, strategy.aggregate_evaluate(1, replies)
 
@@ -126,7 +126,7 @@ def test_accounted_fedavg_evaluate_counts_failed_replies():
 
 def test_every_reply_failed_gives_no_model_and_books_nothing():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     arrays, metrics = strategy.aggregate_train(1, [failed(m) for m in msgs])
     assert arrays is None
     assert_failed_count(strategy, metrics, N, "train")
@@ -135,7 +135,7 @@ def test_every_reply_failed_gives_no_model_and_books_nothing():
 
 def test_no_failure_reports_zero():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     _, metrics = strategy.aggregate_train(1, [train_reply(m, [np.ones(3)]) for m in msgs])
     assert_failed_count(strategy, metrics, 0, "train")
 

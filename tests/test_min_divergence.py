@@ -21,7 +21,7 @@ from flwr_dp_strategies.strategy.min_divergence import (
     selection_event,
 )
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -32,7 +32,7 @@ def record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 def configure(strategy: FedAvg, current: dict[str, np.ndarray], n: int, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_train(server_round, record(current), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_train(server_round, record(current), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def reply_to(msg: Message, arrays: dict[str, np.ndarray], *, weight: float = 10.0, loss: float = 0.5,

@@ -19,7 +19,7 @@ from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import (
     AccountedFedAvg,
     ClusterEvaluation,
@@ -56,7 +56,7 @@ def _model(rnd: int) -> ArrayRecord:
 def _train(strategy: Any, rnd: int, events=(), model: Callable[[int], ArrayRecord] = _model,
            content: Callable[[Message, int], ArrayRecord] | None = None) -> dict[str, float]:
     current = model(rnd)
-    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), LoopbackGrid.of(N)))
     replies = []
     for i, msg in enumerate(msgs):
         arrays = content(msg, i) if content is not None else ArrayRecord(
@@ -67,7 +67,7 @@ def _train(strategy: Any, rnd: int, events=(), model: Callable[[int], ArrayRecor
 
 
 def _evaluate(strategy: Any, rnd: int, events=(LaplaceDpEvent(2.0),)) -> dict[str, float]:
-    msgs = list(strategy.configure_evaluate(rnd, _model(rnd), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_evaluate(rnd, _model(rnd), ConfigRecord(), LoopbackGrid.of(N)))
     replies = []
     for i, msg in enumerate(msgs):
         content = RecordDict({"metrics": MetricRecord({"num-examples": 5.0, "accuracy": 0.5}),
@@ -92,7 +92,7 @@ def _signds_content(msg: Message, i: int) -> ArrayRecord:
 def _train_with_bits(strategy: Any, rnd: int) -> dict[str, float]:
     """A round of client-side clipping: small updates, each with the client's unclipped bit."""
     current = _model(rnd)
-    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), LoopbackGrid.of(N)))
     replies = [Message(RecordDict({
         "arrays": ArrayRecord({k: Array(v.numpy() + 0.01 * (i + 1)) for k, v in current.items()}),
         "metrics": MetricRecord({"num-examples": 10.0, KEY_UNCLIPPED_BIT: 1})}), reply_to=msg)

@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies import (AccountedFedAvg, ClusterEvaluation, LayerShuffler, ShuffleAmplifiedFedAvg, SignDS, declare_release)
 from flwr_dp_strategies.cluster_scores import cluster_scores
@@ -53,11 +53,11 @@ def node(msg: Message) -> int:
 
 
 def configure_train(strategy, current, n: int = N, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def configure_evaluate(strategy, n: int = N, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def other_node_reply(msgs: list[Message], make) -> Message:

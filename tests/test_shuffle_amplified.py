@@ -15,7 +15,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.events import PureDpEvent
 from flwr_dp_strategies.privacy.shuffle import shuffle_amplified_epsilon
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -28,7 +28,7 @@ def model(value: float = 0.0) -> ArrayRecord:
 
 
 def configure(strategy: AccountedFedAvg, server_round: int, n: int) -> list[Message]:
-    return list(strategy.configure_train(server_round, model(), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_train(server_round, model(), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def reply_to(msg: Message, arrays: ArrayRecord, weight: float = 10.0, events=()) -> Message:
@@ -145,7 +145,7 @@ def test_start_takes_num_rounds_as_the_planned_rounds(monkeypatch):
     monkeypatch.setattr(Strategy, "start", lambda self, grid, arrays, num_rounds=3, *a, **k: seen.update(n=num_rounds))
     strategy = make(4, reports_are_ldp=True)
     assert strategy.shuffle_round_delta == pytest.approx(1e-5)  # no plan known yet: one round at the full delta
-    strategy.start(FakeGrid(4), model(), num_rounds=5)
+    strategy.start(LoopbackGrid.of(4), model(), num_rounds=5)
     assert seen == {"n": 5} and strategy.planned_rounds == 5
     assert strategy.shuffle_round_delta == pytest.approx(1e-5 / 10)
     explicit = make(4, reports_are_ldp=True, shuffle_round_delta=1e-7, planned_rounds=2)
