@@ -59,11 +59,17 @@ class LoopbackGrid(Grid):
         node_ids: the nodes (default: the keys of ``clients``).
         drop: nodes that are gone: their replies are the SuperLink's ``NODE_UNAVAILABLE`` error replies.
         tamper: ``(message, reply) -> reply``, applied to every reply before the server sees it.
+        by_index: ``(i, message) -> reply`` answers the i-th message of each send (tests that pair
+            prepared replies with the messages in the order the strategy sent them); overrides ``clients``.
+
+    A client (or ``by_index``) that returns None stays silent: no reply comes, as when a node does not
+    answer before ``send_and_receive``'s timeout.
     """
 
     def __init__(self, clients: Union[Client, dict[int, Client], None] = None,
                  node_ids: Optional[Iterable[int]] = None, *, drop: Iterable[int] = (),
-                 tamper: Optional[Callable[[Message, Message], Message]] = None, run_id: int = 1) -> None:
+                 tamper: Optional[Callable[[Message, Message], Message]] = None, run_id: int = 1,
+                 by_index: Optional[Callable[[int, Message], Message]] = None) -> None:
         if node_ids is None:
             if not isinstance(clients, dict):
                 raise TypeError("node_ids are needed unless clients is a {node_id: client} dict")
@@ -74,6 +80,8 @@ class LoopbackGrid(Grid):
         self.contexts = {n: node_context(n, run_id) for n in self.node_ids}
         self.drop = set(drop)
         self.tamper = tamper
+        self.by_index = by_index
+        self.batch_index = 0  # the index of the message being delivered within its push
         self.sent: list[Message] = []  # every message pushed, in order
         self.received: list[Message] = []  # every reply pulled, in order
         self.errors: list[str] = []  # "node: exception" of every client that raised
@@ -104,13 +112,16 @@ class LoopbackGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> list[str]:
         ids = []
-        for msg in messages:
+        for index, msg in enumerate(messages):
+            self.batch_index = index
             if msg.metadata.reply_to_message_id:
                 raise ValueError(f"a reply cannot be pushed: {msg.metadata}")
             message_id = f"loopback-{next(self._ids)}"
             msg.metadata.__dict__["_message_id"] = message_id  # as the SuperLink does on push
             self.sent.append(msg)
-            self._pending[message_id] = self._reply(msg)
+            reply = self._reply(msg)
+            if reply is not None:  # None: the node stays silent (its reply never comes before the timeout)
+                self._pending[message_id] = reply
             ids.append(message_id)
         return ids
 
@@ -123,25 +134,29 @@ class LoopbackGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
     # ------------------------------------------------------------------ delivery
-    def _reply(self, msg: Message) -> Message:
+    def _reply(self, msg: Message) -> Optional[Message]:
         node = int(msg.metadata.dst_node_id)
         if node not in self.contexts:
             raise ValueError(f"no node {node} in this grid ({self.node_ids})")
         reply = self.deliver(node, msg)
-        if self.tamper is not None:
+        if reply is not None and self.tamper is not None:
             reply = self.tamper(msg, reply)
         return reply
 
-    def deliver(self, node: int, msg: Message) -> Message:
-        """The reply of ``node`` to ``msg`` (subclasses: adversarial or failing nodes)."""
+    def deliver(self, node: int, msg: Message) -> Optional[Message]:
+        """The reply of ``node`` to ``msg``, or None if it never answers (subclasses: adversarial or failing
+        nodes)."""
         if node in self.drop:
             return self.unavailable_reply(node, msg)
+        if self.by_index is not None:  # the test's own replies: its errors are the test's, not a client's
+            reply = self.by_index(self.batch_index, msg)
+            return None if reply is None else self.stamp(node, reply)
         try:
             reply = self.call_client(node, msg)
         except Exception as err:  # noqa: BLE001 - the SuperNode turns it into an error reply
             self.errors.append(f"{node}: {err}")
             return self.raised_reply(node, msg, err)
-        return self.stamp(node, reply)
+        return None if reply is None else self.stamp(node, reply)
 
     def call_client(self, node: int, msg: Message) -> Message:
         if node not in self.clients:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from client_mods import adaptive_clipping_mod
-from loopback import LoopbackGrid
+from loopback import LoopbackGrid, run_round
 from flwr_dp_strategies import AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping
 from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -50,9 +50,11 @@ def reply(msg: Message, model: np.ndarray, metrics: dict | None = None) -> Messa
 
 def train_round(strategy, rnd: int, current: np.ndarray, updates, nodes: int):
     """One round: configure on a grid of ``nodes``, reply ``current + updates[i]`` to the i-th message."""
-    msgs = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(nodes)))
-    replies = [reply(msg, current + update) for msg, update in zip(msgs, updates)]
-    return strategy.aggregate_train(rnd, replies)
+    updates = list(updates)
+    # no update for the i-th message: that node stays silent (as zip(messages, updates) left it out)
+    grid = LoopbackGrid.of(nodes, by_index=lambda i, msg: reply(msg, current + updates[i]) if i < len(updates)
+                           else None)
+    return run_round(strategy, grid, ArrayRecord([current]), rnd).result
 
 
 def along_x(norm: float, d: int = 2) -> np.ndarray:
