@@ -10,6 +10,7 @@ from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg
 
+import loopback
 from loopback import LoopbackGrid
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping, privacy_metric_record
@@ -30,17 +31,19 @@ def make_strategy(ledger: PrivacyLedger | None = None, **kwargs) -> AccountedSer
 def run_round(strategy, server_round: int, current: np.ndarray, updates: list[np.ndarray],
               weights: list[float] | None = None):
     """configure_train -> one reply per message (model = current + update) -> aggregate_train."""
-    grid = LoopbackGrid.of(M)
-    messages = list(strategy.configure_train(server_round, ArrayRecord([current]), ConfigRecord(), grid))
-    if not messages:
-        return messages, strategy.aggregate_train(server_round, [])
     weights = weights or [10.0] * len(updates)
-    replies = [
-        Message(RecordDict({"arrays": ArrayRecord([current + update]),
-                            "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5})}), reply_to=msg)
-        for msg, update, w in zip(messages, updates, weights)
-    ]
-    return messages, strategy.aggregate_train(server_round, replies)
+    pairs = list(zip(updates, weights))
+
+    def answer(i: int, msg: Message) -> Message | None:  # the i-th message gets the i-th update; extras stay silent
+        if i >= len(pairs):
+            return None
+        update, w = pairs[i]
+        return Message(RecordDict({"arrays": ArrayRecord([current + update]),
+                                   "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5})}), reply_to=msg)
+
+    messages, _, result = loopback.run_round(strategy, LoopbackGrid.of(M, by_index=answer), ArrayRecord([current]),
+                                    server_round)
+    return messages, result
 
 
 def small_updates(d: int = 50) -> list[np.ndarray]:

@@ -15,6 +15,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.events import PureDpEvent
 from flwr_dp_strategies.privacy.shuffle import shuffle_amplified_epsilon
 
+import loopback
 from loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -48,9 +49,10 @@ def make(n: int, **kwargs) -> ShuffleAmplifiedFedAvg:
 
 def run_round(strategy: AccountedFedAvg, rnd: int, n: int, events=(), weights=None, seed: int = 0):
     gen = np.random.default_rng(seed)
-    msgs = configure(strategy, rnd, n)
     weights = weights or [10.0] * n
-    return strategy.aggregate_train(rnd, [reply_to(m, random_arrays(gen), w, events) for m, w in zip(msgs, weights)])
+    grid = LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, random_arrays(gen), weights[i], events)
+                           if i < len(weights) else None)
+    return loopback.run_round(strategy, grid, model(), rnd).result
 
 
 def test_aggregate_equals_fedavg_and_keeps_keys_order_and_dtype():

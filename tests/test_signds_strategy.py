@@ -41,9 +41,10 @@ def make(**kwargs) -> SignDS:
 
 
 def run_round(strategy: SignDS, rnd: int, current: list[np.ndarray], scale: float = 1e-3):
-    msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(N)))
-    replies = [signds_mod(m, context(), trainer_adding(scale, seed=100 * rnd + i)) for i, m in enumerate(msgs)]
-    return msgs, replies
+    """configure_train, and each node's reply through ``signds_mod`` (the caller aggregates)."""
+    grid = LoopbackGrid.of(N, by_index=lambda i, m: signds_mod(m, context(), trainer_adding(scale, seed=100 * rnd + i)))
+    msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), grid))
+    return msgs, grid.send_and_receive(msgs)
 
 
 def test_mod_uploads_only_indices_sign_and_bit_and_declares_the_round():
