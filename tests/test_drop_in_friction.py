@@ -61,27 +61,25 @@ def test_shared_helpers_live_in_the_module_of_what_they_do():
 # ---------------------------------------------------------------------------- 2. lean metrics
 def test_no_round_publishes_a_count_of_rejected_or_failed_replies(task_identity):
     import numpy as np
-    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-    from loopback import LoopbackGrid
+    from loopback import LoopbackGrid, run_round
     from flwr_dp_strategies import AccountedFedAvg
 
     strategy = AccountedFedAvg(min_train_nodes=3, min_available_nodes=3)
     current = [np.zeros(3)]
 
-    def replies(rnd, bad=None):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(3)))
-        out = []
-        for i, msg in enumerate(msgs):
+    def grid(bad=None):  # the bad-th message gets a NaN update
+        def answer(i, msg):
             values = np.full(3, np.nan) if i == bad else np.ones(3)
-            out.append(Message(RecordDict({"arrays": ArrayRecord([values]),
-                                           "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}), reply_to=msg))
-        return out
+            return Message(RecordDict({"arrays": ArrayRecord([values]),
+                                       "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}), reply_to=msg)
+        return LoopbackGrid.of(3, by_index=answer)
 
-    _, clean = strategy.aggregate_train(1, replies(1))
+    _, _, (_, clean) = run_round(strategy, grid(), ArrayRecord(current), 1)
     assert not [key for key in clean if key.startswith(("rejected/", "replies/"))]
     assert strategy.rejections["train"] == {}
-    _, dirty = strategy.aggregate_train(2, replies(2, bad=0))
+    _, _, (_, dirty) = run_round(strategy, grid(bad=0), ArrayRecord(current), 2)
     # the count depends on the client's data (a NaN update): kept on the server, never published
     assert not [key for key in dirty if key.startswith(("rejected/", "replies/"))]
     assert strategy.rejections["train"] == {"non-finite": 1}
