@@ -39,16 +39,6 @@ def task_identity():
     TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
 
 
-class FakeGrid:
-    """The part of a Flower Grid that strategies' configure_* use: node ids 101, 102, ..."""
-
-    def __init__(self, num_nodes: int) -> None:
-        self.node_ids = list(range(101, 101 + num_nodes))
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
-
-
 @pytest.fixture(scope="session")
 def tiny_benchmarks(tmp_path_factory) -> Path:
     """The output folder of ``flwr_dp_benchmarks.run --tiny`` (every benchmark at toy size), run once per

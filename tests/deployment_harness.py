@@ -437,3 +437,49 @@ def parse_run_id(text: str) -> int | None:
     """The run ID in ``flwr run``'s 'Successfully started run N' line."""
     match = re.search(r"Successfully started run (\d+)", text)
     return int(match.group(1)) if match else None
+
+
+# ---------------------------------------------------------------------- shared by the deployment tests
+def run_config(**settings: object) -> str:
+    """``--run-config`` text: strings and paths quoted, booleans lower-case, numbers as they are."""
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return str(v).lower()
+        return f"'{v}'" if isinstance(v, (str, Path)) else str(v)
+    return " ".join(f"{key}={value(v)}" for key, v in settings.items())
+
+
+def wait_finished(dep: LocalDeployment, run_id: int, timeout: float = 60, interval: float = 2) -> dict:
+    """``flwr ls`` entry of the run once its status is ``finished:*``."""
+    def finished() -> dict | None:
+        run = dep.run_status(run_id)
+        return run if run["status"].startswith("finished") else None
+
+    return wait_for(finished, timeout, f"run {run_id} to finish", interval=interval, diagnostics=dep.diagnostics)
+
+
+def finished_run(dep: LocalDeployment, output: str, timeout: float = 60, interval: float = 2) -> dict:
+    """The run started in ``output`` (``flwr run``'s), once finished; asserts it completed."""
+    run_id = parse_run_id(output)
+    assert run_id is not None, output[-4000:] + dep.diagnostics()
+    run = wait_finished(dep, run_id, timeout, interval)
+    assert run["status"] == "finished:completed", f"{run}\n{output[-4000:]}{dep.diagnostics()}"
+    return run
+
+
+def kill_while_training(dep: LocalDeployment, victim: Daemon, cli: Daemon, nth_message: int, timeout: float) -> None:
+    """Wait until ``victim`` receives its ``nth_message``-th train message and its ClientApp runs, then
+    SIGKILL it (SuperNode, SuperExec and ClientApp); asserts it had replied to the earlier ones only."""
+    wait_for(lambda: len(re.findall(r"Receiving: train message", victim.log_text())) >= nth_message
+             or cli.popen.poll() is not None, timeout, f"the victim's train message {nth_message}", interval=0.2,
+             diagnostics=dep.diagnostics)
+    wait_for(lambda: any("flwr-clientapp" in cmdline(pid) for pid in dep.processes_of(victim)),
+             60, "the victim's ClientApp process", interval=0.1, diagnostics=dep.diagnostics)
+    assert not dep.kill(victim), "processes of the killed SuperNode survived"
+    replied = len(re.findall(r"Sending: train message", victim.log_text()))  # its log is final now
+    assert replied == nth_message - 1, f"the victim had replied {replied} times\n" + dep.diagnostics()
+
+
+def no_reply_counts(metrics: dict) -> bool:
+    """The round's metrics hold no count of failed or rejected replies (those stay in the server's log)."""
+    return not any(key.startswith(("replies/", "rejected/")) for key in metrics)

@@ -12,12 +12,9 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+import loopback
 from client_mods.distributed_dp_mod import make_distributed_dp_mod
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, STAGE_KEY
-
-
-def node_context(node: int) -> Context:
-    return Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
 
 
 def stage_of_message(msg: Message) -> Optional[str]:
@@ -26,43 +23,32 @@ def stage_of_message(msg: Message) -> Optional[str]:
     return None
 
 
-class LoopbackGrid:
-    """Delivers every message to ``app`` in process; ``die[node] = stage`` kills a node from that stage on."""
+class LoopbackGrid(loopback.LoopbackGrid):
+    """Every node runs ``app`` (``apps[node]`` where set); ``die[node] = stage`` kills a node from that stage on.
+
+    A dead node's reply, and that of a node whose app raised, is an error reply (code 0) from that node.
+    """
 
     def __init__(self, app: ClientApp, node_ids: list[int], *, die: Optional[dict[int, str]] = None,
                  tamper: Optional[Callable[[Message, Message], Message]] = None) -> None:
+        super().__init__(app, node_ids, tamper=tamper)
         self.app = app
-        self.contexts = {n: node_context(n) for n in node_ids}
         self.die = dict(die or {})
         self.dead: set[int] = set()
-        self.tamper = tamper
         self.apps: dict[int, ClientApp] = {}  # per-node apps that differ from ``app``
-        self.sent: list[Message] = []
-        self.errors: list[str] = []
 
-    def get_node_ids(self) -> list[int]:
-        return list(self.contexts)
+    def deliver(self, node: int, msg: Message) -> Message:
+        if node in self.die and self.die[node] == stage_of_message(msg):  # a plain message has stage None
+            self.dead.add(node)
+        if node in self.dead:
+            return self.stamp(node, Message(Error(code=0, reason="node gone"), reply_to=msg))
+        return super().deliver(node, msg)
 
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
-        for msg in messages:
-            self.sent.append(msg)
-            node = int(msg.metadata.dst_node_id)
-            if node in self.die and self.die[node] == stage_of_message(msg):  # a plain message has stage None
-                self.dead.add(node)
-            if node in self.dead:
-                reply = Message(Error(code=0, reason="node gone"), reply_to=msg)
-            else:
-                try:
-                    reply = self.apps.get(node, self.app)(msg, self.contexts[node])
-                except Exception as err:  # noqa: BLE001 - the runtime turns it into an error reply
-                    self.errors.append(f"{node}: {err}")
-                    reply = Message(Error(code=0, reason=str(err)), reply_to=msg)
-            reply.metadata.__dict__["_src_node_id"] = node
-            if self.tamper is not None:
-                reply = self.tamper(msg, reply)
-            replies.append(reply)
-        return replies
+    def call_client(self, node: int, msg: Message) -> Message:
+        return self.apps.get(node, self.app)(msg, self.contexts[node])
+
+    def raised_reply(self, node: int, msg: Message, err: Exception) -> Message:
+        return self.stamp(node, Message(Error(code=0, reason=str(err)), reply_to=msg))
 
 
 def shifting_app(deltas: dict[int, np.ndarray], *, rng=None, metrics: bool = True,

@@ -26,7 +26,6 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 import flwr_dp_strategies
 import flwr_dp_strategies.strategy
 from client_mods.secure_objective import SecureObjectiveTrainer
-from conftest import FakeGrid
 from flwr_dp_strategies import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping, AccountedFedAvg,
                                 AccountedPoissonFixedClipping, AccountedServerSideFixedClipping, ClusterEvaluation,
                                 DistributedDpFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, SecureObjectiveSum,
@@ -34,6 +33,7 @@ from flwr_dp_strategies import (AccountedAdaptiveClipping, AccountedClientSideAd
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
+import loopback
 from secagg_harness import LoopbackGrid, shifting_app
 
 N = 4
@@ -122,8 +122,8 @@ class Entry:
         return self.kind.startswith("secagg")
 
     def grid(self) -> Any:
-        """The grid ``configure_*`` get: a FakeGrid, or a LoopbackGrid running the client app."""
-        return _secure_grid(self.kind, self.nodes) if self.secure else FakeGrid(self.nodes)
+        """The grid ``configure_*`` get: a client-less loopback grid, or a secagg LoopbackGrid running the client app."""
+        return _secure_grid(self.kind, self.nodes) if self.secure else loopback.LoopbackGrid.of(self.nodes)
 
     def model(self) -> ArrayRecord:
         return head_model() if self.kind in ("objective", "secagg-objective") else dense_model()

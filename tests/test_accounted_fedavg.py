@@ -13,7 +13,7 @@ from flwr_dp_strategies import AccountedFedAvg, declare_release, read_declaratio
 from flwr_dp_strategies.declarations import PRIVACY_RECORD, MalformedDeclaration
 from flwr_dp_strategies.privacy import PrivacyLedger
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 
 N = 4
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -29,7 +29,7 @@ def reply_to(msg: Message, arrays: list[np.ndarray], *, weight: float = 10.0, ev
 
 
 def configure(strategy: AccountedFedAvg, server_round: int, current: list[np.ndarray]) -> list[Message]:
-    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), FakeGrid(N)))
+    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(N)))
 
 
 def make() -> AccountedFedAvg:
@@ -161,7 +161,7 @@ def test_ledger_path_persists_and_restores(tmp_path):
 def test_per_client_metrics_and_evaluate_declarations():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N,
                                per_client_metrics=True)
-    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     replies = []
     for m in msgs:
         scale = float(m.metadata.dst_node_id - 100)  # nodes 101..104 -> Laplace scale 1..4

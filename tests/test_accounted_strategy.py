@@ -10,7 +10,8 @@ from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAdam, FedAvg
 
-from conftest import FakeGrid
+import loopback
+from loopback import LoopbackGrid
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.rounds.metrics import privacy_metric_record
 from flwr_dp_strategies.strategy import AccountedServerSideFixedClipping
@@ -31,17 +32,19 @@ def make_strategy(ledger: PrivacyLedger | None = None, **kwargs) -> AccountedSer
 def run_round(strategy, server_round: int, current: np.ndarray, updates: list[np.ndarray],
               weights: list[float] | None = None):
     """configure_train -> one reply per message (model = current + update) -> aggregate_train."""
-    grid = FakeGrid(M)
-    messages = list(strategy.configure_train(server_round, ArrayRecord([current]), ConfigRecord(), grid))
-    if not messages:
-        return messages, strategy.aggregate_train(server_round, [])
     weights = weights or [10.0] * len(updates)
-    replies = [
-        Message(RecordDict({"arrays": ArrayRecord([current + update]),
-                            "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5})}), reply_to=msg)
-        for msg, update, w in zip(messages, updates, weights)
-    ]
-    return messages, strategy.aggregate_train(server_round, replies)
+    pairs = list(zip(updates, weights))
+
+    def answer(i: int, msg: Message) -> Message | None:  # the i-th message gets the i-th update; extras stay silent
+        if i >= len(pairs):
+            return None
+        update, w = pairs[i]
+        return Message(RecordDict({"arrays": ArrayRecord([current + update]),
+                                   "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5})}), reply_to=msg)
+
+    messages, _, result = loopback.run_round(strategy, LoopbackGrid.of(M, by_index=answer), ArrayRecord([current]),
+                                    server_round)
+    return messages, result
 
 
 def small_updates(d: int = 50) -> list[np.ndarray]:
@@ -84,7 +87,7 @@ def test_budget_below_one_round_sends_nothing():
     messages, (arrays, metrics) = run_round(strategy, 1, np.zeros(50), small_updates())
     assert messages == [] and arrays is None and metrics is None
     assert strategy.budget_exhausted
-    assert list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(50)]), ConfigRecord(), FakeGrid(M))) == []
+    assert list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(50)]), ConfigRecord(), LoopbackGrid.of(M))) == []
     assert strategy.ledger.events() == []
 
 
@@ -123,7 +126,7 @@ def test_updates_are_clipped_to_c():
 def test_missing_reply_keeps_the_fixed_denominator_and_z():
     """Fixed public denominator m: a missing client contributes nothing, the sensitivity stays C/m."""
     strategy = make_strategy()
-    grid = FakeGrid(M)
+    grid = LoopbackGrid.of(M)
     current = np.zeros(50)
     messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), grid))
     updates = [u * 0.01 for u in small_updates()]  # not clipped
@@ -229,7 +232,7 @@ def test_client_errors_are_counted_and_the_valid_replies_released():
 
     strategy = make_strategy()
     current = np.zeros(50)
-    messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(M)))
+    messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(M)))
     replies = [Message(Error(code=1, reason="boom"), reply_to=messages[0])] + [
         Message(RecordDict({"arrays": ArrayRecord([current + u]),
                             "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
@@ -247,7 +250,7 @@ def test_all_replies_failed_release_nothing_and_record_nothing():
     from flwr.app import Error
 
     strategy = make_strategy()
-    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), FakeGrid(M)))
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), LoopbackGrid.of(M)))
     arrays, metrics = strategy.aggregate_train(1, [Message(Error(code=1, reason="boom"), reply_to=m)
                                                    for m in messages])
     assert arrays is None and strategy.rejections["train"]["error"] == M

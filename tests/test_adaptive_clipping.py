@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from client_mods import adaptive_clipping_mod
-from conftest import FakeGrid
+from loopback import LoopbackGrid, run_round
 from flwr_dp_strategies import AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping
 from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -50,9 +50,11 @@ def reply(msg: Message, model: np.ndarray, metrics: dict | None = None) -> Messa
 
 def train_round(strategy, rnd: int, current: np.ndarray, updates, nodes: int):
     """One round: configure on a grid of ``nodes``, reply ``current + updates[i]`` to the i-th message."""
-    msgs = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), FakeGrid(nodes)))
-    replies = [reply(msg, current + update) for msg, update in zip(msgs, updates)]
-    return strategy.aggregate_train(rnd, replies)
+    updates = list(updates)
+    # no update for the i-th message: that node stays silent (as zip(messages, updates) left it out)
+    grid = LoopbackGrid.of(nodes, by_index=lambda i, msg: reply(msg, current + updates[i]) if i < len(updates)
+                           else None)
+    return run_round(strategy, grid, ArrayRecord([current]), rnd).result
 
 
 def along_x(norm: float, d: int = 2) -> np.ndarray:
@@ -171,7 +173,7 @@ def test_budget_stops_training_before_it_is_exceeded():
         released += arrays is not None
     assert strategy.budget_exhausted and 0 < released < 59
     assert ledger.epsilon() <= 2.0
-    assert list(strategy.configure_evaluate(60, ArrayRecord([current]), ConfigRecord(), FakeGrid(100))) == []
+    assert list(strategy.configure_evaluate(60, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(100))) == []
 
 
 def test_ledger_path_persists_and_a_restarted_server_continues_the_rounds(tmp_path):
@@ -225,7 +227,7 @@ def test_only_noised_figures_are_published_unless_client_metrics_are_booked_non_
     for publish in (False, True):
         strategy = server(m=4, rng=1, publish_client_metrics=publish)
         current = np.zeros(2)
-        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(4)))
         _, metrics = strategy.aggregate_train(1, [reply(m, current + 0.1, {"num-examples": 3.0, "loss": 0.7})
                                                   for m in msgs])
         extra = {k for k in metrics if not k.startswith("privacy/")}
@@ -332,7 +334,7 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_released_as_without
     results = []
     for with_bad in (False, True):
         strategy = server(m=4, rng=11)
-        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(4)))
         replies = [reply(msg, current + along_x(r)) for msg, r in zip(msgs[:3], (0.5, 2.0, 0.0))]
         if with_bad:
             replies.append(BAD[reason](msgs[0] if reason == "identity" else msgs[3], current))
@@ -347,7 +349,7 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_released_as_without
 
 def test_evaluate_replies_are_screened():
     strategy = server(m=4, rng=0)
-    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), FakeGrid(4)))
+    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(4)))
     good = [Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": a})}), reply_to=m)
             for m, a in zip(msgs, (0.2, 0.4, 0.6))]
     bad = Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": math.nan})}), reply_to=msgs[3])
@@ -381,7 +383,7 @@ def client_side(**kwargs) -> AccountedClientSideAdaptiveClipping:
 def test_the_mod_clips_to_the_servers_c_and_reports_the_unclipped_bit():
     strategy = client_side()
     current = np.zeros(2, dtype=np.float32)
-    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(4)))
     assert all(m.content["config"]["clipping_norm"] == 1.0 for m in msgs)
     clipped, unclipped = _client(msgs[0], along_x(5.0)), _client(msgs[1], np.zeros(2))
     assert np.linalg.norm(clipped.content["arrays"].to_numpy_ndarrays()[0]) <= 1.0
@@ -410,7 +412,7 @@ def test_the_client_side_server_rejects_a_bad_bit_or_an_unclipped_update(case):
     for with_bad in (False, True):
         strategy = client_side(rng=3)
         current = np.zeros(2)
-        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(4)))
         replies = [_client(msgs[0], along_x(5.0)), _client(msgs[1], along_x(0.2))]
         if with_bad:
             replies.append(_with_metrics(msgs[2], current, update, bits))
@@ -425,7 +427,7 @@ def test_a_float32_model_clipped_by_the_mod_passes_the_servers_norm_check():
     """float32 rounding of w + clipped update can exceed C(1 + 1e-6) for a small C: the mod shrinks it."""
     strategy = AccountedClientSideAdaptiveClipping(FedAvg(), 0.1, 4, 1e-4, num_clients=4, rng=0)
     current = np.random.default_rng(0).normal(size=100_000).astype(np.float32)
-    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(4)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(4)))
     update = np.random.default_rng(1).normal(size=current.size)
     _, metrics = strategy.aggregate_train(1, [_client(m, update) for m in msgs])
     assert strategy.rejections["train"]["values"] == 0.0
@@ -458,7 +460,7 @@ def test_flowers_own_mod_on_a_float32_model_is_reclipped_never_rejected(scale):
     strategy = AccountedClientSideAdaptiveClipping(FedAvg(min_available_nodes=n), 1.0, n, c,
                                                    clipped_count_stddev=2.0, num_clients=n, rng=0)
     current = (np.random.default_rng(0).normal(size=5_000) * 3).astype(np.float32)
-    msgs = list(strategy.configure_train(1, ArrayRecord({"w": Array(current)}), ConfigRecord(), FakeGrid(n)))
+    msgs = list(strategy.configure_train(1, ArrayRecord({"w": Array(current)}), ConfigRecord(), LoopbackGrid.of(n)))
     assert len(msgs) == n
 
     def trained(i: int):

@@ -45,6 +45,7 @@ def test_dpsgd_modes_are_run_kwargs():
 
 
 @pytest.mark.slow
+@pytest.mark.integration  # dpsgd_rows come from the session's tiny benchmark run, a Ray simulation among them
 def test_dpsgd_rows_are_well_formed(dpsgd_rows):
     assert dpsgd_rows
     models = {r["params"]["model"] for r in dpsgd_rows}
@@ -62,6 +63,7 @@ def test_dpsgd_rows_are_well_formed(dpsgd_rows):
 
 
 @pytest.mark.slow
+@pytest.mark.integration
 def test_dpsgd_auto_mode_is_ghost_for_the_mlp_and_hooks_for_the_cnn(dpsgd_rows):
     modes = {r["params"]["model"]: r["params"]["grad_sample_mode"] for r in dpsgd_rows if r["target"] != "report"}
     assert modes == {"mlp": "ghost", "cnn": "hooks"}

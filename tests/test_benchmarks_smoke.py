@@ -18,8 +18,8 @@ pytest.importorskip("matplotlib")
 from flwr_dp_benchmarks import run as bench_run  # noqa: E402
 from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
-# Every benchmark, a Ray simulation among them: about a minute on 2 cores.
-pytestmark = pytest.mark.slow
+# Every benchmark, a Ray simulation among them (a Flower app end-to-end): about a minute on 2 cores.
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")

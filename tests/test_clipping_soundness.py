@@ -14,7 +14,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import FedAvg
 from scipy import stats
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import AccountedPoissonFixedClipping, AccountedServerSideFixedClipping
 
 M = 4
@@ -39,7 +39,7 @@ def train_reply(msg: Message, model: np.ndarray, metrics: dict) -> Message:
 
 
 def train_messages(strategy, current: np.ndarray, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_train(server_round, ArrayRecord([current]), ConfigRecord(), FakeGrid(M)))
+    return list(strategy.configure_train(server_round, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(M)))
 
 
 # ---------------------------------------------------------------------------- noise scale
@@ -181,7 +181,7 @@ BAD_EVAL = {
 def test_a_malformed_evaluate_reply_is_rejected_and_the_accuracy_is_the_honest_mean(name, bad):
     """Audit: Flower's FedAvg evaluated these unscreened (InconsistentMessageReplies, or a NaN accuracy)."""
     strategy = STRATEGIES[name](rng=0)
-    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), FakeGrid(M)))
+    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), LoopbackGrid.of(M)))
     assert len(msgs) == M
     honest = [Message(RecordDict({"metrics": MetricRecord({"num-examples": w, "eval-acc": a})}), reply_to=m)
               for m, w, a in zip(msgs, (1.0, 1.0, 2.0), (0.2, 0.4, 0.7))]

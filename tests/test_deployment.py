@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -47,7 +46,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
-    CONNECTION, LocalDeployment, cmdline, missing_binaries, parse_run_id, wait_for)
+    CONNECTION, LocalDeployment, finished_run, kill_while_training, missing_binaries, no_reply_counts, run_config)
 
 from flwr_dp_strategies.privacy import PrivacyLedger  # noqa: E402
 
@@ -61,39 +60,14 @@ pytestmark = [
 ]
 
 
-def run_config(**settings: object) -> str:
-    """``--run-config`` text: strings quoted, numbers as they are."""
-    def value(v: object) -> str:
-        if isinstance(v, bool):
-            return str(v).lower()
-        return f"'{v}'" if isinstance(v, (str, Path)) else str(v)
-    return " ".join(f"{key}={value(v)}" for key, v in settings.items())
-
-
-def wait_finished(dep: LocalDeployment, run_id: int, timeout: float = 60) -> dict:
-    """``flwr ls`` entry of the run once its status is ``finished:*``."""
-    def finished() -> dict | None:
-        run = dep.run_status(run_id)
-        return run if run["status"].startswith("finished") else None
-
-    return wait_for(finished, timeout, f"run {run_id} to finish", interval=2, diagnostics=dep.diagnostics)
-
-
 def run_to_completion(dep: LocalDeployment, config: str, timeout: float) -> str:
     """``flwr run APP --stream`` with ``config``; asserts it exits 0 and ``flwr ls`` shows it
     finished:completed; returns the streamed output."""
     proc = dep.flwr("run", str(APP), CONNECTION, "--run-config", config, "--stream", timeout=timeout)
     output = proc.stdout + proc.stderr
-    run_id = parse_run_id(output)
-    assert proc.returncode == 0 and run_id is not None, output[-4000:] + dep.diagnostics()
-    run = wait_finished(dep, run_id)
-    assert run["status"] == "finished:completed", f"{run}\n{output[-4000:]}{dep.diagnostics()}"
+    assert proc.returncode == 0, output[-4000:] + dep.diagnostics()
+    finished_run(dep, output)
     return output
-
-
-def no_reply_counts(metrics: dict) -> bool:
-    """The round's metrics hold no count of failed or rejected replies (those stay in the server's log)."""
-    return not any(key.startswith(("replies/", "rejected/")) for key in metrics)
 
 
 def assert_all_stopped(dep: LocalDeployment, seen: set[int]) -> None:
@@ -150,10 +124,6 @@ def test_flwr_run_on_superlink_and_two_supernodes(tmp_path):
     assert {node.extra["node_id"] for node in nodes} and all(n.extra["node_id"] for n in nodes)
 
 
-def _count(pattern: str, text: str) -> int:
-    return len(re.findall(pattern, text))
-
-
 def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
     """Kill a SuperNode during round 2: the round completes with the other node, the failure is
     reported, the ledger books exactly the replies received, and it is restored after a restart."""
@@ -172,23 +142,15 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
         config = run_config(**settings, **{"num-server-rounds": 2, "results-dir": tmp_path / "results-1"})
         cli = dep.flwr_background("run", str(APP), CONNECTION, "--run-config", config, "--stream",
                                   log_name="flwr-run-1")
-        wait_for(lambda: _count(r"Receiving: train message", victim.log_text()) >= 2 or cli.popen.poll() is not None,
-                 300, "the victim to receive its round-2 train message", interval=0.2, diagnostics=dep.diagnostics)
-        # kill it while its ClientApp process trains: SuperNode, SuperExec and ClientApp all die
-        wait_for(lambda: any("flwr-clientapp" in cmdline(pid) for pid in dep.processes_of(victim)),
-                 60, "the victim's ClientApp process", interval=0.1, diagnostics=dep.diagnostics)
-        assert not dep.kill(victim), "processes of the killed SuperNode survived"
+        # kill it while its ClientApp process trains its round-2 message (it replied in round 1 only):
+        # SuperNode, SuperExec and ClientApp all die
+        kill_while_training(dep, victim, cli, nth_message=2, timeout=300)
         killed_at = time.monotonic()
-        victim_replies = _count(r"Sending: train message", victim.log_text())
-        assert victim_replies == 1, "the victim had already replied in round 2\n" + dep.diagnostics()
 
         cli.popen.wait(timeout=300)
         ended_after = time.monotonic() - killed_at
         output = cli.log_text()
-        run_id = parse_run_id(output)
-        assert run_id is not None, dep.diagnostics()
-        run = wait_finished(dep, run_id)
-        assert run["status"] == "finished:completed", f"{run}\n{dep.diagnostics()}"
+        finished_run(dep, output)
         # reported in the ServerApp's log (streamed by `flwr run`) and the results, not in the round's metrics
         assert "round 2  train: 1 of 2 nodes replied, 1 failed" in output, dep.diagnostics()
 

@@ -30,7 +30,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
-    CONNECTION, LocalDeployment, cmdline, missing_binaries, parse_run_id, wait_for)
+    CONNECTION, LocalDeployment, finished_run, kill_while_training, missing_binaries, no_reply_counts, run_config)
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "distributed-dp"
 NUM_NODES, VICTIM = 4, 3
@@ -40,11 +40,6 @@ pytestmark = [
     pytest.mark.skipif(bool(missing_binaries()), reason=f"Flower executables missing: {missing_binaries()}"),
     pytest.mark.skipif(sys.platform != "linux", reason="the harness tracks processes through /proc"),
 ]
-
-
-def run_config(**settings: object) -> str:
-    """``--run-config`` text: strings quoted, numbers as they are."""
-    return " ".join(f"{key}='{v}'" if isinstance(v, (str, Path)) else f"{key}={v}" for key, v in settings.items())
 
 
 def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmasks(tmp_path):
@@ -63,25 +58,16 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
         victim = nodes[VICTIM]
         cli = dep.flwr_background("run", str(APP), CONNECTION, "--run-config", config, "--stream")
 
-        # setup, share-keys, collect: the victim's third train message is the collect stage; it sleeps in train
-        wait_for(lambda: len(re.findall(r"Receiving: train message", victim.log_text())) >= 3
-                 or cli.popen.poll() is not None, 120, "the victim's collect-stage message", interval=0.2,
-                 diagnostics=dep.diagnostics)
-        wait_for(lambda: any("flwr-clientapp" in cmdline(pid) for pid in dep.processes_of(victim)),
-                 30, "the victim's ClientApp process", interval=0.1, diagnostics=dep.diagnostics)
-        assert len(re.findall(r"Sending: train message", victim.log_text())) == 2, dep.diagnostics()
-        assert not dep.kill(victim), "processes of the killed SuperNode survived"
+        # setup, share-keys, collect: the victim's third train message is the collect stage; it sleeps in
+        # train, having answered setup and share-keys
+        kill_while_training(dep, victim, cli, nth_message=3, timeout=120)
         killed_at = time.monotonic()
         print(f"killed at {killed_at - started:.0f} s")
 
         cli.popen.wait(timeout=120)
         ended_after = time.monotonic() - killed_at
         output = cli.log_text()
-        run_id = parse_run_id(output)
-        assert run_id is not None, dep.diagnostics()
-        run = wait_for(lambda: (r := dep.run_status(run_id))["status"].startswith("finished") and r, 60,
-                       f"run {run_id} to finish", interval=1, diagnostics=dep.diagnostics)
-        assert run["status"] == "finished:completed", f"{run}\n{dep.diagnostics()}"
+        finished_run(dep, output, interval=1)
 
     # the ServerApp's log is streamed to the CLI
     assert "secure aggregation: sum of 3 masked vectors revealed (4 sampled, 1 dropped after sharing keys)" \
@@ -96,6 +82,6 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
     assert row["epsilon"] == pytest.approx(results["privacy"]["epsilon"])
     assert row["accuracy"] > results["initial_accuracy"]  # the revealed mean is a usable update (z = 0.1)
     metrics = results["train_metrics"]["1"]
-    assert not any(key.startswith(("replies/", "rejected/")) for key in metrics)  # counts stay in the server log
+    assert no_reply_counts(metrics)  # counts stay in the server log
     print(f"distributed-DP deployment test: {time.monotonic() - started:.0f} s; the run ended "
           f"{ended_after:.0f} s after the kill")

@@ -18,6 +18,7 @@ from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
 from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD, STAGE_KEY
 from flwr_dp_strategies.strategy.distributed_dp_fedavg import EVENT_LABEL, DistributedDpFedAvg
 
+from loopback import run_round
 from secagg_harness import LoopbackGrid, shifting_app
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -29,12 +30,6 @@ def model(d: int = 60) -> ArrayRecord:
     return ArrayRecord({"w": Array(np.zeros((d // 3, 3), np.float32)), "b": Array(np.zeros(0, np.float32))})
 
 
-def one_round(strategy: DistributedDpFedAvg, grid: LoopbackGrid, arrays: ArrayRecord, server_round: int = 1):
-    messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
-    replies = grid.send_and_receive(messages) if messages else []
-    return messages, replies, strategy.aggregate_train(server_round, replies)
-
-
 def test_one_round_applies_the_mean_of_the_survivors_clipped_updates_and_books_one_skellam_event():
     d, rng = 60, np.random.default_rng(0)
     deltas = {n: rng.normal(size=d) * 0.05 for n in NODES}
@@ -42,7 +37,7 @@ def test_one_round_applies_the_mean_of_the_survivors_clipped_updates_and_books_o
     grid = LoopbackGrid(shifting_app(deltas, rng=1), NODES, die={104: "collect"})
     strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, bits=24, rotation_seed=3,
                                    min_survivors=0.5)
-    _, replies, (arrays, metrics) = one_round(strategy, grid, model(d))
+    _, replies, (arrays, metrics) = run_round(strategy, grid, model(d))
     survivors = [n for n in NODES if n != 104]
     clipped = [deltas[n] * min(1.0, 1.0 / np.linalg.norm(deltas[n])) for n in survivors]
     expected = np.mean(clipped, axis=0)
@@ -77,7 +72,7 @@ def test_the_aggregate_noise_has_the_calibrated_scale(colluders):
     strategy = DistributedDpFedAvg(noise_multiplier=2.0, clipping_norm=1.0, bits=30, rotation_seed=1,
                                    min_survivors=8, max_colluding_clients=colluders)
     arrays = ArrayRecord({"w": Array(np.zeros(d, np.float64))})
-    _, _, (new, _) = one_round(strategy, grid, arrays)
+    _, _, (new, _) = run_round(strategy, grid, arrays)
     sizes = strategy.protocol_sizes(len(NODES))
     params, calibration = strategy.round_parameters(1, d, sizes)
     assert sizes.honest == 8 - colluders
@@ -96,13 +91,13 @@ def test_too_few_survivors_abort_the_round_and_book_nothing():
     die = {n: "collect" for n in NODES[:4]}
     grid = LoopbackGrid(shifting_app(deltas, rng=2), NODES, die=die)
     strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, min_survivors=0.8)
-    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    _, _, (arrays, metrics) = run_round(strategy, grid, model())
     assert arrays is None
     assert strategy.rejections["train"]["error"] == 4 and metrics["privacy/epsilon"] == 0.0
     assert strategy.ledger.events() == []
     # the next round starts afresh
     grid.die, grid.dead = {}, set()
-    _, _, (arrays, metrics) = one_round(strategy, grid, model(), server_round=2)
+    _, _, (arrays, metrics) = run_round(strategy, grid, model(), server_round=2)
     assert arrays is not None and "secagg/survivors" not in metrics
     assert len(strategy.ledger.events()) == 1
 
@@ -121,7 +116,7 @@ def test_a_reply_with_un_noised_records_is_rejected_booked_and_the_round_goes_on
 
     grid = LoopbackGrid(shifting_app(deltas, rng=3), NODES, tamper=tamper)
     strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, min_survivors=0.5)
-    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    _, _, (arrays, metrics) = run_round(strategy, grid, model())
     assert strategy.rejections["train"] == {"structure": 1, "secure-aggregation": 1}
     assert np.abs(arrays["w"].numpy() - 0.01).max() < 0.01
     assert math.isinf(strategy.ledger.epsilon(102))
@@ -132,7 +127,7 @@ def test_clients_refuse_noise_below_their_floor():
     deltas = {n: np.full(60, 0.01) for n in NODES}
     grid = LoopbackGrid(shifting_app(deltas, rng=4, min_noise_multiplier=0.5), NODES)
     strategy = DistributedDpFedAvg(noise_multiplier=0.1, clipping_norm=1.0)
-    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    _, _, (arrays, metrics) = run_round(strategy, grid, model())
     assert arrays is None and strategy.rejections["train"]["error"] == 10
     assert any("below this client's minimum 0.5" in e for e in grid.errors)
     assert strategy.ledger.events() == []
@@ -146,7 +141,7 @@ def test_the_budget_stops_training_before_it_is_exceeded():
                                                         neighboring_relation="add_or_remove_one"))
     rounds = 0
     for r in range(1, 8):
-        messages, _, (arrays, _) = one_round(strategy, grid, model(), server_round=r)
+        messages, _, (arrays, _) = run_round(strategy, grid, model(), server_round=r)
         if not messages:
             break
         rounds += 1
@@ -208,12 +203,12 @@ def test_the_ledger_survives_a_restart(tmp_path):
 
     grid = LoopbackGrid(shifting_app(deltas, rng=6), NODES)
     first = make()
-    one_round(first, grid, model(), server_round=1)
+    run_round(first, grid, model(), server_round=1)
     epsilon_one = first.ledger.epsilon()
     del first
     second = make(resume=True)
     assert second.ledger.epsilon() == pytest.approx(epsilon_one)
-    one_round(second, grid, model(), server_round=2)
+    run_round(second, grid, model(), server_round=2)
     assert len(second.ledger.events()) == 2 and second.ledger.epsilon() > epsilon_one
 
 
@@ -244,7 +239,7 @@ def test_the_budget_check_books_as_it_will_book_in_a_replace_one_ledger():
     ledger = PrivacyLedger(1e-5, max_epsilon=20.0, neighboring_relation="replace_one")
     strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, ledger=ledger)
     for r in range(1, 12):
-        messages, _, _ = one_round(strategy, grid, model(), server_round=r)
+        messages, _, _ = run_round(strategy, grid, model(), server_round=r)
         if not messages:
             break
     assert strategy.budget_exhausted and 1 <= len(ledger.events()) < 11
@@ -281,7 +276,7 @@ def test_malformed_collect_replies_never_lower_or_break_the_reported_epsilon(mut
 
     grid = LoopbackGrid(shifting_app(deltas, rng=10), NODES, tamper=tamper)
     strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, min_survivors=0.6)
-    _, _, (arrays, metrics) = one_round(strategy, grid, model())
+    _, _, (arrays, metrics) = run_round(strategy, grid, model())
     assert metrics is not None and not math.isnan(metrics["privacy/epsilon"])
     if arrays is None:  # too few survivors: nothing booked for the round
         needed = strategy.protocol_sizes(len(NODES)).min_survivors  # max(m, t)
@@ -308,11 +303,11 @@ def test_a_sum_pushed_past_the_range_by_aligned_clients_is_reported():
     aligned = inverse_randomized_hadamard(np.eye(d)[0], d, seed)
     grid = LoopbackGrid(shifting_app({n: aligned for n in NODES}, rng=12), NODES)
     arrays = ArrayRecord({"w": Array(np.zeros(d, np.float64))})
-    _, _, (new, metrics) = one_round(strategy, grid, arrays)
+    _, _, (new, metrics) = run_round(strategy, grid, arrays)
     assert float(new["w"].numpy() @ aligned) < 0  # the truth is +1 along it: the sum wrapped
     assert metrics["secagg/peak-fraction"] > WRAP_WARNING, metrics["secagg/peak-fraction"]
     rng = np.random.default_rng(3)
     spread = {n: rng.normal(size=d) * 0.01 for n in NODES}
     calm = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, bits=20, rotation_seed=7)
-    _, _, (_, metrics) = one_round(calm, LoopbackGrid(shifting_app(spread, rng=13), NODES), arrays)
+    _, _, (_, metrics) = run_round(calm, LoopbackGrid(shifting_app(spread, rng=13), NODES), arrays)
     assert metrics["secagg/peak-fraction"] < WRAP_WARNING

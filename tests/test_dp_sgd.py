@@ -50,6 +50,7 @@ from client_mods.dp_sgd import (
 from flwr_dp_strategies.declarations import PRIVACY_RECORD, declare_release, read_declarations
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.strategy import AccountedFedAvg
+from loopback import LoopbackGrid, run_round
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "dp-sgd"
 DELTA = 1e-5
@@ -412,36 +413,27 @@ def test_one_round_on_cuda():
 
 
 # ---------------------------------------------------------------------- Flower glue, in process
-class FakeGrid:
-    """The part of Grid that FedAvg.configure_train uses."""
-
-    def __init__(self, node_ids: list[int]) -> None:
-        self.node_ids = node_ids
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
-
-
 def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
     nodes = [11, 12]
     data = {node: toy_data(n=48 + 16 * i, seed=i) for i, node in enumerate(nodes)}
-    states = {node: RecordDict() for node in nodes}
     strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2, fraction_evaluate=0.0,
                                ledger=PrivacyLedger(DELTA), per_client_metrics=True)
     arrays = ArrayRecord(mlp().state_dict())
+    keys = list(arrays.keys())
+
+    def client(msg, context):  # each node keeps its Context (and its accountant's state) across rounds
+        node = int(context.node_id)
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=node)
+        reply = dp_sgd_train_reply(msg, context, trainer, data[node], num_threads=None)
+        assert list(reply.content["arrays"].keys()) == keys
+        assert PRIVACY_RECORD in reply.content
+        assert set(reply.content["metrics"]) >= {"num-examples", EPSILON_METRIC, ROUND_EPSILON_METRIC}
+        return reply
+
+    grid = LoopbackGrid(client, nodes)
     for server_round in (1, 2):
-        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), FakeGrid(nodes)))
-        replies = []
-        for msg in messages:
-            node = msg.metadata.dst_node_id
-            context = Context(run_id=1, node_id=node, node_config={}, state=states[node], run_config={})
-            trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=node)
-            reply = dp_sgd_train_reply(msg, context, trainer, data[node], num_threads=None)
-            assert list(reply.content["arrays"].keys()) == list(arrays.keys())
-            assert PRIVACY_RECORD in reply.content
-            assert set(reply.content["metrics"]) >= {"num-examples", EPSILON_METRIC, ROUND_EPSILON_METRIC}
-            replies.append(reply)
-        arrays, metrics = strategy.aggregate_train(server_round, replies)
+        _, replies, (arrays, metrics) = run_round(strategy, grid, arrays, server_round)
+        assert len(replies) == 2 and not grid.errors, grid.errors
         assert arrays is not None and strategy.rejections["train"]["declaration"] == 0.0
     opacus = {r.metadata.src_node_id: float(r.content["metrics"][EPSILON_METRIC]) for r in replies}
     for node in nodes:
@@ -455,7 +447,7 @@ def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
     """The exact num-examples is a count of the client's records: un-noised, it must not leave the client."""
     arrays = ArrayRecord(mlp().state_dict())
     (msg,) = FedAvg(min_train_nodes=1, min_available_nodes=1).configure_train(1, arrays, ConfigRecord(),
-                                                                              FakeGrid([11]))
+                                                                              LoopbackGrid(None, [11]))
     sent = []
     for n in (33, 48):  # ceil(n/16) = 3 batches both: the declared q and steps are the same
         context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})

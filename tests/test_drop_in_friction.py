@@ -61,27 +61,25 @@ def test_shared_helpers_live_in_the_module_of_what_they_do():
 # ---------------------------------------------------------------------------- 2. lean metrics
 def test_no_round_publishes_a_count_of_rejected_or_failed_replies(task_identity):
     import numpy as np
-    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid, run_round
     from flwr_dp_strategies import AccountedFedAvg
 
     strategy = AccountedFedAvg(min_train_nodes=3, min_available_nodes=3)
     current = [np.zeros(3)]
 
-    def replies(rnd, bad=None):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), FakeGrid(3)))
-        out = []
-        for i, msg in enumerate(msgs):
+    def grid(bad=None):  # the bad-th message gets a NaN update
+        def answer(i, msg):
             values = np.full(3, np.nan) if i == bad else np.ones(3)
-            out.append(Message(RecordDict({"arrays": ArrayRecord([values]),
-                                           "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}), reply_to=msg))
-        return out
+            return Message(RecordDict({"arrays": ArrayRecord([values]),
+                                       "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}), reply_to=msg)
+        return LoopbackGrid.of(3, by_index=answer)
 
-    _, clean = strategy.aggregate_train(1, replies(1))
+    _, _, (_, clean) = run_round(strategy, grid(), ArrayRecord(current), 1)
     assert not [key for key in clean if key.startswith(("rejected/", "replies/"))]
     assert strategy.rejections["train"] == {}
-    _, dirty = strategy.aggregate_train(2, replies(2, bad=0))
+    _, _, (_, dirty) = run_round(strategy, grid(bad=0), ArrayRecord(current), 2)
     # the count depends on the client's data (a NaN update): kept on the server, never published
     assert not [key for key in dirty if key.startswith(("rejected/", "replies/"))]
     assert strategy.rejections["train"] == {"non-finite": 1}
@@ -157,7 +155,7 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     from flwr.supercore.privacy_accounting import (NeighboringRelation, PrivacyConfig, SamplingMethod)
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid
     from flwr_dp_strategies import AccountedPoissonFixedClipping
 
     def accountant(method, relation=NeighboringRelation.ADD_OR_REMOVE_ONE, max_epsilon=None):
@@ -174,7 +172,7 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     strategy = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=flower, rng=0)
     assert strategy.num_clients == 4
     current = ArrayRecord({"w": Array(np.zeros(3))})
-    messages = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(4)))
+    messages = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4)))
     replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(3))}),
                                    "metrics": MetricRecord({"num-examples": 1})}), reply_to=m) for m in messages]
     _, metrics = strategy.aggregate_train(1, replies)
@@ -182,7 +180,7 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     assert strategy.privacy_spent().epsilon == pytest.approx(metrics["privacy/epsilon-rdp"], rel=0.05)
     tight = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON,
                                                                                      max_epsilon=0.5))
-    assert list(tight.configure_train(1, current, ConfigRecord(), FakeGrid(4))) == [] and tight.budget_exhausted
+    assert list(tight.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4))) == [] and tight.budget_exhausted
 
 
 # ---------------------------------------------------------------------------- 3. Flower's log lines
@@ -190,10 +188,10 @@ def _messages(strategy, phase, rnd, n=3):
     import numpy as np
     from flwr.app import ArrayRecord, ConfigRecord
 
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid
 
     configure = strategy.configure_train if phase == "train" else strategy.configure_evaluate
-    return list(configure(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
+    return list(configure(rnd, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def _replies(messages, train=True):

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 from flwr.common.constant import ErrorCode
 from flwr.serverapp.strategy import FedAvg
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid, run_round
 from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
                                 ClusterEvaluation, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS,
@@ -56,16 +56,20 @@ def node(msg: Message) -> str:
     return str(msg.metadata.dst_node_id)
 
 
+def grid_failing_one(make_reply, n: int = N) -> LoopbackGrid:
+    """The FAILED-th message of each send gets an error reply, the others ``make_reply(i, msg)``."""
+    return LoopbackGrid.of(n, by_index=lambda i, m: failed(m) if i == FAILED else make_reply(i, m))
+
+
 def train_round(strategy, current: list[np.ndarray], make_reply, n: int = N):
-    msgs = list(strategy.configure_train(1, ArrayRecord(current), ConfigRecord(), FakeGrid(n)))
-    replies = [failed(m) if i == FAILED else make_reply(i, m) for i, m in enumerate(msgs)]
-    return msgs, strategy.aggregate_train(1, replies)
+    msgs, _, result = run_round(strategy, grid_failing_one(make_reply, n), ArrayRecord(current), 1)
+    return msgs, result
 
 
 def evaluate_round(strategy, make_reply, n: int = N):
-    msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
-    replies = [failed(m) if i == FAILED else make_reply(i, m) for i, m in enumerate(msgs)]
-    return msgs, strategy.aggregate_evaluate(1, replies)
+    msgs, _, result = run_round(strategy, grid_failing_one(make_reply, n), ArrayRecord([np.zeros(3)]), 1,
+                                phase="evaluate")
+    return msgs, result
 
 
 def assert_failed_count(strategy, metrics: MetricRecord, count: int, phase: str) -> None:
@@ -127,7 +131,7 @@ def test_accounted_fedavg_evaluate_counts_failed_replies():
 
 def test_every_reply_failed_gives_no_model_and_books_nothing():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     arrays, metrics = strategy.aggregate_train(1, [failed(m) for m in msgs])
     assert arrays is None
     assert_failed_count(strategy, metrics, N, "train")
@@ -136,7 +140,7 @@ def test_every_reply_failed_gives_no_model_and_books_nothing():
 
 def test_no_failure_reports_zero():
     strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     _, metrics = strategy.aggregate_train(1, [train_reply(m, [np.ones(3)]) for m in msgs])
     assert_failed_count(strategy, metrics, 0, "train")
 

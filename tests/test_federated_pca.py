@@ -21,6 +21,7 @@ from flwr_dp_strategies.privacy.covariance import (
     second_moment,
     top_eigenvectors,
 )
+from loopback import LoopbackGrid, node_context
 
 RNG = np.random.default_rng(3)
 
@@ -87,50 +88,34 @@ def test_top_eigenvectors_match_the_svd():
         top_eigenvectors(second_moment(x), 9)
 
 
-class LoopbackGrid:
-    """A Grid whose nodes answer with client functions, in process."""
-
-    def __init__(self, clients: dict[int, tuple[np.ndarray, Context]], epsilon: float) -> None:
-        self.clients, self.epsilon = clients, epsilon
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.clients)
-
-    def send_and_receive(self, messages, timeout=None):
-        replies = []
-        for msg in messages:
-            features, context = self.clients[msg.metadata.dst_node_id]
-            if msg.metadata.message_type == "train.pca":
-                reply = covariance_reply(msg, context, features, epsilon=self.epsilon, rng=msg.metadata.dst_node_id)
-            else:
-                reply = store_projection(msg, context)
-            reply.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
-            replies.append(reply)
-        return replies
-
-
-def node_context(node: int) -> Context:
-    return Context(run_id=1, node_id=node, node_config={}, state=RecordDict(), run_config={})
+def pca_client(features: np.ndarray, epsilon: float):
+    """A node of LDP-FPCA: its covariance for ``train.pca``, then it stores the projection it is sent."""
+    def client(msg: Message, context: Context) -> Message:
+        if msg.metadata.message_type == "train.pca":
+            return covariance_reply(msg, context, features, epsilon=epsilon, rng=msg.metadata.dst_node_id)
+        return store_projection(msg, context)
+    return client
 
 
 @pytest.mark.usefixtures("task_identity")
 def test_federated_pca_round_trip_books_one_gaussian_event_per_client():
     d, k = 12, 3
-    clients = {n: (unit_rows(200, d, np.random.default_rng(n)), node_context(n)) for n in (11, 12, 13, 14)}
+    features = {n: unit_rows(200, d, np.random.default_rng(n)) for n in (11, 12, 13, 14)}
     ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     pca = LdpFederatedPCA(d, k, ledger=ledger)
-    grid = LoopbackGrid(clients, epsilon=5.0)
+    grid = LoopbackGrid({n: pca_client(f, epsilon=5.0) for n, f in features.items()})
     projection = pca.run(grid)
+    assert grid.errors == []
     assert projection.shape == (d, k)
     np.testing.assert_allclose(projection.T @ projection, np.eye(k), atol=1e-10)
-    exact = top_eigenvectors(sum(second_moment(f) for f, _ in clients.values()), k)
+    exact = top_eigenvectors(sum(second_moment(f) for f in features.values()), k)
     assert abs(projection[:, 0] @ exact[:, 0]) > 0.95  # the noise leaves the leading direction
-    for node, (features, context) in clients.items():
-        np.testing.assert_allclose(projection_from_state(context), projection)
+    for node, node_features in features.items():
+        np.testing.assert_allclose(projection_from_state(grid.contexts[node]), projection)
         # calibrated to (5, 1e-5); the ledger's RDP bound is a little looser (dp-accounting's PLD
         # reads replace-one Gaussian multipliers against the add/remove sensitivity, so RDP wins here)
         assert 5.0 <= ledger.epsilon(node) <= 5.0 * 1.08
-        assert np.linalg.norm(project(features, projection), axis=1).max() <= 1 + 1e-9
+        assert np.linalg.norm(project(node_features, projection), axis=1).max() <= 1 + 1e-9
     assert not any(key.startswith("pca/") for key in pca.metrics)  # no count of replies is published
 
 

@@ -38,6 +38,7 @@ from flwr_dp_strategies import (
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
 )
+from loopback import LoopbackGrid
 
 VENDORED = Path(__file__).resolve().parent / "flower_examples" / "flower_strategy_tests"
 PACKAGE = "flower_strategy_tests"
@@ -161,16 +162,6 @@ def _cases():
                 yield pytest.param(strategy, test, mode, marks=marks, id=f"{strategy}-{test}-{mode}")
 
 
-class _Grid:
-    """The part of a Grid configure_* uses: nodes 101, 102, ..."""
-
-    def __init__(self, num_nodes: int) -> None:
-        self.node_ids = list(range(101, 101 + num_nodes))
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.node_ids)
-
-
 def in_a_round(module: types.ModuleType) -> None:
     """Give the test's replies sender ids and precede each aggregate_train by the strategy's configure_train."""
     from flwr.app import ArrayRecord, ConfigRecord
@@ -196,7 +187,7 @@ def in_a_round(module: types.ModuleType) -> None:
             arrays = getattr(strategy, "current_arrays", None)
             if arrays is None:
                 arrays = ArrayRecord([np.zeros_like(a) for a in replies[0].content["arrays"].to_numpy_ndarrays()])
-            list(strategy.configure_train(server_round, arrays, ConfigRecord(), _Grid(len(replies))))
+            list(strategy.configure_train(server_round, arrays, ConfigRecord(), LoopbackGrid.of(len(replies))))
             return aggregate_train(server_round, replies)
 
         strategy.aggregate_train = configured_aggregate_train

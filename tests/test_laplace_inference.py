@@ -12,7 +12,7 @@ from flwr.serverapp.strategy import FedAvg
 from scipy import stats
 
 from client_mods import LaplaceInferenceMod, laplace_eval_epsilon
-from conftest import FakeGrid
+from loopback import LoopbackGrid, run_round
 from flwr_dp_strategies import AccountedFedAvg, ClusterEvaluation, read_declarations
 from flwr_dp_strategies.cluster_scores import cluster_scores
 
@@ -148,13 +148,9 @@ def test_cluster_scores_match_sklearn_and_degenerate_cases_give_zero():
 
 
 def evaluate_round(strategy: ClusterEvaluation, points: list[np.ndarray], server_round: int = 1):
-    msgs = list(strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(2)]), ConfigRecord(),
-                                            FakeGrid(len(points))))
-    replies = []
-    for msg, point in zip(msgs, points):
-        reply = app_returning(point)(msg, context())
-        replies.append(reply)
-    return msgs, strategy.aggregate_evaluate(server_round, replies)
+    grid = LoopbackGrid.of(len(points), by_index=lambda i, msg: app_returning(points[i])(msg, context()))
+    msgs, _, result = run_round(strategy, grid, ArrayRecord([np.zeros(2)]), server_round, phase="evaluate")
+    return msgs, result
 
 
 def test_cluster_evaluation_sends_mode_scores_and_rejects_bad_vectors():
@@ -204,7 +200,7 @@ def test_end_to_end_mod_and_wrapper_book_each_release_once():
     mod = LaplaceInferenceMod(rng=3)
     points = clustered_points(n)
     for rnd in (1, 2):
-        msgs = list(strategy.configure_evaluate(rnd, ArrayRecord([np.zeros(2)]), ConfigRecord(), FakeGrid(n)))
+        msgs = list(strategy.configure_evaluate(rnd, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(n)))
         replies = [mod(msg, context(), app_returning(p)) for msg, p in zip(msgs, points)]
         metrics = strategy.aggregate_evaluate(rnd, replies)
     # two rounds of one 10-LDP release each, booked once per round: basic composition gives 20

@@ -93,14 +93,14 @@ def test_non_train_messages_pass_and_errors_name_parameters():
 
 
 def test_rounds_compose_per_client_in_accounted_fedavg():
-    from conftest import FakeGrid
+    from loopback import LoopbackGrid
 
     n, z = 3, 2.0
     strategy = AccountedFedAvg(min_train_nodes=n, min_available_nodes=n)
     mods = {node: LocalUpdateNoiseMod(1.0, z, rng=node) for node in range(101, 101 + n)}
     current = [np.zeros(4)]
     for rnd in (1, 2, 3, 4):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), FakeGrid(n)))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(n)))
         replies = [mods[m.metadata.dst_node_id](m, context(), trainer_adding([np.ones(4)])) for m in msgs]
         arrays, metrics = strategy.aggregate_train(rnd, replies)
         current = arrays.to_numpy_ndarrays()

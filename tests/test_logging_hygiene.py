@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,16 +41,18 @@ print(json.dumps({"added": added, "left": [repr(h) for h in root.handlers]}))
 """
 
 
+@pytest.fixture(scope="module")
 def probe() -> dict:
+    """One fresh interpreter importing the whole library (both tests read the same run)."""
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def test_no_root_handler_is_left_after_importing_the_library():
-    assert probe()["left"] == []
+def test_no_root_handler_is_left_after_importing_the_library(probe):
+    assert probe["left"] == []
 
 
-def test_no_root_handler_is_ever_added_while_importing_the_library():
-    added = probe()["added"]
+def test_no_root_handler_is_ever_added_while_importing_the_library(probe):
+    added = probe["added"]
     assert added == [], added[0]

@@ -21,7 +21,7 @@ from flwr_dp_strategies.strategy.min_divergence import (
     selection_event,
 )
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid, run_round
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -32,7 +32,7 @@ def record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 def configure(strategy: FedAvg, current: dict[str, np.ndarray], n: int, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_train(server_round, record(current), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_train(server_round, record(current), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def reply_to(msg: Message, arrays: dict[str, np.ndarray], *, weight: float = 10.0, loss: float = 0.5,
@@ -177,12 +177,11 @@ def test_selecting_every_reply_is_fedavg():
     strategy = make(n, n, 2.0, rng=0)
     fedavg = FedAvg(min_train_nodes=n, min_available_nodes=n)
 
-    def replies(to: FedAvg) -> list[Message]:
-        msgs = configure(to, current, n)
-        return [reply_to(m, a, weight=w, loss=l) for m, a, w, l in zip(msgs, arrays, weights, losses)]
+    def grid() -> LoopbackGrid:  # the i-th message gets the i-th prepared reply
+        return LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, arrays[i], weight=weights[i], loss=losses[i]))
 
-    ours, ours_metrics = strategy.aggregate_train(1, replies(strategy))
-    theirs, theirs_metrics = fedavg.aggregate_train(1, replies(fedavg))
+    ours, ours_metrics = run_round(strategy, grid(), record(current), 1).result
+    theirs, theirs_metrics = run_round(fedavg, grid(), record(current), 1).result
     assert list(ours.keys()) == list(theirs.keys())
     for key in current:
         np.testing.assert_allclose(ours[key].numpy(), theirs[key].numpy(), rtol=1e-12, atol=1e-12)
@@ -194,10 +193,10 @@ def run_rounds(strategy: MinDivergenceExpSampling, current: dict[str, np.ndarray
                event=None) -> list[MetricRecord]:
     out = []
     for rnd in range(1, rounds + 1):
-        msgs = configure(strategy, current, n, rnd)
-        replies = [reply_to(m, {k: v + 0.1 * (i + 1) for k, v in current.items()}, event=event)
-                   for i, m in enumerate(msgs)]
-        arrays, metrics = strategy.aggregate_train(rnd, replies)
+        sent = dict(current)
+        grid = LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, {k: v + 0.1 * (i + 1) for k, v in sent.items()},
+                                                                  event=event))
+        _, _, (arrays, metrics) = run_round(strategy, grid, record(current), rnd)
         current = {k: a.numpy() for k, a in arrays.items()}
         out.append(metrics)
     return out
@@ -294,9 +293,8 @@ def tie_heavy_aggregate(rng) -> np.ndarray:
     n, layers = 20, 12
     current = {f"l{j}": np.ones(1) for j in range(layers)}
     strategy = make(n, 1, 1.0, rng=rng)
-    msgs = configure(strategy, current, n)
-    replies = [reply_to(m, {key: np.full(1, i + 1.0) for key in current}) for i, m in enumerate(msgs)]
-    out, _ = strategy.aggregate_train(1, replies)
+    grid = LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, {key: np.full(1, i + 1.0) for key in current}))
+    _, _, (out, _) = run_round(strategy, grid, record(current), 1)
     return np.concatenate([out[key].numpy() for key in current])
 
 

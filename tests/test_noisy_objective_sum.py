@@ -25,7 +25,7 @@ from flwr_dp_strategies.privacy.functional_mechanism import (
 )
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 Q, C = 6, 3
@@ -103,10 +103,10 @@ def context(node: int) -> Context:
 
 def run_round(strategy, server_round: int, head: np.ndarray, clients, trainers, contexts, tamper=None):
     messages = list(strategy.configure_train(server_round, ArrayRecord({"head.weight": Array(head)}),
-                                             ConfigRecord(), FakeGrid(len(clients))))
+                                             ConfigRecord(), LoopbackGrid.of(len(clients))))
     replies = []
     for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
-        i = msg.metadata.dst_node_id - 101  # FakeGrid's node ids are 101, 102, ...
+        i = msg.metadata.dst_node_id - 101  # LoopbackGrid.of's node ids are 101, 102, ...
         x, y = clients[i]
         reply = trainers[i].train(msg, contexts[i], x, y)
         if tamper is not None:
@@ -228,14 +228,14 @@ def test_strategy_arguments_are_checked():
         NoisyObjectiveSum(num_classes=C, loss="hinge")
     strategy = NoisyObjectiveSum(num_classes=C)
     with pytest.raises(ValueError, match="exactly the head"):
-        strategy.configure_train(1, ArrayRecord({"other": Array(np.zeros((Q, C)))}), ConfigRecord(), FakeGrid(2))
+        strategy.configure_train(1, ArrayRecord({"other": Array(np.zeros((Q, C)))}), ConfigRecord(), LoopbackGrid.of(2))
 
 
 def test_a_declared_release_is_needed_for_a_finite_epsilon():
     """An objective sent without a declaration is booked as non-private (ε = inf), never as 0."""
     strategy = make_strategy(1)
     (msg,) = strategy.configure_train(1, ArrayRecord({"head.weight": Array(np.zeros((Q, C)))}), ConfigRecord(),
-                                      FakeGrid(1))
+                                      LoopbackGrid.of(1))
     content = RecordDict({"arrays": ArrayRecord({LINEAR_KEY: Array(np.zeros((Q, C))),
                                                  QUADRATIC_KEY: Array(np.eye(Q))}),
                           "metrics": MetricRecord({"num-examples": 10.0})})

@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp.strategy import FedAvg
 from scipy import stats
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import AccountedPoissonFixedClipping
 from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -33,7 +33,7 @@ def test_each_node_is_sampled_independently_with_rate_q():
     counts = np.zeros(n)
     sizes = []
     for rnd in range(1, rounds + 1):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord([np.zeros(2)]), ConfigRecord(), FakeGrid(n)))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(n)))
         sizes.append(len(msgs))
         for msg in msgs:
             counts[msg.metadata.dst_node_id - 101] += 1
@@ -52,7 +52,7 @@ def test_fixed_denominator_and_clipping():
     m = 10
     strategy = make(z=1e-9, c=1.0, m=m, num_clients=30, rng=2)
     current = np.zeros(4)
-    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(30)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(30)))
     big = np.array([3.0, 4.0, 0.0, 0.0])  # norm 5 -> clipped to norm 1
     arrays, metrics = strategy.aggregate_train(1, replies_for(msgs, current, big))
     expected = len(msgs) * big / 5.0 / m  # sum of clipped updates / expected count m, not / |S|
@@ -64,7 +64,7 @@ def test_noise_std_is_zc_over_m_and_10_percent_off_is_rejected():
     z, c, m, d = 1.2, 0.7, 10, 50_000
     strategy = make(z=z, c=c, m=m, num_clients=40, rng=3)
     current = np.zeros(d)
-    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(40)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(40)))
     arrays, _ = strategy.aggregate_train(1, replies_for(msgs, current, np.zeros(d)))
     noise = arrays.to_numpy_ndarrays()[0]
     sigma = z * c / m
@@ -79,7 +79,7 @@ def test_ledger_records_the_amplified_event_every_round_including_empty_samples(
     current = np.zeros(3)
     empty_rounds = 0
     for rnd in range(1, 21):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), FakeGrid(n)))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(n)))
         empty_rounds += not msgs
         arrays, metrics = strategy.aggregate_train(rnd, replies_for(msgs, current, np.ones(3) * 0.01))
         assert arrays is not None  # an empty sample still releases w + noise
@@ -103,7 +103,7 @@ def test_budget_stops_training_before_it_is_exceeded(relation):
     current = np.zeros(2)
     released = 0
     for rnd in range(1, 30):
-        msgs = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), FakeGrid(10)))
+        msgs = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(10)))
         arrays, _ = strategy.aggregate_train(rnd, replies_for(msgs, current, np.zeros(2)))
         released += arrays is not None
     assert strategy.budget_exhausted and 0 < released < 29
@@ -137,7 +137,7 @@ def test_one_added_client_moves_the_clipped_sum_by_at_most_c():
     models = []
     for with_attacker in (False, True):
         strategy = make(z=1e-12, c=c, m=m, num_clients=m, rng=0)  # q = 1: all four nodes asked
-        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(m)))
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(m)))
         replies = [_keyed_reply(msg, current, update, k) for msg, k in zip(msgs, keys)]
         arrays, _ = strategy.aggregate_train(1, replies if with_attacker else replies[:3])
         models.append(arrays.to_numpy_ndarrays()[0])
@@ -150,7 +150,7 @@ def test_sample_size_and_client_metrics_are_not_published_unless_booked_non_priv
     for publish in (False, True):
         strategy = make(z=1.0, m=5, num_clients=10, rng=4, publish_client_metrics=publish)
         current = np.zeros(3)
-        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), FakeGrid(10)))
+        msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(10)))
         _, metrics = strategy.aggregate_train(1, [_keyed_reply(msg, current, np.ones(3), ("loss",)) for msg in msgs])
         assert "dp/participants" not in metrics
         assert ("loss" in metrics) is publish

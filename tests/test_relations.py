@@ -20,7 +20,7 @@ from flwr_dp_strategies.privacy import ApproxDpEvent, ExponentialMechanismDpEven
 from flwr_dp_strategies.privacy.gaussian import gaussian_sigma
 from flwr_dp_strategies.privacy.relations import convert_event
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 
 DELTA = 1e-5
 
@@ -132,7 +132,7 @@ def test_strategy_books_declarations_under_their_relation():
     """Default AccountedFedAvg ledger is replace-one; an add/remove declaration is converted, not taken at face value."""
     strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2)
     assert strategy.ledger.neighboring_relation == "replace_one"
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(2)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(2)))
     replies = []
     for msg, relation in zip(msgs, ("add_or_remove_one", "replace_one")):
         content = RecordDict({"arrays": ArrayRecord([np.ones(3)]), "metrics": MetricRecord({"num-examples": 1.0})})

@@ -19,7 +19,7 @@ from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid, run_round
 from flwr_dp_strategies import (
     AccountedFedAvg,
     ClusterEvaluation,
@@ -56,26 +56,26 @@ def _model(rnd: int) -> ArrayRecord:
 def _train(strategy: Any, rnd: int, events=(), model: Callable[[int], ArrayRecord] = _model,
            content: Callable[[Message, int], ArrayRecord] | None = None) -> dict[str, float]:
     current = model(rnd)
-    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), FakeGrid(N)))
-    replies = []
-    for i, msg in enumerate(msgs):
+
+    def answer(i: int, msg: Message) -> Message:
         arrays = content(msg, i) if content is not None else ArrayRecord(
             {k: Array(v.numpy() + 0.01 * (i + 1) * (-1) ** i) for k, v in current.items()})
-        replies.append(_reply(msg, arrays, events))
-    _, metrics = strategy.aggregate_train(rnd, replies)
+        return _reply(msg, arrays, events)
+
+    _, _, (_, metrics) = run_round(strategy, LoopbackGrid.of(N, by_index=answer), current, rnd)
     return dict(metrics or {})
 
 
 def _evaluate(strategy: Any, rnd: int, events=(LaplaceDpEvent(2.0),)) -> dict[str, float]:
-    msgs = list(strategy.configure_evaluate(rnd, _model(rnd), ConfigRecord(), FakeGrid(N)))
-    replies = []
-    for i, msg in enumerate(msgs):
+    def answer(i: int, msg: Message) -> Message:
         content = RecordDict({"metrics": MetricRecord({"num-examples": 5.0, "accuracy": 0.5}),
                               "inference": ArrayRecord([np.array([0.1 * i, 1.0 - 0.1 * i, 0.3 + 0.05 * i])])})
         for event in events:
             declare_release(content, event, label="inference", neighboring_relation="replace_one")
-        replies.append(Message(content, reply_to=msg))
-    return dict(strategy.aggregate_evaluate(rnd, replies) or {})
+        return Message(content, reply_to=msg)
+
+    return dict(run_round(strategy, LoopbackGrid.of(N, by_index=answer), _model(rnd), rnd, phase="evaluate").result
+                or {})
 
 
 def _fm_content(msg: Message, i: int) -> ArrayRecord:
@@ -92,12 +92,10 @@ def _signds_content(msg: Message, i: int) -> ArrayRecord:
 def _train_with_bits(strategy: Any, rnd: int) -> dict[str, float]:
     """A round of client-side clipping: small updates, each with the client's unclipped bit."""
     current = _model(rnd)
-    msgs = list(strategy.configure_train(rnd, current, ConfigRecord(), FakeGrid(N)))
-    replies = [Message(RecordDict({
+    grid = LoopbackGrid.of(N, by_index=lambda i, msg: Message(RecordDict({
         "arrays": ArrayRecord({k: Array(v.numpy() + 0.01 * (i + 1)) for k, v in current.items()}),
-        "metrics": MetricRecord({"num-examples": 10.0, KEY_UNCLIPPED_BIT: 1})}), reply_to=msg)
-        for i, msg in enumerate(msgs)]
-    _, metrics = strategy.aggregate_train(rnd, replies)
+        "metrics": MetricRecord({"num-examples": 10.0, KEY_UNCLIPPED_BIT: 1})}), reply_to=msg))
+    _, _, (_, metrics) = run_round(strategy, grid, current, rnd)
     return dict(metrics or {})
 
 

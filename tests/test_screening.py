@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid, run_round
 from strategy_registry import REGISTRY, rejection_counts
 from flwr_dp_strategies.rounds.template import Release
 from flwr_dp_strategies import AccountedFedAvg, ClusterEvaluation, ShuffleAmplifiedFedAvg, SignDS, declare_release
@@ -55,11 +55,11 @@ def node(msg: Message) -> int:
 
 
 def configure_train(strategy, current, n: int = N, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_train(server_round, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def configure_evaluate(strategy, n: int = N, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def other_node_reply(msgs: list[Message], make) -> Message:
@@ -208,12 +208,16 @@ def test_one_added_client_does_not_change_which_others_are_aggregated():
     def run(extra: int):
         n = 3 + extra
         strategy = AccountedFedAvg(**fedavg_kwargs(n))
-        msgs = configure_train(strategy, [np.zeros(2)], n)
-        replies = [reply(msgs[0], [np.full(2, 1.0)], metrics={"num-examples": 1.0, "loss": 0.1}),
-                   reply(msgs[1], [np.full(2, 2.0)], metrics={"num-examples": 1.0, "acc": 0.9}),
-                   reply(msgs[2], [np.full(2, 3.0)], metrics={"num-examples": 1.0, "acc": 0.9})]
-        replies += [reply(m, [np.full(2, 10.0)], metrics={"num-examples": 1.0, "loss": 0.2}) for m in msgs[3:]]
-        return strategy.aggregate_train(1, replies)
+        answers = [([np.full(2, 1.0)], {"num-examples": 1.0, "loss": 0.1}),
+                   ([np.full(2, 2.0)], {"num-examples": 1.0, "acc": 0.9}),
+                   ([np.full(2, 3.0)], {"num-examples": 1.0, "acc": 0.9})]
+        extra_answer = ([np.full(2, 10.0)], {"num-examples": 1.0, "loss": 0.2})
+
+        def answer(i: int, msg: Message) -> Message:
+            arrays, metrics = answers[i] if i < len(answers) else extra_answer
+            return reply(msg, arrays, metrics=metrics)
+
+        return run_round(strategy, LoopbackGrid.of(n, by_index=answer), ArrayRecord([np.zeros(2)]), 1).result
 
     (a0, m0), (a1, m1) = run(0), run(1)
     assert not [key for key in {**m0, **m1} if key.startswith("rejected/")]

@@ -25,6 +25,7 @@ from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
 from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD
 from flwr_dp_strategies.strategy.secure_objective_sum import EVENT_LABEL
 
+from loopback import run_round
 from secagg_harness import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
@@ -52,12 +53,6 @@ def objective_app(data, num_classes: int, loss: str = "softmax") -> ClientApp:
 
 def head(dim: int, width: int) -> ArrayRecord:
     return ArrayRecord({"head.weight": Array(np.zeros((dim, width)))})
-
-
-def one_round(strategy, grid, arrays, server_round: int = 1):
-    messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
-    replies = grid.send_and_receive(messages) if messages else []
-    return replies, strategy.aggregate_train(server_round, replies)
 
 
 def expected_integer_sum(data, nodes, params, share, num_classes, loss="softmax"):
@@ -169,7 +164,7 @@ def test_one_round_reveals_exactly_the_sum_of_the_encodings_solves_it_and_books_
     data = client_data(q, c, seed=1)
     grid = LoopbackGrid(objective_app(data, c), NODES)
     strategy = SecureObjectiveSum(num_classes=c, max_records=1000, epsilon=1.0, bits=32, min_survivors=8)
-    replies, (arrays, metrics) = one_round(strategy, grid, head(q, c))
+    _, replies, (arrays, metrics) = run_round(strategy, grid, head(q, c))
     assert all(set(r.content.keys()) == {RECORD, MASKED_RECORD} for r in replies)  # nothing else leaves a node
     cal = strategy.round_parameters(q, strategy.protocol_sizes(len(NODES)))
     expected = decode_objective(expected_integer_sum(data, NODES, cal.params, cal.local_mu, c), cal.params)
@@ -198,7 +193,7 @@ def test_the_aggregate_noise_has_the_calibrated_scale():
     data = client_data(q, c, seed=2, rows=20)
     grid = LoopbackGrid(objective_app(data, c), NODES)
     strategy = SecureObjectiveSum(num_classes=c, max_records=500, epsilon=1.0, bits=32, min_survivors=8)
-    one_round(strategy, grid, head(q, c))
+    run_round(strategy, grid, head(q, c))
     cal = strategy.round_parameters(q, strategy.protocol_sizes(len(NODES)))
     exact = sum_statistics(quadratic_statistics(*data[n], num_classes=c) for n in NODES)
     noise = (objective_vector(strategy.objective) - objective_vector(exact))[:-1]
@@ -215,7 +210,7 @@ def test_a_dropout_above_the_threshold_still_solves_the_survivors_objective():
     data = client_data(q, c, seed=3)
     grid = LoopbackGrid(objective_app(data, c), NODES, die={205: "collect"})
     strategy = SecureObjectiveSum(num_classes=c, max_records=1000, epsilon=50.0, bits=40, min_survivors=8)
-    _, (arrays, metrics) = one_round(strategy, grid, head(q, c))
+    _, _, (arrays, metrics) = run_round(strategy, grid, head(q, c))
     survivors = [n for n in NODES if n != 205]
     cal = strategy.round_parameters(q, strategy.protocol_sizes(len(NODES)))
     expected = decode_objective(expected_integer_sum(data, survivors, cal.params, cal.local_mu, c), cal.params)
@@ -233,10 +228,10 @@ def test_too_many_dropouts_abort_and_book_nothing_then_the_next_round_solves():
     data = client_data(q, c, seed=4)
     grid = LoopbackGrid(objective_app(data, c), NODES, die={n: "collect" for n in NODES[:3]})
     strategy = SecureObjectiveSum(num_classes=c, max_records=1000, epsilon=1.0, min_survivors=8)
-    _, (arrays, _) = one_round(strategy, grid, head(q, c))
+    _, _, (arrays, _) = run_round(strategy, grid, head(q, c))
     assert arrays is None and strategy.ledger.events() == [] and strategy.head is None
     grid.die, grid.dead = {}, set()
-    _, (arrays, _) = one_round(strategy, grid, head(q, c), server_round=2)
+    _, _, (arrays, _) = run_round(strategy, grid, head(q, c), server_round=2)
     assert arrays is not None and len(strategy.ledger.events()) == 1
 
 
@@ -252,7 +247,7 @@ def test_a_client_refuses_noise_below_its_floor():
 
     grid = LoopbackGrid(app, NODES)
     strategy = SecureObjectiveSum(num_classes=c, max_records=1000, epsilon=1.0, min_survivors=8)
-    _, (arrays, _) = one_round(strategy, grid, head(q, c))
+    _, _, (arrays, _) = run_round(strategy, grid, head(q, c))
     assert arrays is None and strategy.ledger.events() == []
     assert any("below this client's minimum" in e for e in grid.errors)
 
@@ -296,7 +291,7 @@ def test_the_ledger_survives_a_restart(tmp_path):
                                   ledger_path=path, **kw)
 
     first = make()
-    one_round(first, grid, head(q, c))
+    run_round(first, grid, head(q, c))
     booked = first.ledger.epsilon()
     assert 0 < booked <= 1.0 + 1e-9
     del first

@@ -16,7 +16,8 @@ from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.events import PureDpEvent
 from flwr_dp_strategies.privacy.shuffle import shuffle_amplified_epsilon
 
-from conftest import FakeGrid
+import loopback
+from loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -29,7 +30,7 @@ def model(value: float = 0.0) -> ArrayRecord:
 
 
 def configure(strategy: AccountedFedAvg, server_round: int, n: int) -> list[Message]:
-    return list(strategy.configure_train(server_round, model(), ConfigRecord(), FakeGrid(n)))
+    return list(strategy.configure_train(server_round, model(), ConfigRecord(), LoopbackGrid.of(n)))
 
 
 def reply_to(msg: Message, arrays: ArrayRecord, weight: float = 10.0, events=()) -> Message:
@@ -49,9 +50,10 @@ def make(n: int, **kwargs) -> ShuffleAmplifiedFedAvg:
 
 def run_round(strategy: AccountedFedAvg, rnd: int, n: int, events=(), weights=None, seed: int = 0):
     gen = np.random.default_rng(seed)
-    msgs = configure(strategy, rnd, n)
     weights = weights or [10.0] * n
-    return strategy.aggregate_train(rnd, [reply_to(m, random_arrays(gen), w, events) for m, w in zip(msgs, weights)])
+    grid = LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, random_arrays(gen), weights[i], events)
+                           if i < len(weights) else None)
+    return loopback.run_round(strategy, grid, model(), rnd).result
 
 
 def test_aggregate_equals_fedavg_and_keeps_keys_order_and_dtype():
@@ -146,7 +148,7 @@ def test_start_takes_num_rounds_as_the_planned_rounds(monkeypatch):
     monkeypatch.setattr(Strategy, "start", lambda self, grid, arrays, num_rounds=3, *a, **k: seen.update(n=num_rounds))
     strategy = make(4, reports_are_ldp=True)
     assert strategy.shuffle_round_delta == pytest.approx(1e-5)  # no plan known yet: one round at the full delta
-    strategy.start(FakeGrid(4), model(), num_rounds=5)
+    strategy.start(LoopbackGrid.of(4), model(), num_rounds=5)
     assert seen == {"n": 5} and strategy.planned_rounds == 5
     assert strategy.shuffle_round_delta == pytest.approx(1e-5 / 10)
     explicit = make(4, reports_are_ldp=True, shuffle_round_delta=1e-7, planned_rounds=2)

@@ -7,7 +7,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 
 from client_mods import signds_mod
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import SignDS, read_declarations
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import round_event
@@ -41,9 +41,10 @@ def make(**kwargs) -> SignDS:
 
 
 def run_round(strategy: SignDS, rnd: int, current: list[np.ndarray], scale: float = 1e-3):
-    msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), FakeGrid(N)))
-    replies = [signds_mod(m, context(), trainer_adding(scale, seed=100 * rnd + i)) for i, m in enumerate(msgs)]
-    return msgs, replies
+    """configure_train, and each node's reply through ``signds_mod`` (the caller aggregates)."""
+    grid = LoopbackGrid.of(N, by_index=lambda i, m: signds_mod(m, context(), trainer_adding(scale, seed=100 * rnd + i)))
+    msgs = list(strategy.configure_train(rnd, ArrayRecord(current), ConfigRecord(), grid))
+    return msgs, grid.send_and_receive(msgs)
 
 
 def test_mod_uploads_only_indices_sign_and_bit_and_declares_the_round():
@@ -102,7 +103,7 @@ def _upload(msg: Message, indices, sign=1, bit=0, weight=10.0) -> Message:
 def test_malformed_uploads_are_rejected_and_counted_while_the_round_goes_on():
     strategy = make(sign_k=0.05, sign_eps=10.0)
     current = model()
-    msgs = list(strategy.configure_train(1, ArrayRecord(current), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(1, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(N)))
     d = sum(int(np.prod(s)) for s in SHAPES)
     replies = [
         _upload(msgs[0], [1, 5, 9]),                     # valid
@@ -156,7 +157,7 @@ def test_capped_mod_refuses_a_server_asking_for_more_epsilon():
     from client_mods import make_signds_mod
 
     strategy = make(sign_k=0.05, sign_eps=10.0)
-    msgs = list(strategy.configure_train(1, ArrayRecord(model()), ConfigRecord(), FakeGrid(N)))
+    msgs = list(strategy.configure_train(1, ArrayRecord(model()), ConfigRecord(), LoopbackGrid.of(N)))
     with pytest.raises(ValueError, match="sign_eps"):
         make_signds_mod(max_sign_eps=5.0)(msgs[0], context(), trainer_adding(1e-3, 0))
     reply = make_signds_mod(max_sign_eps=10.0)(msgs[0], context(), trainer_adding(1e-3, 0))

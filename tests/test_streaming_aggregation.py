@@ -13,7 +13,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping
 from flwr_dp_strategies.rounds.metrics import aggregate_reply_metrics
 from flwr_dp_strategies.rounds.streaming_aggregation import (
@@ -275,7 +275,7 @@ def test_peak_memory_of_the_clipped_sum_is_o_d(fifty_replies):
 def test_peak_memory_of_accounted_fedavg_is_o_d(fifty_replies):
     d, records = fifty_replies
     strategy = AccountedFedAvg(min_train_nodes=50, min_available_nodes=50)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(d, np.float32)]), ConfigRecord(), FakeGrid(50)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(d, np.float32)]), ConfigRecord(), LoopbackGrid.of(50)))
     replies = [Message(RecordDict({"arrays": rec, "metrics": MetricRecord({"num-examples": 2.0})}), reply_to=m)
                for m, rec in zip(msgs, records)]
     assert peak_during(lambda: strategy.aggregate_train(1, replies)) < 4 * 4 * d
@@ -302,7 +302,7 @@ def test_accounted_fedavg_equals_flower_fedavg_on_mixed_models():
     results = []
     for strategy in (AccountedFedAvg(min_train_nodes=n, min_available_nodes=n),
                      FedAvg(min_train_nodes=n, min_available_nodes=n)):
-        msgs = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(n)))
+        msgs = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(n)))
         results.append(strategy.aggregate_train(1, replies_for(msgs, models, weights)))
     (ours, our_metrics), (theirs, their_metrics) = results
     assert list(ours.keys()) == list(theirs.keys())
@@ -322,7 +322,7 @@ def test_server_side_fixed_clipping_equals_a_direct_computation_with_the_same_ge
               for i, s in enumerate((0.001, 0.01, 1.0, 3.0))]
     strategy = AccountedServerSideFixedClipping(FedAvg(min_train_nodes=n, min_available_nodes=n), z, clip, n,
                                                 rng=np.random.default_rng(5))
-    msgs = list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(n)))
+    msgs = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(n)))
     ours = strategy.aggregate_train(1, replies_for(msgs, models, [10.0, 20.0, 30.0, 40.0]))[0]
     clipped = reference_clipped_sum(base, models, [1.0] * n, clip)
     gen = np.random.default_rng(5)
@@ -338,7 +338,7 @@ def test_poisson_release_equals_a_direct_computation_with_the_same_generator():
     base = mixed_model(0)
     strategy = AccountedPoissonFixedClipping(FedAvg(), z, clip, m, num_clients=m, rng=np.random.default_rng(11))
     msgs = list(strategy.configure_train(1, ArrayRecord({k: Array(v) for k, v in base.items()}), ConfigRecord(),
-                                         FakeGrid(m)))  # q = 1: every node is asked
+                                         LoopbackGrid.of(m)))  # q = 1: every node is asked
     models = [{k: (v + s * np.random.default_rng(i).normal(size=v.shape)).astype(v.dtype) for k, v in base.items()}
               for i, s in enumerate((0.001, 0.5, 2.0))]
     arrays, metrics = strategy.aggregate_train(1, replies_for(msgs, models, [1.0, 1.0, 1.0]))
@@ -392,7 +392,7 @@ def test_aggregation_runs_blas_on_one_thread_and_restores_it(monkeypatch):
     monkeypatch.setattr(accounted_fedavg, "mean_of_records", spying)
     before = blas_threads()
     strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), FakeGrid(2)))
+    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(2)))
     strategy.aggregate_train(1, [Message(RecordDict({"arrays": ArrayRecord([np.ones(3)]),
                                                      "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=m)
                                  for m in msgs])

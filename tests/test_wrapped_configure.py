@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 import flwr_dp_strategies
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping,
                                 AccountedPoissonFixedClipping, AccountedServerSideFixedClipping, ClusterEvaluation)
 
@@ -69,8 +69,8 @@ def test_the_wrapped_strategys_schedule_and_records_reach_the_sampled_nodes(name
     strategy = wrappers(LrScheduleFedAvg)[name]
     arrays = ArrayRecord([np.arange(3.0)])
     for server_round, lr in ((1, 0.05), (2, 0.025)):
-        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), FakeGrid(N)))
-        assert sorted(m.metadata.dst_node_id for m in messages) == FakeGrid(N).node_ids
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), LoopbackGrid.of(N)))
+        assert sorted(m.metadata.dst_node_id for m in messages) == LoopbackGrid.of(N).node_ids
         for message in messages:
             content = message.content
             assert content["config"]["lr"] == pytest.approx(lr)
@@ -86,7 +86,7 @@ POISSON = ["AccountedPoissonFixedClipping", "AccountedAdaptiveClipping", "Accoun
 @pytest.mark.parametrize("name", POISSON)
 def test_per_node_content_goes_to_its_own_node(name):
     strategy = wrappers(PerNodeFedAvg)[name]
-    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), FakeGrid(N)))
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(N)))
     assert len(messages) == N
     assert all(m.content["config"]["partition"] == m.metadata.dst_node_id for m in messages)
 
@@ -95,13 +95,13 @@ def test_per_node_content_goes_to_its_own_node(name):
 def test_per_node_content_for_a_node_the_wrapped_strategy_did_not_address_is_refused(name):
     strategy = wrappers(lambda: PerNodeFedAvg(fraction_train=0.5))[name]
     with pytest.raises(ValueError, match="did not address node"):
-        strategy.configure_train(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), FakeGrid(N))
+        strategy.configure_train(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(N))
 
 
 @pytest.mark.parametrize("name", POISSON + ["AccountedAdaptiveClipping/fixed"])
 def test_a_round_the_wrapped_strategy_does_not_train_sends_releases_and_books_nothing(name):
     strategy = wrappers(lambda: FedAvg(fraction_train=0.0))[name]
     current = ArrayRecord([np.zeros(2)])
-    assert list(strategy.configure_train(1, current, ConfigRecord(), FakeGrid(N))) == []
+    assert list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(N))) == []
     assert strategy.aggregate_train(1, []) == (None, None)
     assert strategy.ledger.rounds() == []
