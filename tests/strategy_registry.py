@@ -14,8 +14,10 @@ sharing inside ``configure_train`` and the unmasking inside ``aggregate_train``,
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -35,6 +37,9 @@ from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIP
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 import loopback
 from secagg_harness import LoopbackGrid, shifting_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "add-a-strategy"))
+from noisy_clipped_mean import NoisyClippedMean  # noqa: E402  (the worked example of docs/architecture.md)
 
 N = 4
 """Nodes of a round (the secure-aggregation entries use :data:`N_SECURE`)."""
@@ -196,7 +201,17 @@ def _entries() -> list[Entry]:
     ]
 
 
-REGISTRY: dict[str, Entry] = {entry.name: entry for entry in _entries()}
+def _example_entries() -> list[Entry]:
+    """Strategies written against the template outside the package (docs/architecture.md's worked example):
+    one registry line puts them through every cross-cutting suite."""
+    return [
+        Entry("NoisyClippedMean (example)", NoisyClippedMean,
+              lambda: NoisyClippedMean(**kwargs(), clipping_norm=1.0, noise_multiplier=1.0, num_sampled_clients=N,
+                                       rng=7), randomised=True),
+    ]
+
+
+REGISTRY: dict[str, Entry] = {entry.name: entry for entry in _entries() + _example_entries()}
 
 
 def exported_strategies() -> set[type]:

@@ -16,7 +16,7 @@ from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 import flwr_dp_strategies
-from conftest import FakeGrid
+from loopback import LoopbackGrid
 from flwr_dp_strategies import AccountedFedAvg
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.rounds.template import TEMPLATE_METHODS, AccountedRound, Booking
@@ -32,7 +32,7 @@ def _reply(message: Message, values: np.ndarray, weight: float = 1.0) -> Message
 
 def _round(strategy, server_round: int, model: np.ndarray, updates: list[np.ndarray]):
     messages = list(strategy.configure_train(server_round, ArrayRecord([model]), ConfigRecord(),
-                                             FakeGrid(len(updates))))
+                                             LoopbackGrid.of(len(updates))))
     return strategy.aggregate_train(server_round, [_reply(m, u) for m, u in zip(messages, updates)])
 
 
