@@ -79,7 +79,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Optional
@@ -95,7 +95,7 @@ for _path in (ROOT, ROOT / "tests"):
 import numpy as np  # noqa: E402
 
 from flwr_dp_benchmarks.bench_privacy_utility import (  # noqa: E402
-    DELTA, MLP_KEYS, Federation, _TaskIdentity, arrays_params, calibrate, ledger_epsilon, make_federation,
+    DELTA, Federation, _TaskIdentity, arrays_params, calibrate, ledger_epsilon, make_federation,
     mlp_arrays, params_reply)
 from flwr_dp_benchmarks.bench_user_level import CONFIG as USER_LEVEL_CONFIG  # noqa: E402
 from flwr_dp_benchmarks.bench_user_level import _local, _Serial  # noqa: E402
@@ -612,12 +612,12 @@ def markdown(result: dict) -> str:
     cfg = result["config"]
     acc = result["accuracy"]
     fedavg = next(r for r in acc if r["method"] == "fedavg")
-    lines = [f"# Distributed DP (SecAgg+ + Skellam) vs central DP at the same noise\n",
+    lines = ["# Distributed DP (SecAgg+ + Skellam) vs central DP at the same noise\n",
              f"Mode `{result['mode']}`, seed {result['seed']}, {result['created']}, machine: "
              f"{result['machine'].get('cpu_count')} CPUs, {result['machine'].get('platform')}; total "
              f"{result['wall_s']:.0f} s." + (f" Round times (c) re-measured {result['timing_created']} with "
                                               "`--timing-only`." if result.get("timing_created") else "") + "\n",
-             f"## (a) Accuracy\n",
+             "## (a) Accuracy\n",
              f"MNIST, {cfg['num_clients']} clients of {60000 // cfg['num_clients'] if not cfg.get('max_train') else '?'}"
              f" examples, m = {cfg['clients_per_round']} drawn uniformly per round (the same clients in every "
              f"method), T = {cfg['rounds']} rounds, δ = {result['delta']:g}, C = {cfg['clip']}, d = "

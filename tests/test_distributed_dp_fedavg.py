@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.exception import AggregationError
 
 from flwr_dp_strategies.privacy import PrivacyLedger

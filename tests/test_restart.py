@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from loopback import LoopbackGrid, run_round

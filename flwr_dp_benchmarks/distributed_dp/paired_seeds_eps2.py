@@ -6,7 +6,8 @@ training and noise).
 
 The committed ``paired_seeds_eps2.json`` adds seed 0 (the main run's rows) and the paired differences.
 """
-import json, sys, math
+import json
+import sys
 from flwr_dp_benchmarks import bench_distributed_dp as b
 cfg = {**b.CONFIG}
 z = b.noise_multiplier_for(2.0, cfg, 50890)
