@@ -73,6 +73,7 @@ from typing import Any, Optional, TypeVar
 import numpy as np
 from dp_accounting import dp_event
 
+from flwr_dp_strategies._deprecation import resolve_moved
 from flwr_dp_strategies.privacy import (
     Release,
     binary_randomized_response,
@@ -272,13 +273,7 @@ class LabelDp:
 
 def __getattr__(name: str):
     """``LabelDP``, the former spelling of :class:`LabelDp`: still resolves, with a DeprecationWarning."""
-    if name == "LabelDP":
-        import warnings
-
-        warnings.warn("client_mods.label_dp.LabelDP is deprecated: use client_mods.LabelDp "
-                      "(from client_mods import LabelDp)", DeprecationWarning, stacklevel=2)
-        return LabelDp
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return resolve_moved(__name__, name, {"LabelDP": "client_mods:LabelDp"})
 
 
 __all__ = [

@@ -63,6 +63,7 @@ from dp_accounting import dp_event
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, RecordDict
 from torch.utils.data import Dataset, TensorDataset
 
+from flwr_dp_strategies._deprecation import resolve_moved
 from flwr_dp_strategies.declarations import declare_release, read_declarations
 from flwr_dp_strategies.privacy import rr_event
 from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
@@ -252,13 +253,7 @@ def is_label_release_declared(context: Context, *, key: str = DEFAULT_STATE_KEY)
 
 def __getattr__(name: str):
     """``LabelDPDataset``, the former spelling of :class:`LabelDpDataset`: still resolves, with a DeprecationWarning."""
-    if name == "LabelDPDataset":
-        import warnings
-
-        warnings.warn("client_mods.label_dp_data.LabelDPDataset is deprecated: use client_mods.LabelDpDataset "
-                      "(from client_mods import LabelDpDataset)", DeprecationWarning, stacklevel=2)
-        return LabelDpDataset
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return resolve_moved(__name__, name, {"LabelDPDataset": "client_mods:LabelDpDataset"})
 
 
 __all__ = [

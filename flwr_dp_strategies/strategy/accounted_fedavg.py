@@ -102,6 +102,8 @@ class AccountedFedAvg(AccountedRound, FedAvg):
     """
 
     undeclared_label = NON_PRIVATE_LABEL
+    #: screening reads every value for NaN/inf (True) or the release finds them while it aggregates (False)
+    screens_values = False
 
     # pylint: disable=too-many-arguments
     def __init__(
@@ -143,7 +145,7 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         """Identity and structure of a train reply (:func:`.reply_screening.screen_train_content`); NaN/inf
         are found by :meth:`release_train` while it aggregates, so a well-formed round reads every value once."""
         return lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
-                                                    check_values=False, max_weight=self.max_weight)
+                                                    check_values=self.screens_values, max_weight=self.max_weight)
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         """FedAvg's weighted mean of the accepted replies, streamed (replies found non-finite are rejected and

@@ -60,8 +60,7 @@ from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_su
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, reply_weight, screen_train_content
-from ..rounds.client_accounting import ContentCheck
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies
 from ..rounds.template import Release, Screened
 from ..wire import LINEAR_KEY, QUADRATIC_KEY
@@ -91,6 +90,8 @@ class NoisyObjectiveSum(AccountedFedAvg):
         loss: ``"softmax"`` or ``"logistic"``, as the clients' trainer.
         weights_key: the head's key in the arrays the server sends (the only key).
     """
+
+    screens_values = True  # a reply's coefficients are read for NaN/inf before the sum, not found by it
 
     # pylint: disable=too-many-arguments,too-many-locals
     def __init__(
@@ -159,11 +160,6 @@ class NoisyObjectiveSum(AccountedFedAvg):
         self._spec = array_spec(ArrayRecord({LINEAR_KEY: Array(np.zeros((q, width))),
                                              QUADRATIC_KEY: Array(np.zeros((q, q)))}))
         return messages
-
-    def train_check(self) -> ContentCheck:
-        """A reply holds the objective's two arrays with finite values (and FedAvg's identity and weight checks)."""
-        return lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
-                                                    check_values=True, max_weight=self.max_weight)
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         """The head solved from the running sum of the contributors' noisy objectives (post-processing of
