@@ -30,6 +30,23 @@ The pieces:
 
 The canaries, the inclusion mask and the guesses are the auditor's; nothing here changes a trainer's
 mechanism or its declared events (the canaries are records of the client's data like any other).
+
+The two record-level trainers:
+
+* :class:`client_mods.DpSgdTrainer` (add/remove-one): insert without ``fill_with``, train one round on
+  the result, score the returned weights against the received ones, and audit at the round's δ beside
+  ``DpSgdRound.epsilon`` (the client's cumulative ε, Opacus' accountant at ``target_delta``; after
+  several rounds audit the last model against the cumulative ε).
+* :class:`client_mods.FunctionalMechanismTrainer` (replace-one, pure ε with Laplace noise): canaries
+  with ``input_norm=1`` (rows are clipped to unit norm), ``fill_with=(zeros, 0)`` (a zero row adds
+  nothing to A = Σ x rᵀ or S = Σ x xᵀ: the canary's influence is exactly its term in the objective),
+  score the returned head (``loss`` as the trainer's), audit at δ = 0 beside the declared ε. A linear
+  head can fit a canary only where the canary's direction is not already spanned by the data and the
+  other canaries: the audit has power when the feature dimension q is large against m and the head
+  is descended close to the noisy objective's minimiser; with a small q (e.g. a 10-dimensional PCA
+  map) the bound stays near 0 whatever the noise, which is a weak audit, not evidence of privacy.
+
+A bound is a lower bound: 0 means the audit rejected nothing, never that the run is private.
 """
 
 from __future__ import annotations

@@ -11,22 +11,33 @@ trainer (Opacus' noise replaced by zeros while the accountant still books z = 10
 ε = 0.56): 50/50 correct, bound 2.78 [44-50 of 50 correct, bound 1.25-2.78] > 0.56 on every seed; a
 non-private run (z = 0.01, declared ε = 3e6): 50/50, bound 2.78 [1.25-2.78]. r = 50 caps the bound at
 2.78 (all guesses right), so a larger gap would need more canaries.
+
+Functional mechanism (replace-one, Laplace, pure ε; δ = 0 in the bound): n = 50 unit rows on a 4-dim
+subspace of q = 256, 3 classes, the same m = 100 and k± = 25, canaries random unit vectors, excluded
+slots filled with a zero row, 3000 smooth steps from a zero head. Seeds 0-5: honest ε = 1 and ε = 10:
+22-28/50 correct, bound 0; noise removed while ε = 1 is declared: 50/50, bound 2.78 on every seed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
+import client_mods.functional_mechanism as fm_module
 import opacus.optimizers.optimizer as opacus_optimizer
 from client_mods.dp_sgd_trainer import DpSgdTrainer
+from client_mods.functional_mechanism import FunctionalMechanismTrainer
 from client_mods.record_audit import (CanaryRecords, RecordAudit, insert_canaries, make_canary_records,
                                       record_audit_bound, score_canaries)
+from flwr_dp_strategies.declarations import read_declarations
+from flwr_dp_strategies.privacy import PrivacyLedger
 
 DELTA = 1e-5
 N, D, CLASSES, HIDDEN = 100, 50, 4, 32
@@ -98,6 +109,62 @@ def test_a_non_private_run_memorises_canaries_but_declares_a_huge_epsilon():
     assert audit.epsilon_lower_bound > 1.2  # the canaries are memorised
     assert audit.declared_epsilon > 1e3  # and the ledger says so: no contradiction
     assert not audit.contradicts_declaration
+
+
+# ---------------------------------------------------------------------- end to end (functional mechanism)
+FM_Q, FM_N, FM_CLASSES = 256, 50, 3
+
+
+def fm_audited_run(epsilon: float, *, seed: int = 0) -> RecordAudit:
+    """One FunctionalMechanismTrainer reply with canaries (replace-one: excluded slots hold a zero record).
+
+    Features: unit rows on a 4-dim subspace of q = 256 (a padded feature map); canaries: random unit
+    directions in all 256 dimensions. The head descends 3000 smooth steps (1/L) from zero, close to the
+    noisy objective's minimiser, where a canary's term in S = Σ x xᵀ makes the head fit it.
+    """
+    rng = np.random.default_rng(seed)
+    x = np.zeros((FM_N, FM_Q))
+    x[:, :4] = rng.normal(0.0, 1.0, (FM_N, 4))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0)
+    canaries = make_canary_records(M, (x, y), seed=seed + 1, input_norm=1.0, num_classes=FM_CLASSES)
+    (xi, yi), mask = insert_canaries((x, y), canaries, seed=seed + 2, fill_with=(np.zeros(FM_Q), 0))
+    assert len(xi) == FM_N + M  # the record count does not depend on the mask (replace-one)
+    trainer = FunctionalMechanismTrainer(epsilon, num_classes=FM_CLASSES, local_steps=3000, learning_rate=None,
+                                         rng=seed + 3)
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    start = np.zeros((FM_Q, FM_CLASSES), dtype=np.float32)
+    msg = Message(RecordDict({"arrays": ArrayRecord({"head.weight": Array(start)}), "config": ConfigRecord()}),
+                  dst_node_id=7, message_type="train")
+    reply = trainer.train(msg, context, xi, yi)
+    ledger = PrivacyLedger(DELTA, neighboring_relation="replace_one")
+    for declaration in read_declarations(reply.content):
+        ledger.record(declaration.event, server_round=1, client=7)
+    head = reply.content["arrays"]["head.weight"].numpy()
+    scores = score_canaries(head, canaries, reference=start)
+    return record_audit_bound(scores, mask, K, K, confidence=0.95, delta=0.0, declared_epsilon=ledger.epsilon(7))
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("epsilon", [1.0, 10.0])
+def test_a_sound_functional_mechanism_run_is_never_contradicted(epsilon):
+    audit = fm_audited_run(epsilon)
+    assert audit.declared_epsilon == pytest.approx(epsilon, rel=1e-3)
+    assert audit.epsilon_lower_bound <= audit.declared_epsilon
+    assert not audit.contradicts_declaration
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_functional_mechanism_that_declares_noise_it_does_not_add_is_caught(monkeypatch):
+    real = fm_module.functional_mechanism
+    # broken: the declared event is the ε = 1 Laplace release's, the coefficients are the exact ones
+    monkeypatch.setattr(fm_module, "functional_mechanism",
+                        lambda stats, **kw: dataclasses.replace(real(stats, **kw), value=stats))
+    audit = fm_audited_run(1.0)
+    assert audit.declared_epsilon == pytest.approx(1.0, rel=1e-3)
+    assert audit.guesses_correct >= 0.9 * audit.guesses_made
+    assert audit.epsilon_lower_bound > 2 * audit.declared_epsilon
+    assert audit.contradicts_declaration
 
 
 # ---------------------------------------------------------------------- canaries and inclusion
