@@ -1,0 +1,1 @@
+"""A Flower app: a canary audit of a central-DP run on sklearn digits (``flwr run .``)."""
