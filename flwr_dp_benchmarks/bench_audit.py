@@ -472,10 +472,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=(), help="kinds or broken names to run")
+    parser.add_argument("--dim", type=int, default=None, help="override the mode's model dimension")
     parser.add_argument("--out", type=Path, default=ROOT / "flwr_dp_benchmarks" / "results" / "audit")
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
-    size = MODES[mode]
+    size = dict(MODES[mode])
+    if args.dim is not None:
+        size["dim"] = args.dim
     t0 = time.perf_counter()
     rows = audit_rows(seed=args.seed, only=tuple(args.only), **size)
     result = {"mode": mode, "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": machine(), "size": size,
