@@ -27,8 +27,8 @@ compose to the target ε ∈ {1, 8} at δ = 1e-5; the ε reported is the ledger'
 * ``ddp, noise std ÷ 2 (client mod)``: every client (real and canary) runs ``distributed_dp_mod`` behind
   :func:`halved_noise_mod`, which rewrites the server's ``dp-noise-share`` (a variance) to a quarter before the mod
   reads it: each client adds half the declared noise std; the server books z.
-* ``server books z, adds z/3`` (and ``z/10``, ``z/100``): :class:`UnderNoisedServer`, an ``AccountedServerSideFixedClipping``
-  whose ``_fixed_release`` uses ``z · fraction``.
+* ``server books z, adds z/3`` (and ``z/10``, ``z/100``): ``UnderNoisedServer``, an
+  ``AccountedServerSideFixedClipping`` whose ``_fixed_release`` uses ``z · fraction``.
 * ``declared, never noised``: ``AccountedFedAvg``; every client's :class:`UnnoisedDeclaringMod` declares
   ``Gaussian(z)`` (``declare_release``, add-or-remove-one) on its reply and sends the update as it is.
 
@@ -271,8 +271,8 @@ LABELS = {
 }
 BROKEN_LABELS = {
     "client-half-noise": "BROKEN: client mod adds noise std ÷ 2", "server-z/3": "BROKEN: server books z, adds z/3",
-    "server-z/10": "BROKEN: server books z, adds z/10", "server-z/100": "BROKEN: server books z, adds z/100", "declared-unnoised": "BROKEN: client declares Gaussian(z), "
-    "sends un-noised",
+    "server-z/10": "BROKEN: server books z, adds z/10", "server-z/100": "BROKEN: server books z, adds z/100",
+    "declared-unnoised": "BROKEN: client declares Gaussian(z), sends un-noised",
 }
 
 
