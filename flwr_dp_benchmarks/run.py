@@ -24,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from flwr_dp_benchmarks import bench_aggregation, bench_ledger, bench_noise, bench_signds  # noqa: E402
-from flwr_dp_benchmarks import bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
+from flwr_dp_benchmarks import bench_audit, bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
 from flwr_dp_benchmarks._common import machine, write_outputs  # noqa: E402
 
 #: name -> (function, kwargs per mode). "tiny" is for the smoke test only (not meaningful timings).
@@ -59,6 +59,10 @@ BENCHMARKS = {
         "quick": {"clients": 100, "rounds": 5, "passes": 1},
         "tiny": {"clients": 2, "rounds": 1, "passes": 1, "strict": True, "with_scale_rounds": 2},
     }),
+    # Canary audit (Andrew et al. 2024) of every central/distributed strategy and three broken ones: the audited
+    # run's time vs the same run without canaries; the audit's figures ride in each row's "audit" (the audit's own
+    # table: bench_audit.py, results/audit/).
+    "audit": (bench_audit.run, bench_audit.MODES),
     "scale": (bench_scale.run, {
         "full": {"clients": 1000, "rounds": 4},
         "quick": {"clients": 1000, "rounds": 2},
