@@ -52,14 +52,20 @@ from typing import TYPE_CHECKING
 #: name -> submodule: imported on first use (PEP 562), so a ClientApp that uses one mod does not pay
 #: for torch (label DP: 1.5 s per ClientApp process) or Opacus (DP-SGD) at start-up.
 _LAZY = {
-    "covariance_reply": "federated_pca", "project": "federated_pca", "projection_from_state": "federated_pca",
+    "covariance_reply": "federated_pca",
+    "project": "federated_pca",
+    "projection_from_state": "federated_pca",
     "store_projection": "federated_pca",
     "FunctionalMechanismTrainer": "functional_mechanism",
     "LabelDp": "label_dp",
-    "LABEL_DP_DECLARATION": "label_dp_data", "LabelDpDataset": "label_dp_data",
-    "declare_label_release": "label_dp_data", "is_label_release_declared": "label_dp_data",
-    "label_release_event": "label_dp_data", "private_labels": "label_dp_data",
-    "LaplaceInferenceMod": "laplace_inference", "laplace_eval_epsilon": "laplace_inference",
+    "LABEL_DP_DECLARATION": "label_dp_data",
+    "LabelDpDataset": "label_dp_data",
+    "declare_label_release": "label_dp_data",
+    "is_label_release_declared": "label_dp_data",
+    "label_release_event": "label_dp_data",
+    "private_labels": "label_dp_data",
+    "LaplaceInferenceMod": "laplace_inference",
+    "laplace_eval_epsilon": "laplace_inference",
     "LocalUpdateNoiseMod": "local_update_noise",
     "SecureObjectiveTrainer": "secure_objective",
 }
@@ -89,8 +95,14 @@ if TYPE_CHECKING:  # static analysers and the docs generator see the real names
     from .federated_pca import covariance_reply, project, projection_from_state, store_projection
     from .functional_mechanism import FunctionalMechanismTrainer
     from .label_dp import LabelDp
-    from .label_dp_data import (LABEL_DP_DECLARATION, LabelDpDataset, declare_label_release,
-                                is_label_release_declared, label_release_event, private_labels)
+    from .label_dp_data import (
+        LABEL_DP_DECLARATION,
+        LabelDpDataset,
+        declare_label_release,
+        is_label_release_declared,
+        label_release_event,
+        private_labels,
+    )
     from .laplace_inference import LaplaceInferenceMod, laplace_eval_epsilon
     from .local_update_noise import LocalUpdateNoiseMod
 

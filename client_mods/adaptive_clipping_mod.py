@@ -42,15 +42,16 @@ from flwr_dp_strategies.wire import KEY_UNCLIPPED_BIT, flat_update
 _SHRINK_ATTEMPTS = 8
 
 
-def clip_to_norm(received: list[np.ndarray], trained: list[np.ndarray],
-                 clipping_norm: float) -> tuple[list[np.ndarray], int]:
+def clip_to_norm(
+    received: list[np.ndarray], trained: list[np.ndarray], clipping_norm: float
+) -> tuple[list[np.ndarray], int]:
     """(arrays to send, unclipped bit): :math:`w + \\Delta\\min(1, C/\\lVert\\Delta\\rVert_2)` in the received
     dtypes, whose distance to ``received`` (after the cast) is at most C, and :math:`1[\\lVert\\Delta\\rVert_2 \\le C]`."""
     delta = flat_update(received, trained)
     reference = [np.asarray(r, np.float64) for r in received]
     deltas, start = [], 0
     for r in reference:
-        deltas.append(delta[start:start + r.size].reshape(r.shape))
+        deltas.append(delta[start : start + r.size].reshape(r.shape))
         start += r.size
     norm = math.sqrt(float(np.dot(delta, delta)))
     bit = int(norm <= clipping_norm)
@@ -75,8 +76,10 @@ def _clipping_norm(msg: Message) -> float:
     """C_t from the train message's config (Flower's key), validated."""
     configs = [r for r in msg.content.values() if isinstance(r, ConfigRecord) and KEY_CLIPPING_NORM in r]
     if len(configs) != 1:
-        raise ValueError(f"adaptive_clipping_mod expects '{KEY_CLIPPING_NORM}' in exactly one ConfigRecord of the "
-                         "train message (sent by AccountedClientSideAdaptiveClipping)")
+        raise ValueError(
+            f"adaptive_clipping_mod expects '{KEY_CLIPPING_NORM}' in exactly one ConfigRecord of the "
+            "train message (sent by AccountedClientSideAdaptiveClipping)"
+        )
     return check_positive("clipping_norm", configs[0][KEY_CLIPPING_NORM])
 
 

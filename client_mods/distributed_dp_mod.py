@@ -62,8 +62,14 @@ DP_FIELDS = DISTRIBUTED_DP_FIELDS
 def params_from_record(record: ConfigRecord, bits: int) -> tuple[DistributedDpParams, float]:
     """(the encoding parameters, the noise share μ/m) sent by the server; ValueError if out of domain."""
     values = {key: field(record, key, kind) for key, kind in DP_FIELDS.items()}
-    params = DistributedDpParams(dim=values["dp-dim"], clip_norm=values["dp-clip-norm"], scale=values["dp-scale"],
-                                 bits=bits, rotation_seed=values["dp-rotation-seed"], beta=values["dp-beta"])
+    params = DistributedDpParams(
+        dim=values["dp-dim"],
+        clip_norm=values["dp-clip-norm"],
+        scale=values["dp-scale"],
+        bits=bits,
+        rotation_seed=values["dp-rotation-seed"],
+        beta=values["dp-beta"],
+    )
     return params, check_nonnegative("dp-noise-share", values["dp-noise-share"])
 
 
@@ -74,8 +80,9 @@ def _single_array_record(content: RecordDict, what: str) -> ArrayRecord:
     return records[0]
 
 
-def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0, max_colluding_clients: int = 0,
-                            rng: RngLike = None) -> Callable[[Message, Context, ClientAppCallable], Message]:
+def make_distributed_dp_mod(
+    *, min_noise_multiplier: float = 0.0, max_colluding_clients: int = 0, rng: RngLike = None
+) -> Callable[[Message, Context, ClientAppCallable], Message]:
     """A ``distributed_dp_mod`` that refuses noise below ``min_noise_multiplier`` in any sum it can be
     unmasked in, assumes ``max_colluding_clients`` colluders at least, and draws from ``rng``.
 
@@ -90,15 +97,26 @@ def make_distributed_dp_mod(*, min_noise_multiplier: float = 0.0, max_colluding_
         """Answer the secure-aggregation stages of a train message; pass every other message on."""
         if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
             return call_next(msg, ctxt)
-        return answer_message(msg, ctxt, lambda state: _encode(
-            msg, ctxt, call_next, state, floor, fixed if fixed is not None else resolve_rng(None)),
-            min_colluders=colluders)
+        return answer_message(
+            msg,
+            ctxt,
+            lambda state: _encode(
+                msg, ctxt, call_next, state, floor, fixed if fixed is not None else resolve_rng(None)
+            ),
+            min_colluders=colluders,
+        )
 
     return distributed_dp_mod
 
 
-def _encode(msg: Message, ctxt: Context, call_next: ClientAppCallable, state: ConfigRecord, floor: float,
-            generator: np.random.Generator) -> np.ndarray:
+def _encode(
+    msg: Message,
+    ctxt: Context,
+    call_next: ClientAppCallable,
+    state: ConfigRecord,
+    floor: float,
+    generator: np.random.Generator,
+) -> np.ndarray:
     params, share = params_from_record(msg.content[RECORD], int(state["bits"]))
     check_noise_floor(state, share, params.rounding_bound, floor)
     received = _single_array_record(msg.content, "train message")

@@ -48,11 +48,33 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy.validation import check_int
 
-from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, combined_noise_multiplier, dp_sgd_event, dp_sgd_relation,
-                                history_delta, history_epsilon, history_record, load_history)
-from .dp_sgd_trainer import (CLIPPING_MODES, DECLARATION_LABEL, EPSILON_METRIC, GRAD_SAMPLE_MODES, NOISE_METRIC,
-                             ROUND_EPSILON_METRIC, DataSource, DpSgdBudgetExhausted, DpSgdRound, DpSgdTrainer,
-                             as_dataset, choose_grad_sample_mode, clear_wrapped_cache, trainable_parameters)
+from .dp_sgd_accounting import (
+    ACCOUNTANTS,
+    STATE_KEY,
+    combined_noise_multiplier,
+    dp_sgd_event,
+    dp_sgd_relation,
+    history_delta,
+    history_epsilon,
+    history_record,
+    load_history,
+)
+from .dp_sgd_trainer import (
+    CLIPPING_MODES,
+    DECLARATION_LABEL,
+    EPSILON_METRIC,
+    GRAD_SAMPLE_MODES,
+    NOISE_METRIC,
+    ROUND_EPSILON_METRIC,
+    DataSource,
+    DpSgdBudgetExhausted,
+    DpSgdRound,
+    DpSgdTrainer,
+    as_dataset,
+    choose_grad_sample_mode,
+    clear_wrapped_cache,
+    trainable_parameters,
+)
 from .reply_metrics import NON_PRIVATE_METRICS_LABEL
 
 
@@ -90,25 +112,36 @@ def dp_sgd_train_reply(
     arrays = msg.content.array_records.get(arrays_key)
     if arrays is None:
         raise ValueError(f"the train message has no ArrayRecord {arrays_key!r}")
-    result = trainer.train_round(arrays, dataset, context.state, state_key=state_key,
-                                 cache_key=(context.run_id, context.node_id) if keep_wrapped else None)
+    result = trainer.train_round(
+        arrays,
+        dataset,
+        context.state,
+        state_key=state_key,
+        cache_key=(context.run_id, context.node_id) if keep_wrapped else None,
+    )
     metrics = result.metrics(weighted_by_key)
     if release_metrics:
         metrics.update({weighted_by_key: int(result.num_examples), "train-loss": float(result.train_loss)})
-    content = RecordDict({
-        arrays_key: ArrayRecord({k: result.state_dict[k] for k in arrays.keys()}),
-        "metrics": MetricRecord(metrics),
-    })
+    content = RecordDict(
+        {
+            arrays_key: ArrayRecord({k: result.state_dict[k] for k in arrays.keys()}),
+            "metrics": MetricRecord(metrics),
+        }
+    )
     declare_release(content, result.event, label=label, neighboring_relation=result.neighboring_relation)
     if release_metrics:
-        declare_release(content, NonPrivateDpEvent(), label=NON_PRIVATE_METRICS_LABEL,
-                        neighboring_relation=result.neighboring_relation)
+        declare_release(
+            content,
+            NonPrivateDpEvent(),
+            label=NON_PRIVATE_METRICS_LABEL,
+            neighboring_relation=result.neighboring_relation,
+        )
     return Message(content=content, reply_to=msg)
 
 
-
-def declare_opacus_round(content: RecordDict, privacy_engine: Any, *, poisson_sampling: bool = True,
-                         label: str = "opacus dp-sgd") -> RecordDict:
+def declare_opacus_round(
+    content: RecordDict, privacy_engine: Any, *, poisson_sampling: bool = True, label: str = "opacus dp-sgd"
+) -> RecordDict:
     """Declare in a reply's ``content`` the DP-SGD release an Opacus ``PrivacyEngine`` made; return ``content``.
 
     For ClientApps that already train with Opacus (Flower's Opacus example): the two lines that
@@ -124,12 +157,19 @@ def declare_opacus_round(content: RecordDict, privacy_engine: Any, *, poisson_sa
     """
     history = getattr(getattr(privacy_engine, "accountant", None), "history", None)
     if not history:
-        raise ValueError("privacy_engine must be an Opacus PrivacyEngine that trained this round "
-                         "(privacy_engine.accountant.history is empty or missing)")
+        raise ValueError(
+            "privacy_engine must be an Opacus PrivacyEngine that trained this round "
+            "(privacy_engine.accountant.history is empty or missing)"
+        )
     entries = [(float(z), float(q), int(steps)) for z, q, steps in history]
-    declare_release(content, dp_sgd_event(entries, poisson_sampling), label=label,
-                    neighboring_relation=dp_sgd_relation(poisson_sampling))
+    declare_release(
+        content,
+        dp_sgd_event(entries, poisson_sampling),
+        label=label,
+        neighboring_relation=dp_sgd_relation(poisson_sampling),
+    )
     return content
+
 
 __all__ = [
     "ACCOUNTANTS",

@@ -123,12 +123,15 @@ def dp_sgd_event(history: Sequence[tuple[float, float, int]], poisson_sampling: 
     if poisson_sampling:
         events = [
             dp_event.SelfComposedDpEvent(
-                dp_event.PoissonSampledDpEvent(float(q), dp_event.GaussianDpEvent(float(z))), int(steps))
+                dp_event.PoissonSampledDpEvent(float(q), dp_event.GaussianDpEvent(float(z))), int(steps)
+            )
             for z, q, steps in history
         ]
     else:
-        events = [dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(float(z) / 2.0), _passes(q, steps))
-                  for z, q, steps in history]
+        events = [
+            dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(float(z) / 2.0), _passes(q, steps))
+            for z, q, steps in history
+        ]
     return events[0] if len(events) == 1 else dp_event.ComposedDpEvent(events)
 
 
@@ -157,8 +160,9 @@ def combined_noise_multiplier(noise_stds: Sequence[float], clip_norms: Sequence[
 @lru_cache(maxsize=256)
 def _sgm_rdp(sample_rate: float, noise_multiplier: float) -> np.ndarray:
     """Opacus' RDP curve of one SGM step on ``RDPAccountant.DEFAULT_ALPHAS`` (cached: it costs ~0.2 s)."""
-    curve = rdp_analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
-                                     orders=RDPAccountant.DEFAULT_ALPHAS)
+    curve = rdp_analysis.compute_rdp(
+        q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS
+    )
     curve.setflags(write=False)
     return curve
 
@@ -172,8 +176,9 @@ def history_epsilon(history: Sequence[tuple[float, float, int]], delta: float, a
     """
     if not history:
         return 0.0
-    return _history_epsilon(tuple((float(z), float(q), int(steps)) for z, q, steps in history), float(delta),
-                            accountant)
+    return _history_epsilon(
+        tuple((float(z), float(q), int(steps)) for z, q, steps in history), float(delta), accountant
+    )
 
 
 @lru_cache(maxsize=1024)
@@ -199,7 +204,7 @@ def history_delta(before: Sequence[tuple[float, float, int]], after: Sequence[tu
     if after[:last] != before[:last] or (z, q) != before[last][:2] or steps < before[last][2]:
         raise RuntimeError("the accountant history was rewritten during the round, not extended")
     added = int(steps) - int(before[last][2])
-    return ([(z, q, added)] if added else []) + list(after[last + 1:])  # type: ignore[list-item]
+    return ([(z, q, added)] if added else []) + list(after[last + 1 :])  # type: ignore[list-item]
 
 
 def load_history(state: RecordDict, state_key: str = STATE_KEY) -> tuple[History, Optional[ConfigRecord]]:
@@ -213,20 +218,29 @@ def load_history(state: RecordDict, state_key: str = STATE_KEY) -> tuple[History
     return [(float(z), float(q), int(s)) for z, q, s in zip(zs, qs, steps)], record
 
 
-def history_record(history: History, *, accountant: str, rounds: int, noise_multiplier: float,
-                   target_epsilon: float, planned_steps: int) -> ConfigRecord:
+def history_record(
+    history: History,
+    *,
+    accountant: str,
+    rounds: int,
+    noise_multiplier: float,
+    target_epsilon: float,
+    planned_steps: int,
+) -> ConfigRecord:
     """The ConfigRecord :func:`load_history` reads (floats stored as float64: exact round trip)."""
-    return ConfigRecord({
-        "format": STATE_FORMAT,
-        "accountant": accountant,
-        "history-z": [float(z) for z, _, _ in history],
-        "history-q": [float(q) for _, q, _ in history],
-        "history-steps": [int(s) for _, _, s in history],
-        "rounds": int(rounds),
-        "noise-multiplier": float(noise_multiplier),
-        "target-epsilon": float(target_epsilon),
-        "planned-steps": int(planned_steps),
-    })
+    return ConfigRecord(
+        {
+            "format": STATE_FORMAT,
+            "accountant": accountant,
+            "history-z": [float(z) for z, _, _ in history],
+            "history-q": [float(q) for _, q, _ in history],
+            "history-steps": [int(s) for _, _, s in history],
+            "rounds": int(rounds),
+            "noise-multiplier": float(noise_multiplier),
+            "target-epsilon": float(target_epsilon),
+            "planned-steps": int(planned_steps),
+        }
+    )
 
 
 __all__ = [

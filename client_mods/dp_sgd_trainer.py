@@ -75,8 +75,18 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_nonnegative, check_positive
 
-from .dp_sgd_accounting import (ACCOUNTANTS, STATE_KEY, History, combined_noise_multiplier, dp_sgd_event,
-                                dp_sgd_relation, history_delta, history_epsilon, history_record, load_history)
+from .dp_sgd_accounting import (
+    ACCOUNTANTS,
+    STATE_KEY,
+    History,
+    combined_noise_multiplier,
+    dp_sgd_event,
+    dp_sgd_relation,
+    history_delta,
+    history_epsilon,
+    history_record,
+    load_history,
+)
 from .reply_metrics import PUBLIC_WEIGHT
 
 EPSILON_METRIC = "dp-sgd/epsilon-opacus"
@@ -195,7 +205,8 @@ def _keep_wrapped(key: Hashable, entry: _Wrapped) -> None:
     _WRAPPED[key] = entry
     _WRAPPED.move_to_end(key)
     while len(_WRAPPED) > CACHE_MAX_CLIENTS or (
-            len(_WRAPPED) > 1 and sum(e.nbytes for e in _WRAPPED.values()) > CACHE_MAX_BYTES):
+        len(_WRAPPED) > 1 and sum(e.nbytes for e in _WRAPPED.values()) > CACHE_MAX_BYTES
+    ):
         _WRAPPED.popitem(last=False)
     if entry.nbytes > CACHE_MAX_BYTES:
         _WRAPPED.pop(key, None)
@@ -203,10 +214,12 @@ def _keep_wrapped(key: Hashable, entry: _Wrapped) -> None:
 
 def _architecture(model: nn.Module) -> tuple:
     """Every submodule's path, class and settings, and every state entry's shape, dtype and trainability."""
-    layers = tuple((name, f"{type(m).__module__}.{type(m).__qualname__}", m.extra_repr())
-                   for name, m in model.named_modules())
-    state = tuple((k, tuple(v.shape), str(v.dtype), bool(v.requires_grad))
-                  for k, v in model.state_dict(keep_vars=True).items())
+    layers = tuple(
+        (name, f"{type(m).__module__}.{type(m).__qualname__}", m.extra_repr()) for name, m in model.named_modules()
+    )
+    state = tuple(
+        (k, tuple(v.shape), str(v.dtype), bool(v.requires_grad)) for k, v in model.state_dict(keep_vars=True).items()
+    )
     return layers, state
 
 
@@ -215,8 +228,12 @@ def _criterion_key(criterion: Callable) -> tuple:
     if not isinstance(criterion, nn.Module):
         return ("callable",)
     buffers = tuple((k, tuple(v.shape), v.detach().cpu().numpy().tobytes()) for k, v in criterion.state_dict().items())
-    return (f"{type(criterion).__module__}.{type(criterion).__qualname__}", repr(criterion),
-            getattr(criterion, "reduction", None), buffers)
+    return (
+        f"{type(criterion).__module__}.{type(criterion).__qualname__}",
+        repr(criterion),
+        getattr(criterion, "reduction", None),
+        buffers,
+    )
 
 
 # ---------------------------------------------------------------------- model helpers
@@ -225,8 +242,9 @@ def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def choose_grad_sample_mode(model: nn.Module, clipping: str = "flat", criterion: Optional[nn.Module] = None,
-                            batch_size: Optional[int] = None) -> str:
+def choose_grad_sample_mode(
+    model: nn.Module, clipping: str = "flat", criterion: Optional[nn.Module] = None, batch_size: Optional[int] = None
+) -> str:
     """Default rule for ``grad_sample_mode="auto"``.
 
     ``"ghost"`` (ghost clipping: per-sample gradient *norms* without materialising
@@ -251,8 +269,10 @@ def choose_grad_sample_mode(model: nn.Module, clipping: str = "flat", criterion:
     samplers = GradSampleModuleFastGradientClipping.NORM_SAMPLERS
     if not layers or not all(type(m) in samplers for m in layers):
         return "hooks"
-    if batch_size is not None and batch_size * sum(p.numel() for p in trainable_parameters(model)) \
-            <= HOOKS_MAX_GRAD_SAMPLE_ELEMENTS:
+    if (
+        batch_size is not None
+        and batch_size * sum(p.numel() for p in trainable_parameters(model)) <= HOOKS_MAX_GRAD_SAMPLE_ELEMENTS
+    ):
         return "hooks"
     return "ghost"
 
@@ -271,8 +291,9 @@ class _PoissonTensorBatches:
     def __init__(self, dataset: TensorDataset, loader: DataLoader) -> None:
         self.tensors = dataset.tensors
         self.generator = loader.generator
-        self.sampler = UniformWithReplacementSampler(num_samples=len(dataset), sample_rate=1.0 / len(loader),
-                                                     generator=loader.generator)
+        self.sampler = UniformWithReplacementSampler(
+            num_samples=len(dataset), sample_rate=1.0 / len(loader), generator=loader.generator
+        )
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -284,8 +305,9 @@ class _PoissonTensorBatches:
             yield tuple(t[index] for t in self.tensors)
 
 
-def _poisson_batches(loader: DataLoader, dp_loader: Optional[DataLoader] = None
-                     ) -> Union[DataLoader, _PoissonTensorBatches]:
+def _poisson_batches(
+    loader: DataLoader, dp_loader: Optional[DataLoader] = None
+) -> Union[DataLoader, _PoissonTensorBatches]:
     """The round's Poisson batches over ``loader``'s data: indexed from a plain ``TensorDataset`` with a
     seeded generator (see :class:`_PoissonTensorBatches`), else ``dp_loader`` (or
     ``DPDataLoader.from_data_loader(loader)``)."""
@@ -404,8 +426,11 @@ class DpSgdTrainer:
         self.planned_rounds = self._check_planned(planned_rounds)
         self.local_epochs = check_int("local_epochs", local_epochs, minimum=1)
         self.batch_size = check_int("batch_size", batch_size, minimum=1)
-        self.max_physical_batch_size = None if max_physical_batch_size is None else check_int(
-            "max_physical_batch_size", max_physical_batch_size, minimum=1)
+        self.max_physical_batch_size = (
+            None
+            if max_physical_batch_size is None
+            else check_int("max_physical_batch_size", max_physical_batch_size, minimum=1)
+        )
         self.clipping = self._check_choice("clipping", clipping, CLIPPING_MODES)
         self.max_grad_norm = self._check_clip(max_grad_norm, probe)
         self.grad_sample_mode = self._resolve_mode(grad_sample_mode, probe)
@@ -420,9 +445,11 @@ class DpSgdTrainer:
         self._spare_model: Optional[nn.Module] = probe
         self._architecture = _architecture(probe)
         if not self.poisson_sampling:
-            warnings.warn("poisson_sampling=False: Opacus' epsilon assumes Poisson sampling (a heuristic for "
-                          "shuffled batches); the declared event claims no amplification (replace-one)",
-                          stacklevel=2)
+            warnings.warn(
+                "poisson_sampling=False: Opacus' epsilon assumes Poisson sampling (a heuristic for "
+                "shuffled batches); the declared event claims no amplification (replace-one)",
+                stacklevel=2,
+            )
 
     # ------------------------------------------------------------------ validation
     def _new_model(self) -> nn.Module:
@@ -432,8 +459,10 @@ class DpSgdTrainer:
             raise ValueError("model must be a torch.nn.Module or a zero-argument callable returning one")
         errors = ModuleValidator.validate(model, strict=False)
         if errors:
-            raise ValueError(f"model has layers Opacus cannot train privately ({errors}); "
-                             "fix it with opacus.validators.ModuleValidator.fix(model)")
+            raise ValueError(
+                f"model has layers Opacus cannot train privately ({errors}); "
+                "fix it with opacus.validators.ModuleValidator.fix(model)"
+            )
         if not trainable_parameters(model):
             raise ValueError("model must have at least one trainable parameter")
         return model
@@ -453,8 +482,9 @@ class DpSgdTrainer:
         return value
 
     @staticmethod
-    def _check_privacy(noise_multiplier: Optional[float], target_epsilon: Optional[float]
-                       ) -> tuple[Optional[float], Optional[float]]:
+    def _check_privacy(
+        noise_multiplier: Optional[float], target_epsilon: Optional[float]
+    ) -> tuple[Optional[float], Optional[float]]:
         if noise_multiplier is not None and target_epsilon is not None:
             raise ValueError("give exactly one of noise_multiplier and target_epsilon, not both")
         if target_epsilon is not None:
@@ -480,14 +510,18 @@ class DpSgdTrainer:
         count = len(trainable_parameters(probe))
         if self.clipping == "flat":
             if isinstance(max_grad_norm, (list, tuple, np.ndarray)):
-                raise ValueError("max_grad_norm must be a number in (0, inf) for clipping='flat' "
-                                 "(a list is for clipping='per_layer')")
+                raise ValueError(
+                    "max_grad_norm must be a number in (0, inf) for clipping='flat' "
+                    "(a list is for clipping='per_layer')"
+                )
             return check_positive("max_grad_norm", max_grad_norm)
         if not isinstance(max_grad_norm, (list, tuple, np.ndarray)):
             return [check_positive("max_grad_norm", max_grad_norm) / math.sqrt(count)] * count
         if len(max_grad_norm) != count:
-            raise ValueError(f"max_grad_norm must hold one bound per trainable parameter tensor "
-                             f"({count} for this model), got {len(max_grad_norm)}")
+            raise ValueError(
+                f"max_grad_norm must hold one bound per trainable parameter tensor "
+                f"({count} for this model), got {len(max_grad_norm)}"
+            )
         return [check_positive(f"max_grad_norm[{i}]", c) for i, c in enumerate(max_grad_norm)]
 
     def _resolve_mode(self, mode: str, probe: nn.Module) -> str:
@@ -511,30 +545,41 @@ class DpSgdTrainer:
         return True
 
     # ------------------------------------------------------------------ accounting
-    def epsilon(self, state: Optional[RecordDict] = None, delta: Optional[float] = None,
-                state_key: str = STATE_KEY) -> float:
+    def epsilon(
+        self, state: Optional[RecordDict] = None, delta: Optional[float] = None, state_key: str = STATE_KEY
+    ) -> float:
         """The client's cumulative ε (Opacus' accountant) stored in ``state`` at ``delta``."""
         history, _ = load_history(self._own_state if state is None else state, state_key)
         return history_epsilon(history, self.target_delta if delta is None else check_delta(delta), self.accountant)
 
-    def _noise_for(self, record: Optional[ConfigRecord], history: History,
-                   sample_rate: float, round_steps: int) -> tuple[float, int]:
+    def _noise_for(
+        self, record: Optional[ConfigRecord], history: History, sample_rate: float, round_steps: int
+    ) -> tuple[float, int]:
         """(z, planned total steps): the given z, the stored calibration, or a new one (first round only)."""
         if self.target_epsilon is None:
             return float(self.noise_multiplier), 0  # type: ignore[arg-type]
         if record is not None and float(record.get("target-epsilon", 0.0)) > 0:
             if float(record["target-epsilon"]) != self.target_epsilon:
-                raise ValueError(f"this state was calibrated for target_epsilon={record['target-epsilon']}, "
-                                 f"got target_epsilon={self.target_epsilon}; use a new state")
+                raise ValueError(
+                    f"this state was calibrated for target_epsilon={record['target-epsilon']}, "
+                    f"got target_epsilon={self.target_epsilon}; use a new state"
+                )
             return float(record["noise-multiplier"]), int(record["planned-steps"])
         if history:
-            raise ValueError("target_epsilon needs a state without earlier releases (z is calibrated "
-                             "once for the whole run); use a new state")
+            raise ValueError(
+                "target_epsilon needs a state without earlier releases (z is calibrated "
+                "once for the whole run); use a new state"
+            )
         planned = int(self.planned_rounds) * round_steps  # type: ignore[arg-type]
         with warnings.catch_warnings():  # the bisection visits z far from the answer: edge orders there are fine
             warnings.filterwarnings("ignore", message="Optimal order is the")
-            z = get_noise_multiplier(target_epsilon=self.target_epsilon, target_delta=self.target_delta,
-                                     sample_rate=sample_rate, steps=planned, accountant=self.accountant)
+            z = get_noise_multiplier(
+                target_epsilon=self.target_epsilon,
+                target_delta=self.target_delta,
+                sample_rate=sample_rate,
+                steps=planned,
+                accountant=self.accountant,
+            )
         return float(z), planned
 
     def _check_budget(self, history: History, z: float, sample_rate: float, round_steps: int) -> None:
@@ -546,11 +591,19 @@ class DpSgdTrainer:
             spent = history_epsilon(history, self.target_delta, self.accountant)
             raise DpSgdBudgetExhausted(
                 f"another round would reach epsilon={eps:.4g} > target_epsilon={self.target_epsilon:g} "
-                f"at delta={self.target_delta:g} (spent: {spent:.4g})")
+                f"at delta={self.target_delta:g} (spent: {spent:.4g})"
+            )
 
     # ------------------------------------------------------------------ one round
-    def train_round(self, weights: Weights, dataset: DataSource, state: Optional[RecordDict] = None,
-                    *, state_key: str = STATE_KEY, cache_key: Optional[Hashable] = None) -> DpSgdRound:
+    def train_round(
+        self,
+        weights: Weights,
+        dataset: DataSource,
+        state: Optional[RecordDict] = None,
+        *,
+        state_key: str = STATE_KEY,
+        cache_key: Optional[Hashable] = None,
+    ) -> DpSgdRound:
         """Load ``weights``, train ``local_epochs`` with DP-SGD, update the accountant in ``state``.
 
         ``state`` is the client's persistent RecordDict (``context.state`` in Flower;
@@ -569,9 +622,14 @@ class DpSgdTrainer:
             after, loss = self._train(model, plan.loader, plan.history, plan.z, plan.noise_seed)
         else:
             model, keys, after, loss = self._train_cached((cache_key, state_key), weights, len(data), plan)
-        state[state_key] = history_record(after, accountant=self.accountant, rounds=plan.rounds + 1,
-                                          noise_multiplier=plan.z, target_epsilon=self.target_epsilon or 0.0,
-                                          planned_steps=plan.planned_steps)
+        state[state_key] = history_record(
+            after,
+            accountant=self.accountant,
+            rounds=plan.rounds + 1,
+            noise_multiplier=plan.z,
+            target_epsilon=self.target_epsilon or 0.0,
+            planned_steps=plan.planned_steps,
+        )
         added = history_delta(plan.history, after)
         new_weights = model.state_dict()
         return DpSgdRound(
@@ -580,17 +638,23 @@ class DpSgdTrainer:
             neighboring_relation=dp_sgd_relation(self.poisson_sampling),
             epsilon=history_epsilon(after, self.target_delta, self.accountant),
             epsilon_round_only=history_epsilon(added, self.target_delta, self.accountant),
-            delta=self.target_delta, noise_multiplier=plan.z, sample_rate=plan.sample_rate,
-            steps=sum(s for _, _, s in added), num_examples=len(data),  # type: ignore[arg-type]
-            rounds=plan.rounds + 1, train_loss=loss, grad_sample_mode=self.grad_sample_mode,
+            delta=self.target_delta,
+            noise_multiplier=plan.z,
+            sample_rate=plan.sample_rate,
+            steps=sum(s for _, _, s in added),
+            num_examples=len(data),  # type: ignore[arg-type]
+            rounds=plan.rounds + 1,
+            train_loss=loss,
+            grad_sample_mode=self.grad_sample_mode,
         )
 
     def _plan(self, data: Dataset, state: RecordDict, state_key: str) -> "_RoundPlan":
         """Restore the accountant, build the round's loader, fix z, check the budget."""
         history, record = load_history(state, state_key)
         if record is not None and record.get("accountant", self.accountant) != self.accountant:
-            raise ValueError(f"state was accounted with accountant={record['accountant']!r}, "
-                             f"this trainer uses {self.accountant!r}")
+            raise ValueError(
+                f"state was accounted with accountant={record['accountant']!r}, this trainer uses {self.accountant!r}"
+            )
         rounds = int(record["rounds"]) if record is not None else 0
         sample_seed, noise_seed = _round_seeds(self.seed, rounds)
         loader = self._loader(data, sample_seed)
@@ -606,8 +670,13 @@ class DpSgdTrainer:
     def _load(self, weights: Weights, into: Optional[nn.Module] = None) -> tuple[nn.Module, list[str]]:
         """A fresh model (or ``into``) holding ``weights`` (keys checked: a ``_module.`` prefix is refused),
         on the device."""
-        received = weights.to_torch_state_dict() if isinstance(weights, ArrayRecord) else {
-            k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in weights.items()}
+        received = (
+            weights.to_torch_state_dict()
+            if isinstance(weights, ArrayRecord)
+            else {
+                k: torch.as_tensor(np.asarray(v)) if not isinstance(v, torch.Tensor) else v for k, v in weights.items()
+            }
+        )
         if into is None:
             model, self._spare_model = (self._spare_model or self._new_model()), None
         else:
@@ -615,30 +684,43 @@ class DpSgdTrainer:
         expected = set(model.state_dict())
         if set(received) != expected:
             missing, unexpected = sorted(expected - set(received)), sorted(set(received) - expected)
-            raise ValueError(f"weights must have exactly the model's keys: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")
+            raise ValueError(
+                f"weights must have exactly the model's keys: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         model.load_state_dict(received, strict=True)
         return model.to(self.device), list(received)
 
-    def _make_private(self, engine: PrivacyEngine, model: nn.Module, loader: DataLoader,
-                      z: float, noise_seed: int) -> tuple[nn.Module, Any, Callable, DataLoader]:
+    def _make_private(
+        self, engine: PrivacyEngine, model: nn.Module, loader: DataLoader, z: float, noise_seed: int
+    ) -> tuple[nn.Module, Any, Callable, DataLoader]:
         params = trainable_parameters(model)
-        optimizer = (self.optimizer_fn(params) if self.optimizer_fn is not None
-                     else torch.optim.SGD(params, lr=self.lr, momentum=self.momentum))
+        optimizer = (
+            self.optimizer_fn(params)
+            if self.optimizer_fn is not None
+            else torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
+        )
         generator = None if self.secure_mode else torch.Generator(device=self.device).manual_seed(noise_seed)
         criterion = copy.deepcopy(self.criterion)
         out = engine.make_private(
-            module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
-            noise_multiplier=z, max_grad_norm=self.max_grad_norm, poisson_sampling=self.poisson_sampling,
-            clipping=self.clipping, grad_sample_mode=self.grad_sample_mode, noise_generator=generator,
+            module=model,
+            optimizer=optimizer,
+            criterion=criterion,
+            data_loader=loader,
+            noise_multiplier=z,
+            max_grad_norm=self.max_grad_norm,
+            poisson_sampling=self.poisson_sampling,
+            clipping=self.clipping,
+            grad_sample_mode=self.grad_sample_mode,
+            noise_generator=generator,
         )
         if self.grad_sample_mode == "ghost":
             return out  # (module, optimizer, criterion, loader)
         module, dp_optimizer, dp_loader = out
         return module, dp_optimizer, criterion, dp_loader
 
-    def _train(self, model: nn.Module, loader: DataLoader, history: History, z: float,
-               noise_seed: int) -> tuple[History, float]:
+    def _train(
+        self, model: nn.Module, loader: DataLoader, history: History, z: float, noise_seed: int
+    ) -> tuple[History, float]:
         """Train in place with a fresh PrivacyEngine holding ``history``; return (new history, mean loss)."""
         with _quiet_opacus():
             engine = PrivacyEngine(accountant=self.accountant, secure_mode=self.secure_mode)
@@ -649,8 +731,15 @@ class DpSgdTrainer:
                 dp_loader = _poisson_batches(loader, dp_loader)
             self._check_combined_z(optimizer, z)
             try:
-                loss = _run_epochs(module, optimizer, criterion, dp_loader, self.local_epochs,
-                                   self.device, self.max_physical_batch_size)
+                loss = _run_epochs(
+                    module,
+                    optimizer,
+                    criterion,
+                    dp_loader,
+                    self.local_epochs,
+                    self.device,
+                    self.max_physical_batch_size,
+                )
             finally:
                 module.to_standard_module()  # removes hooks and per-sample state (#608, #433)
         return [tuple(e) for e in engine.accountant.history], loss  # type: ignore[misc]
@@ -658,41 +747,69 @@ class DpSgdTrainer:
     def _fingerprint(self, num_examples: int, z: float) -> tuple:
         """What a cached wrapped model was built from (see the module docstring)."""
         clip = tuple(self.max_grad_norm) if isinstance(self.max_grad_norm, list) else self.max_grad_norm
-        return (self._architecture, self.lr, self.momentum, _criterion_key(self.criterion), float(z), clip,
-                self.clipping, self.grad_sample_mode, self.poisson_sampling, self.accountant, str(self.device),
-                self.batch_size, int(num_examples))
+        return (
+            self._architecture,
+            self.lr,
+            self.momentum,
+            _criterion_key(self.criterion),
+            float(z),
+            clip,
+            self.clipping,
+            self.grad_sample_mode,
+            self.poisson_sampling,
+            self.accountant,
+            str(self.device),
+            self.batch_size,
+            int(num_examples),
+        )
 
-    def _train_cached(self, key: Hashable, weights: Weights, num_examples: int, plan: "_RoundPlan"
-                      ) -> tuple[nn.Module, list[str], History, float]:
+    def _train_cached(
+        self, key: Hashable, weights: Weights, num_examples: int, plan: "_RoundPlan"
+    ) -> tuple[nn.Module, list[str], History, float]:
         """The round of :meth:`_train` on the client's cached wrapped model (built on a miss), reset as new."""
         fingerprint = self._fingerprint(num_examples, plan.z)
         entry = _WRAPPED.pop(key, None)
-        if entry is not None and (entry.fingerprint != fingerprint or entry.sources[0] is not self.optimizer_fn
-                                  or (entry.sources[1] is not self.criterion
-                                      and not isinstance(self.criterion, nn.Module))):
+        if entry is not None and (
+            entry.fingerprint != fingerprint
+            or entry.sources[0] is not self.optimizer_fn
+            or (entry.sources[1] is not self.criterion and not isinstance(self.criterion, nn.Module))
+        ):
             entry = None
         with _quiet_opacus():
             if entry is None:
                 model, keys = self._load(weights)
                 engine = PrivacyEngine(accountant=self.accountant)
-                module, optimizer, criterion, loader = self._make_private(engine, model, plan.loader, plan.z,
-                                                                          plan.noise_seed)
+                module, optimizer, criterion, loader = self._make_private(
+                    engine, model, plan.loader, plan.z, plan.noise_seed
+                )
                 self._check_combined_z(optimizer, plan.z)
                 if self.poisson_sampling and not self.max_physical_batch_size:
                     loader = _poisson_batches(plan.loader, loader)
                 nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
-                entry = _Wrapped(fingerprint, (self.optimizer_fn, self.criterion), engine, module, optimizer,
-                                 criterion, nbytes)
+                entry = _Wrapped(
+                    fingerprint, (self.optimizer_fn, self.criterion), engine, module, optimizer, criterion, nbytes
+                )
             else:
                 _, keys = self._load(weights, into=entry.module._module)
                 entry.optimizer.state.clear()
                 entry.optimizer.generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)
-                loader = (plan.loader if not self.poisson_sampling
-                          else DPDataLoader.from_data_loader(plan.loader) if self.max_physical_batch_size
-                          else _poisson_batches(plan.loader))
+                loader = (
+                    plan.loader
+                    if not self.poisson_sampling
+                    else DPDataLoader.from_data_loader(plan.loader)
+                    if self.max_physical_batch_size
+                    else _poisson_batches(plan.loader)
+                )
             entry.engine.accountant.history = list(plan.history)  # the client's true history, from its state
-            loss = _run_epochs(entry.module, entry.optimizer, entry.criterion, loader, self.local_epochs,
-                               self.device, self.max_physical_batch_size)  # raises: the entry is not kept
+            loss = _run_epochs(
+                entry.module,
+                entry.optimizer,
+                entry.criterion,
+                loader,
+                self.local_epochs,
+                self.device,
+                self.max_physical_batch_size,
+            )  # raises: the entry is not kept
             entry.optimizer.zero_grad(set_to_none=True)
         _keep_wrapped(key, entry)
         return entry.module._module, keys, [tuple(e) for e in entry.engine.accountant.history], loss
@@ -708,14 +825,24 @@ class DpSgdTrainer:
             raise RuntimeError(f"Opacus' per-layer noise gives z*={z_star}, not the accounted z={z}")
 
 
-def _run_epochs(module: nn.Module, optimizer: Any, criterion: Callable, loader: DataLoader, epochs: int,
-                device: torch.device, max_physical: Optional[int]) -> float:
+def _run_epochs(
+    module: nn.Module,
+    optimizer: Any,
+    criterion: Callable,
+    loader: DataLoader,
+    epochs: int,
+    device: torch.device,
+    max_physical: Optional[int],
+) -> float:
     """The DP-SGD loop; returns the mean loss over non-empty physical batches (nan if none)."""
     total, count = torch.zeros((), device=device), 0
     module.train()
     for _ in range(epochs):
-        manager = (BatchMemoryManager(data_loader=loader, max_physical_batch_size=max_physical, optimizer=optimizer)
-                   if max_physical else contextlib.nullcontext(loader))
+        manager = (
+            BatchMemoryManager(data_loader=loader, max_physical_batch_size=max_physical, optimizer=optimizer)
+            if max_physical
+            else contextlib.nullcontext(loader)
+        )
         with manager as batches:
             for inputs, targets in batches:
                 optimizer.zero_grad()

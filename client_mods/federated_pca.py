@@ -37,9 +37,17 @@ STATE_KEY = "ldp-fpca-projection"
 EVENT_LABEL = "ldp-fpca/covariance"
 
 
-def covariance_reply(msg: Message, context: Context, features: np.ndarray, *, epsilon: float, delta: float = 1e-5,
-                     noise: str = "analyze-gauss", neighboring_relation: str = "replace_one",
-                     rng: RngLike = None) -> Message:
+def covariance_reply(
+    msg: Message,
+    context: Context,
+    features: np.ndarray,
+    *,
+    epsilon: float,
+    delta: float = 1e-5,
+    noise: str = "analyze-gauss",
+    neighboring_relation: str = "replace_one",
+    rng: RngLike = None,
+) -> Message:
     """Reply with the noisy second moment (float64, d × d) and declare its event.
 
     The declaration names ``neighboring_relation``, the relation the noise was calibrated for
@@ -48,14 +56,25 @@ def covariance_reply(msg: Message, context: Context, features: np.ndarray, *, ep
     replace-one form (:func:`~flwr_dp_strategies.privacy.covariance.covariance_replace_one_event`),
     so a replace-one ledger books the √2 bound rather than the generic 2.
     """
-    release = private_second_moment(features, epsilon=epsilon, delta=delta, noise=noise,
-                                    neighboring_relation=neighboring_relation, rng=rng)
+    release = private_second_moment(
+        features, epsilon=epsilon, delta=delta, noise=noise, neighboring_relation=neighboring_relation, rng=rng
+    )
     weight = float(len(features)) if neighboring_relation == "replace_one" else 1.0
-    content = RecordDict({"arrays": ArrayRecord({COVARIANCE_KEY: Array(release.value)}),
-                          "metrics": MetricRecord({"num-examples": weight})})
-    declare_release(content, release.event, label=EVENT_LABEL, neighboring_relation=neighboring_relation,
-                    replace_one_event=covariance_replace_one_event(release.event)
-                    if neighboring_relation == "add_or_remove_one" else None)
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({COVARIANCE_KEY: Array(release.value)}),
+            "metrics": MetricRecord({"num-examples": weight}),
+        }
+    )
+    declare_release(
+        content,
+        release.event,
+        label=EVENT_LABEL,
+        neighboring_relation=neighboring_relation,
+        replace_one_event=covariance_replace_one_event(release.event)
+        if neighboring_relation == "add_or_remove_one"
+        else None,
+    )
     return Message(content, reply_to=msg)
 
 
@@ -83,5 +102,13 @@ def project(features: np.ndarray, projection: np.ndarray) -> np.ndarray:
     return clip_rows(features) @ projection
 
 
-__all__ = ["COVARIANCE_KEY", "EVENT_LABEL", "PROJECTION_KEY", "STATE_KEY", "covariance_reply", "project",
-           "projection_from_state", "store_projection"]
+__all__ = [
+    "COVARIANCE_KEY",
+    "EVENT_LABEL",
+    "PROJECTION_KEY",
+    "STATE_KEY",
+    "covariance_reply",
+    "project",
+    "projection_from_state",
+    "store_projection",
+]

@@ -98,17 +98,33 @@ class FunctionalMechanismTrainer:
         rng: None (fresh OS entropy), an int seed or a Generator (tests only).
     """
 
-    def __init__(self, epsilon: float, *, num_classes: int, loss: str = "softmax", noise: str = "laplace",
-                 delta: float = 1e-5, neighboring_relation: str = "replace_one", calibration: str = "sound",
-                 psd_floor: float = 0.0, local_steps: int = 5, learning_rate: Optional[float] = 1.0,
-                 max_learning_rate: float = 10.0, ridge: float = 0.0, weights_key: str = "head.weight",
-                 upload: str = "head", rng: RngLike = None) -> None:
+    def __init__(
+        self,
+        epsilon: float,
+        *,
+        num_classes: int,
+        loss: str = "softmax",
+        noise: str = "laplace",
+        delta: float = 1e-5,
+        neighboring_relation: str = "replace_one",
+        calibration: str = "sound",
+        psd_floor: float = 0.0,
+        local_steps: int = 5,
+        learning_rate: Optional[float] = 1.0,
+        max_learning_rate: float = 10.0,
+        ridge: float = 0.0,
+        weights_key: str = "head.weight",
+        upload: str = "head",
+        rng: RngLike = None,
+    ) -> None:
         self.epsilon = check_epsilon(epsilon)
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.loss, self.noise, self.delta = loss, noise, delta
         if neighboring_relation != "replace_one":
-            raise ValueError("neighboring_relation must be 'replace_one': under 'add_or_remove_one' the FM "
-                             f"statistics and train-loss release the exact record count, got {neighboring_relation!r}")
+            raise ValueError(
+                "neighboring_relation must be 'replace_one': under 'add_or_remove_one' the FM "
+                f"statistics and train-loss release the exact record count, got {neighboring_relation!r}"
+            )
         self.neighboring_relation, self.calibration = neighboring_relation, calibration
         self.psd_floor = check_nonnegative("psd_floor", psd_floor)
         self.local_steps = check_int("local_steps", local_steps, minimum=0)
@@ -122,8 +138,9 @@ class FunctionalMechanismTrainer:
         self._rng = RngSource(rng)
 
     # ------------------------------------------------------------ the release
-    def noisy_objective(self, context: Context, features: np.ndarray,
-                        labels: np.ndarray) -> tuple[QuadraticStatistics, Optional[dp_event.DpEvent]]:
+    def noisy_objective(
+        self, context: Context, features: np.ndarray, labels: np.ndarray
+    ) -> tuple[QuadraticStatistics, Optional[dp_event.DpEvent]]:
         """The noisy statistics, and the event if they were released just now (None if reused).
 
         Repaired (PSD, post-processing) for ``upload="head"``; as released for ``"objective"``.
@@ -133,16 +150,24 @@ class FunctionalMechanismTrainer:
             return self._as_uploaded(context, *stored), None
         exact = quadratic_statistics(features, labels, num_classes=self.num_classes, loss=self.loss)
         release = functional_mechanism(
-            exact, epsilon=self.epsilon, neighboring_relation=self.neighboring_relation,
-            calibration=self.calibration, noise=self.noise, delta=self.delta, rng=self._rng())
+            exact,
+            epsilon=self.epsilon,
+            neighboring_relation=self.neighboring_relation,
+            calibration=self.calibration,
+            noise=self.noise,
+            delta=self.delta,
+            rng=self._rng(),
+        )
         return self._as_uploaded(context, release.value, False), release.event
 
     def _as_uploaded(self, context: Context, stats: QuadraticStatistics, is_repaired: bool) -> QuadraticStatistics:
         """``stats`` as this trainer uses them (repaired for heads, raw for objectives), stored so once."""
         if self.upload == "objective":
             if is_repaired:
-                raise ValueError("this node's stored objective was repaired for upload='head'; "
-                                 "upload='objective' needs the raw release (a fresh node state)")
+                raise ValueError(
+                    "this node's stored objective was repaired for upload='head'; "
+                    "upload='objective' needs the raw release (a fresh node state)"
+                )
             if STATE_KEY not in context.state.array_records:
                 _store(context, stats, False)
             return stats
@@ -161,8 +186,10 @@ class FunctionalMechanismTrainer:
         record = next(iter(arrays.values()))
         start = record[self.weights_key].numpy()
         if start.size != stats.linear.size:
-            raise ValueError(f"{self.weights_key} must have {stats.linear.size} entries "
-                             f"(features {stats.dim} x {stats.linear.shape[1]}), got shape {start.shape}")
+            raise ValueError(
+                f"{self.weights_key} must have {stats.linear.size} entries "
+                f"(features {stats.dim} x {stats.linear.shape[1]}), got shape {start.shape}"
+            )
         if self.upload == "objective":
             return self._objective_reply(msg, stats, start, event)
         new = descend(stats, start, steps=self.local_steps, learning_rate=self.step_size(stats), ridge=self.ridge)
@@ -174,32 +201,55 @@ class FunctionalMechanismTrainer:
             return self.learning_rate
         return min(smooth_step_size(stats, self.ridge), self.max_learning_rate)
 
-    def _objective_reply(self, msg: Message, stats: QuadraticStatistics, head: np.ndarray,
-                         event: Optional[dp_event.DpEvent]) -> Message:
-        out = ArrayRecord({LINEAR_KEY: Array(np.ascontiguousarray(stats.linear, dtype=np.float64)),
-                           QUADRATIC_KEY: Array(np.ascontiguousarray(stats.quadratic, dtype=np.float64))})
+    def _objective_reply(
+        self, msg: Message, stats: QuadraticStatistics, head: np.ndarray, event: Optional[dp_event.DpEvent]
+    ) -> Message:
+        out = ArrayRecord(
+            {
+                LINEAR_KEY: Array(np.ascontiguousarray(stats.linear, dtype=np.float64)),
+                QUADRATIC_KEY: Array(np.ascontiguousarray(stats.quadratic, dtype=np.float64)),
+            }
+        )
         return self._declared_reply(msg, out, stats, head, event)
 
-    def _reply(self, msg: Message, record: ArrayRecord, weights: np.ndarray, stats: QuadraticStatistics,
-               event: Optional[dp_event.DpEvent]) -> Message:
-        out = ArrayRecord({key: (Array(weights) if key == self.weights_key else value) for key, value in record.items()})
+    def _reply(
+        self,
+        msg: Message,
+        record: ArrayRecord,
+        weights: np.ndarray,
+        stats: QuadraticStatistics,
+        event: Optional[dp_event.DpEvent],
+    ) -> Message:
+        out = ArrayRecord(
+            {key: (Array(weights) if key == self.weights_key else value) for key, value in record.items()}
+        )
         return self._declared_reply(msg, out, stats, weights, event)
 
-    def _declared_reply(self, msg: Message, out: ArrayRecord, stats: QuadraticStatistics, weights: np.ndarray,
-                        event: Optional[dp_event.DpEvent]) -> Message:
+    def _declared_reply(
+        self,
+        msg: Message,
+        out: ArrayRecord,
+        stats: QuadraticStatistics,
+        weights: np.ndarray,
+        event: Optional[dp_event.DpEvent],
+    ) -> Message:
         weight = float(stats.count)  # public under replace-one (the only relation accepted)
         loss = taylor_objective(stats, weights) / max(stats.count, 1)
         content = RecordDict({"arrays": out, "metrics": MetricRecord({"num-examples": weight, "train-loss": loss})})
-        declare_release(content, event if event is not None else dp_event.NoOpDpEvent(),
-                        label=EVENT_LABEL if event is not None else EVENT_LABEL + " (reused)",
-                        neighboring_relation=self.neighboring_relation)
+        declare_release(
+            content,
+            event if event is not None else dp_event.NoOpDpEvent(),
+            label=EVENT_LABEL if event is not None else EVENT_LABEL + " (reused)",
+            neighboring_relation=self.neighboring_relation,
+        )
         return Message(content, reply_to=msg)
 
 
 def _store(context: Context, stats: QuadraticStatistics, is_repaired: bool) -> None:
     context.state[STATE_KEY] = ArrayRecord({"linear": Array(stats.linear), "quadratic": Array(stats.quadratic)})
     context.state[STATE_KEY + "-meta"] = ConfigRecord(
-        {"count": stats.count, "loss": stats.loss, "num-classes": stats.num_classes, "repaired": is_repaired})
+        {"count": stats.count, "loss": stats.loss, "num-classes": stats.num_classes, "repaired": is_repaired}
+    )
 
 
 def _load(context: Context) -> Optional[tuple[QuadraticStatistics, bool]]:
@@ -208,8 +258,13 @@ def _load(context: Context) -> Optional[tuple[QuadraticStatistics, bool]]:
         return None
     arrays = context.state.array_records[STATE_KEY]
     meta = context.state.config_records[STATE_KEY + "-meta"]
-    stats = QuadraticStatistics(arrays["linear"].numpy(), arrays["quadratic"].numpy(), int(meta["count"]),
-                                str(meta["loss"]), int(meta["num-classes"]))
+    stats = QuadraticStatistics(
+        arrays["linear"].numpy(),
+        arrays["quadratic"].numpy(),
+        int(meta["count"]),
+        str(meta["loss"]),
+        int(meta["num-classes"]),
+    )
     return stats, bool(meta.get("repaired", True))
 
 

@@ -125,7 +125,9 @@ def _show(rows: np.ndarray) -> str:
 
 
 def _check_numeric(arr: np.ndarray) -> None:
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.issubdtype(arr.dtype, np.complexfloating):
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.issubdtype(
+        arr.dtype, np.complexfloating
+    ):
         raise ValueError(f"labels must be a numeric or bool array, got dtype {arr.dtype}")
 
 
@@ -143,8 +145,9 @@ def class_indices(arr: np.ndarray, num_classes: int) -> np.ndarray:
     rows = np.flatnonzero(bad)
     if rows.size:
         what = "0 or 1 (binary labels)" if num_classes == 2 else f"integers in [0, {num_classes - 1}]"
-        raise ValueError(f"labels must be {what}; invalid value(s) at row(s) {_show(rows)}, "
-                         f"e.g. {flat[rows[0]].item()!r}")
+        raise ValueError(
+            f"labels must be {what}; invalid value(s) at row(s) {_show(rows)}, e.g. {flat[rows[0]].item()!r}"
+        )
     return flat.astype(np.int64)
 
 
@@ -158,8 +161,9 @@ def one_hot_indices(arr: np.ndarray) -> np.ndarray:
     binary = is_one | (arr == 0)
     rows = np.flatnonzero(~binary.all(axis=1) | (is_one.sum(axis=1) != 1))
     if rows.size:
-        raise ValueError(f"one-hot labels must have exactly one 1 and zeros elsewhere in every row; "
-                         f"invalid row(s) {_show(rows)}")
+        raise ValueError(
+            f"one-hot labels must have exactly one 1 and zeros elsewhere in every row; invalid row(s) {_show(rows)}"
+        )
     return np.argmax(is_one, axis=1).astype(np.int64)
 
 
@@ -172,8 +176,10 @@ def label_format(shape: tuple[int, ...], num_classes: Optional[int]) -> tuple[st
     if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
         k = 2 if num_classes is None else num_classes
         return (BINARY if k == 2 else CLASS_INDEX), k
-    raise ValueError(f"labels must be 1-D (binary or class indices), a single column, or 2-D one-hot "
-                     f"(n, k >= 2); got shape {tuple(shape)}")
+    raise ValueError(
+        f"labels must be 1-D (binary or class indices), a single column, or 2-D one-hot "
+        f"(n, k >= 2); got shape {tuple(shape)}"
+    )
 
 
 def validated_indices(arr: np.ndarray, num_classes: Optional[int]) -> tuple[np.ndarray, str, int]:
@@ -183,7 +189,9 @@ def validated_indices(arr: np.ndarray, num_classes: Optional[int]) -> tuple[np.n
     return idx, fmt, k
 
 
-def randomize(arr: np.ndarray, epsilon: float, num_classes: Optional[int], rng: np.random.Generator) -> tuple[np.ndarray, int]:
+def randomize(
+    arr: np.ndarray, epsilon: float, num_classes: Optional[int], rng: np.random.Generator
+) -> tuple[np.ndarray, int]:
     """Randomised ``arr`` (numpy, same shape; int64 indices or float64 one-hot rows) and the class count k."""
     idx, fmt, k = validated_indices(arr, num_classes)
     if k == 2 and fmt != ONE_HOT:
@@ -277,5 +285,12 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "LabelDp", "class_indices", "label_format", "like", "one_hot_indices", "randomize", "to_numpy", "validated_indices",
+    "LabelDp",
+    "class_indices",
+    "label_format",
+    "like",
+    "one_hot_indices",
+    "randomize",
+    "to_numpy",
+    "validated_indices",
 ]

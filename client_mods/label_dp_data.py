@@ -164,8 +164,10 @@ def _check_stored(meta: ConfigRecord, eps: float, k: int, fingerprint: str) -> N
             f"num_classes={meta['num-classes']}); randomising the labels again would be a second release"
         )
     if meta["labels-sha256"] != fingerprint:
-        raise ValueError("labels differ from those randomised earlier on this node; randomising new labels is a "
-                         "new release: use another state key for another dataset")
+        raise ValueError(
+            "labels differ from those randomised earlier on this node; randomising new labels is a "
+            "new release: use another state key for another dataset"
+        )
 
 
 def private_labels(
@@ -204,14 +206,21 @@ def private_labels(
     noisy, _ = randomize(arr, epsilon, k_given, resolve_rng(rng))
     out = like(noisy, labels)
     context.state[labels_key] = ArrayRecord({LABELS_FIELD: Array(np.ascontiguousarray(to_numpy(out)))})
-    context.state[meta_key] = ConfigRecord({
-        "epsilon": epsilon, "num-classes": k, "num-labels": int(arr.shape[0]),
-        "labels-sha256": fingerprint, "declared": False,
-    })
+    context.state[meta_key] = ConfigRecord(
+        {
+            "epsilon": epsilon,
+            "num-classes": k,
+            "num-labels": int(arr.shape[0]),
+            "labels-sha256": fingerprint,
+            "declared": False,
+        }
+    )
     return out, True
 
 
-def label_release_event(context: Context, *, key: str = DEFAULT_STATE_KEY) -> Optional[dp_event.RandomizedResponseDpEvent]:
+def label_release_event(
+    context: Context, *, key: str = DEFAULT_STATE_KEY
+) -> Optional[dp_event.RandomizedResponseDpEvent]:
     """``rr_event(eps, k)`` of the release stored in ``context.state`` (None if there is none)."""
     meta = context.state.config_records.get(_keys(key)[1])
     if meta is None:
@@ -236,11 +245,16 @@ def declare_label_release(context: Context, content: RecordDict, *, key: str = D
         raise ValueError(f"no label release under key={key!r} in context.state: call private_labels first")
     if bool(meta["declared"]):
         if not any(d.label.startswith("label-dp/") for d in read_declarations(content)):
-            declare_release(content, dp_event.NoOpDpEvent(), label=POST_PROCESSING_DECLARATION,
-                            neighboring_relation="replace_one")
+            declare_release(
+                content, dp_event.NoOpDpEvent(), label=POST_PROCESSING_DECLARATION, neighboring_relation="replace_one"
+            )
         return False
-    declare_release(content, rr_event(float(meta["epsilon"]), int(meta["num-classes"])), label=LABEL_DP_DECLARATION,
-                    neighboring_relation="replace_one")
+    declare_release(
+        content,
+        rr_event(float(meta["epsilon"]), int(meta["num-classes"])),
+        label=LABEL_DP_DECLARATION,
+        neighboring_relation="replace_one",
+    )
     meta["declared"] = True
     return True
 

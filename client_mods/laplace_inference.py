@@ -132,10 +132,13 @@ class LaplaceInferenceMod:
         self.epsilon = None if epsilon is None else check_epsilon(epsilon)
         self.sensitivity = check_sensitivity(sensitivity)
         if self.sensitivity < SEED_SENSITIVITY:
-            raise ValueError(f"sensitivity must be in [1, inf): a probability vector is at L1 distance 1 from the "
-                             f"zero vector, got {sensitivity!r}")
-        self.neighboring_relation = "replace_one" if self.sensitivity >= PROBABILITY_SIMPLEX_L1_DIAMETER \
-            else "add_or_remove_one"
+            raise ValueError(
+                f"sensitivity must be in [1, inf): a probability vector is at L1 distance 1 from the "
+                f"zero vector, got {sensitivity!r}"
+            )
+        self.neighboring_relation = (
+            "replace_one" if self.sensitivity >= PROBABILITY_SIMPLEX_L1_DIAMETER else "add_or_remove_one"
+        )
         self.seed_calibration = bool(seed_calibration)
         self.key = key
         self.tolerance = check_positive("tolerance", tolerance)
@@ -155,7 +158,8 @@ class LaplaceInferenceMod:
                 f"LaplaceInferenceMod noises the inference result the evaluate function returns, but this reply has "
                 f"no ArrayRecord {self.key!r} (its records: {sorted(reply.content.keys())}). Return it in the reply, "
                 f"e.g. RecordDict({{'metrics': MetricRecord(...), {self.key!r}: ArrayRecord({{'probabilities': "
-                "Array(mean_softmax)}})}) (what ClusterEvaluation scores), or remove the mod. Nothing was sent.")
+                "Array(mean_softmax)}})}) (what ClusterEvaluation scores), or remove the mod. Nothing was sent."
+            )
         noisy, event = self.protect(record, epsilon)
         reply.content[self.key] = noisy
         declare_release(reply.content, event, label=EVENT_LABEL, neighboring_relation=self.neighboring_relation)
@@ -175,7 +179,8 @@ class LaplaceInferenceMod:
                     "LaplaceInferenceMod(epsilon=None) takes its epsilon from the server, but this evaluate message "
                     f"carries no {CONFIG_PRIVACY_EVAL_TYPE!r} (LAPLACE with {CONFIG_LAPLACE_EVAL_EPS!r}, or "
                     "NOT_ENCRYPT): wrap the ServerApp's strategy in flwr_dp_strategies.ClusterEvaluation, which sends "
-                    "them, or give the mod its own epsilon: LaplaceInferenceMod(epsilon=...). Nothing was sent.")
+                    "them, or give the mod its own epsilon: LaplaceInferenceMod(epsilon=...). Nothing was sent."
+                )
             return server_eps
         return self.epsilon if server_eps is None else min(self.epsilon, server_eps)
 
@@ -199,22 +204,37 @@ class LaplaceInferenceMod:
         if self.seed_calibration:
             true_epsilon = epsilon * self.sensitivity / SEED_SENSITIVITY
             if true_epsilon != epsilon:
-                log(WARNING, "seed_calibration: noise b = 1/%g as MindSpore; the release is %g-LDP "
-                    "on vectors of L1 diameter %g", epsilon, true_epsilon, self.sensitivity)
+                log(
+                    WARNING,
+                    "seed_calibration: noise b = 1/%g as MindSpore; the release is %g-LDP on vectors of L1 diameter %g",
+                    epsilon,
+                    true_epsilon,
+                    self.sensitivity,
+                )
             epsilon = true_epsilon
-        return laplace_mechanism(vectors, epsilon=epsilon, sensitivity=self.sensitivity, rng=self.rng(),
-                                 secure=self.secure, value_bound=1.0 if self.secure else None)
+        return laplace_mechanism(
+            vectors,
+            epsilon=epsilon,
+            sensitivity=self.sensitivity,
+            rng=self.rng(),
+            secure=self.secure,
+            value_bound=1.0 if self.secure else None,
+        )
 
     def _on_simplex(self, name: str, values: np.ndarray) -> np.ndarray:
         """Rows of ``values`` as probability vectors (tiny deviations projected); raises otherwise."""
         x = np.asarray(values, dtype=np.float64)
         if x.ndim not in (1, 2) or x.shape[-1] < 2 or not np.isfinite(x).all():
-            raise ValueError(f"inference result {name!r} must be finite probability vectors "
-                             f"(shape (k,) or (m, k), k >= 2), got shape {x.shape}")
+            raise ValueError(
+                f"inference result {name!r} must be finite probability vectors "
+                f"(shape (k,) or (m, k), k >= 2), got shape {x.shape}"
+            )
         x = x.reshape(-1, x.shape[-1])
         if x.min() < -self.tolerance or np.abs(x.sum(axis=1) - 1.0).max() > self.tolerance:
-            raise ValueError(f"inference result {name!r} is not a probability vector (entries >= 0 summing "
-                             f"to 1 within {self.tolerance}); its L1 sensitivity would not be bounded")
+            raise ValueError(
+                f"inference result {name!r} is not a probability vector (entries >= 0 summing "
+                f"to 1 within {self.tolerance}); its L1 sensitivity would not be bounded"
+            )
         x = np.clip(x, 0.0, None)
         return x / x.sum(axis=1, keepdims=True)
 

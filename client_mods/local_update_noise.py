@@ -105,10 +105,13 @@ class LocalUpdateNoiseMod:
         self.clipping_norm = check_positive("clipping_norm", clipping_norm)
         self.sensitivity = 2.0 * self.clipping_norm if sensitivity is None else check_sensitivity(sensitivity)
         if self.sensitivity < self.clipping_norm:
-            raise ValueError(f"sensitivity must be in [clipping_norm, inf) = [{self.clipping_norm}, inf): a clipped "
-                             f"update is {self.clipping_norm} from the zero update, got {sensitivity!r}")
-        self.neighboring_relation = "replace_one" if self.sensitivity >= 2.0 * self.clipping_norm \
-            else "add_or_remove_one"
+            raise ValueError(
+                f"sensitivity must be in [clipping_norm, inf) = [{self.clipping_norm}, inf): a clipped "
+                f"update is {self.clipping_norm} from the zero update, got {sensitivity!r}"
+            )
+        self.neighboring_relation = (
+            "replace_one" if self.sensitivity >= 2.0 * self.clipping_norm else "add_or_remove_one"
+        )
         if (noise_multiplier is None) == (epsilon is None):
             raise ValueError("give exactly one of noise_multiplier (in (0, inf)) or epsilon (with delta)")
         if epsilon is not None:
@@ -127,12 +130,17 @@ class LocalUpdateNoiseMod:
         """Clip the concatenated update, add noise, and return the noisy weights (same shapes)."""
         update = flat_update(received, trained)
         clipped, _ = clip_l2(update, self.clipping_norm)
-        release = gaussian_mechanism(clipped, noise_multiplier=self.noise_multiplier,
-                                     sensitivity=self.sensitivity, rng=self.rng(), secure=self.secure,
-                                     value_bound=self.clipping_norm)
+        release = gaussian_mechanism(
+            clipped,
+            noise_multiplier=self.noise_multiplier,
+            sensitivity=self.sensitivity,
+            rng=self.rng(),
+            secure=self.secure,
+            value_bound=self.clipping_norm,
+        )
         out, start = [], 0
         for r in received:
-            out.append((r + release.value[start:start + r.size].reshape(r.shape)).astype(r.dtype))
+            out.append((r + release.value[start : start + r.size].reshape(r.shape)).astype(r.dtype))
             start += r.size
         return Release(out, release.event)
 
@@ -154,8 +162,7 @@ class LocalUpdateNoiseMod:
             raise ValueError("the reply's ArrayRecord must have the keys of the received one")
         release = self.privatize(received, [npy_view(trained[k]) for k in keys])
         reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, release.value)})
-        declare_release(reply.content, release.event, label=EVENT_LABEL,
-                        neighboring_relation=self.neighboring_relation)
+        declare_release(reply.content, release.event, label=EVENT_LABEL, neighboring_relation=self.neighboring_relation)
         settle_metrics(reply.content, release_metrics=self.release_metrics, weighted_by_key=self.weighted_by_key)
         return reply
 

@@ -150,8 +150,14 @@ def _xy(data: Any, name: str) -> tuple[Any, Any]:
 
 
 # ---------------------------------------------------------------------- canaries
-def make_canary_records(num_canaries: int, like: Any, seed: Optional[int] = None, *,
-                        num_classes: Optional[int] = None, input_norm: Optional[float] = None) -> CanaryRecords:
+def make_canary_records(
+    num_canaries: int,
+    like: Any,
+    seed: Optional[int] = None,
+    *,
+    num_classes: Optional[int] = None,
+    input_norm: Optional[float] = None,
+) -> CanaryRecords:
     """``num_canaries`` records shaped like ``like``'s inputs: random directions with random labels.
 
     Each input is an i.i.d. standard Gaussian vector rescaled to L2 norm ``input_norm`` (default: the
@@ -205,8 +211,9 @@ def _as_canaries(canaries: Any) -> CanaryRecords:
     return CanaryRecords(np.asarray(_to_numpy(x), dtype=np.float32), np.asarray(_to_numpy(y), dtype=np.int64))
 
 
-def insert_canaries(data: Any, canaries: Any, seed: Optional[int] = None, *,
-                    fill_with: Optional[tuple[Any, Any]] = None) -> tuple[Any, np.ndarray]:
+def insert_canaries(
+    data: Any, canaries: Any, seed: Optional[int] = None, *, fill_with: Optional[tuple[Any, Any]] = None
+) -> tuple[Any, np.ndarray]:
     """The data with each canary included independently with probability ½, and the inclusion mask.
 
     The included canaries are appended after the data, in canary order (DP-SGD's Poisson sampling and
@@ -284,8 +291,9 @@ def _losses(model_or_params: Any, can: CanaryRecords, criterion: Any, loss: str)
         module.eval()
         try:
             with torch.no_grad():
-                out = crit(module(torch.as_tensor(can.inputs, device=device)),
-                           torch.as_tensor(can.labels, device=device))
+                out = crit(
+                    module(torch.as_tensor(can.inputs, device=device)), torch.as_tensor(can.labels, device=device)
+                )
         finally:
             module.train(was_training)
         values = out.detach().cpu().numpy().astype(np.float64)
@@ -293,8 +301,9 @@ def _losses(model_or_params: Any, can: CanaryRecords, criterion: Any, loss: str)
         w = np.asarray(_to_numpy(model_or_params), dtype=np.float64)
         x = can.inputs.reshape(len(can), -1).astype(np.float64)
         if w.ndim != 2 or w.shape[0] != x.shape[1]:
-            raise ValueError(f"model_or_params must be a torch module or a head of shape ({x.shape[1]}, c), "
-                             f"got shape {w.shape}")
+            raise ValueError(
+                f"model_or_params must be a torch module or a head of shape ({x.shape[1]}, c), got shape {w.shape}"
+            )
         if loss not in ("softmax", "logistic"):
             raise ValueError(f"loss must be 'softmax' or 'logistic', got {loss!r}")
         logits = x @ w
@@ -314,8 +323,9 @@ def _losses(model_or_params: Any, can: CanaryRecords, criterion: Any, loss: str)
     return values
 
 
-def score_canaries(model_or_params: Any, canaries: Any, *, reference: Any = None, criterion: Any = None,
-                   loss: str = "softmax") -> np.ndarray:
+def score_canaries(
+    model_or_params: Any, canaries: Any, *, reference: Any = None, criterion: Any = None, loss: str = "softmax"
+) -> np.ndarray:
     """One score per canary, larger meaning "the model was trained on it" (float64, length m).
 
     Without ``reference``: −loss of the trained model on the canary. With ``reference`` (the model the
@@ -344,8 +354,15 @@ def score_canaries(model_or_params: Any, canaries: Any, *, reference: Any = None
 
 
 # ---------------------------------------------------------------------- the bound
-def record_audit_bound(scores: Any, inserted_mask: Any, k_plus: int, k_minus: int, confidence: float = 0.95,
-                       delta: float = 0.0, declared_epsilon: Optional[float] = None) -> RecordAudit:
+def record_audit_bound(
+    scores: Any,
+    inserted_mask: Any,
+    k_plus: int,
+    k_minus: int,
+    confidence: float = 0.95,
+    delta: float = 0.0,
+    declared_epsilon: Optional[float] = None,
+) -> RecordAudit:
     """Guess "in" for the ``k_plus`` highest scores and "out" for the ``k_minus`` lowest; bound ε.
 
     Ties are broken by canary index (a stable sort), never by the mask. The guesses depend on the
@@ -371,8 +388,10 @@ def record_audit_bound(scores: Any, inserted_mask: Any, k_plus: int, k_minus: in
         raise ValueError("scores must be finite")
     mask = np.asarray(_to_numpy(inserted_mask))
     if mask.shape != s.shape or mask.dtype != np.bool_:
-        raise ValueError(f"inserted_mask must be a boolean array of the scores' shape {s.shape}, "
-                         f"got dtype {mask.dtype} shape {mask.shape}")
+        raise ValueError(
+            f"inserted_mask must be a boolean array of the scores' shape {s.shape}, "
+            f"got dtype {mask.dtype} shape {mask.shape}"
+        )
     m = int(s.size)
     kp = check_int("k_plus", k_plus, minimum=0)
     km = check_int("k_minus", k_minus, minimum=0)
@@ -385,10 +404,17 @@ def record_audit_bound(scores: Any, inserted_mask: Any, k_plus: int, k_minus: in
     else:
         declared = None
     order = np.argsort(-s, kind="stable")  # highest first, ties by index
-    guessed_in, guessed_out = order[:kp], order[m - km:] if km else order[:0]
+    guessed_in, guessed_out = order[:kp], order[m - km :] if km else order[:0]
     correct = int(mask[guessed_in].sum()) + int((~mask[guessed_out]).sum())
     bound = one_run_lower_bound(correct, kp + km, m, delta=delta, confidence=confidence)
-    return RecordAudit(epsilon_lower_bound=float(bound), guesses_made=kp + km, guesses_correct=correct,
-                       num_canaries=m, k_plus=kp, k_minus=km, confidence=float(confidence), delta=float(delta),
-                       declared_epsilon=declared)
-
+    return RecordAudit(
+        epsilon_lower_bound=float(bound),
+        guesses_made=kp + km,
+        guesses_correct=correct,
+        num_canaries=m,
+        k_plus=kp,
+        k_minus=km,
+        confidence=float(confidence),
+        delta=float(delta),
+        declared_epsilon=declared,
+    )

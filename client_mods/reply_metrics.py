@@ -27,8 +27,9 @@ PUBLIC_WEIGHT = 1.0
 NON_PRIVATE_METRICS_LABEL = "client metrics (sent un-noised: non-private)"
 
 
-def withhold_metrics(content: RecordDict, weighted_by_key: str = "num-examples",
-                     public_weight: float = PUBLIC_WEIGHT) -> None:
+def withhold_metrics(
+    content: RecordDict, weighted_by_key: str = "num-examples", public_weight: float = PUBLIC_WEIGHT
+) -> None:
     """Replace every MetricRecord of ``content`` by one ``{weighted_by_key: public_weight}``.
 
     The record keeps the name of the first MetricRecord (``"metrics"`` if there was none).
@@ -42,8 +43,9 @@ def withhold_metrics(content: RecordDict, weighted_by_key: str = "num-examples",
 def settle_metrics(content: RecordDict, *, release_metrics: bool, weighted_by_key: str = "num-examples") -> None:
     """Withhold the reply's metrics (default), or keep them and declare them non-private."""
     if release_metrics:
-        declare_release(content, NonPrivateDpEvent(), label=NON_PRIVATE_METRICS_LABEL,
-                        neighboring_relation="replace_one")
+        declare_release(
+            content, NonPrivateDpEvent(), label=NON_PRIVATE_METRICS_LABEL, neighboring_relation="replace_one"
+        )
     else:
         withhold_metrics(content, weighted_by_key)
 

@@ -42,8 +42,12 @@ from flwr.app import ConfigRecord, Context, Message, MessageType
 
 from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
-from flwr_dp_strategies.privacy.secure_objective import (SecureObjectiveParams, encode_objective,
-                                                         integer_l2_sensitivity, record_l2_bound)
+from flwr_dp_strategies.privacy.secure_objective import (
+    SecureObjectiveParams,
+    encode_objective,
+    integer_l2_sensitivity,
+    record_l2_bound,
+)
 from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
 from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
@@ -56,8 +60,13 @@ OBJECTIVE_FIELDS = SECURE_OBJECTIVE_FIELDS
 def objective_params_from_record(record: ConfigRecord, bits: int) -> tuple[SecureObjectiveParams, float]:
     """(the encoding parameters, the noise share μ/m) sent by the server; ValueError if out of domain."""
     values = {key: field(record, key, kind) for key, kind in OBJECTIVE_FIELDS.items()}
-    params = SecureObjectiveParams(dim=values["fm-dim"], num_classes=values["fm-num-classes"],
-                                   loss=values["fm-loss"], scale=values["fm-scale"], bits=bits)
+    params = SecureObjectiveParams(
+        dim=values["fm-dim"],
+        num_classes=values["fm-num-classes"],
+        loss=values["fm-loss"],
+        scale=values["fm-scale"],
+        bits=bits,
+    )
     return params, check_nonnegative("fm-noise-share", values["fm-noise-share"])
 
 
@@ -72,8 +81,15 @@ class SecureObjectiveTrainer:
         rng: None (fresh OS entropy), an int seed or a Generator (tests only).
     """
 
-    def __init__(self, *, num_classes: int, loss: str = "softmax", min_noise_multiplier: float = 0.0,
-                 max_colluding_clients: int = 0, rng: RngLike = None) -> None:
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        loss: str = "softmax",
+        min_noise_multiplier: float = 0.0,
+        max_colluding_clients: int = 0,
+        rng: RngLike = None,
+    ) -> None:
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.loss = loss
         record_l2_bound(self.num_classes, loss)  # validates loss
@@ -84,16 +100,24 @@ class SecureObjectiveTrainer:
     def train(self, msg: Message, context: Context, features: np.ndarray, labels: np.ndarray) -> Message:
         """The reply to one protocol stage (only the protocol's records)."""
         if msg.metadata.message_type != MessageType.TRAIN or RECORD not in msg.content:
-            raise ValueError("SecureObjectiveTrainer answers SecureObjectiveSum's secure-aggregation train "
-                             "messages only; this message carries no protocol record")
-        return answer_message(msg, context, lambda state: self._encode(msg, state, features, labels),
-                              min_colluders=self.max_colluding_clients)
+            raise ValueError(
+                "SecureObjectiveTrainer answers SecureObjectiveSum's secure-aggregation train "
+                "messages only; this message carries no protocol record"
+            )
+        return answer_message(
+            msg,
+            context,
+            lambda state: self._encode(msg, state, features, labels),
+            min_colluders=self.max_colluding_clients,
+        )
 
     def _encode(self, msg: Message, state: ConfigRecord, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
         params, share = objective_params_from_record(msg.content[RECORD], int(state["bits"]))
         if (params.num_classes, params.loss) != (self.num_classes, self.loss):
-            raise ProtocolError(f"the server's head (c={params.num_classes}, loss={params.loss!r}) is not this "
-                                f"client's (c={self.num_classes}, loss={self.loss!r})")
+            raise ProtocolError(
+                f"the server's head (c={params.num_classes}, loss={params.loss!r}) is not this "
+                f"client's (c={self.num_classes}, loss={self.loss!r})"
+            )
         stats = quadratic_statistics(features, labels, num_classes=self.num_classes, loss=self.loss)
         if stats.dim != params.dim:
             raise ProtocolError(f"the server expects fm-dim = {params.dim} features, this client has {stats.dim}")

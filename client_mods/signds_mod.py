@@ -59,13 +59,18 @@ def signds_settings(config: ConfigRecord) -> dict:
             "signds_mod needs the server strategy flwr_dp_strategies.SignDS: this train message carries none of "
             "the SignDS parameters it sends (signds-sign-k, signds-sign-eps, ...), so the ServerApp runs another "
             "strategy. Use SignDS(...) in the ServerApp (it takes FedAvg's arguments), or remove signds_mod "
-            "from @app.train(mods=[...]). Nothing was sent.")
+            "from @app.train(mods=[...]). Nothing was sent."
+        )
     if missing:
-        raise SignDSConfigMissing(f"signds_mod: the train config lacks {missing}; the ServerApp's "
-                                  "flwr_dp_strategies.SignDS sends them all (a different version?). Nothing was sent.")
-    magrr = MagRRConfig(rr_epsilon=float(config[CONFIG_KEYS["rr_epsilon"]]),
-                        growth_margin=float(config[CONFIG_KEYS["growth_margin"]]),
-                        shrink_margin=float(config[CONFIG_KEYS["shrink_margin"]]))
+        raise SignDSConfigMissing(
+            f"signds_mod: the train config lacks {missing}; the ServerApp's "
+            "flwr_dp_strategies.SignDS sends them all (a different version?). Nothing was sent."
+        )
+    magrr = MagRRConfig(
+        rr_epsilon=float(config[CONFIG_KEYS["rr_epsilon"]]),
+        growth_margin=float(config[CONFIG_KEYS["growth_margin"]]),
+        shrink_margin=float(config[CONFIG_KEYS["shrink_margin"]]),
+    )
     return {
         "sign_k": float(config[CONFIG_KEYS["sign_k"]]),
         "sign_eps": float(config[CONFIG_KEYS["sign_eps"]]),
@@ -78,26 +83,32 @@ def signds_settings(config: ConfigRecord) -> dict:
     }
 
 
-def make_signds_mod(*, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100,
-                    release_metrics: bool = False):
+def make_signds_mod(
+    *, max_sign_eps: float = 100.0, max_rr_eps: float = 5.0, max_dim_out: int = 100, release_metrics: bool = False
+):
     """A :func:`signds_mod` that refuses (raises, so the reply is an error and nothing leaves)
     when the server asks for more than the client's own caps: a client bounds its own ε.
     ``release_metrics=True`` sends the train metrics as they are, declared non-private."""
+
     def capped_signds_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type.split(".")[0] == "train":
             settings = signds_settings(next(iter(msg.content.config_records.values())))
-            asked = {"sign_eps": (settings["sign_eps"], max_sign_eps),
-                     "rr_eps": (settings["magrr"].rr_epsilon, max_rr_eps),
-                     "max_dim_out": (settings["max_dim_out"], max_dim_out)}
+            asked = {
+                "sign_eps": (settings["sign_eps"], max_sign_eps),
+                "rr_eps": (settings["magrr"].rr_epsilon, max_rr_eps),
+                "max_dim_out": (settings["max_dim_out"], max_dim_out),
+            }
             for name, (value, cap) in asked.items():
                 if value > cap:
                     raise ValueError(f"signds_mod: the server asks {name}={value}, above this client's cap {cap}")
         return signds_mod(msg, context, call_next, release_metrics=release_metrics)
+
     return capped_signds_mod
 
 
-def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable, *,
-               release_metrics: bool = False) -> Message:
+def signds_mod(
+    msg: Message, context: Context, call_next: ClientAppCallable, *, release_metrics: bool = False
+) -> Message:
     """Encode the train reply's update as a SignDS upload; needs the server's flwr_dp_strategies.SignDS.
 
     See the module docstring. The reply's train metrics and exact ``num-examples`` are replaced by a public weight
@@ -118,15 +129,29 @@ def signds_mod(msg: Message, context: Context, call_next: ClientAppCallable, *,
         raise ValueError("signds_mod expects exactly one ArrayRecord in the train reply")
     name, trained = next(iter(reply.content.array_records.items()))
     upload = encode_update(flat_update(received, trained), **settings)
-    reply.content[name] = ArrayRecord({
-        "indices": to_array(upload.indices.astype(np.int64)),
-        "sign": to_array(np.array([upload.sign], dtype=np.int64)),
-        "b-hat": to_array(np.array([upload.b_hat], dtype=np.int64)),
-    })
-    declare_release(reply.content, round_event(settings["sign_eps"], settings["magrr"].rr_epsilon),
-                    label=EVENT_LABEL, neighboring_relation="replace_one")
+    reply.content[name] = ArrayRecord(
+        {
+            "indices": to_array(upload.indices.astype(np.int64)),
+            "sign": to_array(np.array([upload.sign], dtype=np.int64)),
+            "b-hat": to_array(np.array([upload.b_hat], dtype=np.int64)),
+        }
+    )
+    declare_release(
+        reply.content,
+        round_event(settings["sign_eps"], settings["magrr"].rr_epsilon),
+        label=EVENT_LABEL,
+        neighboring_relation="replace_one",
+    )
     settle_metrics(reply.content, release_metrics=release_metrics)
     return reply
 
 
-__all__ = ["CONFIG_KEYS", "EVENT_LABEL", "SignDSConfigMissing", "flat_update", "make_signds_mod", "signds_mod", "signds_settings"]
+__all__ = [
+    "CONFIG_KEYS",
+    "EVENT_LABEL",
+    "SignDSConfigMissing",
+    "flat_update",
+    "make_signds_mod",
+    "signds_mod",
+    "signds_settings",
+]

@@ -13,17 +13,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
-ROW_KEYS = ("benchmark", "case", "params", "metric", "value", "values", "baseline", "baseline_value",
-            "baseline_values", "ratio", "target", "target_met", "notes")
+ROW_KEYS = (
+    "benchmark",
+    "case",
+    "params",
+    "metric",
+    "value",
+    "values",
+    "baseline",
+    "baseline_value",
+    "baseline_values",
+    "ratio",
+    "target",
+    "target_met",
+    "notes",
+)
 
 
-def time_pair(subject: Callable[[Any], Any], baseline: Callable[[Any], Any], *, repeats: int, warmup: int = 1,
-              setup: Optional[Callable[[], Any]] = None,
-              baseline_setup: Optional[Callable[[], Any]] = None) -> tuple[list[float], list[float]]:
+def time_pair(
+    subject: Callable[[Any], Any],
+    baseline: Callable[[Any], Any],
+    *,
+    repeats: int,
+    warmup: int = 1,
+    setup: Optional[Callable[[], Any]] = None,
+    baseline_setup: Optional[Callable[[], Any]] = None,
+) -> tuple[list[float], list[float]]:
     """Wall times (s) of ``subject(state)`` and ``baseline(state)``, interleaved, alternating which goes first.
 
     ``setup()`` (untimed) builds a fresh state for each call; without it the state is None.
     """
+
     def once(fn: Callable[[Any], Any], make: Optional[Callable[[], Any]]) -> float:
         state = make() if make is not None else None
         gc.collect()
@@ -45,9 +65,20 @@ def time_pair(subject: Callable[[Any], Any], baseline: Callable[[Any], Any], *, 
     return sub, base
 
 
-def row(benchmark: str, case: str, params: dict, *, metric: str, values: list[float], baseline: str,
-        baseline_values: list[float], target: str, target_ratio: Optional[float] = None,
-        target_met: Optional[bool] = None, notes: str = "") -> dict:
+def row(
+    benchmark: str,
+    case: str,
+    params: dict,
+    *,
+    metric: str,
+    values: list[float],
+    baseline: str,
+    baseline_values: list[float],
+    target: str,
+    target_ratio: Optional[float] = None,
+    target_met: Optional[bool] = None,
+    notes: str = "",
+) -> dict:
     """One result row: medians, their ratio and whether the ratio target is met."""
     value = float(statistics.median(values))
     base = float(statistics.median(baseline_values))
@@ -55,10 +86,19 @@ def row(benchmark: str, case: str, params: dict, *, metric: str, values: list[fl
     if target_met is None and target_ratio is not None:
         target_met = bool(ratio <= target_ratio)
     return {
-        "benchmark": benchmark, "case": case, "params": params, "metric": metric,
-        "value": value, "values": [float(v) for v in values], "baseline": baseline,
-        "baseline_value": base, "baseline_values": [float(v) for v in baseline_values],
-        "ratio": ratio, "target": target, "target_met": target_met, "notes": notes,
+        "benchmark": benchmark,
+        "case": case,
+        "params": params,
+        "metric": metric,
+        "value": value,
+        "values": [float(v) for v in values],
+        "baseline": baseline,
+        "baseline_value": base,
+        "baseline_values": [float(v) for v in baseline_values],
+        "ratio": ratio,
+        "target": target,
+        "target_met": target_met,
+        "notes": notes,
     }
 
 
@@ -96,8 +136,11 @@ def machine() -> dict:
     import numpy as np
 
     info: dict[str, Any] = {
-        "platform": platform.platform(), "machine": platform.machine(), "processor": platform.processor(),
-        "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
         "numpy": np.__version__,
     }
     try:
@@ -127,8 +170,9 @@ def machine() -> dict:
     return info
 
 
-def write_outputs(result: dict, out: Path, png_name: str, markdown: Callable[[dict], str],
-                  plot: Callable[[dict, Path], None]) -> list[Path]:
+def write_outputs(
+    result: dict, out: Path, png_name: str, markdown: Callable[[dict], str], plot: Callable[[dict, Path], None]
+) -> list[Path]:
     """``results.json``, ``results.md`` and the plot ``png_name`` of ``result`` in ``out``."""
     import json
 

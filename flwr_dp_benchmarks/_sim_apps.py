@@ -93,8 +93,14 @@ INFERENCE_KEY = "inference"
 
 def fedavg_args(n: int, **extra: Any) -> dict[str, Any]:
     """Every node trains and evaluates every round (as Flower's FedAvg baseline)."""
-    return {"fraction_train": 1.0, "fraction_evaluate": 1.0, "min_train_nodes": n, "min_evaluate_nodes": n,
-            "min_available_nodes": n, **extra}
+    return {
+        "fraction_train": 1.0,
+        "fraction_evaluate": 1.0,
+        "min_train_nodes": n,
+        "min_evaluate_nodes": n,
+        "min_available_nodes": n,
+        **extra,
+    }
 
 
 @dataclass(frozen=True)
@@ -110,63 +116,112 @@ class Variant:
 
 VARIANTS: dict[str, Variant] = {
     BASELINE: Variant(lambda n: FedAvg(**fedavg_args(n)), kind="baseline", what="Flower's FedAvg, plain clients"),
-    "FedAvg (control)": Variant(lambda n: FedAvg(**fedavg_args(n)), kind="control",
-                                what="a second Flower FedAvg timed as a subject: the noise floor of the ratios"),
-    "AccountedFedAvg": Variant(lambda n: AccountedFedAvg(**fedavg_args(n)),
-                               what="AccountedFedAvg (screening + ledger), plain clients"),
+    "FedAvg (control)": Variant(
+        lambda n: FedAvg(**fedavg_args(n)),
+        kind="control",
+        what="a second Flower FedAvg timed as a subject: the noise floor of the ratios",
+    ),
+    "AccountedFedAvg": Variant(
+        lambda n: AccountedFedAvg(**fedavg_args(n)), what="AccountedFedAvg (screening + ledger), plain clients"
+    ),
     "AccountedServerSideFixedClipping": Variant(
-        lambda n: AccountedServerSideFixedClipping(FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")),
-                                                   1.0, 1.0, n),
-        what="z = 1, C = 1, all n clients per round, plain clients"),
+        lambda n: AccountedServerSideFixedClipping(
+            FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")), 1.0, 1.0, n
+        ),
+        what="z = 1, C = 1, all n clients per round, plain clients",
+    ),
     "AccountedPoissonFixedClipping": Variant(
-        lambda n: AccountedPoissonFixedClipping(FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")),
-                                                1.0, 1.0, n, num_clients=n),
-        what="z = 1, C = 1, q = m/N = 1 (every node sampled, so the round does the same client work)"),
+        lambda n: AccountedPoissonFixedClipping(
+            FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")), 1.0, 1.0, n, num_clients=n
+        ),
+        what="z = 1, C = 1, q = m/N = 1 (every node sampled, so the round does the same client work)",
+    ),
     "AccountedAdaptiveClipping": Variant(
-        lambda n: AccountedAdaptiveClipping(FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")), 1.0, n,
-                                            clipped_count_stddev=max(n / 20.0, 1.0), num_clients=n),
+        lambda n: AccountedAdaptiveClipping(
+            FedAvg(**fedavg_args(n, weighted_by_key="unit-weight")),
+            1.0,
+            n,
+            clipped_count_stddev=max(n / 20.0, 1.0),
+            num_clients=n,
+        ),
         what="z = 1 (model and count), C0 = 0.1, target quantile 0.5, q = m/N = 1 (every node sampled, so the "
-             "round does the same client work)"),
-    "ShuffleAmplifiedFedAvg": Variant(lambda n: ShuffleAmplifiedFedAvg(**fedavg_args(n)),
-                                      what="layer-wise shuffle of the updates, plain clients"),
+        "round does the same client work)",
+    ),
+    "ShuffleAmplifiedFedAvg": Variant(
+        lambda n: ShuffleAmplifiedFedAvg(**fedavg_args(n)), what="layer-wise shuffle of the updates, plain clients"
+    ),
     "MinDivergenceExpSampling": Variant(
         lambda n: MinDivergenceExpSampling(num_selected=max(1, n // 2), epsilon=1.0, **fedavg_args(n)),
-        what="k = n/2 replies per layer by the exponential mechanism (epsilon = 1), plain clients"),
-    "SignDS + signds_mod": Variant(lambda n: SignDS(sign_k=0.01, sign_eps=100.0, **fedavg_args(n)), client="signds",
-                                   what="SignDS server, signds_mod on the clients' train (k = 1 %, sign_eps = 100)"),
+        what="k = n/2 replies per layer by the exponential mechanism (epsilon = 1), plain clients",
+    ),
+    "SignDS + signds_mod": Variant(
+        lambda n: SignDS(sign_k=0.01, sign_eps=100.0, **fedavg_args(n)),
+        client="signds",
+        what="SignDS server, signds_mod on the clients' train (k = 1 %, sign_eps = 100)",
+    ),
     "ClusterEvaluation + LaplaceInferenceMod": Variant(
-        lambda n: ClusterEvaluation(FedAvg(**fedavg_args(n)), cluster_client_num=1000), client="laplace",
+        lambda n: ClusterEvaluation(FedAvg(**fedavg_args(n)), cluster_client_num=1000),
+        client="laplace",
         what="clients upload their mean softmax with LaplaceInferenceMod (server's epsilon); "
-             "the server scores up to 1000 points (silhouette, CH, DB)"),
+        "the server scores up to 1000 points (silhouette, CH, DB)",
+    ),
     # Diagnostics of the Laplace cluster evaluation's cost (bench_scale.run(diagnostics=True)):
     "FedAvg + inference upload": Variant(
-        lambda n: FedAvg(**fedavg_args(n)), client="upload", kind="diagnostic",
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="upload",
+        kind="diagnostic",
         what="Flower's FedAvg; clients add their mean softmax to the evaluate reply, un-noised (Flower's cost "
-             "of carrying the extra record)"),
+        "of carrying the extra record)",
+    ),
     "ClusterEvaluation (NOT_ENCRYPT)": Variant(
-        lambda n: ClusterEvaluation(FedAvg(**fedavg_args(n)), privacy_eval_type="NOT_ENCRYPT",
-                                    cluster_client_num=1000), client="laplace", kind="diagnostic",
+        lambda n: ClusterEvaluation(FedAvg(**fedavg_args(n)), privacy_eval_type="NOT_ENCRYPT", cluster_client_num=1000),
+        client="laplace",
+        kind="diagnostic",
         what="ClusterEvaluation scoring un-noised results (LaplaceInferenceMod passes them through, declares "
-             "nothing; the server books them as non-private)"),
-    "LocalUpdateNoiseMod": Variant(lambda n: FedAvg(**fedavg_args(n)), client="local-noise", kind="mod",
-                                   what="C = 1, z = 0.05 on every train reply; server: Flower's FedAvg"),
-    "DpSgdTrainer (Opacus)": Variant(lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd", kind="mod",
-                                     what="Opacus DP-SGD (z = 1, C = 1, Poisson batches of 32, same epochs/lr) "
-                                          "instead of plain SGD; server: Flower's FedAvg"),
+        "nothing; the server books them as non-private)",
+    ),
+    "LocalUpdateNoiseMod": Variant(
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="local-noise",
+        kind="mod",
+        what="C = 1, z = 0.05 on every train reply; server: Flower's FedAvg",
+    ),
+    "DpSgdTrainer (Opacus)": Variant(
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="dp-sgd",
+        kind="mod",
+        what="Opacus DP-SGD (z = 1, C = 1, Poisson batches of 32, same epochs/lr) "
+        "instead of plain SGD; server: Flower's FedAvg",
+    ),
     "DpSgdTrainer (Opacus, wrapped anew)": Variant(
-        lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd-anew", kind="diagnostic",
-        what="as DpSgdTrainer (Opacus) with keep_wrapped=False: Opacus wraps the model anew for every message"),
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="dp-sgd-anew",
+        kind="diagnostic",
+        what="as DpSgdTrainer (Opacus) with keep_wrapped=False: Opacus wraps the model anew for every message",
+    ),
     "DpSgdTrainer (Opacus, as before 27.4)": Variant(
-        lambda n: FedAvg(**fedavg_args(n)), client="dp-sgd-before", kind="diagnostic",
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="dp-sgd-before",
+        kind="diagnostic",
         what="as DpSgdTrainer (Opacus) the way it ran before issue 27.4's tuning: a trainer built per message, "
-             "ghost clipping, the shard read per example by Opacus' DPDataLoader (the same mechanism and events)"),
-    "LabelDp": Variant(lambda n: FedAvg(**fedavg_args(n)), client="label-dp", kind="mod",
-                       what="labels randomised once per node (epsilon = 2, k = 10, kept in context.state) and "
-                            "declared once; server: Flower's FedAvg"),
-    "FunctionalMechanismTrainer": Variant(lambda n: FedAvg(**fedavg_args(n)), client="fm", model="head", kind="mod",
-                                          what="noisy Taylor objective released once per node, 5 descent steps of "
-                                               "a 64x10 softmax head per round (instead of the MLP's SGD); "
-                                               "server: Flower's FedAvg"),
+        "ghost clipping, the shard read per example by Opacus' DPDataLoader (the same mechanism and events)",
+    ),
+    "LabelDp": Variant(
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="label-dp",
+        kind="mod",
+        what="labels randomised once per node (epsilon = 2, k = 10, kept in context.state) and "
+        "declared once; server: Flower's FedAvg",
+    ),
+    "FunctionalMechanismTrainer": Variant(
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="fm",
+        model="head",
+        kind="mod",
+        what="noisy Taylor objective released once per node, 5 descent steps of "
+        "a 64x10 softmax head per round (instead of the MLP's SGD); "
+        "server: Flower's FedAvg",
+    ),
 }
 
 
@@ -179,8 +234,9 @@ def initial_arrays(model: str) -> ArrayRecord:
 
 def client_config(variant: Variant, local_epochs: int) -> ConfigRecord:
     """What every train/evaluate message carries (the ClientApp has no run config)."""
-    return ConfigRecord({"bench-client": variant.client, "local-epochs": int(local_epochs), "lr": 0.2,
-                         "batch-size": 32, "seed": 42})
+    return ConfigRecord(
+        {"bench-client": variant.client, "local-epochs": int(local_epochs), "lr": 0.2, "batch-size": 32, "seed": 42}
+    )
 
 
 # ----------------------------------------------------------------------------- ClientApp
@@ -213,8 +269,9 @@ def _shard(context: Context, split: str) -> tuple[np.ndarray, np.ndarray]:
 def _mlp() -> torch.nn.Sequential:
     """The layout of :func:`make_mlp` (same state_dict keys) without its seeded init: the weights are
     overwritten by the received ones anyway, and ``torch.manual_seed`` costs ~1 ms a call."""
-    return torch.nn.Sequential(torch.nn.Linear(NUM_FEATURES, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, NUM_CLASSES))
+    return torch.nn.Sequential(
+        torch.nn.Linear(NUM_FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, NUM_CLASSES)
+    )
 
 
 def _config(msg: Message) -> ConfigRecord:
@@ -244,16 +301,16 @@ def _evaluate_mod(msg: Message, context: Context, call_next: ClientAppCallable) 
 
 def _dp_sgd_trainer(config: ConfigRecord, **extra: Any):
     """The trainer a ClientApp builds once at import and reuses (cached per setting: the config is per run)."""
-    return _dp_sgd_trainer_for(float(config["lr"]), int(config["batch-size"]), int(config["local-epochs"]),
-                               **extra)
+    return _dp_sgd_trainer_for(float(config["lr"]), int(config["batch-size"]), int(config["local-epochs"]), **extra)
 
 
 @lru_cache(maxsize=8)
 def _dp_sgd_trainer_for(lr: float, batch_size: int, local_epochs: int, **extra: Any):
     from client_mods.dp_sgd import DpSgdTrainer
 
-    return DpSgdTrainer(_mlp, lr=lr, noise_multiplier=1.0, max_grad_norm=1.0, batch_size=batch_size,
-                        local_epochs=local_epochs, **extra)
+    return DpSgdTrainer(
+        _mlp, lr=lr, noise_multiplier=1.0, max_grad_norm=1.0, batch_size=batch_size, local_epochs=local_epochs, **extra
+    )
 
 
 class _PerExample(torch.utils.data.Dataset):
@@ -288,9 +345,15 @@ def train(msg: Message, context: Context) -> Message:
     if kind == "dp-sgd-before":
         from client_mods.dp_sgd import DpSgdTrainer, dp_sgd_train_reply
 
-        trainer = DpSgdTrainer(_mlp, lr=float(config["lr"]), noise_multiplier=1.0, max_grad_norm=1.0,
-                               batch_size=int(config["batch-size"]), local_epochs=int(config["local-epochs"]),
-                               grad_sample_mode="ghost")
+        trainer = DpSgdTrainer(
+            _mlp,
+            lr=float(config["lr"]),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            batch_size=int(config["batch-size"]),
+            local_epochs=int(config["local-epochs"]),
+            grad_sample_mode="ghost",
+        )
         return dp_sgd_train_reply(msg, context, trainer, _PerExample(x, y))
     if kind == "fm":
         return _FM.train(msg, context, x, y)
@@ -299,8 +362,15 @@ def train(msg: Message, context: Context) -> Message:
     model = _mlp()
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
     seed = int(config["seed"]) + 1000 * int(config.get("server-round", 0)) + int(context.node_config["partition-id"])
-    loss = train_sgd(model, x, y, epochs=int(config["local-epochs"]), lr=float(config["lr"]),
-                     batch_size=int(config["batch-size"]), seed=seed)
+    loss = train_sgd(
+        model,
+        x,
+        y,
+        epochs=int(config["local-epochs"]),
+        lr=float(config["lr"]),
+        batch_size=int(config["batch-size"]),
+        seed=seed,
+    )
     metrics = MetricRecord({"train-loss": loss, "num-examples": len(y), "unit-weight": 1.0})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
     if kind == "label-dp":
@@ -330,8 +400,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     probs = _softmax(logits)  # one forward pass: loss, accuracy and the inference result all come from it
     loss = float(-np.mean(np.log(probs[np.arange(len(y)), y] + 1e-12)))
     accuracy = float((logits.argmax(axis=1) == y).mean())
-    content = RecordDict({"metrics": MetricRecord({"eval-loss": loss, "eval-acc": accuracy, "num-examples": len(y),
-                                                       "unit-weight": 1.0})})
+    content = RecordDict(
+        {"metrics": MetricRecord({"eval-loss": loss, "eval-acc": accuracy, "num-examples": len(y), "unit-weight": 1.0})}
+    )
     if "privacy-eval-type" in config or config.get("bench-client") == "upload":
         mean = probs.mean(axis=0)
         content[INFERENCE_KEY] = ArrayRecord({"mean-softmax": Array(mean / mean.sum())})
@@ -394,14 +465,19 @@ class MemoryProbe:
     def start(self) -> dict[str, Any]:
         tree = [self.pid, *_descendants(self.pid)]
         self.reset_ok = reset_peaks(tree)
-        return {"server_rss": _status_bytes(self.pid, "VmRSS") or 0,
-                "tree_rss": sum(_status_bytes(p, "VmRSS") or 0 for p in tree)}
+        return {
+            "server_rss": _status_bytes(self.pid, "VmRSS") or 0,
+            "tree_rss": sum(_status_bytes(p, "VmRSS") or 0 for p in tree),
+        }
 
     def stop(self) -> dict[str, Any]:
         tree = [self.pid, *_descendants(self.pid)]
-        return {"server_hwm": _status_bytes(self.pid, "VmHWM") or 0,
-                "tree_hwm": sum(_status_bytes(p, "VmHWM") or 0 for p in tree),
-                "tree_processes": len(tree), "hwm_reset": self.reset_ok}
+        return {
+            "server_hwm": _status_bytes(self.pid, "VmHWM") or 0,
+            "tree_hwm": sum(_status_bytes(p, "VmHWM") or 0 for p in tree),
+            "tree_processes": len(tree),
+            "hwm_reset": self.reset_ok,
+        }
 
 
 # ----------------------------------------------------------------------------- ServerApp
@@ -459,7 +535,7 @@ def duel(grid: Grid, subject: str, rounds: int, n: int, local_epochs: int, memor
     try:
         runs = {"baseline": Run(BASELINE, n, local_epochs), "subject": Run(subject, n, local_epochs)}
         for r in range(1, rounds + 1):
-            for who in (("baseline", "subject") if r % 2 else ("subject", "baseline")):
+            for who in ("baseline", "subject") if r % 2 else ("subject", "baseline"):
                 memory.start()
                 times = runs[who].play(grid)
                 record["rounds"].append({"who": who, "round": r, **times, **memory.stop()})
@@ -500,8 +576,9 @@ def main(grid: Grid, context: Context) -> None:
         for entry in segment["duels"]:
             duels.append(duel(grid, entry["subject"], int(entry["rounds"]), n, local_epochs, memory))
             with open(settings["out"], "w") as handle:  # rewritten after every duel: partial results survive
-                json.dump({"settings": settings, "segments": segments, "main_started": started,
-                           "warmup_s": warmup}, handle)
+                json.dump(
+                    {"settings": settings, "segments": segments, "main_started": started, "warmup_s": warmup}, handle
+                )
 
 
 # ----------------------------------------------------------------------------- driver
@@ -519,9 +596,15 @@ def cpus() -> int:
 SHARED: dict[tuple, dict[str, Any]] = {}
 
 
-def run_segments(clients: int, segments: list[tuple[str, list[tuple[str, int]]]], *, local_epochs: int = 3,
-                 pull_interval: Optional[float] = None, ray_cpus: Optional[int] = None,
-                 quiet: bool = True) -> dict[str, dict[str, Any]]:
+def run_segments(
+    clients: int,
+    segments: list[tuple[str, list[tuple[str, int]]]],
+    *,
+    local_epochs: int = 3,
+    pull_interval: Optional[float] = None,
+    ray_cpus: Optional[int] = None,
+    quiet: bool = True,
+) -> dict[str, dict[str, Any]]:
     """Run the segments ``(name, [(subject, rounds), ...])`` in ONE ``flwr run`` (app folder ``sim_app/``).
 
     ``clients`` SuperNodes; Ray gets ``ray_cpus`` CPUs (default: every CPU of this
@@ -542,19 +625,38 @@ def run_segments(clients: int, segments: list[tuple[str, list[tuple[str, int]]]]
     app_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sim_app")
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
         path = os.path.join(folder, "duels.json")
-        settings = json.dumps({
-            "clients": int(clients), "local_epochs": int(local_epochs), "out": path, "pull_interval": pull_interval,
-            "segments": [{"name": name, "duels": [{"subject": subject, "rounds": int(rounds)}
-                                                  for subject, rounds in duels]}
-                         for name, duels in segments]})
+        settings = json.dumps(
+            {
+                "clients": int(clients),
+                "local_epochs": int(local_epochs),
+                "out": path,
+                "pull_interval": pull_interval,
+                "segments": [
+                    {"name": name, "duels": [{"subject": subject, "rounds": int(rounds)} for subject, rounds in duels]}
+                    for name, duels in segments
+                ],
+            }
+        )
         t0 = time.perf_counter()
-        result = run_app(app_dir, {"settings": settings}, num_supernodes=int(clients), results_path=path,
-                         log_file=os.path.join(folder, "flower.log"), verbose=not quiet,
-                         federation_config={"init-args-num-cpus": int(ray_cpus or cpus())})
+        result = run_app(
+            app_dir,
+            {"settings": settings},
+            num_supernodes=int(clients),
+            results_path=path,
+            log_file=os.path.join(folder, "flower.log"),
+            verbose=not quiet,
+            federation_config={"init-args-num-cpus": int(ray_cpus or cpus())},
+        )
         wall = time.perf_counter() - t0
-    return {name: {"duels": result["segments"].get(name, []), "wall_s": wall, "warmup_s": result.get("warmup_s"),
-                   "shared_run": len(segments) > 1}
-            for name, _ in segments}
+    return {
+        name: {
+            "duels": result["segments"].get(name, []),
+            "wall_s": wall,
+            "warmup_s": result.get("warmup_s"),
+            "shared_run": len(segments) > 1,
+        }
+        for name, _ in segments
+    }
 
 
 def failures(duels: list[dict[str, Any]]) -> dict[str, str]:
@@ -564,22 +666,33 @@ def failures(duels: list[dict[str, Any]]) -> dict[str, str]:
 
 def pick(duels: list[dict[str, Any]], subject: str, who: str, key: str, first_round: int = 1) -> list[float]:
     """``key`` of the ``who`` ("subject"/"baseline") rounds >= ``first_round`` of ``subject``'s completed duels."""
-    return [float(r[key]) for d in duels if d["subject"] == subject and not d.get("error")
-            for r in d["rounds"] if r["who"] == who and r["round"] >= first_round and key in r]
+    return [
+        float(r[key])
+        for d in duels
+        if d["subject"] == subject and not d.get("error")
+        for r in d["rounds"]
+        if r["who"] == who and r["round"] >= first_round and key in r
+    ]
 
 
 def breakdown(duels: list[dict[str, Any]], subject: str, first_round: int = 1) -> str:
     """Where a difference comes from: medians of the phases and of the server's own time in the strategy methods."""
+
     def med(who: str, key: str) -> float:
         return median(pick(duels, subject, who, key, first_round))
 
     def ms(value: float) -> str:
         return f"{value * 1e3:.0f} ms" if np.isfinite(value) else "n/a"
 
-    text = "; ".join(f"{label} {ms(med('subject', key))} vs {ms(med('baseline', key))}"
-                     for key, label in (("train_s", "train phase"), ("evaluate_s", "evaluate phase")))
-    methods = [f"{key[:-2]} {ms(med('subject', key))} vs {ms(med('baseline', key))}" for key in PHASES
-               if med("subject", key) - med("baseline", key) > 0.002]
+    text = "; ".join(
+        f"{label} {ms(med('subject', key))} vs {ms(med('baseline', key))}"
+        for key, label in (("train_s", "train phase"), ("evaluate_s", "evaluate phase"))
+    )
+    methods = [
+        f"{key[:-2]} {ms(med('subject', key))} vs {ms(med('baseline', key))}"
+        for key in PHASES
+        if med("subject", key) - med("baseline", key) > 0.002
+    ]
     return text + ("; server " + ", ".join(methods) if methods else "")
 
 
@@ -587,5 +700,20 @@ def median(values: list[float]) -> float:
     return float(np.median(values)) if values else float("nan")
 
 
-__all__ = ["BASELINE", "ENV_VAR", "SHARED", "VARIANTS", "MemoryProbe", "Run", "app", "breakdown", "cpus", "duel",
-           "failures", "median", "pick", "run_segments", "server"]
+__all__ = [
+    "BASELINE",
+    "ENV_VAR",
+    "SHARED",
+    "VARIANTS",
+    "MemoryProbe",
+    "Run",
+    "app",
+    "breakdown",
+    "cpus",
+    "duel",
+    "failures",
+    "median",
+    "pick",
+    "run_segments",
+    "server",
+]

@@ -40,8 +40,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
-                                MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS)
+from flwr_dp_strategies import (
+    AccountedFedAvg,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+    MinDivergenceExpSampling,
+    ShuffleAmplifiedFedAvg,
+    SignDS,
+)
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import encode_update
@@ -95,33 +101,46 @@ def _cases(n: int) -> dict[str, Case]:
         "flwr FedAvg": Case(fedavg),
         "AccountedFedAvg": Case(lambda: AccountedFedAvg(min_train_nodes=n, min_available_nodes=n)),
         "AccountedFedAvg unequal weights": Case(
-            lambda: AccountedFedAvg(min_train_nodes=n, min_available_nodes=n), unequal_weights=True,
-            note="num-examples = 10 + i (weighted path: one BLAS axpy per reply)"),
+            lambda: AccountedFedAvg(min_train_nodes=n, min_available_nodes=n),
+            unequal_weights=True,
+            note="num-examples = 10 + i (weighted path: one BLAS axpy per reply)",
+        ),
         "AccountedServerSideFixedClipping": Case(
             lambda: AccountedServerSideFixedClipping(fedavg(), 1.0, 1.0, n),
-            note="z = C = 1, every update clipped; noise from Flower's np.random.normal"),
+            note="z = C = 1, every update clipped; noise from Flower's np.random.normal",
+        ),
         "AccountedPoissonFixedClipping": Case(
             lambda: AccountedPoissonFixedClipping(fedavg(), 1.0, 1.0, n, rng=0),
-            note="q = 1, every update clipped; the round's PLD accounting (ledger epsilon) is included"),
+            note="q = 1, every update clipped; the round's PLD accounting (ledger epsilon) is included",
+        ),
         "AccountedServerSideFixedClipping, RDP-only ledger": Case(
-            lambda: AccountedServerSideFixedClipping(fedavg(), 1.0, 1.0, n,
-                                                     ledger=PrivacyLedger(1e-5, accounting="rdp")),
-            note="as above with PrivacyLedger(accounting='rdp'): the aggregation without the PLD epsilon"),
+            lambda: AccountedServerSideFixedClipping(
+                fedavg(), 1.0, 1.0, n, ledger=PrivacyLedger(1e-5, accounting="rdp")
+            ),
+            note="as above with PrivacyLedger(accounting='rdp'): the aggregation without the PLD epsilon",
+        ),
         "AccountedPoissonFixedClipping, RDP-only ledger": Case(
-            lambda: AccountedPoissonFixedClipping(fedavg(), 1.0, 1.0, n, rng=0,
-                                                  ledger=PrivacyLedger(1e-5, accounting="rdp")),
-            note="as above with PrivacyLedger(accounting='rdp'): the aggregation without the PLD epsilon"),
+            lambda: AccountedPoissonFixedClipping(
+                fedavg(), 1.0, 1.0, n, rng=0, ledger=PrivacyLedger(1e-5, accounting="rdp")
+            ),
+            note="as above with PrivacyLedger(accounting='rdp'): the aggregation without the PLD epsilon",
+        ),
         "ShuffleAmplifiedFedAvg": Case(
             lambda: ShuffleAmplifiedFedAvg(min_train_nodes=n, min_available_nodes=n, shuffler=LayerShuffler(0)),
-            note="one layer; NaN/inf found from the streamed mean, as AccountedFedAvg"),
+            note="one layer; NaN/inf found from the streamed mean, as AccountedFedAvg",
+        ),
         "MinDivergenceExpSampling": Case(
-            lambda: MinDivergenceExpSampling(min_train_nodes=n, min_available_nodes=n, num_selected=max(1, n // 2),
-                                             epsilon=1.0, rng=0),
-            note="k = n/2, epsilon = 1: a sign-divergence pass over every reply, then the mean of k"),
+            lambda: MinDivergenceExpSampling(
+                min_train_nodes=n, min_available_nodes=n, num_selected=max(1, n // 2), epsilon=1.0, rng=0
+            ),
+            note="k = n/2, epsilon = 1: a sign-divergence pass over every reply, then the mean of k",
+        ),
         "SignDS": Case(
-            lambda: SignDS(min_train_nodes=n, min_available_nodes=n), payloads="signds",
+            lambda: SignDS(min_train_nodes=n, min_available_nodes=n),
+            payloads="signds",
             note="replies are SignDS uploads (sorted int64 indices, sign, MagRR bit) of the same models, "
-                 "rebuilt sparsely; the baseline is still the dense stacked mean"),
+            "rebuilt sparsely; the baseline is still the dense stacked mean",
+        ),
     }
 
 
@@ -151,32 +170,57 @@ def _signds_records(strategy: SignDS, stacked: np.ndarray, current: np.ndarray, 
     for i in range(stacked.shape[0]):
         row_id = i % 16  # _updates repeats 16 random rows (plus a tiny shift)
         if row_id not in cache:
-            upload = encode_update(stacked[i] - current, sign_k=strategy.params.sign_k,
-                                   sign_eps=strategy.params.sign_eps, sign_thr_ratio=strategy.params.sign_thr_ratio,
-                                   sign_dim_out=strategy.params.sign_dim_out, r_est=strategy.state.r_est,
-                                   is_reached=strategy.state.is_reached, max_dim_out=strategy.max_dim_out,
-                                   magrr=strategy.magrr, rng=seed + i)
-            cache[row_id] = ArrayRecord({"indices": Array(upload.indices.astype(np.int64)),
-                                         "sign": Array(np.array([upload.sign], dtype=np.int64)),
-                                         "b-hat": Array(np.array([upload.b_hat], dtype=np.int64))})
+            upload = encode_update(
+                stacked[i] - current,
+                sign_k=strategy.params.sign_k,
+                sign_eps=strategy.params.sign_eps,
+                sign_thr_ratio=strategy.params.sign_thr_ratio,
+                sign_dim_out=strategy.params.sign_dim_out,
+                r_est=strategy.state.r_est,
+                is_reached=strategy.state.is_reached,
+                max_dim_out=strategy.max_dim_out,
+                magrr=strategy.magrr,
+                rng=seed + i,
+            )
+            cache[row_id] = ArrayRecord(
+                {
+                    "indices": Array(upload.indices.astype(np.int64)),
+                    "sign": Array(np.array([upload.sign], dtype=np.int64)),
+                    "b-hat": Array(np.array([upload.b_hat], dtype=np.int64)),
+                }
+            )
         records.append(cache[row_id])
     return records
 
 
-def _replies(case: Case, strategy: Strategy, msgs: list[Message], dense: list[ArrayRecord], stacked: np.ndarray,
-             seed: int) -> list[Message]:
-    records = dense if case.payloads == "dense" else _signds_records(strategy, stacked, np.zeros(stacked.shape[1],
-                                                                                                  np.float32), seed)
+def _replies(
+    case: Case, strategy: Strategy, msgs: list[Message], dense: list[ArrayRecord], stacked: np.ndarray, seed: int
+) -> list[Message]:
+    records = (
+        dense
+        if case.payloads == "dense"
+        else _signds_records(strategy, stacked, np.zeros(stacked.shape[1], np.float32), seed)
+    )
     out = []
     for i, (msg, rec) in enumerate(zip(msgs, records)):
         weight = 10.0 + i if case.unequal_weights else 10.0
-        out.append(Message(RecordDict({"arrays": rec, "metrics": MetricRecord({"num-examples": weight, "loss": 0.5})}),
-                           reply_to=msg))
+        out.append(
+            Message(
+                RecordDict({"arrays": rec, "metrics": MetricRecord({"num-examples": weight, "loss": 0.5})}),
+                reply_to=msg,
+            )
+        )
     return out
 
 
-LOADED_CASES = ("flwr FedAvg", "AccountedFedAvg", "AccountedFedAvg unequal weights", "ShuffleAmplifiedFedAvg",
-                "AccountedServerSideFixedClipping", "AccountedPoissonFixedClipping")
+LOADED_CASES = (
+    "flwr FedAvg",
+    "AccountedFedAvg",
+    "AccountedFedAvg unequal weights",
+    "ShuffleAmplifiedFedAvg",
+    "AccountedServerSideFixedClipping",
+    "AccountedPoissonFixedClipping",
+)
 
 
 def _spin(stop_at: float) -> None:
@@ -215,14 +259,36 @@ def _bench_one(n: int, d: int, repeats: int, seed: int, note: str, busy: int = 0
     rows += _time_cases(n, d, repeats, seed, note, stacked, records, current, baseline_peak, params)
     if busy:
         with busy_processes(busy):
-            rows += _time_cases(n, d, repeats, seed, note, stacked, records, current, baseline_peak,
-                                params | {"busy_processes": busy}, loaded=busy)
+            rows += _time_cases(
+                n,
+                d,
+                repeats,
+                seed,
+                note,
+                stacked,
+                records,
+                current,
+                baseline_peak,
+                params | {"busy_processes": busy},
+                loaded=busy,
+            )
     rows.append(_payload_floor_row(records, stacked, repeats, params, note))
     return rows
 
 
-def _time_cases(n: int, d: int, repeats: int, seed: int, note: str, stacked: np.ndarray, records: list,
-                current: ArrayRecord, baseline_peak: int, params: dict, loaded: int = 0) -> list[dict]:
+def _time_cases(
+    n: int,
+    d: int,
+    repeats: int,
+    seed: int,
+    note: str,
+    stacked: np.ndarray,
+    records: list,
+    current: ArrayRecord,
+    baseline_peak: int,
+    params: dict,
+    loaded: int = 0,
+) -> list[dict]:
     """One time row (and, idle only, one peak-memory row) per case."""
     rows = []
     suffix = f" loaded ({loaded} busy processes)" if loaded else ""
@@ -244,26 +310,46 @@ def _time_cases(n: int, d: int, repeats: int, seed: int, note: str, stacked: np.
         sub, base = time_pair(aggregate, lambda _s: np.mean(stacked, axis=0), repeats=repeats)
         assert results[-1] is not None and results[-1]["0"].shape == (d,), name
         notes = "; ".join(x for x in (case.note, note) if x)
-        rows.append(row(NAME, f"{name} n={n} d={d:.0e}{suffix}", params, metric="time_s", values=sub,
-                        baseline="np.mean(stacked (n, d) float32, axis=0)", baseline_values=base,
-                        target="<= 1.2x", target_ratio=1.2, notes=notes))
+        rows.append(
+            row(
+                NAME,
+                f"{name} n={n} d={d:.0e}{suffix}",
+                params,
+                metric="time_s",
+                values=sub,
+                baseline="np.mean(stacked (n, d) float32, axis=0)",
+                baseline_values=base,
+                target="<= 1.2x",
+                target_ratio=1.2,
+                notes=notes,
+            )
+        )
         results.clear()
         if loaded:
             del replies, msgs, strategy
             continue
         peak = peak_bytes(lambda: aggregate(None))
-        rows.append(row(NAME, f"{name} n={n} d={d:.0e} peak memory", params, metric="peak_bytes",
-                        values=[peak], baseline="stacked matrix + np.mean's peak (tracemalloc)",
-                        baseline_values=[baseline_peak], target="report (no target)",
-                        notes=f"peak = {peak / (4 * d):.2f} model copies (4·d bytes); replies' serialised "
-                              f"bytes ({stacked_bytes / 2**20:.0f} MiB) not counted" + (f"; {note}" if note else "")))
+        rows.append(
+            row(
+                NAME,
+                f"{name} n={n} d={d:.0e} peak memory",
+                params,
+                metric="peak_bytes",
+                values=[peak],
+                baseline="stacked matrix + np.mean's peak (tracemalloc)",
+                baseline_values=[baseline_peak],
+                target="report (no target)",
+                notes=f"peak = {peak / (4 * d):.2f} model copies (4·d bytes); replies' serialised "
+                f"bytes ({stacked_bytes / 2**20:.0f} MiB) not counted" + (f"; {note}" if note else ""),
+            )
+        )
         del replies, msgs, strategy
     return rows
 
 
-def _payload_floor_row(records: list[ArrayRecord], stacked: np.ndarray, repeats: int, params: dict,
-                       note: str) -> dict:
+def _payload_floor_row(records: list[ArrayRecord], stacked: np.ndarray, repeats: int, params: dict, note: str) -> dict:
     """The bare in-place sum over the replies' payloads (zero-copy views): the floor of any streaming aggregation."""
+
     def floor(_state):
         total = np.array(npy_view(records[0]["0"]))
         for record in records[1:]:
@@ -271,15 +357,30 @@ def _payload_floor_row(records: list[ArrayRecord], stacked: np.ndarray, repeats:
 
     sub, base = time_pair(floor, lambda _s: np.mean(stacked, axis=0), repeats=repeats)
     n, d = stacked.shape
-    return row(NAME, f"floor: np.add over the payload views n={n} d={d:.0e}", params, metric="time_s", values=sub,
-               baseline="np.mean(stacked (n, d) float32, axis=0)", baseline_values=base, target="report (no target)",
-               notes="one np.add per reply into one accumulator, payloads read zero-copy: what reading Flower's "
-                     "serialised replies costs (separate bytes buffers in 4 KiB pages, where the stacked matrix "
-                     "gets numpy's huge pages)" + (f"; {note}" if note else ""))
+    return row(
+        NAME,
+        f"floor: np.add over the payload views n={n} d={d:.0e}",
+        params,
+        metric="time_s",
+        values=sub,
+        baseline="np.mean(stacked (n, d) float32, axis=0)",
+        baseline_values=base,
+        target="report (no target)",
+        notes="one np.add per reply into one accumulator, payloads read zero-copy: what reading Flower's "
+        "serialised replies costs (separate bytes buffers in 4 KiB pages, where the stacked matrix "
+        "gets numpy's huge pages)" + (f"; {note}" if note else ""),
+    )
 
 
-def run(*, ns: tuple[int, ...] = (100, 1000), d: int = 10**6, d_large_n: Optional[int] = None,
-        repeats: int = 5, seed: int = 0, busy: int = 0) -> list[dict]:
+def run(
+    *,
+    ns: tuple[int, ...] = (100, 1000),
+    d: int = 10**6,
+    d_large_n: Optional[int] = None,
+    repeats: int = 5,
+    seed: int = 0,
+    busy: int = 0,
+) -> list[dict]:
     """Rows per strategy and n: aggregate_train time vs stacked mean (target ≤ 1.2×), and peak memory."""
     flwr_logger = logging.getLogger("flwr")
     level = flwr_logger.level
@@ -297,4 +398,3 @@ def run(*, ns: tuple[int, ...] = (100, 1000), d: int = 10**6, d_large_n: Optiona
     finally:
         flwr_logger.setLevel(level)
     return rows
-

@@ -92,8 +92,10 @@ class LocalGrid:
 
     def __init__(self, app: ClientApp, node_ids: Sequence[int]) -> None:
         self.app = app
-        self.contexts = {int(n): Context(run_id=1, node_id=int(n), node_config={}, state=RecordDict(),
-                                         run_config={}) for n in node_ids}
+        self.contexts = {
+            int(n): Context(run_id=1, node_id=int(n), node_config={}, state=RecordDict(), run_config={})
+            for n in node_ids
+        }
         self.errors: list[str] = []
 
     def get_node_ids(self) -> list[int]:
@@ -147,8 +149,12 @@ def real_client_app(dim: int, mods: Sequence[Any] = ()) -> ClientApp:
         norm = float(np.linalg.norm(update))
         if norm > REAL_UPDATE_NORM:
             update *= REAL_UPDATE_NORM / norm
-        return Message(RecordDict({"arrays": add_direction(arrays, update, 1.0),
-                                   "metrics": MetricRecord({"num-examples": EXAMPLES})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {"arrays": add_direction(arrays, update, 1.0), "metrics": MetricRecord({"num-examples": EXAMPLES})}
+            ),
+            reply_to=msg,
+        )
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
@@ -226,8 +232,12 @@ class UnnoisedDeclaringMod:
 
         reply = call_next(msg, ctxt)
         if msg.metadata.message_type.split(".")[0] == "train" and not reply.has_error():
-            declare_release(reply.content, GaussianDpEvent(self.noise_multiplier), label="un-noised (broken)",
-                            neighboring_relation="add_or_remove_one")
+            declare_release(
+                reply.content,
+                GaussianDpEvent(self.noise_multiplier),
+                label="un-noised (broken)",
+                neighboring_relation="add_or_remove_one",
+            )
         return reply
 
 
@@ -236,8 +246,13 @@ def calibrated_z(event_of: Callable[[float], Any], rounds: int, target: float) -
     """z whose ``rounds`` events ``event_of(z)`` compose to ``target`` on the ledger (PrivacyLedger, min RDP/PLD)."""
     from flwr_dp_benchmarks.bench_privacy_utility import calibrate, ledger_epsilon
 
-    z, _ = calibrate(lambda x, how: ledger_epsilon("add_or_remove_one", [event_of(x)] * rounds, method=how),
-                     target, increasing=False, lo=0.05, hi=3000.0)
+    z, _ = calibrate(
+        lambda x, how: ledger_epsilon("add_or_remove_one", [event_of(x)] * rounds, method=how),
+        target,
+        increasing=False,
+        lo=0.05,
+        hi=3000.0,
+    )
     return z
 
 
@@ -256,22 +271,28 @@ def configurations(size: dict[str, Any]) -> list[dict[str, Any]]:
     for kind in ("poisson-fixed", "adaptive", "server-fixed", "ddp"):
         for target in TARGETS:
             rows.append({"kind": kind, "target": target, "broken": ""})
-    rows += [{"kind": "ddp", "target": BROKEN_TARGET, "broken": "client-half-noise"},
-             {"kind": "server-fixed", "target": BROKEN_TARGET, "broken": "server-z/3", "fraction": 1 / 3},
-             {"kind": "server-fixed", "target": BROKEN_TARGET, "broken": "server-z/10", "fraction": 0.1},
-             {"kind": "server-fixed", "target": BROKEN_TARGET, "broken": "server-z/100", "fraction": 0.01},
-             {"kind": "declared", "target": BROKEN_TARGET, "broken": "declared-unnoised"}]
+    rows += [
+        {"kind": "ddp", "target": BROKEN_TARGET, "broken": "client-half-noise"},
+        {"kind": "server-fixed", "target": BROKEN_TARGET, "broken": "server-z/3", "fraction": 1 / 3},
+        {"kind": "server-fixed", "target": BROKEN_TARGET, "broken": "server-z/10", "fraction": 0.1},
+        {"kind": "server-fixed", "target": BROKEN_TARGET, "broken": "server-z/100", "fraction": 0.01},
+        {"kind": "declared", "target": BROKEN_TARGET, "broken": "declared-unnoised"},
+    ]
     return rows
 
 
 LABELS = {
-    "poisson-fixed": "AccountedPoissonFixedClipping", "adaptive": "AccountedAdaptiveClipping",
-    "server-fixed": "AccountedServerSideFixedClipping", "ddp": "DistributedDpFedAvg + distributed_dp_mod",
+    "poisson-fixed": "AccountedPoissonFixedClipping",
+    "adaptive": "AccountedAdaptiveClipping",
+    "server-fixed": "AccountedServerSideFixedClipping",
+    "ddp": "DistributedDpFedAvg + distributed_dp_mod",
     "declared": "AccountedFedAvg + declaring client mod",
 }
 BROKEN_LABELS = {
-    "client-half-noise": "BROKEN: client mod adds noise std ÷ 2", "server-z/3": "BROKEN: server books z, adds z/3",
-    "server-z/10": "BROKEN: server books z, adds z/10", "server-z/100": "BROKEN: server books z, adds z/100",
+    "client-half-noise": "BROKEN: client mod adds noise std ÷ 2",
+    "server-z/3": "BROKEN: server books z, adds z/3",
+    "server-z/10": "BROKEN: server books z, adds z/10",
+    "server-z/100": "BROKEN: server books z, adds z/100",
     "declared-unnoised": "BROKEN: client declares Gaussian(z), sends un-noised",
 }
 
@@ -293,9 +314,16 @@ def build(cfg: dict[str, Any], size: dict[str, Any], seed: int, canaries: int) -
         if kind == "poisson-fixed":
             strategy = fds.AccountedPoissonFixedClipping(FedAvg(fraction_evaluate=0.0), z, CLIP, m, rng=rng)
         else:
-            strategy = fds.AccountedAdaptiveClipping(FedAvg(fraction_evaluate=0.0), z, m, initial_clipping_norm=CLIP,
-                                                     target_clipped_quantile=0.5, clip_norm_lr=0.2,
-                                                     clipped_count_stddev=max(m / 20.0, z), rng=rng)
+            strategy = fds.AccountedAdaptiveClipping(
+                FedAvg(fraction_evaluate=0.0),
+                z,
+                m,
+                initial_clipping_norm=CLIP,
+                target_clipped_quantile=0.5,
+                clip_norm_lr=0.2,
+                clipped_count_stddev=max(m / 20.0, z),
+                rng=rng,
+            )
             extra["canary_norm"] = 100.0 * CLIP  # above every C_t the run reaches (C grows ≤ e^0.1 a round)
     elif kind == "server-fixed":
         z = calibrated_z(GaussianDpEvent, rounds, target)
@@ -305,8 +333,14 @@ def build(cfg: dict[str, Any], size: dict[str, Any], seed: int, canaries: int) -
         from client_mods.distributed_dp_mod import make_distributed_dp_mod
 
         z = calibrated_z(lambda x: _ddp_event(x, n, size["dim"]), rounds, target)
-        strategy = fds.DistributedDpFedAvg(fraction_evaluate=0.0, noise_multiplier=z, clipping_norm=CLIP,
-                                           bits=DDP_BITS, min_survivors=1.0, rotation_seed=seed)
+        strategy = fds.DistributedDpFedAvg(
+            fraction_evaluate=0.0,
+            noise_multiplier=z,
+            clipping_norm=CLIP,
+            bits=DDP_BITS,
+            min_survivors=1.0,
+            rotation_seed=seed,
+        )
         for key, node_seed in (("canary_mods", 1), ("real_mods", 2)):
             mod = make_distributed_dp_mod(rng=np.random.default_rng([seed, node_seed]))
             extra[key] = [halved_noise_mod(mod) if cfg["broken"] else mod]
@@ -316,8 +350,11 @@ def build(cfg: dict[str, Any], size: dict[str, Any], seed: int, canaries: int) -
 
         # add-or-remove-one, as declared (AccountedFedAvg's default ledger is replace-one: it would double z's
         # sensitivity and book ε ≈ 2 for the calibrated z)
-        strategy = fds.AccountedFedAvg(fraction_evaluate=0.0, min_available_nodes=2,
-                                       ledger=PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"))
+        strategy = fds.AccountedFedAvg(
+            fraction_evaluate=0.0,
+            min_available_nodes=2,
+            ledger=PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"),
+        )
         extra["canary_mods"] = extra["real_mods"] = [UnnoisedDeclaringMod(z)]
         extra["canary_norm"] = CLIP
     extra["z"] = z
@@ -335,8 +372,15 @@ def audited_run(cfg: dict[str, Any], size: dict[str, Any], seed: int) -> dict[st
     np.random.seed(seed)
     strategy, extra = build(cfg, size, seed, canaries)
     real = LocalGrid(real_client_app(size["dim"], extra["real_mods"]), range(101, 101 + size["real"]))
-    audit = CanaryAudit(strategy, num_canaries=canaries, canary_norm=extra["canary_norm"],
-                        canary_mods=extra["canary_mods"], seed=seed, confidence=CONFIDENCE, delta=DELTA)
+    audit = CanaryAudit(
+        strategy,
+        num_canaries=canaries,
+        canary_norm=extra["canary_norm"],
+        canary_mods=extra["canary_mods"],
+        seed=seed,
+        confidence=CONFIDENCE,
+        delta=DELTA,
+    )
     t0 = time.perf_counter()
     with _TaskIdentity():
         _, report = audit.start(real, initial_model(size["dim"]), num_rounds=size["rounds"])
@@ -344,16 +388,28 @@ def audited_run(cfg: dict[str, Any], size: dict[str, Any], seed: int) -> dict[st
     assert audit.grid is not None
     slots = sum(len(nodes) for nodes in audit.grid.canary_participation.values())
     return {
-        "configuration": BROKEN_LABELS.get(cfg["broken"], LABELS[cfg["kind"]]), "kind": cfg["kind"],
-        "broken": cfg["broken"], "target_epsilon": cfg["target"], "noise_multiplier": extra["z"],
+        "configuration": BROKEN_LABELS.get(cfg["broken"], LABELS[cfg["kind"]]),
+        "kind": cfg["kind"],
+        "broken": cfg["broken"],
+        "target_epsilon": cfg["target"],
+        "noise_multiplier": extra["z"],
         "ledger_epsilon": report.ledger_epsilon,
-        "estimate_final": report.epsilon_estimate_final, "estimate_all_iterates": report.epsilon_estimate_all_iterates,
+        "estimate_final": report.epsilon_estimate_final,
+        "estimate_all_iterates": report.epsilon_estimate_all_iterates,
         "lower_bound_final": report.epsilon_lower_bound_final,
         "lower_bound_all_iterates": report.epsilon_lower_bound_all_iterates,
-        "alarm": bool(report.alarm), "canaries": canaries, "rounds": size["rounds"], "real_clients": size["real"],
-        "dim": size["dim"], "delta": DELTA, "confidence": CONFIDENCE, "seed": seed,
+        "alarm": bool(report.alarm),
+        "canaries": canaries,
+        "rounds": size["rounds"],
+        "real_clients": size["real"],
+        "dim": size["dim"],
+        "delta": DELTA,
+        "confidence": CONFIDENCE,
+        "seed": seed,
         "canary_participation_rate": slots / (canaries * size["rounds"]),
-        "canary_errors": len(audit.grid.canary_errors), "real_errors": len(real.errors), "seconds": seconds,
+        "canary_errors": len(audit.grid.canary_errors),
+        "real_errors": len(real.errors),
+        "seconds": seconds,
     }
 
 
@@ -367,8 +423,9 @@ def baseline_seconds(cfg: dict[str, Any], size: dict[str, Any], seed: int) -> fl
     return time.perf_counter() - t0
 
 
-def audit_rows(*, canaries: int, ddp_canaries: int, rounds: int, real: int, dim: int, seed: int = 0,
-               only: Sequence[str] = ()) -> list[dict[str, Any]]:
+def audit_rows(
+    *, canaries: int, ddp_canaries: int, rounds: int, real: int, dim: int, seed: int = 0, only: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """Every configuration's audited run (``only``: kinds or broken names to keep)."""
     import logging
 
@@ -382,8 +439,11 @@ def audit_rows(*, canaries: int, ddp_canaries: int, rounds: int, real: int, dim:
             if only and cfg["kind"] not in only and cfg["broken"] not in only:
                 continue
             out.append({**audited_run(cfg, size, seed + i), "index": i})
-            print(f"[audit] {out[-1]['configuration']} ε={cfg['target']:g}: {out[-1]['seconds']:.1f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[audit] {out[-1]['configuration']} ε={cfg['target']:g}: {out[-1]['seconds']:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         flwr_logger.setLevel(level)
     return out
@@ -401,11 +461,33 @@ def run(*, canaries: int, ddp_canaries: int, rounds: int, real: int, dim: int, s
         i = result["index"]
         with _quiet():
             base = baseline_seconds(configurations(size)[i], size, seed + i)
-        params = {k: result[k] for k in ("kind", "broken", "target_epsilon", "noise_multiplier", "canaries",
-                                          "rounds", "real_clients", "dim", "delta", "confidence", "seed")}
-        r = row(NAME, f"{result['configuration']}, ε={result['target_epsilon']:g}", params, metric="time_s",
-                values=[result["seconds"]], baseline="the same run without canaries", baseline_values=[base],
-                target="reported", notes=_note(result))
+        params = {
+            k: result[k]
+            for k in (
+                "kind",
+                "broken",
+                "target_epsilon",
+                "noise_multiplier",
+                "canaries",
+                "rounds",
+                "real_clients",
+                "dim",
+                "delta",
+                "confidence",
+                "seed",
+            )
+        }
+        r = row(
+            NAME,
+            f"{result['configuration']}, ε={result['target_epsilon']:g}",
+            params,
+            metric="time_s",
+            values=[result["seconds"]],
+            baseline="the same run without canaries",
+            baseline_values=[base],
+            target="reported",
+            notes=_note(result),
+        )
         r["audit"] = result
         rows.append(r)
     return rows
@@ -424,9 +506,11 @@ class _quiet:
 
 
 def _note(r: dict[str, Any]) -> str:
-    return (f"ledger ε {r['ledger_epsilon']:.3g}; estimate {r['estimate_final']:.3g} final / "
-            f"{r['estimate_all_iterates']:.3g} all iterates; lower bound {r['lower_bound_final']:.3g} / "
-            f"{r['lower_bound_all_iterates']:.3g}; alarm {'YES' if r['alarm'] else 'no'}")
+    return (
+        f"ledger ε {r['ledger_epsilon']:.3g}; estimate {r['estimate_final']:.3g} final / "
+        f"{r['estimate_all_iterates']:.3g} all iterates; lower bound {r['lower_bound_final']:.3g} / "
+        f"{r['lower_bound_all_iterates']:.3g}; alarm {'YES' if r['alarm'] else 'no'}"
+    )
 
 
 def max_lower_bound(k: int) -> float:
@@ -455,12 +539,15 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        alarm = ("**YES**" if r["alarm"] else "no") if r["broken"] else ("**YES (false alarm)**" if r["alarm"]
-                                                                           else "no")
-        lines.append(f"| {r['configuration']} | {r['target_epsilon']:g} | {r['noise_multiplier']:.3g} | "
-                     f"{r['ledger_epsilon']:.3g} | {r['estimate_final']:.3g} | {r['estimate_all_iterates']:.3g} | "
-                     f"{r['lower_bound_final']:.3g} | {r['lower_bound_all_iterates']:.3g} | "
-                     f"{r['canary_participation_rate']:.2f} | {alarm} | {r['seconds']:.0f} |")
+        alarm = (
+            ("**YES**" if r["alarm"] else "no") if r["broken"] else ("**YES (false alarm)**" if r["alarm"] else "no")
+        )
+        lines.append(
+            f"| {r['configuration']} | {r['target_epsilon']:g} | {r['noise_multiplier']:.3g} | "
+            f"{r['ledger_epsilon']:.3g} | {r['estimate_final']:.3g} | {r['estimate_all_iterates']:.3g} | "
+            f"{r['lower_bound_final']:.3g} | {r['lower_bound_all_iterates']:.3g} | "
+            f"{r['canary_participation_rate']:.2f} | {alarm} | {r['seconds']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -481,9 +568,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         size["dim"] = args.dim
     t0 = time.perf_counter()
     rows = audit_rows(seed=args.seed, only=tuple(args.only), **size)
-    result = {"mode": mode, "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": machine(), "size": size,
-              "seconds": time.perf_counter() - t0, "max_lower_bound": max_lower_bound(size["canaries"]),
-              "max_lower_bound_ddp": max_lower_bound(size["ddp_canaries"]), "rows": rows}
+    result = {
+        "mode": mode,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": machine(),
+        "size": size,
+        "seconds": time.perf_counter() - t0,
+        "max_lower_bound": max_lower_bound(size["canaries"]),
+        "max_lower_bound_ddp": max_lower_bound(size["ddp_canaries"]),
+        "rows": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1, allow_nan=True, default=float))
     (args.out / "results.md").write_text(markdown(result))

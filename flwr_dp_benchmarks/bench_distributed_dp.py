@@ -95,8 +95,16 @@ for _path in (ROOT, ROOT / "tests"):
 import numpy as np  # noqa: E402
 
 from flwr_dp_benchmarks.bench_privacy_utility import (  # noqa: E402
-    DELTA, Federation, _TaskIdentity, arrays_params, calibrate, ledger_epsilon, make_federation,
-    mlp_arrays, params_reply)
+    DELTA,
+    Federation,
+    _TaskIdentity,
+    arrays_params,
+    calibrate,
+    ledger_epsilon,
+    make_federation,
+    mlp_arrays,
+    params_reply,
+)
 from flwr_dp_benchmarks.bench_user_level import CONFIG as USER_LEVEL_CONFIG  # noqa: E402
 from flwr_dp_benchmarks.bench_user_level import _local, _Serial  # noqa: E402
 
@@ -106,13 +114,30 @@ CALIBRATION_BITS = 20  # z is calibrated on the Skellam event at this b (the oth
 
 CONFIG: dict[str, Any] = dict(
     {k: USER_LEVEL_CONFIG[k] for k in ("num_clients", "hidden", "local_lr", "local_batch", "local_epochs")},
-    clients_per_round=100, rounds=40, clip=0.3, epsilons=EPSILONS, bits=BITS,
-    timing_clients=100, timing_shares=(None, 21), timing_bits=20, timing_repeats=2)
+    clients_per_round=100,
+    rounds=40,
+    clip=0.3,
+    epsilons=EPSILONS,
+    bits=BITS,
+    timing_clients=100,
+    timing_shares=(None, 21),
+    timing_bits=20,
+    timing_repeats=2,
+)
 MODES: dict[str, dict[str, Any]] = {
     "full": {},
     "quick": {"epsilons": (8.0,), "rounds": 20, "timing_shares": (21,), "timing_repeats": 1},
-    "tiny": {"num_clients": 50, "clients_per_round": 5, "max_train": 3000, "rounds": 2, "epsilons": (8.0,),
-             "bits": (20, 12), "timing_clients": 4, "timing_shares": (None,), "timing_repeats": 1},
+    "tiny": {
+        "num_clients": 50,
+        "clients_per_round": 5,
+        "max_train": 3000,
+        "rounds": 2,
+        "epsilons": (8.0,),
+        "bits": (20, 12),
+        "timing_clients": 4,
+        "timing_shares": (None,),
+        "timing_repeats": 1,
+    },
 }
 
 
@@ -173,15 +198,15 @@ def _ddp_parameters(bits: int, z: float, cfg: dict[str, Any], dim: int) -> tuple
     from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, calibrate_skellam, scale_for_bits
 
     m = cfg["clients_per_round"]
-    scale = scale_for_bits(bits=bits, clip_norm=cfg["clip"], dim=dim, n_clients=m, noise_multiplier=z,
-                           min_survivors=m)
+    scale = scale_for_bits(bits=bits, clip_norm=cfg["clip"], dim=dim, n_clients=m, noise_multiplier=z, min_survivors=m)
     params = DistributedDpParams(dim=dim, clip_norm=cfg["clip"], scale=scale, bits=bits, rotation_seed=0)
     return params, calibrate_skellam(params, noise_multiplier=z, n_clients=m)
 
 
 @functools.lru_cache(maxsize=None)
-def _ledger_eps(kind: str, z: float, rounds: int, bits: int, clip: float, m: int, n: int, dim: int,
-                method: str = "best") -> float:
+def _ledger_eps(
+    kind: str, z: float, rounds: int, bits: int, clip: float, m: int, n: int, dim: int, method: str = "best"
+) -> float:
     """ε at δ of ``rounds`` releases: ``skellam`` (ddp at b bits), ``gaussian`` or ``poisson`` (q = m/n)."""
     from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
 
@@ -198,8 +223,9 @@ def _ledger_eps(kind: str, z: float, rounds: int, bits: int, clip: float, m: int
 def noise_multiplier_for(target: float, cfg: dict[str, Any], dim: int) -> float:
     """z whose ``rounds`` Skellam events (b = CALIBRATION_BITS) compose to ``target`` on the ledger."""
     key = (cfg["rounds"], CALIBRATION_BITS, cfg["clip"], cfg["clients_per_round"], cfg["num_clients"], dim)
-    z, _ = calibrate(lambda x, how: _ledger_eps("skellam", x, *key, method=how), target, increasing=False,
-                     lo=0.3, hi=300.0)
+    z, _ = calibrate(
+        lambda x, how: _ledger_eps("skellam", x, *key, method=how), target, increasing=False, lo=0.3, hi=300.0
+    )
     return z
 
 
@@ -228,7 +254,7 @@ def _flat(params: list) -> np.ndarray:
 def _unflat(vector: np.ndarray, like: list) -> list:
     out, offset = [], 0
     for p in like:
-        out.append(vector[offset:offset + p.size].reshape(p.shape).astype(p.dtype))
+        out.append(vector[offset : offset + p.size].reshape(p.shape).astype(p.dtype))
         offset += p.size
     return out
 
@@ -249,8 +275,16 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
     n, m, rounds, clip = fed.num_clients, cfg["clients_per_round"], cfg["rounds"], cfg["clip"]
     params = get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed))
     dim = sum(p.size for p in params)
-    row: dict[str, Any] = {"method": method, "target_epsilon": target, "noise_multiplier": z, "clip": clip,
-                           "rounds": rounds, "num_clients": n, "clients_per_round": m, "dim": dim}
+    row: dict[str, Any] = {
+        "method": method,
+        "target_epsilon": target,
+        "noise_multiplier": z,
+        "clip": clip,
+        "rounds": rounds,
+        "num_clients": n,
+        "clients_per_round": m,
+        "dim": dim,
+    }
     ddp = None
     if method.startswith("ddp-"):
         bits = int(method[4:])
@@ -258,19 +292,34 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
         try:
             ddp, calibration = _ddp_parameters(bits, z, cfg, dim)
         except ValueError as err:
-            return {**row, "status": "bits cannot hold the sum", "error": str(err),
-                    "largest_z_for_bits": largest_z_for_bits(bits, cfg, dim), "accuracy": math.nan,
-                    "accuracy_curve": [], "ledger_epsilon": math.nan, "wall_s": 0.0}
-        row.update(scale=ddp.scale, padded_dim=ddp.padded_dim, mu=calibration.mu, local_mu=calibration.local_mu,
-                   l2_sensitivity=calibration.l2_sensitivity, l1_sensitivity=calibration.l1_sensitivity,
-                   effective_noise_multiplier=calibration.effective_noise_multiplier,
-                   bits_needed_worst_case=calibration.bits_needed,
-                   largest_z_for_bits=largest_z_for_bits(bits, cfg, dim))
+            return {
+                **row,
+                "status": "bits cannot hold the sum",
+                "error": str(err),
+                "largest_z_for_bits": largest_z_for_bits(bits, cfg, dim),
+                "accuracy": math.nan,
+                "accuracy_curve": [],
+                "ledger_epsilon": math.nan,
+                "wall_s": 0.0,
+            }
+        row.update(
+            scale=ddp.scale,
+            padded_dim=ddp.padded_dim,
+            mu=calibration.mu,
+            local_mu=calibration.local_mu,
+            l2_sensitivity=calibration.l2_sensitivity,
+            l1_sensitivity=calibration.l1_sensitivity,
+            effective_noise_multiplier=calibration.effective_noise_multiplier,
+            bits_needed_worst_case=calibration.bits_needed,
+            largest_z_for_bits=largest_z_for_bits(bits, cfg, dim),
+        )
     elif method in ("central", "central-redraw"):
         row["effective_noise_multiplier"] = z
     # "central-redraw": the central run again with another noise draw (same clients, same local training): the
     # run-to-run spread that any difference between methods has to exceed
-    rng = np.random.default_rng([seed, 8 if method == "central-redraw" else 7, int(1000 * (z if math.isfinite(z) else 0))])
+    rng = np.random.default_rng(
+        [seed, 8 if method == "central-redraw" else 7, int(1000 * (z if math.isfinite(z) else 0))]
+    )
     threads = _one_thread()
     accuracy, encode_s, t0 = [], 0.0, time.perf_counter()
     try:
@@ -301,9 +350,15 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
     finally:
         _restore_threads(threads)
     eps = math.inf if method == "fedavg" else float(ledger.epsilon())
-    row.update(status="ok", accuracy=accuracy[-1], accuracy_curve=accuracy, ledger_epsilon=eps,
-               accuracy_last5=float(np.mean(accuracy[-5:])),
-               wall_s=time.perf_counter() - t0, encode_s=encode_s)
+    row.update(
+        status="ok",
+        accuracy=accuracy[-1],
+        accuracy_curve=accuracy,
+        ledger_epsilon=eps,
+        accuracy_last5=float(np.mean(accuracy[-5:])),
+        wall_s=time.perf_counter() - t0,
+        encode_s=encode_s,
+    )
     if method != "fedavg":
         row["central_poisson_epsilon"] = _ledger_eps("poisson", z, rounds, 0, clip, m, n, dim)
         row["central_no_amplification_epsilon"] = _ledger_eps("gaussian", z, rounds, 0, clip, m, n, dim)
@@ -331,8 +386,16 @@ def upload_bytes(cfg: dict[str, Any], dim: int) -> list[dict]:
         strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, bits=b, rotation_seed=0)
         sent = strategy.upload_bytes(dim)
         assert sent == math.ceil(padded_dimension(dim) * b / 8)
-        rows.append({"bits": b, "dim": dim, "padded_dim": padded_dimension(dim), "bytes": sent,
-                     "dense_float32_bytes": 4 * dim, "ratio": sent / (4 * dim)})
+        rows.append(
+            {
+                "bits": b,
+                "dim": dim,
+                "padded_dim": padded_dimension(dim),
+                "bytes": sent,
+                "dense_float32_bytes": 4 * dim,
+                "ratio": sent / (4 * dim),
+            }
+        )
     return rows
 
 
@@ -350,6 +413,7 @@ class _Clock:
                 return fn(*args, **kwargs)
             finally:
                 self.s[label] += time.perf_counter() - t0
+
         return timed
 
 
@@ -452,10 +516,19 @@ def _strategies(cfg: dict[str, Any], z: float, n: int) -> dict[str, Callable[[],
     for k in sorted(cfg["timing_shares"], key=lambda k: k is None):  # the complete graph last
         label = "secure, complete graph" if k is None else f"secure, k = {k}"
         out[label] = functools.partial(
-            DistributedDpFedAvg, fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n,
-            min_available_nodes=n, noise_multiplier=z, clipping_norm=cfg["clip"], bits=cfg["timing_bits"],
-            num_shares=1.0 if k is None else min(k, n), min_survivors=n,
-            rotation_seed=int(cfg.get("seed", 0)), stage_timeout=None)
+            DistributedDpFedAvg,
+            fraction_train=1.0,
+            fraction_evaluate=0.0,
+            min_train_nodes=n,
+            min_available_nodes=n,
+            noise_multiplier=z,
+            clipping_norm=cfg["clip"],
+            bits=cfg["timing_bits"],
+            num_shares=1.0 if k is None else min(k, n),
+            min_survivors=n,
+            rotation_seed=int(cfg.get("seed", 0)),
+            stage_timeout=None,
+        )
     return out
 
 
@@ -485,8 +558,7 @@ def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
     samples: dict[str, list[dict]] = {name: [] for name in names}
     order = []
     for rep in range(cfg["timing_repeats"] + 1):
-        order += [(rep, name) for name in (names if rep % 2 == 0 else names[::-1])
-                  if name not in once or rep == 1]
+        order += [(rep, name) for name in (names if rep % 2 == 0 else names[::-1]) if name not in once or rep == 1]
     threads = _one_thread()
     try:
         with _TaskIdentity(), _Probes(clock):
@@ -505,18 +577,27 @@ def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
                 if arrays is None or grid.errors:
                     raise RuntimeError(f"{name}: the round released nothing ({grid.errors[-3:]})")
                 first = replies[0].content
-                upload = (len(first[MASKED_RECORD][MASKED_KEY].data) if MASKED_RECORD in first
-                          else sum(len(a.data) for a in first["arrays"].values()))
+                upload = (
+                    len(first[MASKED_RECORD][MASKED_KEY].data)
+                    if MASKED_RECORD in first
+                    else sum(len(a.data) for a in first["arrays"].values())
+                )
                 split = dict(clock.s)
                 client_total = sum(v for k, v in split.items() if k.startswith("client app"))
-                sample = {"round_s": t3 - t0, "configure_s": t1 - t0, "clients_phase_s": t2 - t1,
-                          "aggregate_s": t3 - t2, "client_app_s": client_total,
-                          "client_train_s": split.get("client train", 0.0),
-                          "client_encode_s": split.get("client encode", 0.0),
-                          "server_s": (t3 - t0) - client_total,
-                          "server_aggregate_s": (t3 - t2) - split.get("client app: unmask", 0.0),
-                          "stages": split, "upload_bytes_per_client": float(upload),
-                          "accuracy_after": float(evaluate(arrays_params(arrays), fed.x_test, fed.y_test))}
+                sample = {
+                    "round_s": t3 - t0,
+                    "configure_s": t1 - t0,
+                    "clients_phase_s": t2 - t1,
+                    "aggregate_s": t3 - t2,
+                    "client_app_s": client_total,
+                    "client_train_s": split.get("client train", 0.0),
+                    "client_encode_s": split.get("client encode", 0.0),
+                    "server_s": (t3 - t0) - client_total,
+                    "server_aggregate_s": (t3 - t2) - split.get("client app: unmask", 0.0),
+                    "stages": split,
+                    "upload_bytes_per_client": float(upload),
+                    "accuracy_after": float(evaluate(arrays_params(arrays), fed.x_test, fed.y_test)),
+                }
                 sample["client_crypto_s"] = client_total - sample["client_train_s"] - sample["client_encode_s"]
                 sample.update(_noise_check(name, arrays, metrics, base, updates, cfg, z, n))
                 if rep > 0:
@@ -526,17 +607,34 @@ def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
     fedavg = statistics.median(s["round_s"] for s in samples["FedAvg"])
     rows = []
     for name in names:
-        med = {key: statistics.median(s[key] for s in samples[name]) for key in samples[name][0]
-               if key != "stages"}
-        stages = {key: statistics.median(s["stages"].get(key, 0.0) for s in samples[name])
-                  for key in samples[name][0]["stages"]}
-        rows.append({"strategy": name, **med, "ratio_to_fedavg": med["round_s"] / fedavg, "stages": stages,
-                     "timed_rounds": len(samples[name]), "rounds": [s["round_s"] for s in samples[name]]})
+        med = {key: statistics.median(s[key] for s in samples[name]) for key in samples[name][0] if key != "stages"}
+        stages = {
+            key: statistics.median(s["stages"].get(key, 0.0) for s in samples[name])
+            for key in samples[name][0]["stages"]
+        }
+        rows.append(
+            {
+                "strategy": name,
+                **med,
+                "ratio_to_fedavg": med["round_s"] / fedavg,
+                "stages": stages,
+                "timed_rounds": len(samples[name]),
+                "rounds": [s["round_s"] for s in samples[name]],
+            }
+        )
     return {"clients": n, "bits": cfg["timing_bits"], "noise_multiplier": z, "rows": rows}
 
 
-def _noise_check(name: str, arrays: Any, metrics: Any, base: np.ndarray, updates: dict[int, np.ndarray],
-                 cfg: dict[str, Any], z: float, n: int) -> dict:
+def _noise_check(
+    name: str,
+    arrays: Any,
+    metrics: Any,
+    base: np.ndarray,
+    updates: dict[int, np.ndarray],
+    cfg: dict[str, Any],
+    z: float,
+    n: int,
+) -> dict:
     """End to end: (released − initial − mean of the clipped raw updates) against the noise the method claims.
 
     The local training is seeded per node and round, so the raw updates are the same in every strategy's
@@ -549,14 +647,21 @@ def _noise_check(name: str, arrays: Any, metrics: Any, base: np.ndarray, updates
     deviation = _flat(arrays_params(arrays)) - base - clipped
     z_eff = float(metrics["dp/noise-multiplier"]) if metrics is not None and "dp/noise-multiplier" in metrics else z
     sigma = z_eff * cfg["clip"] / n
-    return {"noise_ratio": float(np.linalg.norm(deviation) / (sigma * math.sqrt(deviation.size))),
-            "claimed_effective_z": z_eff}
+    return {
+        "noise_ratio": float(np.linalg.norm(deviation) / (sigma * math.sqrt(deviation.size))),
+        "claimed_effective_z": z_eff,
+    }
 
 
 # ============================================================================ the run
-def run(mode: str = "full", seed: int = 0, workers: int = 1, rounds: Optional[int] = None,
-        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
-        on_row: Callable[[dict], None] = lambda row: None) -> dict:
+def run(
+    mode: str = "full",
+    seed: int = 0,
+    workers: int = 1,
+    rounds: Optional[int] = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    on_row: Callable[[dict], None] = lambda row: None,
+) -> dict:
     """(a), (b) and (c) of ``mode``."""
     from flwr_dp_strategies.privacy.distributed_dp import padded_dimension
 
@@ -566,8 +671,10 @@ def run(mode: str = "full", seed: int = 0, workers: int = 1, rounds: Optional[in
     dim = (28 * 28 + 1) * cfg["hidden"] + (cfg["hidden"] + 1) * 10  # the 784-64-10 MLP with biases
     t0 = time.perf_counter()
     jobs = accuracy_jobs(cfg, dim)
-    log(f"calibrated z per ε: {sorted({(e, round(z, 4)) for _, e, z in jobs if math.isfinite(e)})} "
-        f"({time.perf_counter() - t0:.1f} s)")
+    log(
+        f"calibrated z per ε: {sorted({(e, round(z, 4)) for _, e, z in jobs if math.isfinite(e)})} "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
     rows = []
     with ProcessPoolExecutor(max_workers=workers) if workers > 1 else _Serial() as pool:
         # serial: one run per iteration (a list of _Serial futures would run them all before the first log)
@@ -576,27 +683,45 @@ def run(mode: str = "full", seed: int = 0, workers: int = 1, rounds: Optional[in
             row = future.result()
             rows.append(row)
             on_row(row)
-            log(f"{row['method']:8s} ε={row['target_epsilon']:<4g} z={row['noise_multiplier']:.4g} "
+            log(
+                f"{row['method']:8s} ε={row['target_epsilon']:<4g} z={row['noise_multiplier']:.4g} "
                 f"{row['status'] if row['status'] != 'ok' else ''}acc={row['accuracy']:.3f} "
-                f"ledger ε={row['ledger_epsilon']:.4g} ({row['wall_s']:.0f} s)")
+                f"ledger ε={row['ledger_epsilon']:.4g} ({row['wall_s']:.0f} s)"
+            )
     timing_z = next((z for _, e, z in jobs if e == cfg["epsilons"][0]), 1.0)
     t1 = time.perf_counter()
     timing = time_rounds(cfg, timing_z, seed)
-    log(f"round timing ({time.perf_counter() - t1:.0f} s): " + ", ".join(
-        f"{r['strategy']} {r['round_s']:.2f} s (×{r['ratio_to_fedavg']:.1f})" for r in timing["rows"]))
+    log(
+        f"round timing ({time.perf_counter() - t1:.0f} s): "
+        + ", ".join(f"{r['strategy']} {r['round_s']:.2f} s (×{r['ratio_to_fedavg']:.1f})" for r in timing["rows"])
+    )
     from flwr_dp_benchmarks._common import machine
 
     order = {"fedavg": 0, "central": 1, "central-redraw": 2}
     rows.sort(key=lambda r: (r["target_epsilon"], order.get(r["method"], 3), -r.get("bits", 0)))
-    return {"mode": mode, "seed": seed, "config": cfg, "dim": dim, "padded_dim": padded_dimension(dim),
-            "delta": DELTA, "calibration_bits": CALIBRATION_BITS, "machine": machine(),
-            "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "wall_s": time.perf_counter() - t0,
-            "accuracy": rows, "bytes": upload_bytes(cfg, dim), "timing": timing}
+    return {
+        "mode": mode,
+        "seed": seed,
+        "config": cfg,
+        "dim": dim,
+        "padded_dim": padded_dimension(dim),
+        "delta": DELTA,
+        "calibration_bits": CALIBRATION_BITS,
+        "machine": machine(),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "wall_s": time.perf_counter() - t0,
+        "accuracy": rows,
+        "bytes": upload_bytes(cfg, dim),
+        "timing": timing,
+    }
 
 
 # ============================================================================ outputs
-LABELS = {"fedavg": "FedAvg (non-private)", "central": "central DP (Gaussian zC, no amplification)",
-          "central-redraw": "central DP, another noise draw (spread)"}
+LABELS = {
+    "fedavg": "FedAvg (non-private)",
+    "central": "central DP (Gaussian zC, no amplification)",
+    "central-redraw": "central DP, another noise draw (spread)",
+}
 
 
 def _label(row: dict) -> str:
@@ -612,101 +737,154 @@ def markdown(result: dict) -> str:
     cfg = result["config"]
     acc = result["accuracy"]
     fedavg = next(r for r in acc if r["method"] == "fedavg")
-    lines = ["# Distributed DP (SecAgg+ + Skellam) vs central DP at the same noise\n",
-             f"Mode `{result['mode']}`, seed {result['seed']}, {result['created']}, machine: "
-             f"{result['machine'].get('cpu_count')} CPUs, {result['machine'].get('platform')}; total "
-             f"{result['wall_s']:.0f} s." + (f" Round times (c) re-measured {result['timing_created']} with "
-                                              "`--timing-only`." if result.get("timing_created") else "") + "\n",
-             "## (a) Accuracy\n",
-             f"MNIST, {cfg['num_clients']} clients of {60000 // cfg['num_clients'] if not cfg.get('max_train') else '?'}"
-             f" examples, m = {cfg['clients_per_round']} drawn uniformly per round (the same clients in every "
-             f"method), T = {cfg['rounds']} rounds, δ = {result['delta']:g}, C = {cfg['clip']}, d = "
-             f"{result['dim']} (D = {result['padded_dim']}); local: {cfg['local_epochs']} epochs, batch "
-             f"{cfg['local_batch']}, lr {cfg['local_lr']}. z calibrated so that the ledger's "
-             f"{cfg['rounds']} SkellamDpEvents (b = {result['calibration_bits']}, no amplification) reach ε.\n",
-             "| target ε | method | z | effective z | ledger ε (as released) | central ε with Poisson q = "
-             f"{cfg['clients_per_round'] / cfg['num_clients']:g} | accuracy (final) | mean of last 5 rounds | "
-             "Δ vs central (last 5) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Distributed DP (SecAgg+ + Skellam) vs central DP at the same noise\n",
+        f"Mode `{result['mode']}`, seed {result['seed']}, {result['created']}, machine: "
+        f"{result['machine'].get('cpu_count')} CPUs, {result['machine'].get('platform')}; total "
+        f"{result['wall_s']:.0f} s."
+        + (
+            f" Round times (c) re-measured {result['timing_created']} with `--timing-only`."
+            if result.get("timing_created")
+            else ""
+        )
+        + "\n",
+        "## (a) Accuracy\n",
+        f"MNIST, {cfg['num_clients']} clients of {60000 // cfg['num_clients'] if not cfg.get('max_train') else '?'}"
+        f" examples, m = {cfg['clients_per_round']} drawn uniformly per round (the same clients in every "
+        f"method), T = {cfg['rounds']} rounds, δ = {result['delta']:g}, C = {cfg['clip']}, d = "
+        f"{result['dim']} (D = {result['padded_dim']}); local: {cfg['local_epochs']} epochs, batch "
+        f"{cfg['local_batch']}, lr {cfg['local_lr']}. z calibrated so that the ledger's "
+        f"{cfg['rounds']} SkellamDpEvents (b = {result['calibration_bits']}, no amplification) reach ε.\n",
+        "| target ε | method | z | effective z | ledger ε (as released) | central ε with Poisson q = "
+        f"{cfg['clients_per_round'] / cfg['num_clients']:g} | accuracy (final) | mean of last 5 rounds | "
+        "Δ vs central (last 5) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     central = {r["target_epsilon"]: r for r in acc if r["method"] == "central"}
     for r in acc:
         if r["method"] == "fedavg":
             continue
         c = central.get(r["target_epsilon"])
         if r["status"] != "ok":
-            lines.append(f"| {r['target_epsilon']:g} | {_label(r)} | {r['noise_multiplier']:.3f} | - | - | - | "
-                         f"**{r['bits']} bits cannot hold the sum** (`scale_for_bits` raises ValueError; "
-                         f"largest z it holds: {r['largest_z_for_bits']:.3g}) | - | - |")
+            lines.append(
+                f"| {r['target_epsilon']:g} | {_label(r)} | {r['noise_multiplier']:.3f} | - | - | - | "
+                f"**{r['bits']} bits cannot hold the sum** (`scale_for_bits` raises ValueError; "
+                f"largest z it holds: {r['largest_z_for_bits']:.3g}) | - | - |"
+            )
             continue
-        delta = ("" if r["method"] == "central" or c is None
-                 else f"{100 * (r['accuracy_last5'] - c['accuracy_last5']):+.1f} pt")
-        lines.append(f"| {r['target_epsilon']:g} | {_label(r)} | {r['noise_multiplier']:.3f} | "
-                     f"{_f(r.get('effective_noise_multiplier'), '.3f')} | {r['ledger_epsilon']:.3f} | "
-                     f"{_f(r.get('central_poisson_epsilon'), '.3f')} | {r['accuracy']:.3f} | "
-                     f"{r['accuracy_last5']:.3f} | {delta} |")
-    lines.append(f"| ∞ | {LABELS['fedavg']} | - | - | ∞ | - | {fedavg['accuracy']:.3f} | "
-                 f"{fedavg['accuracy_last5']:.3f} | |")
+        delta = (
+            ""
+            if r["method"] == "central" or c is None
+            else f"{100 * (r['accuracy_last5'] - c['accuracy_last5']):+.1f} pt"
+        )
+        lines.append(
+            f"| {r['target_epsilon']:g} | {_label(r)} | {r['noise_multiplier']:.3f} | "
+            f"{_f(r.get('effective_noise_multiplier'), '.3f')} | {r['ledger_epsilon']:.3f} | "
+            f"{_f(r.get('central_poisson_epsilon'), '.3f')} | {r['accuracy']:.3f} | "
+            f"{r['accuracy_last5']:.3f} | {delta} |"
+        )
+    lines.append(
+        f"| ∞ | {LABELS['fedavg']} | - | - | ∞ | - | {fedavg['accuracy']:.3f} | {fedavg['accuracy_last5']:.3f} | |"
+    )
     rdp = {r["target_epsilon"]: r.get("central_no_amplification_epsilon_rdp") for r in acc if r["method"] == "central"}
-    lines += ["", "How to read it. The distributed rows encode every client with `encode_update` (local noise μ/m), "
-              "add the encodings with `modular_sum` and decode with `decode_sum`: exactly the value a secure round "
-              "reveals (the protocol's exactness, revealed value = the modular sum of the survivors' vectors under "
-              "dropouts at every stage, is proven by `tests/test_secure_aggregation.py`; the noise check of (c) "
-              "confirms it end to end for `DistributedDpFedAvg`). *Effective z* is the noise std over C: the "
-              "Skellam variance is μ = (zΔ̃₂)² with Δ̃₂ the rounded vectors' L2 bound, so when b forces a small "
-              "scale s the rounding inflates Δ̃₂ (by up to √D/2 in grid units) and the same ledger ε costs more "
-              "noise. *Ledger ε*: the distributed rows' Skellam events are RDP-only (the ledger has no PLD for "
-              "them); the central rows' Gaussian events get the tighter of RDP and PLD; the central rows' RDP-only "
-              "ε is " + ", ".join(f"{_f(v)} (ε = {e:g})" for e, v in rdp.items()) + ", the same as Skellam's "
-              "up to its O(1/μ²) discreteness term. *Poisson column*: what the same central release would "
-              "cost if the clients were Poisson-sampled with q = m/N and the sample kept secret from the "
-              "server; secure aggregation cannot have that amplification against the server, which picks the "
-              "sample.", ""]
-    lines += ["Largest z each b holds (`scale_for_bits` at m = "
-              f"{cfg['clients_per_round']}, D = {result['padded_dim']}, C = {cfg['clip']}): " + ", ".join(
-                  f"b = {b}: {largest_z_for_bits(b, cfg, result['dim']):.3g}" for b in cfg["bits"]) + ".", ""]
-    lines += ["## (b) Upload bytes per client\n", "| b | D | ⌈D·b/8⌉ bytes | dense float32 4·d | ratio |",
-              "|---|---|---|---|---|"]
+    lines += [
+        "",
+        "How to read it. The distributed rows encode every client with `encode_update` (local noise μ/m), "
+        "add the encodings with `modular_sum` and decode with `decode_sum`: exactly the value a secure round "
+        "reveals (the protocol's exactness, revealed value = the modular sum of the survivors' vectors under "
+        "dropouts at every stage, is proven by `tests/test_secure_aggregation.py`; the noise check of (c) "
+        "confirms it end to end for `DistributedDpFedAvg`). *Effective z* is the noise std over C: the "
+        "Skellam variance is μ = (zΔ̃₂)² with Δ̃₂ the rounded vectors' L2 bound, so when b forces a small "
+        "scale s the rounding inflates Δ̃₂ (by up to √D/2 in grid units) and the same ledger ε costs more "
+        "noise. *Ledger ε*: the distributed rows' Skellam events are RDP-only (the ledger has no PLD for "
+        "them); the central rows' Gaussian events get the tighter of RDP and PLD; the central rows' RDP-only "
+        "ε is " + ", ".join(f"{_f(v)} (ε = {e:g})" for e, v in rdp.items()) + ", the same as Skellam's "
+        "up to its O(1/μ²) discreteness term. *Poisson column*: what the same central release would "
+        "cost if the clients were Poisson-sampled with q = m/N and the sample kept secret from the "
+        "server; secure aggregation cannot have that amplification against the server, which picks the "
+        "sample.",
+        "",
+    ]
+    lines += [
+        "Largest z each b holds (`scale_for_bits` at m = "
+        f"{cfg['clients_per_round']}, D = {result['padded_dim']}, C = {cfg['clip']}): "
+        + ", ".join(f"b = {b}: {largest_z_for_bits(b, cfg, result['dim']):.3g}" for b in cfg["bits"])
+        + ".",
+        "",
+    ]
+    lines += [
+        "## (b) Upload bytes per client\n",
+        "| b | D | ⌈D·b/8⌉ bytes | dense float32 4·d | ratio |",
+        "|---|---|---|---|---|",
+    ]
     for r in result["bytes"]:
-        lines.append(f"| {r['bits']} | {r['padded_dim']} | {r['bytes']:,} | {r['dense_float32_bytes']:,} | "
-                     f"{r['ratio']:.3f} |")
+        lines.append(
+            f"| {r['bits']} | {r['padded_dim']} | {r['bytes']:,} | {r['dense_float32_bytes']:,} | {r['ratio']:.3f} |"
+        )
     t = result["timing"]
-    lines += ["", f"## (c) One round's wall time, {t['clients']} clients in one process (real crypto), "
-              f"b = {t['bits']}, z = {t['noise_multiplier']:.3g}\n",
-              "Medians over the timed rounds (after one warm-up pass); seconds. One process plays every client "
-              "in turn, so the client columns are sums over the clients and add up to the round with the server; "
-              "in a deployment the clients run in parallel and a round lasts about server + one client's share. "
-              "Noise check: ‖released − initial − mean of the clipped raw updates‖ / (σ√d) with σ = z_eff·C/n "
-              "the noise std the strategy claims (≈ 1 when the round adds exactly that noise to exactly that "
-              "mean).\n",
-              "| strategy | timed rounds | round | × FedAvg | client training | client encoding | client crypto + "
-              "protocol | server (all) | server unmask + decode | upload B/client | noise check |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"## (c) One round's wall time, {t['clients']} clients in one process (real crypto), "
+        f"b = {t['bits']}, z = {t['noise_multiplier']:.3g}\n",
+        "Medians over the timed rounds (after one warm-up pass); seconds. One process plays every client "
+        "in turn, so the client columns are sums over the clients and add up to the round with the server; "
+        "in a deployment the clients run in parallel and a round lasts about server + one client's share. "
+        "Noise check: ‖released − initial − mean of the clipped raw updates‖ / (σ√d) with σ = z_eff·C/n "
+        "the noise std the strategy claims (≈ 1 when the round adds exactly that noise to exactly that "
+        "mean).\n",
+        "| strategy | timed rounds | round | × FedAvg | client training | client encoding | client crypto + "
+        "protocol | server (all) | server unmask + decode | upload B/client | noise check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in t["rows"]:
         secure = r["strategy"].startswith("secure")
-        lines.append(f"| {r['strategy']} | {r['timed_rounds']} | {r['round_s']:.2f} | {r['ratio_to_fedavg']:.2f} | "
-                     f"{r['client_train_s']:.2f} | {r['client_encode_s']:.2f} | {r['client_crypto_s']:.2f} | "
-                     f"{r['server_s']:.2f} | {_f(r['server_aggregate_s'] if secure else None, '.2f')} | "
-                     f"{r['upload_bytes_per_client']:,.0f} | {_f(r.get('noise_ratio'), '.3f')} |")
+        lines.append(
+            f"| {r['strategy']} | {r['timed_rounds']} | {r['round_s']:.2f} | {r['ratio_to_fedavg']:.2f} | "
+            f"{r['client_train_s']:.2f} | {r['client_encode_s']:.2f} | {r['client_crypto_s']:.2f} | "
+            f"{r['server_s']:.2f} | {_f(r['server_aggregate_s'] if secure else None, '.2f')} | "
+            f"{r['upload_bytes_per_client']:,.0f} | {_f(r.get('noise_ratio'), '.3f')} |"
+        )
     stages = [f"client app: {s}" for s in ("setup", "share-keys", "collect", "unmask")]
     probes = stages[:3] + ["client train"] + list(dict.fromkeys(label for _, _, label in PROBES)) + stages[3:]
     secure_rows = [r for r in t["rows"] if r["strategy"].startswith("secure")]
     if secure_rows:
-        lines += ["", "Where the secure rounds' time goes (seconds, summed over clients; `client app: <stage>` is "
-                  "the whole ClientApp call per protocol stage, the other rows are the library functions inside "
-                  "it, timed by wrapping them):\n",
-                  "| | " + " | ".join(r["strategy"] for r in secure_rows) + " |",
-                  "|---|" + "---|" * len(secure_rows)]
+        lines += [
+            "",
+            "Where the secure rounds' time goes (seconds, summed over clients; `client app: <stage>` is "
+            "the whole ClientApp call per protocol stage, the other rows are the library functions inside "
+            "it, timed by wrapping them):\n",
+            "| | " + " | ".join(r["strategy"] for r in secure_rows) + " |",
+            "|---|" + "---|" * len(secure_rows),
+        ]
         for key in probes:
             lines.append(f"| {key} | " + " | ".join(f"{r['stages'].get(key, 0.0):.2f}" for r in secure_rows) + " |")
     return "\n".join(lines) + "\n"
 
 
 def write_csv(result: dict, path: Path) -> None:
-    keys = ["target_epsilon", "method", "bits", "status", "noise_multiplier", "effective_noise_multiplier",
-            "ledger_epsilon", "central_poisson_epsilon", "central_no_amplification_epsilon",
-            "central_no_amplification_epsilon_rdp", "accuracy", "accuracy_last5", "scale",
-            "l2_sensitivity", "mu", "largest_z_for_bits", "rounds", "clients_per_round", "clip", "wall_s",
-            "encode_s"]
+    keys = [
+        "target_epsilon",
+        "method",
+        "bits",
+        "status",
+        "noise_multiplier",
+        "effective_noise_multiplier",
+        "ledger_epsilon",
+        "central_poisson_epsilon",
+        "central_no_amplification_epsilon",
+        "central_no_amplification_epsilon_rdp",
+        "accuracy",
+        "accuracy_last5",
+        "scale",
+        "l2_sensitivity",
+        "mu",
+        "largest_z_for_bits",
+        "rounds",
+        "clients_per_round",
+        "clip",
+        "wall_s",
+        "encode_s",
+    ]
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=keys, extrasaction="ignore")
         writer.writeheader()
@@ -727,25 +905,36 @@ def plot(result: dict, path: Path) -> None:
     fig, (ax_a, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5))
     width = 0.8 / len(methods)
     for j, method in enumerate(methods):
-        values = [next((r.get("accuracy_last5", math.nan) for r in acc if r["method"] == method and r["target_epsilon"] == e),
-                       math.nan) for e in eps]
+        values = [
+            next(
+                (r.get("accuracy_last5", math.nan) for r in acc if r["method"] == method and r["target_epsilon"] == e),
+                math.nan,
+            )
+            for e in eps
+        ]
         label = LABELS.get(method, f"distributed, b = {method[4:]}")
-        bars = ax_a.bar([i + j * width for i in range(len(eps))], [0 if math.isnan(v) else v for v in values],
-                        width, label=label)
+        bars = ax_a.bar(
+            [i + j * width for i in range(len(eps))], [0 if math.isnan(v) else v for v in values], width, label=label
+        )
         for bar, v in zip(bars, values):
             if math.isnan(v):
-                ax_a.text(bar.get_x() + bar.get_width() / 2, 0.02, "does not fit", rotation=90, ha="center",
-                          fontsize=7)
+                ax_a.text(bar.get_x() + bar.get_width() / 2, 0.02, "does not fit", rotation=90, ha="center", fontsize=7)
     fedavg = next(r["accuracy_last5"] for r in acc if r["method"] == "fedavg")
     ax_a.axhline(fedavg, color="k", ls="--", lw=1, label="FedAvg (non-private)")
     ax_a.set_xticks([i + 0.4 - width / 2 for i in range(len(eps))], [f"ε = {e:g}" for e in eps])
-    ax_a.set(ylabel="test accuracy, mean of the last 5 rounds", ylim=(0, 1),
-             title=f"MNIST, m = {result['config']['clients_per_round']}/round, T = {result['config']['rounds']}, "
-                   "same z")
+    ax_a.set(
+        ylabel="test accuracy, mean of the last 5 rounds",
+        ylim=(0, 1),
+        title=f"MNIST, m = {result['config']['clients_per_round']}/round, T = {result['config']['rounds']}, same z",
+    )
     ax_a.legend(fontsize=7, loc="lower right")
     rows = result["timing"]["rows"]
-    parts = [("client_train_s", "client training"), ("client_encode_s", "client encoding"),
-             ("client_crypto_s", "client crypto + protocol"), ("server_s", "server")]
+    parts = [
+        ("client_train_s", "client training"),
+        ("client_encode_s", "client encoding"),
+        ("client_crypto_s", "client crypto + protocol"),
+        ("server_s", "server"),
+    ]
     bottom = np.zeros(len(rows))
     for key, label in parts:
         values = np.array([r[key] for r in rows])
@@ -781,10 +970,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "flwr_dp_benchmarks" / "distributed_dp")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=1, help="accuracy runs in parallel processes")
-    parser.add_argument("--report", action="store_true", help="only rebuild results.md, runs.csv and the plot "
-                        "from OUT/results.json")
-    parser.add_argument("--timing-only", action="store_true", help="re-measure (c) with the current library and "
-                        "replace it in OUT/results.json (accuracy and bytes kept), then rebuild the outputs")
+    parser.add_argument(
+        "--report", action="store_true", help="only rebuild results.md, runs.csv and the plot from OUT/results.json"
+    )
+    parser.add_argument(
+        "--timing-only",
+        action="store_true",
+        help="re-measure (c) with the current library and "
+        "replace it in OUT/results.json (accuracy and bytes kept), then rebuild the outputs",
+    )
     args = parser.parse_args(argv)
     if args.timing_only:
         result = json.loads((args.out / "results.json").read_text())

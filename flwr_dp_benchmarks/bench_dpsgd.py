@@ -73,9 +73,16 @@ def make_cnn(seed: int = 0) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return nn.Sequential(
-            nn.Conv2d(1, 16, 8, 2, padding=3), nn.Tanh(), nn.MaxPool2d(2, 1),
-            nn.Conv2d(16, 32, 4, 2), nn.Tanh(), nn.MaxPool2d(2, 1),
-            nn.Flatten(), nn.Linear(32 * 4 * 4, 32), nn.Tanh(), nn.Linear(32, 10),
+            nn.Conv2d(1, 16, 8, 2, padding=3),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Conv2d(16, 32, 4, 2),
+            nn.Tanh(),
+            nn.MaxPool2d(2, 1),
+            nn.Flatten(),
+            nn.Linear(32 * 4 * 4, 32),
+            nn.Tanh(),
+            nn.Linear(32, 10),
         )
 
 
@@ -105,9 +112,16 @@ def round_seeds(seed: int, round_index: int = 0) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def opacus_round(model_fn: Callable[[], nn.Module], weights: dict[str, torch.Tensor],
-                 data: tuple[torch.Tensor, torch.Tensor], *, batch_size: int, mode: str, seed: int,
-                 report_epsilon: bool = False) -> None:
+def opacus_round(
+    model_fn: Callable[[], nn.Module],
+    weights: dict[str, torch.Tensor],
+    data: tuple[torch.Tensor, torch.Tensor],
+    *,
+    batch_size: int,
+    mode: str,
+    seed: int,
+    report_epsilon: bool = False,
+) -> None:
     """One round written directly with Opacus: make_private, one epoch of Poisson DP-SGD (the baseline).
 
     ``report_epsilon``: also ask the engine for ε at δ = 1e-5 after the epoch, as Flower's
@@ -119,14 +133,22 @@ def opacus_round(model_fn: Callable[[], nn.Module], weights: dict[str, torch.Ten
     model = model_fn()
     model.load_state_dict(weights)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = DataLoader(TensorDataset(*data), batch_size=batch_size,
-                        generator=torch.Generator().manual_seed(sample_seed))
+    loader = DataLoader(
+        TensorDataset(*data), batch_size=batch_size, generator=torch.Generator().manual_seed(sample_seed)
+    )
     criterion = nn.CrossEntropyLoss()
     engine = PrivacyEngine()
-    out = engine.make_private(module=model, optimizer=optimizer, criterion=criterion, data_loader=loader,
-                              noise_multiplier=NOISE_MULTIPLIER, max_grad_norm=MAX_GRAD_NORM,
-                              poisson_sampling=True, grad_sample_mode=mode,
-                              noise_generator=torch.Generator().manual_seed(noise_seed))
+    out = engine.make_private(
+        module=model,
+        optimizer=optimizer,
+        criterion=criterion,
+        data_loader=loader,
+        noise_multiplier=NOISE_MULTIPLIER,
+        max_grad_norm=MAX_GRAD_NORM,
+        poisson_sampling=True,
+        grad_sample_mode=mode,
+        noise_generator=torch.Generator().manual_seed(noise_seed),
+    )
     if mode == "ghost":
         module, dp_optimizer, criterion, dp_loader = out
     else:
@@ -141,14 +163,21 @@ def opacus_round(model_fn: Callable[[], nn.Module], weights: dict[str, torch.Ten
         engine.get_epsilon(DELTA)
 
 
-def nonprivate_round(model_fn: Callable[[], nn.Module], weights: dict[str, torch.Tensor],
-                     data: tuple[torch.Tensor, torch.Tensor], *, batch_size: int, seed: int) -> None:
+def nonprivate_round(
+    model_fn: Callable[[], nn.Module],
+    weights: dict[str, torch.Tensor],
+    data: tuple[torch.Tensor, torch.Tensor],
+    *,
+    batch_size: int,
+    seed: int,
+) -> None:
     """One epoch of plain minibatch SGD (shuffled, same batch size and step count)."""
     model = model_fn()
     model.load_state_dict(weights)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    loader = DataLoader(TensorDataset(*data), batch_size=batch_size, shuffle=True,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        TensorDataset(*data), batch_size=batch_size, shuffle=True, generator=torch.Generator().manual_seed(seed)
+    )
     criterion = nn.CrossEntropyLoss()
     model.train()
     for inputs, targets in loader:
@@ -157,8 +186,14 @@ def nonprivate_round(model_fn: Callable[[], nn.Module], weights: dict[str, torch
         optimizer.step()
 
 
-def run(*, models: tuple[str, ...] = ("cnn", "mlp"), batch_sizes: tuple[int, ...] = (64, 256),
-        num_examples: int = 4096, repeats: int = 7, seed: int = 0) -> list[dict]:
+def run(
+    *,
+    models: tuple[str, ...] = ("cnn", "mlp"),
+    batch_sizes: tuple[int, ...] = (64, 256),
+    num_examples: int = 4096,
+    repeats: int = 7,
+    seed: int = 0,
+) -> list[dict]:
     """Rows per model × batch size: ours vs Opacus alone (≤ 1.05×), ours vs non-private and the
     other Opacus mode vs non-private (reported). Values are seconds per DP-SGD step."""
     threads = torch.get_num_threads()
@@ -168,7 +203,7 @@ def run(*, models: tuple[str, ...] = ("cnn", "mlp"), batch_sizes: tuple[int, ...
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Opacus' secure-RNG and hook warnings, every round
             for name in models:
-                model_fn = (lambda name=name: make_model(name))
+                model_fn = lambda name=name: make_model(name)
                 weights = {k: v.clone() for k, v in model_fn().state_dict().items()}
                 data = synthetic_data(name, num_examples, seed)
                 for batch in batch_sizes:
@@ -178,17 +213,40 @@ def run(*, models: tuple[str, ...] = ("cnn", "mlp"), batch_sizes: tuple[int, ...
     return rows
 
 
-def _cases(name: str, model_fn: Callable[[], nn.Module], weights: dict[str, torch.Tensor],
-           data: tuple[torch.Tensor, torch.Tensor], batch: int, num_examples: int, repeats: int,
-           seed: int) -> list[dict]:
-    trainer = DpSgdTrainer(model_fn, lr=LR, noise_multiplier=NOISE_MULTIPLIER, max_grad_norm=MAX_GRAD_NORM,
-                           batch_size=batch, grad_sample_mode="auto", device="cpu", seed=seed)
+def _cases(
+    name: str,
+    model_fn: Callable[[], nn.Module],
+    weights: dict[str, torch.Tensor],
+    data: tuple[torch.Tensor, torch.Tensor],
+    batch: int,
+    num_examples: int,
+    repeats: int,
+    seed: int,
+) -> list[dict]:
+    trainer = DpSgdTrainer(
+        model_fn,
+        lr=LR,
+        noise_multiplier=NOISE_MULTIPLIER,
+        max_grad_norm=MAX_GRAD_NORM,
+        batch_size=batch,
+        grad_sample_mode="auto",
+        device="cpu",
+        seed=seed,
+    )
     mode = trainer.grad_sample_mode
     other = "hooks" if mode == "ghost" else "ghost"
     steps = math.ceil(num_examples / batch)
-    params = {"model": name, "parameters": sum(p.numel() for p in model_fn().parameters()),
-              "batch_size": batch, "num_examples": num_examples, "steps": steps, "grad_sample_mode": mode,
-              "noise_multiplier": NOISE_MULTIPLIER, "max_grad_norm": MAX_GRAD_NORM, "torch_threads": TORCH_THREADS}
+    params = {
+        "model": name,
+        "parameters": sum(p.numel() for p in model_fn().parameters()),
+        "batch_size": batch,
+        "num_examples": num_examples,
+        "steps": steps,
+        "grad_sample_mode": mode,
+        "noise_multiplier": NOISE_MULTIPLIER,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "torch_threads": TORCH_THREADS,
+    }
     case = f"{name} B={batch}"
 
     def ours(_: Any) -> None:
@@ -205,31 +263,72 @@ def _cases(name: str, model_fn: Callable[[], nn.Module], weights: dict[str, torc
 
     rows = []
     sub, base = time_pair(ours, opacus, repeats=repeats)
-    rows.append(row(NAME, f"{case}: ours vs Opacus alone ({mode})", params, metric="time_s",
-                    values=per_step(sub), baseline=f"Opacus PrivacyEngine loop ({mode})",
-                    baseline_values=per_step(base), target="<= 1.05x", target_ratio=1.05,
-                    notes=f"one round (setup + 1 epoch, {steps} Poisson steps) / steps; ours includes "
-                          "state restore/save and the ε queries (RDP curve cached: warm process)"))
+    rows.append(
+        row(
+            NAME,
+            f"{case}: ours vs Opacus alone ({mode})",
+            params,
+            metric="time_s",
+            values=per_step(sub),
+            baseline=f"Opacus PrivacyEngine loop ({mode})",
+            baseline_values=per_step(base),
+            target="<= 1.05x",
+            target_ratio=1.05,
+            notes=f"one round (setup + 1 epoch, {steps} Poisson steps) / steps; ours includes "
+            "state restore/save and the ε queries (RDP curve cached: warm process)",
+        )
+    )
     clear = getattr(getattr(dp_sgd_accounting, "_sgm_rdp", None), "cache_clear", None)
     if clear is not None:  # a ClientApp runs every round in a fresh process: nothing is cached
-        sub, base = time_pair(ours, lambda _s: opacus_round(model_fn, weights, data, batch_size=batch, mode=mode,
-                                                             seed=seed, report_epsilon=True),
-                              repeats=repeats, setup=clear)
-        rows.append(row(NAME, f"{case}: ours, cold process vs Opacus + get_epsilon ({mode})", params,
-                        metric="time_s", values=per_step(sub),
-                        baseline=f"Opacus loop ({mode}) + engine.get_epsilon(1e-5)", baseline_values=per_step(base),
-                        target="<= 1.05x", target_ratio=1.05,
-                        notes="RDP curve cache cleared before each round of ours (as in a fresh ClientApp "
-                              "process); the baseline reports ε every round as Flower's Opacus example does"))
+        sub, base = time_pair(
+            ours,
+            lambda _s: opacus_round(
+                model_fn, weights, data, batch_size=batch, mode=mode, seed=seed, report_epsilon=True
+            ),
+            repeats=repeats,
+            setup=clear,
+        )
+        rows.append(
+            row(
+                NAME,
+                f"{case}: ours, cold process vs Opacus + get_epsilon ({mode})",
+                params,
+                metric="time_s",
+                values=per_step(sub),
+                baseline=f"Opacus loop ({mode}) + engine.get_epsilon(1e-5)",
+                baseline_values=per_step(base),
+                target="<= 1.05x",
+                target_ratio=1.05,
+                notes="RDP curve cache cleared before each round of ours (as in a fresh ClientApp "
+                "process); the baseline reports ε every round as Flower's Opacus example does",
+            )
+        )
     sub, base = time_pair(ours, plain, repeats=repeats)
-    rows.append(row(NAME, f"{case}: ours ({mode}) vs non-private", params, metric="time_s",
-                    values=per_step(sub), baseline="torch SGD, same batch size and steps",
-                    baseline_values=per_step(base), target="report",
-                    notes=f"auto mode chose {mode!r}"))
+    rows.append(
+        row(
+            NAME,
+            f"{case}: ours ({mode}) vs non-private",
+            params,
+            metric="time_s",
+            values=per_step(sub),
+            baseline="torch SGD, same batch size and steps",
+            baseline_values=per_step(base),
+            target="report",
+            notes=f"auto mode chose {mode!r}",
+        )
+    )
     alt, base = time_pair(lambda _s: opacus(_s, other), plain, repeats=repeats)
-    rows.append(row(NAME, f"{case}: Opacus {other} vs non-private", {**params, "grad_sample_mode": other},
-                    metric="time_s", values=per_step(alt), baseline="torch SGD, same batch size and steps",
-                    baseline_values=per_step(base), target="report",
-                    notes=f"the mode auto did not pick; compare with the row above ({mode})"))
+    rows.append(
+        row(
+            NAME,
+            f"{case}: Opacus {other} vs non-private",
+            {**params, "grad_sample_mode": other},
+            metric="time_s",
+            values=per_step(alt),
+            baseline="torch SGD, same batch size and steps",
+            baseline_values=per_step(base),
+            target="report",
+            notes=f"the mode auto did not pick; compare with the row above ({mode})",
+        )
+    )
     return rows
-

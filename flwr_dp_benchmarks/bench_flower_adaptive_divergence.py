@@ -60,9 +60,13 @@ def _round(strategy: Any, rnd: int, current: np.ndarray, updates: list[np.ndarra
     from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
     messages = list(strategy.configure_train(rnd, ArrayRecord([current]), ConfigRecord(), grid))
-    replies = [Message(RecordDict({"arrays": ArrayRecord([current + update]),
-                                   "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=msg)
-               for msg, update in zip(messages, updates)]
+    replies = [
+        Message(
+            RecordDict({"arrays": ArrayRecord([current + update]), "metrics": MetricRecord({"num-examples": 1.0})}),
+            reply_to=msg,
+        )
+        for msg, update in zip(messages, updates)
+    ]
     return strategy.aggregate_train(rnd, replies)
 
 
@@ -76,12 +80,23 @@ def run(rounds: int = 60, seed: int = 0) -> dict:
     from flwr_dp_strategies.privacy import PrivacyLedger
 
     logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower logs one INFO line per reply
-    args = (SETUP["noise_multiplier"], CLIENTS, SETUP["initial_clipping_norm"],
-            SETUP["target_clipped_quantile"], SETUP["clip_norm_lr"])
+    args = (
+        SETUP["noise_multiplier"],
+        CLIENTS,
+        SETUP["initial_clipping_norm"],
+        SETUP["target_clipped_quantile"],
+        SETUP["clip_norm_lr"],
+    )
     fedavg = dict(fraction_train=1.0, min_train_nodes=CLIENTS, min_available_nodes=CLIENTS)
     flower = DifferentialPrivacyServerSideAdaptiveClipping(FedAvg(**fedavg), *args)
-    ours = AccountedAdaptiveClipping(FedAvg(**fedavg), *args, num_clients=CLIENTS, sampling="fixed", rng=seed,
-                                     ledger=PrivacyLedger(1e-5, accounting="rdp"))
+    ours = AccountedAdaptiveClipping(
+        FedAvg(**fedavg),
+        *args,
+        num_clients=CLIENTS,
+        sampling="fixed",
+        rng=seed,
+        ledger=PrivacyLedger(1e-5, accounting="rdp"),
+    )
     np.random.seed(seed)  # Flower's count noise: numpy's global generator (benchmark only)
     rng, grid, current = np.random.default_rng(seed + 1), Grid(CLIENTS), np.zeros(DIM)
     c_flower, c_ours = [], []
@@ -92,24 +107,37 @@ def run(rounds: int = 60, seed: int = 0) -> dict:
             c_flower.append(float(flower.clipping_norm))
             _round(ours, rnd, current, updates, grid)
             c_ours.append(float(ours.clipping_norm))
-    return {"setup": {**SETUP, "clients_per_round": CLIENTS, "norm_median": 1.0, "log_norm_std": 0.5,
-                      "rounds": rounds, "seed": seed},
-            "flower_c": c_flower, "ours_c": c_ours}
+    return {
+        "setup": {
+            **SETUP,
+            "clients_per_round": CLIENTS,
+            "norm_median": 1.0,
+            "log_norm_std": 0.5,
+            "rounds": rounds,
+            "seed": seed,
+        },
+        "flower_c": c_flower,
+        "ours_c": c_ours,
+    }
 
 
 def markdown(result: dict) -> str:
     """C after rounds 1 / 10 / 30 / 60 (those that ran)."""
     shown = [r for r in REPORT_ROUNDS if r <= len(result["flower_c"])]
-    lines = ["| C after round | " + " | ".join(str(r) for r in shown) + " |",
-             "|---|" + "---|" * len(shown),
-             "| Flower 1.41 `DifferentialPrivacyServerSideAdaptiveClipping` | "
-             + " | ".join(f"{result['flower_c'][r - 1]:.3g}" for r in shown) + " |",
-             "| ours `AccountedAdaptiveClipping` | "
-             + " | ".join(f"{result['ours_c'][r - 1]:.3g}" for r in shown) + " |"]
+    lines = [
+        "| C after round | " + " | ".join(str(r) for r in shown) + " |",
+        "|---|" + "---|" * len(shown),
+        "| Flower 1.41 `DifferentialPrivacyServerSideAdaptiveClipping` | "
+        + " | ".join(f"{result['flower_c'][r - 1]:.3g}" for r in shown)
+        + " |",
+        "| ours `AccountedAdaptiveClipping` | " + " | ".join(f"{result['ours_c'][r - 1]:.3g}" for r in shown) + " |",
+    ]
     s = result["setup"]
-    return (f"C₀ = {s['initial_clipping_norm']}, update norms log-normal with median {s['norm_median']}, "
-            f"{s['clients_per_round']} clients a round, target_clipped_quantile = {s['target_clipped_quantile']}, "
-            f"η = {s['clip_norm_lr']}, z = {s['noise_multiplier']}, seed {s['seed']}.\n\n" + "\n".join(lines) + "\n")
+    return (
+        f"C₀ = {s['initial_clipping_norm']}, update norms log-normal with median {s['norm_median']}, "
+        f"{s['clients_per_round']} clients a round, target_clipped_quantile = {s['target_clipped_quantile']}, "
+        f"η = {s['clip_norm_lr']}, z = {s['noise_multiplier']}, seed {s['seed']}.\n\n" + "\n".join(lines) + "\n"
+    )
 
 
 def plot(result: dict, path: Path) -> None:

@@ -47,8 +47,10 @@ def _plain_rdp(events: tuple, rounds: int) -> float:
 def run(*, clients: int = 1000, rounds: int = 1000, repeats: int = 5) -> list[dict]:
     """Rows: cold worst-client ε (default 'best' = min(RDP, PLD), and 'rdp' only) vs plain RdpAccountant."""
     rows = []
-    for case, events in (("homogeneous Gaussian(z=1)", (GaussianDpEvent(1.0),)),
-                         ("heterogeneous 4 event types", HETEROGENEOUS)):
+    for case, events in (
+        ("homogeneous Gaussian(z=1)", (GaussianDpEvent(1.0),)),
+        ("heterogeneous 4 event types", HETEROGENEOUS),
+    ):
         for method in ("best", "rdp"):
             record_times: list[float] = []
 
@@ -57,16 +59,34 @@ def run(*, clients: int = 1000, rounds: int = 1000, repeats: int = 5) -> list[di
                 record_times.append(spent)
                 return ledger
 
-            sub, base = time_pair(lambda ledger, method=method: ledger.epsilon(method=method),
-                                  lambda _s, events=events: _plain_rdp(events, rounds),
-                                  repeats=repeats, setup=setup)
+            sub, base = time_pair(
+                lambda ledger, method=method: ledger.epsilon(method=method),
+                lambda _s, events=events: _plain_rdp(events, rounds),
+                repeats=repeats,
+                setup=setup,
+            )
             value = statistics.median(sub)
-            params = {"clients": clients, "rounds": rounds, "distinct_events": len(events), "method": method,
-                      "delta": DELTA, "relation": "add_or_remove_one"}
-            rows.append(row(NAME, f"epsilon() {case}, method={method}", params, metric="time_s", values=sub,
-                            baseline="dp_accounting RdpAccountant.compose(event, rounds) per distinct event",
-                            baseline_values=base, target="< 1 s absolute (ratio reported)",
-                            target_met=bool(value < 1.0),
-                            notes=f"cold ledger each run; record_clients for all rounds took "
-                                  f"{statistics.median(record_times):.3g} s (median, untimed)"))
+            params = {
+                "clients": clients,
+                "rounds": rounds,
+                "distinct_events": len(events),
+                "method": method,
+                "delta": DELTA,
+                "relation": "add_or_remove_one",
+            }
+            rows.append(
+                row(
+                    NAME,
+                    f"epsilon() {case}, method={method}",
+                    params,
+                    metric="time_s",
+                    values=sub,
+                    baseline="dp_accounting RdpAccountant.compose(event, rounds) per distinct event",
+                    baseline_values=base,
+                    target="< 1 s absolute (ratio reported)",
+                    target_met=bool(value < 1.0),
+                    notes=f"cold ledger each run; record_clients for all rounds took "
+                    f"{statistics.median(record_times):.3g} s (median, untimed)",
+                )
+            )
     return rows

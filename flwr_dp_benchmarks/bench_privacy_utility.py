@@ -100,7 +100,15 @@ from dp_accounting import dp_event  # noqa: E402
 DELTA = 1e-5
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 8.0)
 DATASETS = ("digits", "mnist")
-METHODS = ("ours-central-poisson", "ours-central-adaptive", "flower-central", "ldp-fl", "ours-delm-fm", "ours-delm-hog-sum", "dp-sgd")
+METHODS = (
+    "ours-central-poisson",
+    "ours-central-adaptive",
+    "flower-central",
+    "ldp-fl",
+    "ours-delm-fm",
+    "ours-delm-hog-sum",
+    "dp-sgd",
+)
 REFERENCE = "fedavg"
 CALIBRATION_TOLERANCE = 3e-3  # achieved ε in [target·(1 − tol), target]
 
@@ -115,35 +123,77 @@ RELATIONS = {
     "dp-sgd": "record-level: add/remove one record of a client's data",
     "fedavg": "— (non-private, ε = ∞)",
 }
-LEDGER_RELATION = {"ours-central-poisson": "add_or_remove_one", "ours-central-adaptive": "add_or_remove_one",
-                   "flower-central": "add_or_remove_one",
-                   "ldp-fl": "replace_one", "ours-delm-fm": "replace_one", "ours-delm-hog-sum": "replace_one",
-                   "dp-sgd": "add_or_remove_one",
-                   "fedavg": "add_or_remove_one"}
-LABELS = {"ours-central-poisson": "ours: central DP, Poisson sampling",
-          "ours-central-adaptive": "ours: central DP, adaptive clipping, Poisson", "flower-central": "Flower central DP",
-          "ldp-fl": "LDP-FL", "ours-delm-fm": "ours: DELM functional mechanism",
-          "ours-delm-hog-sum": "ours: FM on HOG, server-side solve", "dp-sgd": "DP-SGD (Opacus)",
-          "fedavg": "FedAvg (non-private)"}
+LEDGER_RELATION = {
+    "ours-central-poisson": "add_or_remove_one",
+    "ours-central-adaptive": "add_or_remove_one",
+    "flower-central": "add_or_remove_one",
+    "ldp-fl": "replace_one",
+    "ours-delm-fm": "replace_one",
+    "ours-delm-hog-sum": "replace_one",
+    "dp-sgd": "add_or_remove_one",
+    "fedavg": "add_or_remove_one",
+}
+LABELS = {
+    "ours-central-poisson": "ours: central DP, Poisson sampling",
+    "ours-central-adaptive": "ours: central DP, adaptive clipping, Poisson",
+    "flower-central": "Flower central DP",
+    "ldp-fl": "LDP-FL",
+    "ours-delm-fm": "ours: DELM functional mechanism",
+    "ours-delm-hog-sum": "ours: FM on HOG, server-side solve",
+    "dp-sgd": "DP-SGD (Opacus)",
+    "fedavg": "FedAvg (non-private)",
+}
 
 #: Per-dataset federation and hyper-parameters (fixed across ε; chosen once, see results.md).
 DATASET_CONFIG: dict[str, dict[str, Any]] = {
-    "digits": dict(num_clients=20, hidden=64, local_lr=0.3, local_batch=16, local_epochs=3,
-                   central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
-                   dpsgd_batch=16, dpsgd_lr=0.5, dpsgd_clip=1.0,
-                   fm_pool=1, fm_components=0, fm_steps=5, fm_ridge=1e-4, fm_hog_cell=2),
-    "mnist": dict(num_clients=100, hidden=64, local_lr=0.05, local_batch=32, local_epochs=1,
-                  central_fraction=0.5, central_clip=0.3, ldp_clip=1.0,
-                  dpsgd_batch=120, dpsgd_lr=1.0, dpsgd_clip=1.0,
-                  fm_pool=2, fm_components=0, fm_steps=5, fm_ridge=1e-4, fm_hog_cell=4),
+    "digits": dict(
+        num_clients=20,
+        hidden=64,
+        local_lr=0.3,
+        local_batch=16,
+        local_epochs=3,
+        central_fraction=0.5,
+        central_clip=0.3,
+        ldp_clip=1.0,
+        dpsgd_batch=16,
+        dpsgd_lr=0.5,
+        dpsgd_clip=1.0,
+        fm_pool=1,
+        fm_components=0,
+        fm_steps=5,
+        fm_ridge=1e-4,
+        fm_hog_cell=2,
+    ),
+    "mnist": dict(
+        num_clients=100,
+        hidden=64,
+        local_lr=0.05,
+        local_batch=32,
+        local_epochs=1,
+        central_fraction=0.5,
+        central_clip=0.3,
+        ldp_clip=1.0,
+        dpsgd_batch=120,
+        dpsgd_lr=1.0,
+        dpsgd_clip=1.0,
+        fm_pool=2,
+        fm_components=0,
+        fm_steps=5,
+        fm_ridge=1e-4,
+        fm_hog_cell=4,
+    ),
 }
 
 #: kwargs of :func:`run` per mode ("tiny" is for the smoke test: toy sizes, meaningless accuracies).
 MODES: dict[str, dict[str, Any]] = {
     "full": {"datasets": DATASETS, "epsilons": EPSILONS, "rounds": {"digits": 30, "mnist": 30}},
     "quick": {"datasets": DATASETS, "epsilons": EPSILONS, "rounds": {"digits": 15, "mnist": 10}},
-    "tiny": {"datasets": ("digits",), "epsilons": (0.5, 8.0), "rounds": {"digits": 2},
-             "overrides": {"digits": {"num_clients": 4, "max_train": 400}}},
+    "tiny": {
+        "datasets": ("digits",),
+        "epsilons": (0.5, 8.0),
+        "rounds": {"digits": 2},
+        "overrides": {"digits": {"num_clients": 4, "max_train": 400}},
+    },
 }
 
 Params = list[np.ndarray]
@@ -174,8 +224,9 @@ class Federation:
         return int(len(self.shards[0][1]))
 
 
-def make_federation(dataset: str, num_clients: int, *, max_train: Optional[int] = None, seed: int = 42,
-                    data_dir: str = "") -> Federation:
+def make_federation(
+    dataset: str, num_clients: int, *, max_train: Optional[int] = None, seed: int = 42, data_dir: str = ""
+) -> Federation:
     """``num_clients`` shards of ⌊n/num_clients⌋ examples of a seeded permutation (the rest is dropped)."""
     from flwr_dp_experiments.datasets import load_dataset
 
@@ -207,8 +258,12 @@ def fm_features(x: np.ndarray, dataset: str, pool: int) -> np.ndarray:
 
 
 # ============================================================================ calibration
-def ledger_epsilon(relation: str, central: Sequence[dp_event.DpEvent] = (),
-                   per_client: Sequence[dp_event.DpEvent] = (), method: str = "best") -> float:
+def ledger_epsilon(
+    relation: str,
+    central: Sequence[dp_event.DpEvent] = (),
+    per_client: Sequence[dp_event.DpEvent] = (),
+    method: str = "best",
+) -> float:
     """ε at δ = 1e-5 of a ledger holding ``central`` (round r = index + 1) and one client's events."""
     from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -220,8 +275,15 @@ def ledger_epsilon(relation: str, central: Sequence[dp_event.DpEvent] = (),
     return float(ledger.epsilon(method=method))
 
 
-def calibrate(epsilon_of: Callable[[float, str], float], target: float, *, increasing: bool,
-              lo: float, hi: float, tol: float = CALIBRATION_TOLERANCE) -> tuple[float, float]:
+def calibrate(
+    epsilon_of: Callable[[float, str], float],
+    target: float,
+    *,
+    increasing: bool,
+    lo: float,
+    hi: float,
+    tol: float = CALIBRATION_TOLERANCE,
+) -> tuple[float, float]:
     """The parameter x with ``epsilon_of(x, "best")`` in [target·(1 − tol), target].
 
     ``epsilon_of(x, method)`` must be monotone in x (``increasing`` says which way) on
@@ -308,23 +370,30 @@ def fl_round(strategy: Any, rnd: int, arrays: Any, grid: Grid, reply_fn: ReplyFn
     """One Flower round in-process: configure_train → each sampled client's reply → aggregate_train."""
     from flwr.app import ConfigRecord
 
-    replies = [reply_fn(int(msg.metadata.dst_node_id) - 101, msg, rnd)
-               for msg in strategy.configure_train(rnd, arrays, ConfigRecord(), grid)]
+    replies = [
+        reply_fn(int(msg.metadata.dst_node_id) - 101, msg, rnd)
+        for msg in strategy.configure_train(rnd, arrays, ConfigRecord(), grid)
+    ]
     new_arrays, metrics = strategy.aggregate_train(rnd, replies)
     if new_arrays is None:
         raise RuntimeError(f"round {rnd}: the strategy released no model ({metrics})")
     return new_arrays, metrics
 
 
-def params_reply(msg: Any, params: Params, weight: float,
-                 declarations: Iterable[tuple[dp_event.DpEvent, str]] = ()) -> Any:
+def params_reply(
+    msg: Any, params: Params, weight: float, declarations: Iterable[tuple[dp_event.DpEvent, str]] = ()
+) -> Any:
     """A train reply carrying ``params`` under the MLP's keys, ``num-examples`` and the declared releases."""
     from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
     from flwr_dp_strategies.declarations import declare_release
 
-    content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(MLP_KEYS, params)}),
-                          "metrics": MetricRecord({"num-examples": float(weight)})})
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({k: Array(np.asarray(p)) for k, p in zip(MLP_KEYS, params)}),
+            "metrics": MetricRecord({"num-examples": float(weight)}),
+        }
+    )
     for event, label in declarations:
         declare_release(content, event, label=label, neighboring_relation="replace_one")  # LDP-FL: Δ₂ = 2C
     return Message(content, reply_to=msg)
@@ -367,12 +436,20 @@ def _local(fed: Federation, cfg: dict[str, Any], i: int, params: Params, rnd: in
     from flwr_dp_experiments.baselines import local_sgd
 
     x, y = fed.shards[i]
-    return local_sgd(params, x, y, epochs=cfg["local_epochs"], lr=cfg["local_lr"], batch_size=cfg["local_batch"],
-                     seed=seed * 1_000_003 + rnd * 1009 + i)
+    return local_sgd(
+        params,
+        x,
+        y,
+        epochs=cfg["local_epochs"],
+        lr=cfg["local_lr"],
+        batch_size=cfg["local_batch"],
+        seed=seed * 1_000_003 + rnd * 1009 + i,
+    )
 
 
-def _train_mlp(fed: Federation, cfg: dict[str, Any], strategy: Any, rounds: int, seed: int,
-               reply_fn: ReplyFn) -> list[float]:
+def _train_mlp(
+    fed: Federation, cfg: dict[str, Any], strategy: Any, rounds: int, seed: int, reply_fn: ReplyFn
+) -> list[float]:
     """Run ``rounds`` rounds of ``strategy`` on the MLP; test accuracy after each."""
     from flwr_dp_experiments.baselines import evaluate
 
@@ -393,8 +470,9 @@ def run_fedavg(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
     from flwr_dp_strategies import AccountedFedAvg, PrivacyLedger
 
     n = fed.num_clients
-    strategy = AccountedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                               ledger=PrivacyLedger(DELTA))
+    strategy = AccountedFedAvg(
+        fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n, ledger=PrivacyLedger(DELTA)
+    )
 
     def reply(i: int, msg: Any, rnd: int) -> Any:
         new = _local(fed, cfg, i, arrays_params(msg.content["arrays"]), rnd, seed)
@@ -405,8 +483,7 @@ def run_fedavg(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
     return RunResult(acc, eps, eps_rdp, {"clients_per_round": n}, notes="no noise; ledger books ε = ∞")
 
 
-def run_central_poisson(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
-                        seed: int) -> RunResult:
+def run_central_poisson(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
     """Ours: AccountedPoissonFixedClipping, z calibrated on PoissonSampled(q, Gaussian(z)) × rounds."""
     from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
     from flwr.serverapp.strategy import FedAvg
@@ -419,13 +496,20 @@ def run_central_poisson(fed: Federation, cfg: dict[str, Any], target: float, rou
     q = m / n
 
     def eps_of(z: float, method: str) -> float:
-        return ledger_epsilon("add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(z))] * rounds,
-                              method=method)
+        return ledger_epsilon(
+            "add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(z))] * rounds, method=method
+        )
 
     z, _ = calibrate(eps_of, target, increasing=False, lo=0.1, hi=3000.0)
-    strategy = AccountedPoissonFixedClipping(FedAvg(fraction_evaluate=0.0), z, cfg["central_clip"], m,
-                                             num_clients=n, ledger=PrivacyLedger(DELTA),
-                                             rng=np.random.default_rng([seed, 1]))
+    strategy = AccountedPoissonFixedClipping(
+        FedAvg(fraction_evaluate=0.0),
+        z,
+        cfg["central_clip"],
+        m,
+        num_clients=n,
+        ledger=PrivacyLedger(DELTA),
+        rng=np.random.default_rng([seed, 1]),
+    )
     participants: dict[int, int] = {}
 
     def reply(i: int, msg: Any, rnd: int) -> Any:
@@ -436,14 +520,23 @@ def run_central_poisson(fed: Federation, cfg: dict[str, Any], target: float, rou
     acc = _train_mlp(fed, cfg, strategy, rounds, seed, reply)
     eps, eps_rdp = _ledger_pair(strategy.ledger)
     counts = [participants.get(rnd, 0) for rnd in range(1, rounds + 1)]
-    return RunResult(acc, eps, eps_rdp, {"noise_multiplier": z, "clip": cfg["central_clip"], "sample_rate": q,
-                                         "expected_clients_per_round": m, "noise_std": z * cfg["central_clip"] / m,
-                                         "mean_clients_per_round": float(np.mean(counts))},
-                     notes=f"q={q:g}, m={m}, z={z:.3g}, C={cfg['central_clip']:g}, σ=zC/m={z * cfg['central_clip'] / m:.3g}")
+    return RunResult(
+        acc,
+        eps,
+        eps_rdp,
+        {
+            "noise_multiplier": z,
+            "clip": cfg["central_clip"],
+            "sample_rate": q,
+            "expected_clients_per_round": m,
+            "noise_std": z * cfg["central_clip"] / m,
+            "mean_clients_per_round": float(np.mean(counts)),
+        },
+        notes=f"q={q:g}, m={m}, z={z:.3g}, C={cfg['central_clip']:g}, σ=zC/m={z * cfg['central_clip'] / m:.3g}",
+    )
 
 
-def run_central_adaptive(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
-                         seed: int) -> RunResult:
+def run_central_adaptive(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
     """Ours: AccountedAdaptiveClipping (Poisson q, fixed denominator m), z calibrated as for the fixed C."""
     from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
     from flwr.serverapp.strategy import FedAvg
@@ -455,14 +548,22 @@ def run_central_adaptive(fed: Federation, cfg: dict[str, Any], target: float, ro
     q = m / n
 
     def eps_of(z: float, method: str) -> float:
-        return ledger_epsilon("add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(z))] * rounds,
-                              method=method)
+        return ledger_epsilon(
+            "add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(z))] * rounds, method=method
+        )
 
     z, _ = calibrate(eps_of, target, increasing=False, lo=0.1, hi=3000.0)
     count_std = max(m / 20.0, z)  # the noise split needs z < 2σ_b
-    strategy = AccountedAdaptiveClipping(FedAvg(fraction_evaluate=0.0), z, m, initial_clipping_norm=0.1,
-                                         clipped_count_stddev=count_std, num_clients=n,
-                                         ledger=PrivacyLedger(DELTA), rng=np.random.default_rng([seed, 1]))
+    strategy = AccountedAdaptiveClipping(
+        FedAvg(fraction_evaluate=0.0),
+        z,
+        m,
+        initial_clipping_norm=0.1,
+        clipped_count_stddev=count_std,
+        num_clients=n,
+        ledger=PrivacyLedger(DELTA),
+        rng=np.random.default_rng([seed, 1]),
+    )
 
     def reply(i: int, msg: Any, rnd: int) -> Any:
         new = _local(fed, cfg, i, arrays_params(msg.content["arrays"]), rnd, seed)
@@ -470,13 +571,22 @@ def run_central_adaptive(fed: Federation, cfg: dict[str, Any], target: float, ro
 
     acc = _train_mlp(fed, cfg, strategy, rounds, seed, reply)
     eps, eps_rdp = _ledger_pair(strategy.ledger)
-    return RunResult(acc, eps, eps_rdp, {"noise_multiplier": z, "clipped_count_stddev": count_std, "sample_rate": q,
-                                         "expected_clients_per_round": m, "final_clip": strategy.clipping_norm},
-                     notes=f"q={q:g}, m={m}, z={z:.3g}, C0=0.1 → C={strategy.clipping_norm:.3g}, σ_b={count_std:.3g}")
+    return RunResult(
+        acc,
+        eps,
+        eps_rdp,
+        {
+            "noise_multiplier": z,
+            "clipped_count_stddev": count_std,
+            "sample_rate": q,
+            "expected_clients_per_round": m,
+            "final_clip": strategy.clipping_norm,
+        },
+        notes=f"q={q:g}, m={m}, z={z:.3g}, C0=0.1 → C={strategy.clipping_norm:.3g}, σ_b={count_std:.3g}",
+    )
 
 
-def run_flower_central(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
-                       seed: int) -> RunResult:
+def run_flower_central(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
     """Flower's server-side fixed clipping (m clients sampled per round, no amplification), Flower's accountant."""
     from dp_accounting.dp_event import GaussianDpEvent
     from flwr.serverapp.strategy import FedAvg
@@ -493,12 +603,18 @@ def run_flower_central(fed: Federation, cfg: dict[str, Any], target: float, roun
         return ledger_epsilon("add_or_remove_one", [GaussianDpEvent(z)] * rounds, method=method)
 
     z, _ = calibrate(eps_of, target, increasing=False, lo=0.1, hi=3000.0)
-    accountant = RdpAccountant(PrivacyConfig(
-        target_delta=DELTA, population_size=n, neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-        sampling_method=SamplingMethod.NO_AMPLIFICATION))
+    accountant = RdpAccountant(
+        PrivacyConfig(
+            target_delta=DELTA,
+            population_size=n,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod.NO_AMPLIFICATION,
+        )
+    )
     fedavg = FedAvg(fraction_train=m / n, fraction_evaluate=0.0, min_train_nodes=m, min_available_nodes=n)
-    strategy = AccountedServerSideFixedClipping(fedavg, z, cfg["central_clip"], m, accountant=accountant,
-                                                ledger=PrivacyLedger(DELTA))
+    strategy = AccountedServerSideFixedClipping(
+        fedavg, z, cfg["central_clip"], m, accountant=accountant, ledger=PrivacyLedger(DELTA)
+    )
 
     def reply(i: int, msg: Any, rnd: int) -> Any:
         new = _local(fed, cfg, i, arrays_params(msg.content["arrays"]), rnd, seed)
@@ -509,11 +625,21 @@ def run_flower_central(fed: Federation, cfg: dict[str, Any], target: float, roun
     acc = _train_mlp(fed, cfg, strategy, rounds, seed, reply)
     eps, eps_rdp = _ledger_pair(strategy.ledger)
     flower_eps = float(accountant.get_privacy_spent().epsilon)
-    return RunResult(acc, eps, eps_rdp, {"noise_multiplier": z, "clip": cfg["central_clip"], "clients_per_round": m,
-                                         "noise_std": z * cfg["central_clip"] / m},
-                     own_epsilon=flower_eps, own_accountant="Flower RdpAccountant (no amplification)",
-                     notes=f"m={m} of {n}, z={z:.3g}, C={cfg['central_clip']:g}, σ=zC/m={z * cfg['central_clip'] / m:.3g}; "
-                           f"Flower's accountant: ε={flower_eps:.3g}")
+    return RunResult(
+        acc,
+        eps,
+        eps_rdp,
+        {
+            "noise_multiplier": z,
+            "clip": cfg["central_clip"],
+            "clients_per_round": m,
+            "noise_std": z * cfg["central_clip"] / m,
+        },
+        own_epsilon=flower_eps,
+        own_accountant="Flower RdpAccountant (no amplification)",
+        notes=f"m={m} of {n}, z={z:.3g}, C={cfg['central_clip']:g}, σ=zC/m={z * cfg['central_clip'] / m:.3g}; "
+        f"Flower's accountant: ε={flower_eps:.3g}",
+    )
 
 
 def run_ldp_fl(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
@@ -528,8 +654,13 @@ def run_ldp_fl(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
         return ledger_epsilon("replace_one", per_client=[dp_event.GaussianDpEvent(z)] * rounds, method=method)
 
     eps_round, _ = calibrate(eps_of, target, increasing=True, lo=1e-4, hi=max(target, 1.0) * 10)
-    strategy = AccountedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                               ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"))
+    strategy = AccountedFedAvg(
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=n,
+        min_available_nodes=n,
+        ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"),
+    )
     rngs = [np.random.default_rng([seed, 2, i]) for i in range(n)]
 
     def reply(i: int, msg: Any, rnd: int) -> Any:
@@ -541,8 +672,13 @@ def run_ldp_fl(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
     acc = _train_mlp(fed, cfg, strategy, rounds, seed, reply)
     eps, eps_rdp = _ledger_pair(strategy.ledger)
     sigma = ldp_fl_sigma(clip, eps_round, DELTA)
-    return RunResult(acc, eps, eps_rdp, {"epsilon_per_round": eps_round, "clip": clip, "sigma": sigma},
-                     notes=f"ε/round={eps_round:.3g}, C={clip:g}, σ={sigma:.3g} per coordinate")
+    return RunResult(
+        acc,
+        eps,
+        eps_rdp,
+        {"epsilon_per_round": eps_round, "clip": clip, "sigma": sigma},
+        notes=f"ε/round={eps_round:.3g}, C={clip:g}, σ={sigma:.3g} per coordinate",
+    )
 
 
 def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
@@ -559,20 +695,29 @@ def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
     q = 1.0 / steps
 
     def eps_of(z: float, method: str) -> float:
-        return ledger_epsilon("add_or_remove_one", per_client=[dp_sgd_event([(z, q, steps)])] * rounds,
-                              method=method)
+        return ledger_epsilon("add_or_remove_one", per_client=[dp_sgd_event([(z, q, steps)])] * rounds, method=method)
 
     z, _ = calibrate(eps_of, target, increasing=False, lo=0.3, hi=3000.0)
 
     def model_fn() -> torch.nn.Module:
         return make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed)
 
-    trainers = [DpSgdTrainer(model_fn, lr=cfg["dpsgd_lr"], noise_multiplier=z, max_grad_norm=cfg["dpsgd_clip"],
-                             batch_size=batch, device="cpu", seed=seed * 1000 + i) for i in range(n)]
-    contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={})
-                for i in range(n)]
-    strategy = AccountedFedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                               ledger=PrivacyLedger(DELTA))
+    trainers = [
+        DpSgdTrainer(
+            model_fn,
+            lr=cfg["dpsgd_lr"],
+            noise_multiplier=z,
+            max_grad_norm=cfg["dpsgd_clip"],
+            batch_size=batch,
+            device="cpu",
+            seed=seed * 1000 + i,
+        )
+        for i in range(n)
+    ]
+    contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={}) for i in range(n)]
+    strategy = AccountedFedAvg(
+        fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n, ledger=PrivacyLedger(DELTA)
+    )
     opacus_eps: list[float] = []
 
     def reply(i: int, msg: Any, rnd: int) -> Any:
@@ -589,12 +734,24 @@ def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
             acc.append(float(evaluate(arrays_params(arrays), fed.x_test, fed.y_test)))
     eps, eps_rdp = _ledger_pair(strategy.ledger)
     own = max(opacus_eps[-n:])
-    return RunResult(acc, eps, eps_rdp, {"noise_multiplier": z, "clip": cfg["dpsgd_clip"], "batch_size": batch,
-                                         "sample_rate": q, "steps_per_round": steps, "lr": cfg["dpsgd_lr"],
-                                         "grad_sample_mode": trainers[0].grad_sample_mode},
-                     own_epsilon=own, own_accountant="Opacus RDPAccountant",
-                     notes=f"B={batch}, q={q:.3g}, {steps} steps/round, z={z:.3g}, C={cfg['dpsgd_clip']:g}, "
-                           f"{trainers[0].grad_sample_mode}; Opacus: ε={own:.3g}")
+    return RunResult(
+        acc,
+        eps,
+        eps_rdp,
+        {
+            "noise_multiplier": z,
+            "clip": cfg["dpsgd_clip"],
+            "batch_size": batch,
+            "sample_rate": q,
+            "steps_per_round": steps,
+            "lr": cfg["dpsgd_lr"],
+            "grad_sample_mode": trainers[0].grad_sample_mode,
+        },
+        own_epsilon=own,
+        own_accountant="Opacus RDPAccountant",
+        notes=f"B={batch}, q={q:.3g}, {steps} steps/round, z={z:.3g}, C={cfg['dpsgd_clip']:g}, "
+        f"{trainers[0].grad_sample_mode}; Opacus: ε={own:.3g}",
+    )
 
 
 def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int, seed: int) -> RunResult:
@@ -635,13 +792,24 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
 
     total, _ = calibrate(eps_of, target, increasing=True, lo=target / 10.0, hi=target * 10.0)
     eps1, eps2 = shares[0] * total, shares[1] * total
-    nodes = dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                 ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"))
-    strategy = (NoisyObjectiveSum(**nodes, num_classes=c, ridge_fraction=0.5,
-                                  client_noise_std=fm_noise_std(dim, c, epsilon=eps2, noise="gaussian", delta=DELTA))
-                if solve else AccountedFedAvg(**nodes))
-    contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={})
-                for i in range(n)]
+    nodes = dict(
+        fraction_train=1.0,
+        fraction_evaluate=0.0,
+        min_train_nodes=n,
+        min_available_nodes=n,
+        ledger=PrivacyLedger(DELTA, neighboring_relation="replace_one"),
+    )
+    strategy = (
+        NoisyObjectiveSum(
+            **nodes,
+            num_classes=c,
+            ridge_fraction=0.5,
+            client_noise_std=fm_noise_std(dim, c, epsilon=eps2, noise="gaussian", delta=DELTA),
+        )
+        if solve
+        else AccountedFedAvg(**nodes)
+    )
+    contexts = [Context(run_id=1, node_id=101 + i, node_config={}, state=RecordDict(), run_config={}) for i in range(n)]
     rngs = [np.random.default_rng([seed, 3, i]) for i in range(n)]
     grid = Grid(n)
     x_test = features(fed.x_test)
@@ -649,32 +817,62 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     if k > 0:  # round 1: LDP federated PCA, the server averages the noisy second moments (FedAvg, equal weights)
         k = min(k, dim)
         pca_arrays = ArrayRecord({COVARIANCE_KEY: Array(np.zeros((dim, dim)))})
-        mean_cov, _ = fl_round(strategy, 1, pca_arrays, grid, lambda i, msg, rnd: covariance_reply(
-            msg, contexts[i], feats[i], epsilon=eps1, delta=DELTA, neighboring_relation="replace_one", rng=rngs[i]))
+        mean_cov, _ = fl_round(
+            strategy,
+            1,
+            pca_arrays,
+            grid,
+            lambda i, msg, rnd: covariance_reply(
+                msg, contexts[i], feats[i], epsilon=eps1, delta=DELTA, neighboring_relation="replace_one", rng=rngs[i]
+            ),
+        )
         basis = top_eigenvectors(mean_cov[COVARIANCE_KEY].numpy(), k)  # post-processing, sent to every client
         feats, x_test, first_round = [project(f, basis) for f in feats], project(x_test, basis), 2
     width = feats[0].shape[1]
     # learning_rate=None: each client's smooth step 1/L of its own noisy objective (post-processing)
-    trainers = [FunctionalMechanismTrainer(eps2, num_classes=c, noise="gaussian", delta=DELTA,
-                                           neighboring_relation="replace_one", local_steps=cfg["fm_steps"],
-                                           learning_rate=None, ridge=cfg["fm_ridge"], rng=rngs[i],
-                                           upload="objective" if solve else "head") for i in range(n)]
+    trainers = [
+        FunctionalMechanismTrainer(
+            eps2,
+            num_classes=c,
+            noise="gaussian",
+            delta=DELTA,
+            neighboring_relation="replace_one",
+            local_steps=cfg["fm_steps"],
+            learning_rate=None,
+            ridge=cfg["fm_ridge"],
+            rng=rngs[i],
+            upload="objective" if solve else "head",
+        )
+        for i in range(n)
+    ]
     labels = [y for _, y in fed.shards]
     arrays = ArrayRecord({"head.weight": Array(np.zeros((width, c)))})
     acc = []
     for rnd in range(first_round, first_round + rounds):
-        arrays, _ = fl_round(strategy, rnd, arrays, grid,
-                             lambda i, msg, rnd: trainers[i].train(msg, contexts[i], feats[i], labels[i]))
+        arrays, _ = fl_round(
+            strategy, rnd, arrays, grid, lambda i, msg, rnd: trainers[i].train(msg, contexts[i], feats[i], labels[i])
+        )
         acc.append(float(np.mean(np.argmax(x_test @ arrays["head.weight"].numpy(), axis=1) == fed.y_test)))
     eps, eps_rdp = _ledger_pair(strategy.ledger)
     pca = f"k={k} LDP-PCA comps (ε_FPCA={eps1:.3g})" if k > 0 else "no PCA"
     pca += ", HOG features" if hog else ""
     pca += ", server-side solve of the summed objectives" if solve else ""
-    return RunResult(acc, eps, eps_rdp, {"epsilon_fpca": eps1, "epsilon_fm": eps2, "components": k,
-                                         "input_dim": dim, "pool": cfg["fm_pool"], "learning_rate": "smooth 1/L",
-                                         "local_steps": cfg["fm_steps"], "ridge": cfg["fm_ridge"]},
-                     notes=f"inputs {dim}-d, {pca}; ε_FM={eps2:.3g} (Gaussian FM, once per client); "
-                           f"{rounds} head rounds")
+    return RunResult(
+        acc,
+        eps,
+        eps_rdp,
+        {
+            "epsilon_fpca": eps1,
+            "epsilon_fm": eps2,
+            "components": k,
+            "input_dim": dim,
+            "pool": cfg["fm_pool"],
+            "learning_rate": "smooth 1/L",
+            "local_steps": cfg["fm_steps"],
+            "ridge": cfg["fm_ridge"],
+        },
+        notes=f"inputs {dim}-d, {pca}; ε_FM={eps2:.3g} (Gaussian FM, once per client); {rounds} head rounds",
+    )
 
 
 RUNNERS: dict[str, Callable[[Federation, dict[str, Any], float, int, int], RunResult]] = {
@@ -685,16 +883,24 @@ RUNNERS: dict[str, Callable[[Federation, dict[str, Any], float, int, int], RunRe
     "ldp-fl": run_ldp_fl,
     "ours-delm-fm": run_delm_fm,
     "ours-delm-hog-sum": lambda fed, cfg, target, rounds, seed: run_delm_fm(
-        fed, {**cfg, "fm_features": "hog", "fm_aggregation": "sum"}, target, rounds, seed),
+        fed, {**cfg, "fm_features": "hog", "fm_aggregation": "sum"}, target, rounds, seed
+    ),
     "dp-sgd": run_dp_sgd,
 }
 
 
 # ============================================================================ driver
-def run(*, datasets: Sequence[str] = DATASETS, epsilons: Sequence[float] = EPSILONS,
-        methods: Sequence[str] = METHODS, rounds: Optional[dict[str, int]] = None,
-        overrides: Optional[dict[str, dict[str, Any]]] = None, seed: int = 0, reference: bool = True,
-        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> list[dict]:
+def run(
+    *,
+    datasets: Sequence[str] = DATASETS,
+    epsilons: Sequence[float] = EPSILONS,
+    methods: Sequence[str] = METHODS,
+    rounds: Optional[dict[str, int]] = None,
+    overrides: Optional[dict[str, dict[str, Any]]] = None,
+    seed: int = 0,
+    reference: bool = True,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> list[dict]:
     """One row per (dataset, method, target ε), plus a non-private FedAvg row per dataset.
 
     Row keys: method, label, dataset, neighbouring_relation, ledger_relation, target_epsilon,
@@ -724,22 +930,35 @@ def run(*, datasets: Sequence[str] = DATASETS, epsilons: Sequence[float] = EPSIL
                     t0 = time.perf_counter()
                     res = RUNNERS[method](fed, cfg, target, n_rounds, seed)
                     rows.append(_row(method, dataset, target, res, fed, n_rounds, time.perf_counter() - t0))
-                    log(f"[{dataset}] {method:22s} target ε={target:<5g} ledger ε={res.ledger_epsilon:.4g} "
-                        f"acc={res.accuracy[-1]:.3f} ({time.perf_counter() - t0:.1f} s)")
+                    log(
+                        f"[{dataset}] {method:22s} target ε={target:<5g} ledger ε={res.ledger_epsilon:.4g} "
+                        f"acc={res.accuracy[-1]:.3f} ({time.perf_counter() - t0:.1f} s)"
+                    )
     finally:
         torch.set_num_threads(threads)
     return rows
 
 
-def _row(method: str, dataset: str, target: float, res: RunResult, fed: Federation, rounds: int,
-         wall: float) -> dict:
+def _row(method: str, dataset: str, target: float, res: RunResult, fed: Federation, rounds: int, wall: float) -> dict:
     return {
-        "method": method, "label": LABELS[method], "dataset": dataset,
-        "neighbouring_relation": RELATIONS[method], "ledger_relation": LEDGER_RELATION[method],
-        "target_epsilon": target, "ledger_epsilon": res.ledger_epsilon, "ledger_epsilon_rdp": res.ledger_epsilon_rdp,
-        "delta": DELTA, "own_epsilon": res.own_epsilon, "own_accountant": res.own_accountant,
-        "accuracy": res.accuracy[-1], "accuracy_curve": res.accuracy, "rounds": rounds,
-        "num_clients": fed.num_clients, "shard_size": fed.shard_size, "params": res.params, "notes": res.notes,
+        "method": method,
+        "label": LABELS[method],
+        "dataset": dataset,
+        "neighbouring_relation": RELATIONS[method],
+        "ledger_relation": LEDGER_RELATION[method],
+        "target_epsilon": target,
+        "ledger_epsilon": res.ledger_epsilon,
+        "ledger_epsilon_rdp": res.ledger_epsilon_rdp,
+        "delta": DELTA,
+        "own_epsilon": res.own_epsilon,
+        "own_accountant": res.own_accountant,
+        "accuracy": res.accuracy[-1],
+        "accuracy_curve": res.accuracy,
+        "rounds": rounds,
+        "num_clients": fed.num_clients,
+        "shard_size": fed.shard_size,
+        "params": res.params,
+        "notes": res.notes,
         "wall_s": wall,
     }
 
@@ -755,9 +974,13 @@ def markdown(result: dict) -> str:
     """The results table (one row per run) with the set-up and the relations spelled out."""
     m = result["machine"]
     lines = [
-        f"# Privacy–utility ({result['mode']} run, {result['created']})", "",
-        *[f"Rows of {', '.join(r['methods'])} rerun on {r['created']} (load {r['load_average']}); "
-          "the other rows are from the run above." for r in result.get("reran", [])],
+        f"# Privacy–utility ({result['mode']} run, {result['created']})",
+        "",
+        *[
+            f"Rows of {', '.join(r['methods'])} rerun on {r['created']} (load {r['load_average']}); "
+            "the other rows are from the run above."
+            for r in result.get("reran", [])
+        ],
         *([""] if result.get("reran") else []),
         f"Machine: {m['platform']}, {m['cpu_count']} CPUs; torch {m.get('torch')}, flwr {m.get('flwr')}, "
         f"dp-accounting {m.get('dp-accounting')}, opacus {m.get('opacus')}; torch threads 1; seed {result['seed']}.",
@@ -766,53 +989,68 @@ def markdown(result: dict) -> str:
         "ledger of the strategy that ran, after calibrating the method's noise so that the ledger composes to "
         "the target. **ε values are comparable only within one neighbouring relation**: user-level ε protects a "
         "client's whole data set, record-level ε one example of it. Accuracy is on the test split after the last "
-        "round. Federations: " + "; ".join(
+        "round. Federations: "
+        + "; ".join(
             f"{d}: {c['num_clients']} clients × {c['shard_size']} examples, {c['rounds']} rounds"
-            for d, c in result["federations"].items()) + ".",
+            for d, c in result["federations"].items()
+        )
+        + ".",
         "",
         "| method | dataset | neighbouring relation | target ε | achieved ledger ε | accuracy | notes |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['label']} | {r['dataset']} | {r['neighbouring_relation']} | "
-                     f"{_fmt_eps(r['target_epsilon'])} | {_fmt_eps(r['ledger_epsilon'])} | {r['accuracy']:.3f} | "
-                     f"{r['notes']} |")
-    lines += ["", "Methods (the neighbouring relation of each is in its rows):", "",
-              "- **ours: central DP, Poisson sampling** — `AccountedPoissonFixedClipping`: each client is sampled "
-              "with probability q, its local-SGD update clipped to C, the sum divided by the fixed m = qN, "
-              "Gaussian noise σ = zC/m; the ledger composes `PoissonSampled(q, Gaussian(z))` per round "
-              "(amplification by sampling).",
-              "- **Flower central DP** — Flower's `DifferentialPrivacyServerSideFixedClipping` (booked in a ledger by "
-              "`AccountedServerSideFixedClipping`) over FedAvg sampling the same m clients per round; Flower's "
-              "accountant allows no amplification with fixed clipping, so each round is `Gaussian(z)`: for the same "
-              "ε and m its noise is larger than ours. Flower's own (RDP-only) ε is in the notes.",
-              "- **LDP-FL** — each client clips its update to C and adds analytic-Gaussian noise for (ε/round, δ) with "
-              "Δ₂ = 2C every round (`baselines.ldp_fl_update`); ε/round is set so the rounds compose to the target.",
-              "- **ours: DELM functional mechanism** — a softmax head on a Gaussian functional-mechanism objective "
-              "of the pooled pixels, released once per client with the whole budget (no PCA: examples/delm's "
-              "best configuration, `delm-nopca`); later rounds are post-processing (the ledger books "
-              "`NoOpDpEvent`).",
-              "- **ours: FM on HOG, server-side solve** — the same single FM release per client, on histograms of "
-              "oriented gradients (`feature_maps.hog_features`, data-independent) and uploaded as the noisy "
-              "objective; `NoisyObjectiveSum` repairs and solves the sum of the objectives (examples/delm's "
-              "`delm-nopca-sum-hog`).",
-              "- **DP-SGD (Opacus)** — `DpSgdTrainer` (Poisson batches, per-sample clipping C, noise z) on every "
-              "client every round, FedAvg by `AccountedFedAvg`; the ledger composes each client's "
-              "`SelfComposed(PoissonSampled(q, Gaussian(z)), steps)` per round. Opacus' own (RDP-only) ε is in "
-              "the notes.",
-              "",
-              "All noise is seeded (benchmark reproducibility, not a deployment setting): the same noise directions "
-              "recur, scaled, at every ε, which is why a method that has not learnt anything can sit consistently "
-              "below chance (e.g. Flower on digits).",
-              "", "Hyper-parameters per dataset (fixed across ε; picked by a few pilot runs at ε = 1 and 8 on this "
-              "test accuracy: the central clip C from {0.1, 0.3, 1, 3}, DP-SGD's learning rate and batch from two "
-              "choices each, the local SGD of digits for the non-private FedAvg; DELM uses the recommended "
-              "configuration of examples/delm, LDP-FL the DELM paper's C = 1): "]
+        lines.append(
+            f"| {r['label']} | {r['dataset']} | {r['neighbouring_relation']} | "
+            f"{_fmt_eps(r['target_epsilon'])} | {_fmt_eps(r['ledger_epsilon'])} | {r['accuracy']:.3f} | "
+            f"{r['notes']} |"
+        )
+    lines += [
+        "",
+        "Methods (the neighbouring relation of each is in its rows):",
+        "",
+        "- **ours: central DP, Poisson sampling** — `AccountedPoissonFixedClipping`: each client is sampled "
+        "with probability q, its local-SGD update clipped to C, the sum divided by the fixed m = qN, "
+        "Gaussian noise σ = zC/m; the ledger composes `PoissonSampled(q, Gaussian(z))` per round "
+        "(amplification by sampling).",
+        "- **Flower central DP** — Flower's `DifferentialPrivacyServerSideFixedClipping` (booked in a ledger by "
+        "`AccountedServerSideFixedClipping`) over FedAvg sampling the same m clients per round; Flower's "
+        "accountant allows no amplification with fixed clipping, so each round is `Gaussian(z)`: for the same "
+        "ε and m its noise is larger than ours. Flower's own (RDP-only) ε is in the notes.",
+        "- **LDP-FL** — each client clips its update to C and adds analytic-Gaussian noise for (ε/round, δ) with "
+        "Δ₂ = 2C every round (`baselines.ldp_fl_update`); ε/round is set so the rounds compose to the target.",
+        "- **ours: DELM functional mechanism** — a softmax head on a Gaussian functional-mechanism objective "
+        "of the pooled pixels, released once per client with the whole budget (no PCA: examples/delm's "
+        "best configuration, `delm-nopca`); later rounds are post-processing (the ledger books "
+        "`NoOpDpEvent`).",
+        "- **ours: FM on HOG, server-side solve** — the same single FM release per client, on histograms of "
+        "oriented gradients (`feature_maps.hog_features`, data-independent) and uploaded as the noisy "
+        "objective; `NoisyObjectiveSum` repairs and solves the sum of the objectives (examples/delm's "
+        "`delm-nopca-sum-hog`).",
+        "- **DP-SGD (Opacus)** — `DpSgdTrainer` (Poisson batches, per-sample clipping C, noise z) on every "
+        "client every round, FedAvg by `AccountedFedAvg`; the ledger composes each client's "
+        "`SelfComposed(PoissonSampled(q, Gaussian(z)), steps)` per round. Opacus' own (RDP-only) ε is in "
+        "the notes.",
+        "",
+        "All noise is seeded (benchmark reproducibility, not a deployment setting): the same noise directions "
+        "recur, scaled, at every ε, which is why a method that has not learnt anything can sit consistently "
+        "below chance (e.g. Flower on digits).",
+        "",
+        "Hyper-parameters per dataset (fixed across ε; picked by a few pilot runs at ε = 1 and 8 on this "
+        "test accuracy: the central clip C from {0.1, 0.3, 1, 3}, DP-SGD's learning rate and batch from two "
+        "choices each, the local SGD of digits for the non-private FedAvg; DELM uses the recommended "
+        "configuration of examples/delm, LDP-FL the DELM paper's C = 1): ",
+    ]
     for dataset, cfg in result["config"].items():
         lines.append(f"- {dataset}: " + ", ".join(f"{k}={v}" for k, v in cfg.items()))
-    lines += ["", "Wall time: " + ", ".join(f"{k} {v:.0f} s" for k, v in result["durations_s"].items())
-              + (f"; CPU time of the process {result['cpu_s']:.0f} s" if "cpu_s" in result else "")
-              + (f"; load average at the end {result['load_average']}" if "load_average" in result else ""), ""]
+    lines += [
+        "",
+        "Wall time: "
+        + ", ".join(f"{k} {v:.0f} s" for k, v in result["durations_s"].items())
+        + (f"; CPU time of the process {result['cpu_s']:.0f} s" if "cpu_s" in result else "")
+        + (f"; load average at the end {result['load_average']}" if "load_average" in result else ""),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -829,17 +1067,29 @@ def plot(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(12, 5.5))
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for method in METHODS:
-            pts = sorted((r["target_epsilon"], r["accuracy"]) for r in rows
-                         if r["dataset"] == dataset and r["method"] == method)
+            pts = sorted(
+                (r["target_epsilon"], r["accuracy"]) for r in rows if r["dataset"] == dataset and r["method"] == method
+            )
             if pts:
-                ax.plot(*zip(*pts), styles.get(dataset, ":"), marker="o", ms=4, color=colors[method],
-                        label=f"{LABELS[method]} ({RELATIONS[method].split(':')[0]}), {dataset}")
+                ax.plot(
+                    *zip(*pts),
+                    styles.get(dataset, ":"),
+                    marker="o",
+                    ms=4,
+                    color=colors[method],
+                    label=f"{LABELS[method]} ({RELATIONS[method].split(':')[0]}), {dataset}",
+                )
         left = min((r["target_epsilon"] for r in rows if math.isfinite(r["target_epsilon"])), default=1.0)
         for r in rows:
             if r["dataset"] == dataset and r["method"] == REFERENCE:
                 ax.axhline(r["accuracy"], color="grey", lw=0.8, ls=styles.get(dataset, ":"))
-                ax.annotate(f"non-private FedAvg, {dataset}: {r['accuracy']:.3f}", (left, r["accuracy"]),
-                            fontsize=7, color="grey", va="bottom")
+                ax.annotate(
+                    f"non-private FedAvg, {dataset}: {r['accuracy']:.3f}",
+                    (left, r["accuracy"]),
+                    fontsize=7,
+                    color="grey",
+                    va="bottom",
+                )
     ax.set_xscale("log")
     ticks = sorted({r["target_epsilon"] for r in rows if math.isfinite(r["target_epsilon"])})
     ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
@@ -868,32 +1118,62 @@ def run_mode(mode: str, seed: int = 0, methods: Sequence[str] = METHODS) -> dict
 
     kwargs = MODES[mode]
     t0, c0 = time.perf_counter(), time.process_time()
-    rows = run(**kwargs, seed=seed, methods=tuple(m for m in methods if m != REFERENCE),
-               reference=REFERENCE in methods or tuple(methods) == METHODS)
+    rows = run(
+        **kwargs,
+        seed=seed,
+        methods=tuple(m for m in methods if m != REFERENCE),
+        reference=REFERENCE in methods or tuple(methods) == METHODS,
+    )
     overrides = kwargs.get("overrides", {})
     config = {d: {**DATASET_CONFIG[d], **overrides.get(d, {})} for d in kwargs["datasets"]}
-    feds = {d: {"num_clients": next(r["num_clients"] for r in rows if r["dataset"] == d),
-                "shard_size": next(r["shard_size"] for r in rows if r["dataset"] == d),
-                "rounds": kwargs["rounds"][d]} for d in kwargs["datasets"]}
+    feds = {
+        d: {
+            "num_clients": next(r["num_clients"] for r in rows if r["dataset"] == d),
+            "shard_size": next(r["shard_size"] for r in rows if r["dataset"] == d),
+            "rounds": kwargs["rounds"][d],
+        }
+        for d in kwargs["datasets"]
+    }
     durations = {d: sum(r["wall_s"] for r in rows if r["dataset"] == d) for d in kwargs["datasets"]}
     durations["total"] = time.perf_counter() - t0
     load = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-    return {"mode": mode, "seed": seed, "machine": machine(), "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "cpu_s": time.process_time() - c0, "load_average": load,
-            "delta": DELTA, "calibration_tolerance": CALIBRATION_TOLERANCE, "config": config,
-            "federations": feds, "relations": RELATIONS, "durations_s": durations, "rows": rows}
+    return {
+        "mode": mode,
+        "seed": seed,
+        "machine": machine(),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "cpu_s": time.process_time() - c0,
+        "load_average": load,
+        "delta": DELTA,
+        "calibration_tolerance": CALIBRATION_TOLERANCE,
+        "config": config,
+        "federations": feds,
+        "relations": RELATIONS,
+        "durations_s": durations,
+        "rows": rows,
+    }
 
 
 def merge_rerun(old: dict, new: dict, methods: Sequence[str]) -> dict:
     """``old`` with the rows of ``methods`` replaced by those of ``new`` (a rerun of the same mode and seed)."""
     if (old["mode"], old["seed"]) != (new["mode"], new["seed"]):
-        raise ValueError(f"cannot merge a {new['mode']} run (seed {new['seed']}) into a {old['mode']} "
-                         f"results file (seed {old['seed']})")
+        raise ValueError(
+            f"cannot merge a {new['mode']} run (seed {new['seed']}) into a {old['mode']} "
+            f"results file (seed {old['seed']})"
+        )
     order = {m: i for i, m in enumerate((REFERENCE,) + METHODS)}
-    rows = sorted([r for r in old["rows"] if r["method"] not in methods] + new["rows"],
-                  key=lambda r: (DATASETS.index(r["dataset"]), order[r["method"]], r["target_epsilon"]))
-    reran = old.get("reran", []) + [{"methods": list(methods), "created": new["created"],
-                                     "load_average": new["load_average"], "config": new["config"]}]
+    rows = sorted(
+        [r for r in old["rows"] if r["method"] not in methods] + new["rows"],
+        key=lambda r: (DATASETS.index(r["dataset"]), order[r["method"]], r["target_epsilon"]),
+    )
+    reran = old.get("reran", []) + [
+        {
+            "methods": list(methods),
+            "created": new["created"],
+            "load_average": new["load_average"],
+            "config": new["config"],
+        }
+    ]
     return {**old, "rows": rows, "config": new["config"], "reran": reran}
 
 
@@ -905,11 +1185,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     group.add_argument("--tiny", action="store_true", help="toy sizes for the smoke test (≈ 20 s)")
     parser.add_argument("--out", type=Path, default=ROOT / "flwr_dp_benchmarks" / "privacy_utility")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--report", action="store_true",
-                        help="only rebuild results.md and the plot from OUT/results.json (nothing is run)")
-    parser.add_argument("--methods", nargs="+", choices=METHODS + (REFERENCE,),
-                        help="rerun only these methods and replace their rows in OUT/results.json "
-                             "(same mode and seed as the file; the other rows are kept as they are)")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="only rebuild results.md and the plot from OUT/results.json (nothing is run)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHODS + (REFERENCE,),
+        help="rerun only these methods and replace their rows in OUT/results.json "
+        "(same mode and seed as the file; the other rows are kept as they are)",
+    )
     args = parser.parse_args(argv)
     if args.report:
         result = json.loads((args.out / "results.json").read_text())
@@ -918,8 +1205,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
     if args.methods:
-        result = merge_rerun(json.loads((args.out / "results.json").read_text()),
-                             run_mode(mode, args.seed, args.methods), args.methods)
+        result = merge_rerun(
+            json.loads((args.out / "results.json").read_text()), run_mode(mode, args.seed, args.methods), args.methods
+        )
     else:
         result = run_mode(mode, args.seed)
     for path in write(result, args.out):

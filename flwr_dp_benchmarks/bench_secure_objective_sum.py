@@ -41,24 +41,44 @@ sys.path.insert(0, os.path.join(ROOT, "examples", "delm"))
 import fm_ceiling  # noqa: E402  (the DELM example's data, features and per-client computation)
 from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics, solve_noisy_sum  # noqa: E402
 from flwr_dp_strategies.privacy.secure_objective import (  # noqa: E402
-    calibrate_secure_objective, decode_objective, encode_objective, sum_integer_objectives)
+    calibrate_secure_objective,
+    decode_objective,
+    encode_objective,
+    sum_integer_objectives,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MIN_SURVIVORS_FRACTION, BITS = 0.8, 32
 
 
-def secure_head(train: np.ndarray, labels: np.ndarray, num_classes: int, epsilon: float, seed: int,
-                relation: str) -> tuple[np.ndarray, float]:
+def secure_head(
+    train: np.ndarray, labels: np.ndarray, num_classes: int, epsilon: float, seed: int, relation: str
+) -> tuple[np.ndarray, float]:
     """SecureObjectiveSum's computation without the masks: (head, the revealed sum's noise std)."""
     rng = np.random.default_rng(seed)
     shards = np.array_split(rng.permutation(len(labels)), fm_ceiling.NUM_CLIENTS)
     n = fm_ceiling.NUM_CLIENTS
     m = math.ceil(MIN_SURVIVORS_FRACTION * n)
-    cal = calibrate_secure_objective(dim=train.shape[1], num_classes=num_classes, max_records=len(labels),
-                                     n_clients=n, min_survivors=m, epsilon=epsilon, delta=fm_ceiling.DELTA,
-                                     neighboring_relation=relation, bits=BITS)
-    encoded = (encode_objective(quadratic_statistics(train[s], labels[s], num_classes=num_classes), cal.params,
-                                local_noise_variance=cal.local_mu, rng=rng) for s in shards)
+    cal = calibrate_secure_objective(
+        dim=train.shape[1],
+        num_classes=num_classes,
+        max_records=len(labels),
+        n_clients=n,
+        min_survivors=m,
+        epsilon=epsilon,
+        delta=fm_ceiling.DELTA,
+        neighboring_relation=relation,
+        bits=BITS,
+    )
+    encoded = (
+        encode_objective(
+            quadratic_statistics(train[s], labels[s], num_classes=num_classes),
+            cal.params,
+            local_noise_variance=cal.local_mu,
+            rng=rng,
+        )
+        for s in shards
+    )
     total = decode_objective(sum_integer_objectives(encoded, cal.params), cal.params)
     noise_std = math.sqrt(n * cal.local_mu) / cal.params.scale
     head, _ = solve_noisy_sum(total, ridge=0.0, noise_std=noise_std, ridge_fraction=fm_ceiling.RIDGE_FRACTION)
@@ -83,32 +103,48 @@ def main(argv: list[str] | None = None) -> None:
     def cell(values: list[float]) -> str:
         return f"{np.mean(values):.3f}" + (f" ± {np.std(values):.3f}" if len(values) > 1 else "")
 
-    header = ["| ε | per-client noise (NoisyObjectiveSum), replace-one | noise once (SecAgg), replace-one "
-              "| noise once (SecAgg), add/remove | noise std per coefficient: per-client sum / once, replace-one |",
-              "|---|---|---|---|---|"]
+    header = [
+        "| ε | per-client noise (NoisyObjectiveSum), replace-one | noise once (SecAgg), replace-one "
+        "| noise once (SecAgg), add/remove | noise std per coefficient: per-client sum / once, replace-one |",
+        "|---|---|---|---|---|",
+    ]
     rows = []
     for eps in (float(e) for e in args.epsilons.split(",")):
         local, once_rep, once_ar = [], [], []
         std_once = 0.0
         for seed in range(args.seeds):
-            local.append(fm_ceiling.accuracy(fm_ceiling.private_head(train, y_train, c, eps, seed, False),
-                                             test, y_test))
+            local.append(
+                fm_ceiling.accuracy(fm_ceiling.private_head(train, y_train, c, eps, seed, False), test, y_test)
+            )
             head, std_once = secure_head(train, y_train, c, eps, seed, "replace_one")
             once_rep.append(fm_ceiling.accuracy(head, test, y_test))
-            once_ar.append(fm_ceiling.accuracy(secure_head(train, y_train, c, eps, seed, "add_or_remove_one")[0],
-                                               test, y_test))
-        std_local = fm_ceiling.fm_noise_std(train.shape[1], c, epsilon=eps, noise="gaussian", delta=fm_ceiling.DELTA,
-                                            neighboring_relation="replace_one") * math.sqrt(fm_ceiling.NUM_CLIENTS)
-        rows.append(f"| {eps:g} | {cell(local)} | {cell(once_rep)} | {cell(once_ar)} | {std_local:.1f} / {std_once:.1f} |")
+            once_ar.append(
+                fm_ceiling.accuracy(secure_head(train, y_train, c, eps, seed, "add_or_remove_one")[0], test, y_test)
+            )
+        std_local = fm_ceiling.fm_noise_std(
+            train.shape[1], c, epsilon=eps, noise="gaussian", delta=fm_ceiling.DELTA, neighboring_relation="replace_one"
+        ) * math.sqrt(fm_ceiling.NUM_CLIENTS)
+        rows.append(
+            f"| {eps:g} | {cell(local)} | {cell(once_rep)} | {cell(once_ar)} | {std_local:.1f} / {std_once:.1f} |"
+        )
         print(rows[-1], f"({time.time() - start:.0f} s)", flush=True)
-    free = fm_ceiling.accuracy(fm_ceiling.solve_objective(quadratic_statistics(train, y_train, num_classes=c),
-                                                          ridge=0.0), test, y_test)
-    text = ["# Per-client FM noise vs the noise added once under secure aggregation", "",
-            f"Written by `python flwr_dp_benchmarks/bench_secure_objective_sum.py --seeds {args.seeds}` "
-            f"in {time.time() - start:.0f} s (2 shared cores). MNIST, HOG 6 unsigned bins (q = {train.shape[1]}), "
-            f"{fm_ceiling.NUM_CLIENTS} IID clients, δ = {fm_ceiling.DELTA}, test accuracy on the full test split, "
-            f"mean ± sd over {args.seeds} seeds. Noise-free FM ceiling: {free:.3f}.", "",
-            "\n\n".join((__doc__ or "").split("\n\n")[2:]).strip(), "", *header, *rows, ""]
+    free = fm_ceiling.accuracy(
+        fm_ceiling.solve_objective(quadratic_statistics(train, y_train, num_classes=c), ridge=0.0), test, y_test
+    )
+    text = [
+        "# Per-client FM noise vs the noise added once under secure aggregation",
+        "",
+        f"Written by `python flwr_dp_benchmarks/bench_secure_objective_sum.py --seeds {args.seeds}` "
+        f"in {time.time() - start:.0f} s (2 shared cores). MNIST, HOG 6 unsigned bins (q = {train.shape[1]}), "
+        f"{fm_ceiling.NUM_CLIENTS} IID clients, δ = {fm_ceiling.DELTA}, test accuracy on the full test split, "
+        f"mean ± sd over {args.seeds} seeds. Noise-free FM ceiling: {free:.3f}.",
+        "",
+        "\n\n".join((__doc__ or "").split("\n\n")[2:]).strip(),
+        "",
+        *header,
+        *rows,
+        "",
+    ]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write("\n".join(text))

@@ -22,8 +22,9 @@ def run(*, dims: tuple[int, ...] = (10**5, 10**6, 10**7), repeats: int = 7, seed
         uploads = []
 
         def encode(_state, update=update):
-            uploads.append(encode_update(update, sign_k=SIGN_K, sign_eps=100, r_est=1e-5, is_reached=0,
-                                         rng=seed + len(uploads)))
+            uploads.append(
+                encode_update(update, sign_k=SIGN_K, sign_eps=100, r_est=1e-5, is_reached=0, rng=seed + len(uploads))
+            )
 
         def argpartition(_state, update=update, d=d, k_top=k_top):
             np.argpartition(update, d - k_top)
@@ -31,13 +32,33 @@ def run(*, dims: tuple[int, ...] = (10**5, 10**6, 10**7), repeats: int = 7, seed
         reps = repeats if d < 10**7 else max(3, repeats // 2)
         sub, base = time_pair(encode, argpartition, repeats=reps)
         params = {"d": d, "sign_k": SIGN_K, "k_top": k_top, "sign_eps": 100, "dtype": "float32"}
-        rows.append(row(NAME, f"encode d={d:.0e}", params, metric="time_s", values=sub,
-                        baseline="np.argpartition(update, d-k) (float32, same vector)", baseline_values=base,
-                        target="<= 2x", target_ratio=2.0))
+        rows.append(
+            row(
+                NAME,
+                f"encode d={d:.0e}",
+                params,
+                metric="time_s",
+                values=sub,
+                baseline="np.argpartition(update, d-k) (float32, same vector)",
+                baseline_values=base,
+                target="<= 2x",
+                target_ratio=2.0,
+            )
+        )
         # Upload: int64 indices + 1 byte sign + 1 byte MagRR bit, against the float32 dense update.
         sizes = [8 * int(up.indices.size) + 2 for up in uploads]
-        rows.append(row(NAME, f"upload bytes d={d:.0e}", dict(params, h=int(uploads[-1].indices.size)),
-                        metric="bytes", values=sizes, baseline="dense float32 update (4*d bytes)",
-                        baseline_values=[4 * d], target="<= 0.25 %", target_ratio=0.0025,
-                        notes="int64 indices + 1 B sign + 1 B bit"))
+        rows.append(
+            row(
+                NAME,
+                f"upload bytes d={d:.0e}",
+                dict(params, h=int(uploads[-1].indices.size)),
+                metric="bytes",
+                values=sizes,
+                baseline="dense float32 update (4*d bytes)",
+                baseline_values=[4 * d],
+                target="<= 0.25 %",
+                target_ratio=0.0025,
+                notes="int64 indices + 1 B sign + 1 B bit",
+            )
+        )
     return rows

@@ -40,9 +40,18 @@ def duels(subjects: tuple[str, ...], rounds: int, passes: int) -> list[tuple[str
     return out
 
 
-def run(*, clients: int = 100, rounds: int = 5, passes: int = 1, subjects: Optional[tuple[str, ...]] = None,
-        local_epochs: int = 3, pull_interval: Optional[float] = 0.01, strict: bool = False,
-        with_scale_rounds: int = 0, busy: int = 0) -> list[dict]:
+def run(
+    *,
+    clients: int = 100,
+    rounds: int = 5,
+    passes: int = 1,
+    subjects: Optional[tuple[str, ...]] = None,
+    local_epochs: int = 3,
+    pull_interval: Optional[float] = 0.01,
+    strict: bool = False,
+    with_scale_rounds: int = 0,
+    busy: int = 0,
+) -> list[dict]:
     """Rows for every subject (default: every variant) against Flower's FedAvg in the same simulation.
 
     ``pull_interval``: the Grid's reply polling, 0.01 s instead of Flower's 0.1 s, which would round
@@ -67,11 +76,28 @@ def run(*, clients: int = 100, rounds: int = 5, passes: int = 1, subjects: Optio
     if with_scale_rounds > 0:
         SHARED[(bench_scale.NAME, clients, with_scale_rounds, local_epochs)] = results[bench_scale.NAME]
     result = results[NAME]
-    print(f"[{NAME}] {len(segments[0][1])} duels of 2 x {rounds} rounds, {clients} clients: {result['wall_s']:.0f} s "
-          f"(warm-up round {result['warmup_s'] or 0:.0f} s)", file=sys.stderr)
-    params = {"clients": clients, "rounds": rounds, "passes": passes, "local_epochs": local_epochs,
-              "busy_processes": busy,
-              "grid_pull_interval_s": pull_interval or 0.1,
-              "ray_cpus": cpus(), "model": "digits MLP 64-32-10", "simulation_wall_s": round(result["wall_s"], 1)}
-    return rows_from(result, subjects, name=NAME, params=params, first_round=2 if rounds > 1 else 1, strict=strict,
-                     suffix=f" loaded ({busy} busy processes)" if busy else "")
+    print(
+        f"[{NAME}] {len(segments[0][1])} duels of 2 x {rounds} rounds, {clients} clients: {result['wall_s']:.0f} s "
+        f"(warm-up round {result['warmup_s'] or 0:.0f} s)",
+        file=sys.stderr,
+    )
+    params = {
+        "clients": clients,
+        "rounds": rounds,
+        "passes": passes,
+        "local_epochs": local_epochs,
+        "busy_processes": busy,
+        "grid_pull_interval_s": pull_interval or 0.1,
+        "ray_cpus": cpus(),
+        "model": "digits MLP 64-32-10",
+        "simulation_wall_s": round(result["wall_s"], 1),
+    }
+    return rows_from(
+        result,
+        subjects,
+        name=NAME,
+        params=params,
+        first_round=2 if rounds > 1 else 1,
+        strict=strict,
+        suffix=f" loaded ({busy} busy processes)" if busy else "",
+    )

@@ -80,8 +80,18 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from flwr_dp_benchmarks.bench_privacy_utility import (  # noqa: E402
-    DELTA, Federation, Grid, _TaskIdentity, arrays_params, calibrate, fl_round, ledger_epsilon, make_federation,
-    mlp_arrays, params_reply)
+    DELTA,
+    Federation,
+    Grid,
+    _TaskIdentity,
+    arrays_params,
+    calibrate,
+    fl_round,
+    ledger_epsilon,
+    make_federation,
+    mlp_arrays,
+    params_reply,
+)
 
 EPSILONS = (0.5, 1.0, 2.0, 8.0)
 METHODS = ("fedavg", "flower-fixed", "flower-adaptive", "ours-fixed", "ours-adaptive")
@@ -89,16 +99,21 @@ FLOWER_C_GRID = (0.3, 1.0, 3.0)
 OURS_FIXED_C = 1.0
 ADAPTIVE = dict(initial_clipping_norm=0.1, target_clipped_quantile=0.5, clip_norm_lr=0.2)
 
-CONFIG: dict[str, Any] = dict(num_clients=1000, sample_rate=0.1, hidden=64, local_lr=0.1, local_batch=20,
-                              local_epochs=2, rounds=40)
+CONFIG: dict[str, Any] = dict(
+    num_clients=1000, sample_rate=0.1, hidden=64, local_lr=0.1, local_batch=20, local_epochs=2, rounds=40
+)
 MODES: dict[str, dict[str, Any]] = {
     "full": {"epsilons": EPSILONS, "overrides": {}},
     "quick": {"epsilons": (1.0,), "overrides": {"rounds": 40}},
     "tiny": {"epsilons": (1.0,), "overrides": {"num_clients": 50, "rounds": 2, "max_train": 3000}},
 }
-LABELS = {"fedavg": "FedAvg (non-private)", "flower-fixed": "Flower fixed clipping (best C)",
-          "flower-adaptive": "Flower adaptive clipping", "ours-fixed": "ours: fixed clipping, Poisson",
-          "ours-adaptive": "ours: adaptive clipping, Poisson"}
+LABELS = {
+    "fedavg": "FedAvg (non-private)",
+    "flower-fixed": "Flower fixed clipping (best C)",
+    "flower-adaptive": "Flower adaptive clipping",
+    "ours-fixed": "ours: fixed clipping, Poisson",
+    "ours-adaptive": "ours: adaptive clipping, Poisson",
+}
 
 
 # ============================================================================ one run
@@ -106,8 +121,15 @@ def _local(fed: Federation, cfg: dict[str, Any], i: int, params: list, rnd: int,
     from flwr_dp_experiments.baselines import local_sgd
 
     x, y = fed.shards[i]
-    return local_sgd(params, x, y, epochs=cfg["local_epochs"], lr=cfg["local_lr"], batch_size=cfg["local_batch"],
-                     seed=seed * 1_000_003 + rnd * 1009 + i)
+    return local_sgd(
+        params,
+        x,
+        y,
+        epochs=cfg["local_epochs"],
+        lr=cfg["local_lr"],
+        batch_size=cfg["local_batch"],
+        seed=seed * 1_000_003 + rnd * 1009 + i,
+    )
 
 
 def _train(fed: Federation, cfg: dict[str, Any], strategy: Any, seed: int) -> tuple[list[float], list[float]]:
@@ -136,8 +158,8 @@ def _fixed_size_fedavg(n: int, m: int) -> Any:
 
 def _flower_adaptive_true_z(z: float, sigma_b: float) -> float:
     """The combined multiplier Flower's adaptive release really has (uncentred count: sensitivity 1)."""
-    z_delta = (z ** -2 - (2.0 * sigma_b) ** -2) ** -0.5
-    return (z_delta ** -2 + sigma_b ** -2) ** -0.5
+    z_delta = (z**-2 - (2.0 * sigma_b) ** -2) ** -0.5
+    return (z_delta**-2 + sigma_b**-2) ** -0.5
 
 
 def _count_std(z: float, m: int) -> float:
@@ -163,31 +185,61 @@ def run_one(method: str, target: float, cfg: dict[str, Any], seed: int, clip: Op
     rng = np.random.default_rng([seed, 1])
     z, ledger, extra = math.nan, PrivacyLedger(DELTA), {}
     if method == "fedavg":
-        strategy = fds.AccountedFedAvg(fraction_train=m / n, fraction_evaluate=0.0, min_train_nodes=m,
-                                       min_available_nodes=n, ledger=ledger)
+        strategy = fds.AccountedFedAvg(
+            fraction_train=m / n, fraction_evaluate=0.0, min_train_nodes=m, min_available_nodes=n, ledger=ledger
+        )
     elif method in ("ours-fixed", "ours-adaptive"):
-        z, _ = calibrate(lambda x, how: ledger_epsilon(
-            "add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(x))] * rounds, method=how),
-            target, increasing=False, lo=0.3, hi=3000.0)
+        z, _ = calibrate(
+            lambda x, how: ledger_epsilon(
+                "add_or_remove_one", [PoissonSampledDpEvent(q, GaussianDpEvent(x))] * rounds, method=how
+            ),
+            target,
+            increasing=False,
+            lo=0.3,
+            hi=3000.0,
+        )
         if method == "ours-fixed":
-            strategy = fds.AccountedPoissonFixedClipping(FedAvg(fraction_evaluate=0.0), z, clip or OURS_FIXED_C, m,
-                                                         num_clients=n, ledger=ledger, rng=rng)
+            strategy = fds.AccountedPoissonFixedClipping(
+                FedAvg(fraction_evaluate=0.0), z, clip or OURS_FIXED_C, m, num_clients=n, ledger=ledger, rng=rng
+            )
         else:
-            strategy = fds.AccountedAdaptiveClipping(FedAvg(fraction_evaluate=0.0), z, m, **ADAPTIVE,
-                                                     clipped_count_stddev=_count_std(z, m), num_clients=n,
-                                                     ledger=ledger, rng=rng)
+            strategy = fds.AccountedAdaptiveClipping(
+                FedAvg(fraction_evaluate=0.0),
+                z,
+                m,
+                **ADAPTIVE,
+                clipped_count_stddev=_count_std(z, m),
+                num_clients=n,
+                ledger=ledger,
+                rng=rng,
+            )
             extra.update(clipped_count_stddev=_count_std(z, m))
     elif method == "flower-fixed":
-        z, _ = calibrate(lambda x, how: ledger_epsilon("add_or_remove_one", [GaussianDpEvent(x)] * rounds,
-                                                       method=how), target, increasing=False, lo=0.3, hi=3000.0)
-        strategy = fds.AccountedServerSideFixedClipping(_fixed_size_fedavg(n, m), z, clip, m, ledger=ledger,
-                                                        noise_sampler="flower")
+        z, _ = calibrate(
+            lambda x, how: ledger_epsilon("add_or_remove_one", [GaussianDpEvent(x)] * rounds, method=how),
+            target,
+            increasing=False,
+            lo=0.3,
+            hi=3000.0,
+        )
+        strategy = fds.AccountedServerSideFixedClipping(
+            _fixed_size_fedavg(n, m), z, clip, m, ledger=ledger, noise_sampler="flower"
+        )
     elif method == "flower-adaptive":
-        z, _ = calibrate(lambda x, how: ledger_epsilon(
-            "add_or_remove_one", [GaussianDpEvent(_flower_adaptive_true_z(x, _count_std(x, m)))] * rounds,
-            method=how), target, increasing=False, lo=0.3, hi=3000.0)
-        strategy = DifferentialPrivacyServerSideAdaptiveClipping(_fixed_size_fedavg(n, m), z, m, **ADAPTIVE,
-                                                                 clipped_count_stddev=_count_std(z, m))
+        z, _ = calibrate(
+            lambda x, how: ledger_epsilon(
+                "add_or_remove_one",
+                [GaussianDpEvent(_flower_adaptive_true_z(x, _count_std(x, m)))] * rounds,
+                method=how,
+            ),
+            target,
+            increasing=False,
+            lo=0.3,
+            hi=3000.0,
+        )
+        strategy = DifferentialPrivacyServerSideAdaptiveClipping(
+            _fixed_size_fedavg(n, m), z, m, **ADAPTIVE, clipped_count_stddev=_count_std(z, m)
+        )
         extra.update(z_true=_flower_adaptive_true_z(z, _count_std(z, m)), clipped_count_stddev=_count_std(z, m))
     else:
         raise ValueError(f"unknown method {method!r}")
@@ -204,14 +256,30 @@ def run_one(method: str, target: float, cfg: dict[str, Any], seed: int, clip: Op
         torch.set_num_threads(threads)
     if method == "flower-adaptive":
         for rnd in range(1, rounds + 1):
-            ledger.record(GaussianDpEvent(extra["z_true"]), server_round=rnd, neighboring_relation="add_or_remove_one",
-                          label="Flower adaptive clipping (as released)")
+            ledger.record(
+                GaussianDpEvent(extra["z_true"]),
+                server_round=rnd,
+                neighboring_relation="add_or_remove_one",
+                label="Flower adaptive clipping (as released)",
+            )
     report = ledger.report()
-    return {"method": method, "label": LABELS[method], "target_epsilon": target,
-            "ledger_epsilon": float(report.epsilon), "noise_multiplier": z, "clip": clip,
-            "accuracy": accuracy[-1], "accuracy_curve": accuracy, "clip_curve": clips, "rounds": rounds,
-            "num_clients": n, "clients_per_round": m, "shard_size": fed.shard_size,
-            "wall_s": time.perf_counter() - t0, **extra}
+    return {
+        "method": method,
+        "label": LABELS[method],
+        "target_epsilon": target,
+        "ledger_epsilon": float(report.epsilon),
+        "noise_multiplier": z,
+        "clip": clip,
+        "accuracy": accuracy[-1],
+        "accuracy_curve": accuracy,
+        "clip_curve": clips,
+        "rounds": rounds,
+        "num_clients": n,
+        "clients_per_round": m,
+        "shard_size": fed.shard_size,
+        "wall_s": time.perf_counter() - t0,
+        **extra,
+    }
 
 
 # ============================================================================ the grid of runs
@@ -227,9 +295,14 @@ def jobs(epsilons: Sequence[float], methods: Sequence[str]) -> list[tuple[str, f
     return out
 
 
-def run(mode: str = "full", seed: int = 0, methods: Sequence[str] = METHODS, workers: int = 1,
-        log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
-        on_row: Callable[[dict], None] = lambda row: None) -> dict:
+def run(
+    mode: str = "full",
+    seed: int = 0,
+    methods: Sequence[str] = METHODS,
+    workers: int = 1,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+    on_row: Callable[[dict], None] = lambda row: None,
+) -> dict:
     """Every run of ``mode``; Flower's fixed clipping keeps its best C per ε (all C kept in ``all_runs``).
 
     ``on_row`` sees each run as it finishes (the command line appends it to ``OUT/runs.jsonl``, so a run
@@ -245,8 +318,10 @@ def run(mode: str = "full", seed: int = 0, methods: Sequence[str] = METHODS, wor
             row = future.result()
             rows.append(row)
             on_row(row)
-            log(f"{row['method']:16s} target ε={row['target_epsilon']:<5g} ledger ε={row['ledger_epsilon']:.4g} "
-                f"C={row['clip']} acc={row['accuracy']:.3f} ({row['wall_s']:.0f} s)")
+            log(
+                f"{row['method']:16s} target ε={row['target_epsilon']:<5g} ledger ε={row['ledger_epsilon']:.4g} "
+                f"C={row['clip']} acc={row['accuracy']:.3f} ({row['wall_s']:.0f} s)"
+            )
     best = {}
     for row in rows:
         key = (row["method"], row["target_epsilon"])
@@ -254,9 +329,17 @@ def run(mode: str = "full", seed: int = 0, methods: Sequence[str] = METHODS, wor
             best[key] = row
     from flwr_dp_benchmarks._common import machine
 
-    return {"mode": mode, "seed": seed, "config": cfg, "machine": machine(), "delta": DELTA,
-            "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "wall_s": time.perf_counter() - t0,
-            "rows": list(best.values()), "all_runs": rows}
+    return {
+        "mode": mode,
+        "seed": seed,
+        "config": cfg,
+        "machine": machine(),
+        "delta": DELTA,
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "wall_s": time.perf_counter() - t0,
+        "rows": list(best.values()),
+        "all_runs": rows,
+    }
 
 
 class _Serial:
@@ -277,17 +360,23 @@ class _Serial:
 def markdown(result: dict) -> str:
     """One table: method, target ε, achieved ledger ε, z, C, final accuracy."""
     cfg = result["config"]
-    lines = [f"MNIST, {cfg['num_clients']} clients, q = {cfg['sample_rate']} (m = "
-             f"{round(cfg['sample_rate'] * cfg['num_clients'])}), {cfg['rounds']} rounds, δ = {result['delta']:g}, "
-             f"local: {cfg['local_epochs']} epochs, batch {cfg['local_batch']}, lr {cfg['local_lr']}",
-             "", "| method | target ε | ledger ε | z | C (final) | accuracy |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"MNIST, {cfg['num_clients']} clients, q = {cfg['sample_rate']} (m = "
+        f"{round(cfg['sample_rate'] * cfg['num_clients'])}), {cfg['rounds']} rounds, δ = {result['delta']:g}, "
+        f"local: {cfg['local_epochs']} epochs, batch {cfg['local_batch']}, lr {cfg['local_lr']}",
+        "",
+        "| method | target ε | ledger ε | z | C (final) | accuracy |",
+        "|---|---|---|---|---|---|",
+    ]
     order = {m: i for i, m in enumerate(METHODS)}
     for row in sorted(result["rows"], key=lambda r: (r["target_epsilon"], order[r["method"]])):
         eps = "∞" if not math.isfinite(row["ledger_epsilon"]) else f"{row['ledger_epsilon']:.3f}"
         z = "-" if not math.isfinite(row["noise_multiplier"]) else f"{row['noise_multiplier']:.3g}"
         c = row["clip_curve"][-1] if row["clip_curve"] else math.nan
-        lines.append(f"| {row['label']} | {row['target_epsilon']:g} | {eps} | {z} | "
-                     f"{'-' if not math.isfinite(c) else f'{c:.3g}'} | {row['accuracy']:.3f} |")
+        lines.append(
+            f"| {row['label']} | {row['target_epsilon']:g} | {eps} | {z} | "
+            f"{'-' if not math.isfinite(c) else f'{c:.3g}'} | {row['accuracy']:.3f} |"
+        )
     return "\n".join(lines)
 
 

@@ -29,45 +29,63 @@ from flwr_dp_benchmarks._common import machine, write_outputs  # noqa: E402
 
 #: name -> (function, kwargs per mode). "tiny" is for the smoke test only (not meaningful timings).
 BENCHMARKS = {
-    "signds_encode": (bench_signds.run, {
-        "full": {"dims": (10**5, 10**6, 10**7), "repeats": 7},
-        "quick": {"dims": (10**5, 10**6), "repeats": 5},
-        "tiny": {"dims": (2000,), "repeats": 1},
-    }),
-    "ledger": (bench_ledger.run, {
-        "full": {"clients": 1000, "rounds": 1000, "repeats": 5},
-        "quick": {"clients": 1000, "rounds": 1000, "repeats": 3},
-        "tiny": {"clients": 8, "rounds": 5, "repeats": 1},
-    }),
-    "aggregation": (bench_aggregation.run, {
-        "full": {"ns": (100, 1000), "d": 10**6, "repeats": 5, "busy": 3},
-        "quick": {"ns": (100,), "d": 10**6, "repeats": 3, "busy": 3},
-        "tiny": {"ns": (3,), "d": 1000, "repeats": 1, "busy": 1},
-    }),
-    "noise": (bench_noise.run, {
-        "full": {"d": 10**6, "repeats": 9},
-        "quick": {"d": 10**6, "repeats": 5},
-        "tiny": {"d": 1000, "repeats": 1},
-    }),
+    "signds_encode": (
+        bench_signds.run,
+        {
+            "full": {"dims": (10**5, 10**6, 10**7), "repeats": 7},
+            "quick": {"dims": (10**5, 10**6), "repeats": 5},
+            "tiny": {"dims": (2000,), "repeats": 1},
+        },
+    ),
+    "ledger": (
+        bench_ledger.run,
+        {
+            "full": {"clients": 1000, "rounds": 1000, "repeats": 5},
+            "quick": {"clients": 1000, "rounds": 1000, "repeats": 3},
+            "tiny": {"clients": 8, "rounds": 5, "repeats": 1},
+        },
+    ),
+    "aggregation": (
+        bench_aggregation.run,
+        {
+            "full": {"ns": (100, 1000), "d": 10**6, "repeats": 5, "busy": 3},
+            "quick": {"ns": (100,), "d": 10**6, "repeats": 3, "busy": 3},
+            "tiny": {"ns": (3,), "d": 1000, "repeats": 1, "busy": 1},
+        },
+    ),
+    "noise": (
+        bench_noise.run,
+        {
+            "full": {"d": 10**6, "repeats": 9},
+            "quick": {"d": 10**6, "repeats": 5},
+            "tiny": {"d": 1000, "repeats": 1},
+        },
+    ),
     # DP-SGD step time: our DpSgdTrainer vs Opacus alone (same mode) and vs non-private training.
     "dpsgd": (bench_dpsgd.run, bench_dpsgd.MODES),
     # Flower simulations (Ray): every strategy/mod vs Flower's FedAvg, alternated round by round in one
     # simulation; 1000 clients with the Laplace cluster evaluation vs FedAvg rounds. "tiny": one 2-client
     # round per variant, and the scale duel at 2 clients in the same simulation (one Ray start for both).
-    "simulation": (bench_simulation.run, {
-        "full": {"clients": 100, "rounds": 6, "passes": 3},
-        "quick": {"clients": 100, "rounds": 5, "passes": 1},
-        "tiny": {"clients": 2, "rounds": 1, "passes": 1, "strict": True, "with_scale_rounds": 2},
-    }),
+    "simulation": (
+        bench_simulation.run,
+        {
+            "full": {"clients": 100, "rounds": 6, "passes": 3},
+            "quick": {"clients": 100, "rounds": 5, "passes": 1},
+            "tiny": {"clients": 2, "rounds": 1, "passes": 1, "strict": True, "with_scale_rounds": 2},
+        },
+    ),
     # Canary audit (Andrew et al. 2024) of every central/distributed strategy and three broken ones: the audited
     # run's time vs the same run without canaries; the audit's figures ride in each row's "audit" (the audit's own
     # table: bench_audit.py, results/audit/).
     "audit": (bench_audit.run, bench_audit.MODES),
-    "scale": (bench_scale.run, {
-        "full": {"clients": 1000, "rounds": 4},
-        "quick": {"clients": 1000, "rounds": 2},
-        "tiny": {"clients": 2, "rounds": 2, "strict": True},
-    }),
+    "scale": (
+        bench_scale.run,
+        {
+            "full": {"clients": 1000, "rounds": 4},
+            "quick": {"clients": 1000, "rounds": 2},
+            "tiny": {"clients": 2, "rounds": 2, "strict": True},
+        },
+    ),
 }
 
 
@@ -80,8 +98,13 @@ def run_all(mode: str, only: tuple[str, ...] = ()) -> dict:
         rows += fn(**modes[mode])
         durations[name] = time.perf_counter() - t0
         print(f"[{name}] done in {durations[name]:.1f} s", file=sys.stderr, flush=True)
-    return {"mode": mode, "machine": machine(), "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "durations_s": durations, "rows": rows}
+    return {
+        "mode": mode,
+        "machine": machine(),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "durations_s": durations,
+        "rows": rows,
+    }
 
 
 def _fmt(value: float, metric: str) -> str:
@@ -115,8 +138,10 @@ def markdown(result: dict) -> str:
     ]
     for r in result["rows"]:
         met = {True: "yes", False: "**NO**", None: "–"}[r["target_met"]]
-        lines.append(f"| {r['benchmark']} | {r['case']} | {_fmt(r['value'], r['metric'])} | {r['baseline']} | "
-                     f"{_fmt(r['baseline_value'], r['metric'])} | {_ratio(r)} | {r['target']} | {met} |")
+        lines.append(
+            f"| {r['benchmark']} | {r['case']} | {_fmt(r['value'], r['metric'])} | {r['baseline']} | "
+            f"{_fmt(r['baseline_value'], r['metric'])} | {_ratio(r)} | {r['target']} | {met} |"
+        )
     notes = [f"- {r['case']}: {r['notes']}" for r in result["rows"] if r["notes"]]
     if notes:
         lines += ["", "Notes:", *notes]
@@ -132,8 +157,7 @@ def plot(result: dict, path: Path) -> None:
     rows = [r for r in result["rows"] if r["metric"] == "time_s" and math.isfinite(r["ratio"]) and r["ratio"] > 0]
     fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.5))
     labels = [f"{r['benchmark']}: {r['case']}" for r in rows]
-    colors = ["tab:green" if r["target_met"] else ("tab:red" if r["target_met"] is False else "tab:gray")
-              for r in rows]
+    colors = ["tab:green" if r["target_met"] else ("tab:red" if r["target_met"] is False else "tab:gray") for r in rows]
     ax.barh(range(len(rows)), [r["ratio"] for r in rows], color=colors)
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.invert_yaxis()
@@ -157,8 +181,12 @@ def merge(old: dict, new: dict) -> dict:
     names = {r["benchmark"] for r in new["rows"]}
     rows = [r for r in old["rows"] if r["benchmark"] not in names] + new["rows"]
     note = f"rows of {', '.join(sorted(names))} rerun {new['created']}"
-    return {**old, "rows": rows, "durations_s": {**old.get("durations_s", {}), **new["durations_s"]},
-            "notes": old.get("notes", []) + [note]}
+    return {
+        **old,
+        "rows": rows,
+        "durations_s": {**old.get("durations_s", {}), **new["durations_s"]},
+        "notes": old.get("notes", []) + [note],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="toy sizes for the smoke test (timings meaningless)")
     parser.add_argument("--only", nargs="*", default=(), choices=sorted(BENCHMARKS), help="run only these")
     parser.add_argument("--out", type=Path, default=ROOT / "flwr_dp_benchmarks" / "results")
-    parser.add_argument("--merge", action="store_true",
-                        help="with --only: replace only those benchmarks' rows in OUT/results.json (same mode)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: replace only those benchmarks' rows in OUT/results.json (same mode)",
+    )
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
     result = run_all(mode, tuple(args.only))

@@ -32,8 +32,9 @@ Params = list[np.ndarray]
 EVAL_BATCH = 8192
 
 
-def make_mlp(in_dim: int, hidden: int = 64, num_classes: int = 10, seed: int = 0, *, bias: bool = True
-             ) -> nn.Sequential:
+def make_mlp(
+    in_dim: int, hidden: int = 64, num_classes: int = 10, seed: int = 0, *, bias: bool = True
+) -> nn.Sequential:
     """The paper's 3-layer MLP (§3.3, eq. (1)): Linear(in, hidden) → ReLU → Linear(hidden, classes).
 
     Initialised by torch's defaults under ``seed`` (the global torch RNG is left untouched).
@@ -66,8 +67,17 @@ def _proximal_term(model: nn.Module, anchors: list[torch.Tensor]) -> torch.Tenso
     return sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchors))
 
 
-def local_sgd(model_params: Params, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int,
-              proximal_mu: float = 0.0, seed: int) -> Params:
+def local_sgd(
+    model_params: Params,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    proximal_mu: float = 0.0,
+    seed: int,
+) -> Params:
     """One client's local minibatch SGD from the global ``model_params`` (FedAvg / FedProx, §6.1.2).
 
     Each epoch shuffles the client's samples with ``seed``; the loss is the mean
@@ -86,7 +96,7 @@ def local_sgd(model_params: Params, x: np.ndarray, y: np.ndarray, *, epochs: int
     for _ in range(epochs):
         order = torch.randperm(len(targets), generator=generator)
         for start in range(0, len(targets), batch_size):
-            batch = order[start:start + batch_size]
+            batch = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(inputs[batch]), targets[batch])
             if proximal_mu > 0:
@@ -101,8 +111,9 @@ def ldp_fl_sigma(clip: float, epsilon: float, delta: float) -> float:
     return gaussian_sigma(epsilon, delta, 2.0 * check_positive("clip", clip))
 
 
-def ldp_fl_update(global_params: Params, new_params: Params, *, clip: float, epsilon: float, delta: float,
-                  rng: RngLike) -> tuple[Params, dp_event.DpEvent]:
+def ldp_fl_update(
+    global_params: Params, new_params: Params, *, clip: float, epsilon: float, delta: float, rng: RngLike
+) -> tuple[Params, dp_event.DpEvent]:
     r"""LDP-FL baseline release (§6.1.2 (2)): global + clip_C(update) + N(0, σ²I), σ for (ε, δ) with Δ₂ = 2C.
 
     The update :math:`\Delta` = new − global is flattened over all arrays (one L2 norm)
@@ -110,20 +121,24 @@ def ldp_fl_update(global_params: Params, new_params: Params, *, clip: float, eps
     release is (ε, δ)-LDP per round. Returns (noised params in the dtypes of
     ``global_params``, ``GaussianDpEvent(σ/2C)`` for this round).
     """
-    if len(global_params) != len(new_params) or any(np.shape(g) != np.shape(n)
-                                                    for g, n in zip(global_params, new_params)):
+    if len(global_params) != len(new_params) or any(
+        np.shape(g) != np.shape(n) for g, n in zip(global_params, new_params)
+    ):
         raise ValueError("new_params must have the shapes of global_params")
     sensitivity = 2.0 * check_positive("clip", clip)
     sigma = gaussian_sigma(epsilon, delta, sensitivity)
-    update = np.concatenate([(np.asarray(n, np.float64) - np.asarray(g, np.float64)).ravel()
-                             for g, n in zip(global_params, new_params)])
+    update = np.concatenate(
+        [(np.asarray(n, np.float64) - np.asarray(g, np.float64)).ravel() for g, n in zip(global_params, new_params)]
+    )
     norm = float(np.linalg.norm(update))
     if norm > clip:
         update *= clip / norm
     release = gaussian_mechanism(update, noise_multiplier=sigma / sensitivity, sensitivity=sensitivity, rng=rng)
     pieces = np.split(release.value, np.cumsum([np.size(g) for g in global_params])[:-1])
-    out = [(np.asarray(g) + piece.reshape(np.shape(g))).astype(np.asarray(g).dtype)
-           for g, piece in zip(global_params, pieces)]
+    out = [
+        (np.asarray(g) + piece.reshape(np.shape(g))).astype(np.asarray(g).dtype)
+        for g, piece in zip(global_params, pieces)
+    ]
     return out, release.event
 
 
@@ -135,10 +150,21 @@ def evaluate(params: Params, x: np.ndarray, y: np.ndarray) -> float:
     model = mlp_from_params(params).eval()
     inputs = torch.as_tensor(np.asarray(x, dtype=np.float32))
     targets = torch.as_tensor(np.asarray(y, dtype=np.int64))
-    correct = sum(int((model(inputs[s:s + EVAL_BATCH]).argmax(dim=1) == targets[s:s + EVAL_BATCH]).sum())
-                  for s in range(0, len(targets), EVAL_BATCH))
+    correct = sum(
+        int((model(inputs[s : s + EVAL_BATCH]).argmax(dim=1) == targets[s : s + EVAL_BATCH]).sum())
+        for s in range(0, len(targets), EVAL_BATCH)
+    )
     return correct / len(targets)
 
 
-__all__ = ["EVAL_BATCH", "Params", "evaluate", "get_params", "ldp_fl_sigma", "ldp_fl_update", "local_sgd",
-           "make_mlp", "mlp_from_params"]
+__all__ = [
+    "EVAL_BATCH",
+    "Params",
+    "evaluate",
+    "get_params",
+    "ldp_fl_sigma",
+    "ldp_fl_update",
+    "local_sgd",
+    "make_mlp",
+    "mlp_from_params",
+]

@@ -49,7 +49,8 @@ def load_digits_split(test_size: float = 0.25, seed: int = 42) -> Split:
     features, labels = load_digits(return_X_y=True)
     features = (features / 16.0).astype(np.float32)
     x_tr, x_te, y_tr, y_te = train_test_split(
-        features, labels.astype(np.int64), test_size=test_size, random_state=seed, stratify=labels)
+        features, labels.astype(np.int64), test_size=test_size, random_state=seed, stratify=labels
+    )
     return x_tr, y_tr, x_te, y_te
 
 
@@ -62,7 +63,7 @@ def read_idx(path: str) -> np.ndarray:
     if magic not in (IDX_LABELS, IDX_IMAGES):
         raise ValueError(f"{path} is not an IDX label (2049) or image (2051) file (magic {magic})")
     ndim = data[3]
-    shape = tuple(int.from_bytes(data[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    shape = tuple(int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
@@ -75,8 +76,10 @@ def load_mnist(data_dir: str = "") -> Split:
         images_file, labels_file = (os.path.join(folder, name) for name in MNIST_FILES[split])
         if not os.path.exists(images_file):
             raise FileNotFoundError(f"MNIST file {images_file} not found; pass data_dir or set ${DATA_DIR_ENV}")
-        out += [read_idx(images_file).reshape(-1, 28 * 28).astype(np.float32) / 255.0,
-                read_idx(labels_file).astype(np.int64)]
+        out += [
+            read_idx(images_file).reshape(-1, 28 * 28).astype(np.float32) / 255.0,
+            read_idx(labels_file).astype(np.int64),
+        ]
     return out[0], out[1], out[2], out[3]
 
 
@@ -122,8 +125,10 @@ def iid_partition_indices(num_examples: int, num_partitions: int, seed: int = 42
     1 <= num_partitions <= num_examples (an empty shard would fail deep inside ``datasets``).
     """
     if not isinstance(num_partitions, (int, np.integer)) or not 1 <= num_partitions <= num_examples:
-        raise ValueError(f"num_partitions must be an integer in [1, {num_examples}] (one example per "
-                         f"partition at least), got {num_partitions!r}")
+        raise ValueError(
+            f"num_partitions must be an integer in [1, {num_examples}] (one example per "
+            f"partition at least), got {num_partitions!r}"
+        )
     import datasets
     from flwr_datasets.partitioner import IidPartitioner
 
@@ -189,8 +194,9 @@ def unit_norm_features(x_std: np.ndarray, dataset: str, pool: int = 1, data_dir:
     return x / np.maximum(norms, 1e-12)
 
 
-def iid_client_shard(partition_id: int, num_partitions: int, dataset: str = "digits", data_dir: str = "",
-                     seed: int = 42) -> tuple[np.ndarray, np.ndarray]:
+def iid_client_shard(
+    partition_id: int, num_partitions: int, dataset: str = "digits", data_dir: str = "", seed: int = 42
+) -> tuple[np.ndarray, np.ndarray]:
     """Client ``partition_id``'s IID shard of the train split of :func:`load_dataset`."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
@@ -199,7 +205,22 @@ def iid_client_shard(partition_id: int, num_partitions: int, dataset: str = "dig
     return x_tr[idx], y_tr[idx]
 
 
-__all__ = ["DATASETS", "DATA_DIR_ENV", "EMNIST_LETTERS_FILES", "emnist_letters_constants", "unit_norm_features",
-           "iid_client_shard", "iid_partition_indices",
-           "load_dataset", "load_emnist_letters", "standardise", "standardise_mnist", "MNIST_FILES", "Split",
-           "load_digits_split", "load_mnist", "read_idx", "shared_data_dir"]
+__all__ = [
+    "DATASETS",
+    "DATA_DIR_ENV",
+    "EMNIST_LETTERS_FILES",
+    "emnist_letters_constants",
+    "unit_norm_features",
+    "iid_client_shard",
+    "iid_partition_indices",
+    "load_dataset",
+    "load_emnist_letters",
+    "standardise",
+    "standardise_mnist",
+    "MNIST_FILES",
+    "Split",
+    "load_digits_split",
+    "load_mnist",
+    "read_idx",
+    "shared_data_dir",
+]

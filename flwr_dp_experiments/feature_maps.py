@@ -61,7 +61,7 @@ def _cell_histograms(images: np.ndarray, cell: int, bins: int, signed: bool) -> 
     n, side, _ = images.shape
     cells = side // cell
     # flat index of each pixel's (row, cell y, cell x) histogram, times bins
-    cell_of = (np.arange(side) // cell)
+    cell_of = np.arange(side) // cell
     base = ((np.arange(n)[:, None, None] * cells + cell_of[None, :, None]) * cells + cell_of[None, None, :]) * bins
     size = n * cells * cells * bins
     hist = np.bincount((base + lower_bin).ravel(), weights=(magnitude * (1.0 - upper_share)).ravel(), minlength=size)

@@ -77,10 +77,21 @@ def write_run_results(
         json.dump(data, handle, indent=json_indent)
         handle.write("\n")
     if png_name:
-        plot_run(data["rounds"], os.path.join(os.fspath(out_dir), png_name), method=method,
-                 initial_accuracy=initial_accuracy, delta=delta, title=title, accuracy_label=accuracy_label,
-                 accuracy_series=accuracy_series, epsilon_label=epsilon_label, epsilon_series=epsilon_series,
-                 epsilon_title=epsilon_title, no_dp_text=no_dp_text, panels=panels)
+        plot_run(
+            data["rounds"],
+            os.path.join(os.fspath(out_dir), png_name),
+            method=method,
+            initial_accuracy=initial_accuracy,
+            delta=delta,
+            title=title,
+            accuracy_label=accuracy_label,
+            accuracy_series=accuracy_series,
+            epsilon_label=epsilon_label,
+            epsilon_series=epsilon_series,
+            epsilon_title=epsilon_title,
+            no_dp_text=no_dp_text,
+            panels=panels,
+        )
     return path
 
 
@@ -125,8 +136,13 @@ def plot_run(
     private = any(row.get(key) is not None for row in rows for key in epsilon_series.values())
     if private:
         for label, key in epsilon_series.items():
-            ax_eps.plot(rounds, _series(rows, key), marker="o", label=label or None,
-                        color="tab:red" if len(epsilon_series) == 1 else None)
+            ax_eps.plot(
+                rounds,
+                _series(rows, key),
+                marker="o",
+                label=label or None,
+                color="tab:red" if len(epsilon_series) == 1 else None,
+            )
         if len(epsilon_series) > 1:
             ax_eps.legend(fontsize=7)
         ax_eps.set(ylabel=epsilon_label, ylim=(0, None))

@@ -55,8 +55,9 @@ def _check_fraction(name: str, value: float) -> float:
     return float(value)
 
 
-def n_class_partition_indices(labels: np.ndarray, num_partitions: int, n: int, seed: int = 42,
-                              class_assignment: str = "first-deterministic") -> Partitions:
+def n_class_partition_indices(
+    labels: np.ndarray, num_partitions: int, n: int, seed: int = 42, class_assignment: str = "first-deterministic"
+) -> Partitions:
     """n-class pathological non-IID partition (§6.1.3) via flwr-datasets' ``PathologicalPartitioner``.
 
     The rows are permuted with ``seed`` first, so which samples of a class a client
@@ -68,15 +69,25 @@ def n_class_partition_indices(labels: np.ndarray, num_partitions: int, n: int, s
     if class_assignment not in CLASS_ASSIGNMENT_MODES:
         raise ValueError(f"class_assignment must be one of {CLASS_ASSIGNMENT_MODES}, got {class_assignment!r}")
     order = np.random.default_rng(seed).permutation(len(labels))
-    partitioner = PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
-                                          num_classes_per_partition=n, class_assignment_mode=class_assignment,
-                                          shuffle=True, seed=seed)
+    partitioner = PathologicalPartitioner(
+        num_partitions=num_partitions,
+        partition_by="label",
+        num_classes_per_partition=n,
+        class_assignment_mode=class_assignment,
+        shuffle=True,
+        seed=seed,
+    )
     partitioner.dataset = datasets.Dataset.from_dict({"idx": order.tolist(), "label": labels[order].tolist()})
     return tuple(np.asarray(partitioner.load_partition(p)["idx"], dtype=np.int64) for p in range(num_partitions))
 
 
-def partition_indices(labels: np.ndarray, num_partitions: int, scheme: str = "iid", seed: int = 42,
-                      class_assignment: str = "first-deterministic") -> Partitions:
+def partition_indices(
+    labels: np.ndarray,
+    num_partitions: int,
+    scheme: str = "iid",
+    seed: int = 42,
+    class_assignment: str = "first-deterministic",
+) -> Partitions:
     """Training-set indices of each of ``num_partitions`` clients for ``scheme`` (§6.1.3).
 
     Args:
@@ -109,9 +120,16 @@ def _check_partitions(partitions: Partitions, num_examples: int) -> None:
         raise ValueError("partitions must be disjoint (no index in two partitions or twice in one)")
 
 
-def corrupt_low_quality(x: np.ndarray, y: np.ndarray, partitions: Partitions, lq_user: float, lq_data: float,
-                        num_classes: int, seed: int = 42, noise_std: Optional[float] = None,
-                        ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def corrupt_low_quality(
+    x: np.ndarray,
+    y: np.ndarray,
+    partitions: Partitions,
+    lq_user: float,
+    lq_data: float,
+    num_classes: int,
+    seed: int = 42,
+    noise_std: Optional[float] = None,
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Low-quality data scenario (§6.1.3): noise and relabel part of some clients' samples.
 
     ``share(lq_user, N)`` of the N clients, drawn with ``seed``, each get
@@ -182,14 +200,16 @@ PAPER_SCENARIOS = (
 
 
 @lru_cache(maxsize=8)
-def _scenario_partitions(dataset: str, data_dir: str, num_clients: int, scheme: str, seed: int,
-                         class_assignment: str) -> Partitions:
+def _scenario_partitions(
+    dataset: str, data_dir: str, num_clients: int, scheme: str, seed: int, class_assignment: str
+) -> Partitions:
     _, y_tr, _, _ = load_dataset(dataset, data_dir, seed)
     return partition_indices(y_tr, num_clients, scheme, seed, class_assignment)
 
 
-def build_scenario(scenario: Scenario, data_dir: str = ""
-                   ) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray], dict[str, Any]]:
+def build_scenario(
+    scenario: Scenario, data_dir: str = ""
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], tuple[np.ndarray, np.ndarray], dict[str, Any]]:
     """Client datasets, the server's test set and a description of ``scenario`` (§6.1).
 
     Loads :func:`~flwr_dp_experiments.datasets.load_dataset` (standardised features),
@@ -200,24 +220,46 @@ def build_scenario(scenario: Scenario, data_dir: str = ""
     client, before corruption) and ``low_quality_clients``.
     """
     x_tr, y_tr, x_te, y_te = load_dataset(scenario.dataset, data_dir, scenario.seed)
-    parts = _scenario_partitions(scenario.dataset, data_dir, scenario.num_clients, scenario.scheme,
-                                 scenario.seed, scenario.class_assignment)
+    parts = _scenario_partitions(
+        scenario.dataset, data_dir, scenario.num_clients, scenario.scheme, scenario.seed, scenario.class_assignment
+    )
     num_classes = int(max(y_tr.max(), y_te.max())) + 1
     client_classes = [sorted(int(c) for c in np.unique(y_tr[p])) for p in parts]
     lq_ids: list[int] = []
     lq_user, lq_data = _check_fraction("lq_user", scenario.lq_user), _check_fraction("lq_data", scenario.lq_data)
     if lq_user > 0 and lq_data > 0:
-        x_tr, y_tr, lq_ids = corrupt_low_quality(x_tr, y_tr, parts, scenario.lq_user, scenario.lq_data,
-                                                 num_classes, scenario.seed, scenario.noise_std)
+        x_tr, y_tr, lq_ids = corrupt_low_quality(
+            x_tr, y_tr, parts, scenario.lq_user, scenario.lq_data, num_classes, scenario.seed, scenario.noise_std
+        )
     clients = [(x_tr[p], y_tr[p]) for p in parts]
-    meta = {"name": scenario.name, "dataset": scenario.dataset, "scheme": scenario.scheme,
-            "num_clients": scenario.num_clients, "seed": scenario.seed, "lq_user": scenario.lq_user,
-            "lq_data": scenario.lq_data, "class_assignment": scenario.class_assignment,
-            "num_classes": num_classes, "input_dim": int(x_tr.shape[1]),
-            "client_sizes": [len(p) for p in parts], "client_classes": client_classes,
-            "low_quality_clients": lq_ids}
+    meta = {
+        "name": scenario.name,
+        "dataset": scenario.dataset,
+        "scheme": scenario.scheme,
+        "num_clients": scenario.num_clients,
+        "seed": scenario.seed,
+        "lq_user": scenario.lq_user,
+        "lq_data": scenario.lq_data,
+        "class_assignment": scenario.class_assignment,
+        "num_classes": num_classes,
+        "input_dim": int(x_tr.shape[1]),
+        "client_sizes": [len(p) for p in parts],
+        "client_classes": client_classes,
+        "low_quality_clients": lq_ids,
+    }
     return clients, (x_te, y_te), meta
 
 
-__all__ = ["CLASS_ASSIGNMENT_MODES", "PAPER_SCENARIOS", "Partitions", "SCHEMES", "Scenario", "build_scenario",
-           "classes_per_partition", "corrupt_low_quality", "n_class_partition_indices", "partition_indices", "share"]
+__all__ = [
+    "CLASS_ASSIGNMENT_MODES",
+    "PAPER_SCENARIOS",
+    "Partitions",
+    "SCHEMES",
+    "Scenario",
+    "build_scenario",
+    "classes_per_partition",
+    "corrupt_low_quality",
+    "n_class_partition_indices",
+    "partition_indices",
+    "share",
+]

@@ -83,8 +83,9 @@ def prepare_process(folders: Iterable[str]) -> None:
         os.environ.setdefault(key, value)
 
 
-def resolve_run_config(defaults: Mapping[str, Any], env_var: str, run_config: Optional[Mapping[str, Any]] = None
-                       ) -> dict[str, Any]:
+def resolve_run_config(
+    defaults: Mapping[str, Any], env_var: str, run_config: Optional[Mapping[str, Any]] = None
+) -> dict[str, Any]:
     """``defaults`` < JSON in ``env_var`` < ``run_config`` (later wins)."""
     config = dict(defaults)
     config.update(json.loads(os.environ.get(env_var, "") or "{}"))
@@ -154,8 +155,14 @@ class LocalSimulation:
     ``sys.path``, so the checkout's library is the one the apps import.
     """
 
-    def __init__(self, log_file: str | os.PathLike, *, verbose: bool = False,
-                 pythonpath: Iterable[str] = (REPO,), startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        log_file: str | os.PathLike,
+        *,
+        verbose: bool = False,
+        pythonpath: Iterable[str] = (REPO,),
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
         self.log_file = Path(log_file).resolve()
         self.verbose = verbose
         self.pythonpath = [os.path.abspath(p) for p in pythonpath]
@@ -175,8 +182,9 @@ class LocalSimulation:
         env = dict(os.environ)
         for key, value in OFFLINE_ENV.items():
             env.setdefault(key, value)
-        paths = self.pythonpath + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                   if p and p not in self.pythonpath]
+        paths = self.pythonpath + [
+            p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in self.pythonpath
+        ]
         env["PYTHONPATH"] = os.pathsep.join(paths)
         env["FLWR_HOME"] = str(self.home)
         env[MARKER] = self._marker
@@ -214,22 +222,38 @@ class LocalSimulation:
         self.port = _free_port()
         Path(self.home, "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n')
-        command = [_executable("flower-superlink"), "--insecure", "--simulation",
-                   "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(self.port)]
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        command = [
+            _executable("flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         self._write(f"$ {' '.join(command)}\n")
-        self._process = subprocess.Popen(command, env=self.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._process = subprocess.Popen(
+            command,
+            env=self.env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self._reader = threading.Thread(target=self._pump, args=(self._process.stdout,), daemon=True)
         self._reader.start()
         deadline = time.monotonic() + self.startup_timeout_s
         while not self._healthy():
             if self._process.poll() is not None:
-                raise RuntimeError(f"flower-superlink exited with code {self._process.returncode}; "
-                                   f"see {self.log_file}")
+                raise RuntimeError(f"flower-superlink exited with code {self._process.returncode}; see {self.log_file}")
             if time.monotonic() > deadline:
-                raise RuntimeError(f"flower-superlink did not answer within {self.startup_timeout_s:.0f} s; "
-                                   f"see {self.log_file}")
+                raise RuntimeError(
+                    f"flower-superlink did not answer within {self.startup_timeout_s:.0f} s; see {self.log_file}"
+                )
             time.sleep(0.2)
         return self
 
@@ -281,9 +305,18 @@ class LocalSimulation:
         self.close()
 
     # -- runs -------------------------------------------------------------------------------------------------
-    def run(self, app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_supernodes: int,
-            num_cpus: int = 1, num_gpus: float = 0.0, on_line: Optional[Callable[[str], None]] = None,
-            federation_config: Optional[Mapping[str, Any]] = None, timeout_s: Optional[float] = None) -> None:
+    def run(
+        self,
+        app_dir: str | os.PathLike,
+        run_config: Mapping[str, Any],
+        *,
+        num_supernodes: int,
+        num_cpus: int = 1,
+        num_gpus: float = 0.0,
+        on_line: Optional[Callable[[str], None]] = None,
+        federation_config: Optional[Mapping[str, Any]] = None,
+        timeout_s: Optional[float] = None,
+    ) -> None:
         """``flwr run app_dir`` with ``run_config`` on ``num_supernodes`` simulated SuperNodes; wait for the end.
 
         Keys of ``run_config`` must be in the app's ``[tool.flwr.app.config]``
@@ -299,16 +332,37 @@ class LocalSimulation:
         unknown = sorted(set(run_config) - set(app_config(app_dir)))
         if unknown:
             raise ValueError(f"run config keys {unknown} are not in {app_dir / 'pyproject.toml'}")
-        config_file = write_run_config(Path(self.home) / f"run-config-{len(self._runs)}-{time.time_ns()}.toml",
-                                       run_config)
-        federation = {"num-supernodes": int(num_supernodes), "client-resources-num-cpus": int(num_cpus),
-                      "client-resources-num-gpus": float(num_gpus), **(federation_config or {})}
+        config_file = write_run_config(
+            Path(self.home) / f"run-config-{len(self._runs)}-{time.time_ns()}.toml", run_config
+        )
+        federation = {
+            "num-supernodes": int(num_supernodes),
+            "client-resources-num-cpus": int(num_cpus),
+            "client-resources-num-gpus": float(num_gpus),
+            **(federation_config or {}),
+        }
         federation = " ".join(f"{key}={_toml_value(key, value)}" for key, value in federation.items())
-        command = [_executable("flwr"), "run", str(app_dir), CONNECTION, "--run-config", config_file,
-                   "--federation-config", federation, "--stream"]
+        command = [
+            _executable("flwr"),
+            "run",
+            str(app_dir),
+            CONNECTION,
+            "--run-config",
+            config_file,
+            "--federation-config",
+            federation,
+            "--stream",
+        ]
         self._write(f"$ {' '.join(command)}\n")
-        proc = subprocess.Popen(command, env=self.env(), cwd=str(app_dir), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            command,
+            env=self.env(),
+            cwd=str(app_dir),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self._runs.append(proc)
         try:
             self._pump(proc.stdout, on_line)
@@ -378,11 +432,21 @@ def _signal_all(pids: Iterable[int], sig: int) -> None:
             pass
 
 
-def run_app(app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_supernodes: int,
-            results_path: str | os.PathLike, log_file: Optional[str | os.PathLike] = None,
-            simulation: Optional[LocalSimulation] = None, verbose: bool = False, num_cpus: float = 1,
-            num_gpus: float = 0.0, federation_config: Optional[Mapping[str, Any]] = None,
-            echo: Optional[str] = None, on_line: Optional[Callable[[str], None]] = None) -> Any:
+def run_app(
+    app_dir: str | os.PathLike,
+    run_config: Mapping[str, Any],
+    *,
+    num_supernodes: int,
+    results_path: str | os.PathLike,
+    log_file: Optional[str | os.PathLike] = None,
+    simulation: Optional[LocalSimulation] = None,
+    verbose: bool = False,
+    num_cpus: float = 1,
+    num_gpus: float = 0.0,
+    federation_config: Optional[Mapping[str, Any]] = None,
+    echo: Optional[str] = None,
+    on_line: Optional[Callable[[str], None]] = None,
+) -> Any:
     """Run the Flower app in ``app_dir`` once and return the JSON its ServerApp wrote to ``results_path``.
 
     With ``simulation`` (a started :class:`LocalSimulation`) the run goes to
@@ -400,9 +464,18 @@ def run_app(app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_su
     if simulation is None:
         log_file = log_file if log_file is not None else results_path.parent / "flower.log"
         with LocalSimulation(log_file, verbose=verbose) as sim:
-            return run_app(app_dir, run_config, num_supernodes=num_supernodes, results_path=results_path,
-                           simulation=sim, num_cpus=num_cpus, num_gpus=num_gpus,
-                           federation_config=federation_config, echo=echo, on_line=on_line)
+            return run_app(
+                app_dir,
+                run_config,
+                num_supernodes=num_supernodes,
+                results_path=results_path,
+                simulation=sim,
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                federation_config=federation_config,
+                echo=echo,
+                on_line=on_line,
+            )
     callback = on_line
     if echo is not None and not simulation.verbose:
         pattern = re.compile(echo)
@@ -413,13 +486,28 @@ def run_app(app_dir: str | os.PathLike, run_config: Mapping[str, Any], *, num_su
             if on_line is not None:
                 on_line(line)
 
-    simulation.run(app_dir, run_config, num_supernodes=num_supernodes, num_cpus=max(1, math.ceil(num_cpus)),
-                   num_gpus=num_gpus, federation_config=federation_config, on_line=callback)
+    simulation.run(
+        app_dir,
+        run_config,
+        num_supernodes=num_supernodes,
+        num_cpus=max(1, math.ceil(num_cpus)),
+        num_gpus=num_gpus,
+        federation_config=federation_config,
+        on_line=callback,
+    )
     if not results_path.exists():
         raise RuntimeError(f"the ServerApp did not write {results_path}; see the Flower log {simulation.log_file}")
     with open(results_path) as handle:
         return json.load(handle)
 
 
-__all__ = ["OFFLINE_ENV", "REPO", "LocalSimulation", "app_config", "prepare_process", "resolve_run_config",
-           "run_app", "write_run_config"]
+__all__ = [
+    "OFFLINE_ENV",
+    "REPO",
+    "LocalSimulation",
+    "app_config",
+    "prepare_process",
+    "resolve_run_config",
+    "run_app",
+    "write_run_config",
+]

@@ -23,8 +23,17 @@ def resolve_device(device: Device = None) -> torch.device:
     return torch.device(device)
 
 
-def train_sgd(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float,
-              batch_size: int = 32, seed: int = 0, device: Device = None) -> float:
+def train_sgd(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    lr: float,
+    batch_size: int = 32,
+    seed: int = 0,
+    device: Device = None,
+) -> float:
     """Minibatch SGD on cross-entropy (shuffled with ``seed``); the mean loss of the last epoch.
 
     Trains on ``device`` (CUDA when available by default) and leaves ``model`` on the CPU,
@@ -41,7 +50,7 @@ def train_sgd(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr
         losses = []
         order = torch.randperm(len(targets), generator=generator).to(target_device)
         for start in range(0, len(targets), batch_size):
-            batch = order[start:start + batch_size]
+            batch = order[start : start + batch_size]
             optimizer.zero_grad()
             loss = nn.functional.cross_entropy(model(inputs[batch]), targets[batch])
             loss.backward()
@@ -52,8 +61,7 @@ def train_sgd(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr
 
 
 @torch.no_grad()
-def evaluate_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray,
-                        device: Device = None) -> tuple[float, float]:
+def evaluate_classifier(model: nn.Module, x: np.ndarray, y: np.ndarray, device: Device = None) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) of ``model`` on (x, y), computed on ``device``; the model stays put."""
     target_device = resolve_device(device)
     model.eval()

@@ -71,8 +71,10 @@ def _mechanisms(body: dict[str, Any]) -> list[dict[str, Any]]:
     for bookings in body["clients"].values():
         for key, rounds in bookings.items():
             counts[key] = counts.get(key, 0) + len(rounds)
-    return [{"event": body["events"][key], "label": body["labels"].get(key, ""), "bookings": counts.get(key, 0)}
-            for key in body["events"]]
+    return [
+        {"event": body["events"][key], "label": body["labels"].get(key, ""), "bookings": counts.get(key, 0)}
+        for key in body["events"]
+    ]
 
 
 def _describe(name: str, text: str) -> dict[str, Any]:
@@ -123,7 +125,8 @@ def show(path: str, key: Optional[bytes], high_water_path: Optional[str]) -> dic
     return {
         "path": real,
         "format": envelope.format,
-        "verified": "hmac-sha256 (authenticated with the key)" if key is not None
+        "verified": "hmac-sha256 (authenticated with the key)"
+        if key is not None
         else "sha256 (integrity only: anyone who can write the file can recompute it)",
         "run": envelope.run,
         "written_to": envelope.path,
@@ -145,25 +148,31 @@ def _rounds_text(rounds: list[int]) -> str:
 
 
 def _table(report: dict[str, Any]) -> str:
-    lines = [f"ledger file  {report['path']}", f"format       {report['format']}",
-             f"verified     {report['verified']}"]
+    lines = [f"ledger file  {report['path']}", f"format       {report['format']}", f"verified     {report['verified']}"]
     if report["run"] is not None:
-        lines.append(f"run          {report['run']}, generation {report['generation']}, written to "
-                     f"{report['written_to']}")
+        lines.append(
+            f"run          {report['run']}, generation {report['generation']}, written to {report['written_to']}"
+        )
     lines.append(f"freshness    {report['freshness']}")
     for name, state in report["state"].items():
         lines.append(f"state        {name}: {json.dumps(state, sort_keys=True)}")
     for ledger in report["ledgers"]:
         worst = ledger["worst_case"]
-        lines += ["", f"ledger {ledger['name']!r}: relation {ledger['neighboring_relation']}, delta "
-                  f"{ledger['delta']:g}, accounting {ledger['accounting']}, budget "
-                  f"{'none' if ledger['max_epsilon'] is None else ledger['max_epsilon']}",
-                  f"  worst case   epsilon {_eps(worst['epsilon'])}" + (f" (client {worst['client']})"
-                                                                  if worst["client"] is not None else ""),
-                  f"  rounds       {_rounds_text(ledger['rounds'])}", "  mechanisms"]
+        lines += [
+            "",
+            f"ledger {ledger['name']!r}: relation {ledger['neighboring_relation']}, delta "
+            f"{ledger['delta']:g}, accounting {ledger['accounting']}, budget "
+            f"{'none' if ledger['max_epsilon'] is None else ledger['max_epsilon']}",
+            f"  worst case   epsilon {_eps(worst['epsilon'])}"
+            + (f" (client {worst['client']})" if worst["client"] is not None else ""),
+            f"  rounds       {_rounds_text(ledger['rounds'])}",
+            "  mechanisms",
+        ]
         for mechanism in ledger["mechanisms"]:
-            lines.append(f"    {mechanism['bookings']:>6} x {json.dumps(mechanism['event'], sort_keys=True)}"
-                         + (f"  [{mechanism['label']}]" if mechanism["label"] else ""))
+            lines.append(
+                f"    {mechanism['bookings']:>6} x {json.dumps(mechanism['event'], sort_keys=True)}"
+                + (f"  [{mechanism['label']}]" if mechanism["label"] else "")
+            )
         if ledger["clients"]:
             width = max(6, *(len(c) for c in ledger["clients"]))
             lines.append(f"  {'client':<{width}}  epsilon")

@@ -167,8 +167,9 @@ def _parse(entry: object) -> Declaration:
         raise MalformedDeclaration(f"unreadable privacy declaration: {err}") from err
     if not isinstance(label, str):
         raise MalformedDeclaration("a declaration's label must be a string")
-    return Declaration(event=event, label=label[:200], neighboring_relation=relation,
-                       replace_one_event=replace_one_event)
+    return Declaration(
+        event=event, label=label[:200], neighboring_relation=relation, replace_one_event=replace_one_event
+    )
 
 
 __all__ = [

@@ -43,24 +43,36 @@ class LdpFederatedPCA(ClientAccountingMixin):
         symmetry_tolerance: largest accepted max|C − Cᵀ| / max(1, max|C|).
     """
 
-    def __init__(self, dim: int, num_components: int, *, ledger: Optional[PrivacyLedger] = None,
-                 ledger_path: Optional[str] = None, resume: bool = False, high_water_path: Optional[str] = None,
-                 per_client_metrics: bool = False, max_reply_bytes: Optional[int] = None,
-                 symmetry_tolerance: float = 1e-6) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_components: int,
+        *,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        max_reply_bytes: Optional[int] = None,
+        symmetry_tolerance: float = 1e-6,
+    ) -> None:
         self.dim = check_int("dim", dim, minimum=1)
         self.num_components = check_int("num_components", num_components, minimum=1)
         if self.num_components > self.dim:
             raise ValueError(f"num_components must be in [1, {self.dim}], got {num_components}")
         self.symmetry_tolerance = float(symmetry_tolerance)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes, resume=resume,
-                              high_water_path=high_water_path)
+        self._init_accounting(
+            ledger, ledger_path, per_client_metrics, max_reply_bytes, resume=resume, high_water_path=high_water_path
+        )
         self.metrics: Optional[MetricRecord] = None
 
     def requests(self, grid: Grid) -> list[Message]:
         """One ``train.pca`` message per node."""
         config = ConfigRecord({"pca-dim": self.dim, "pca-components": self.num_components})
-        return [Message(RecordDict({"config": config}), dst_node_id=node, message_type=PCA_MESSAGE)
-                for node in grid.get_node_ids()]
+        return [
+            Message(RecordDict({"config": config}), dst_node_id=node, message_type=PCA_MESSAGE)
+            for node in grid.get_node_ids()
+        ]
 
     def aggregate(self, server_round: int, replies: list[Message]) -> Optional[np.ndarray]:
         """Screen and book the replies; the top-k eigenvectors of the mean accepted matrix (None if none)."""
@@ -68,8 +80,12 @@ class LdpFederatedPCA(ClientAccountingMixin):
         undeclared = [r for r in replies if not r.has_error() and PRIVACY_RECORD not in r.content.config_records]
         accepted, rejected = self.screen_and_book(server_round, replies, self._check)
         for reply in undeclared:
-            self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=reply.metadata.src_node_id,
-                               label="ldp-fpca/undeclared (non-private)")
+            self.ledger.record(
+                NonPrivateDpEvent(),
+                server_round=server_round,
+                client=reply.metadata.src_node_id,
+                label="ldp-fpca/undeclared (non-private)",
+            )
         total = np.zeros((self.dim, self.dim))
         for reply in accepted:
             total += _matrix(reply.content)
@@ -95,8 +111,10 @@ class LdpFederatedPCA(ClientAccountingMixin):
     def broadcast(self, projection: np.ndarray, grid: Grid) -> list[Message]:
         """One ``train.pca_projection`` message per node carrying the projection."""
         record = ArrayRecord({PROJECTION_KEY: Array(np.ascontiguousarray(projection))})
-        return [Message(RecordDict({"arrays": record}), dst_node_id=node, message_type=PROJECTION_MESSAGE)
-                for node in grid.get_node_ids()]
+        return [
+            Message(RecordDict({"arrays": record}), dst_node_id=node, message_type=PROJECTION_MESSAGE)
+            for node in grid.get_node_ids()
+        ]
 
     def run(self, grid: Grid, server_round: int = 0, timeout: Optional[float] = None) -> np.ndarray:
         """Ask, aggregate, send the projection back; ``RuntimeError`` if no valid reply came."""

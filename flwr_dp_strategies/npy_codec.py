@@ -68,7 +68,7 @@ def _header(data: bytes) -> Optional[_Header]:
     if len(data) < 10 or data[:6] != NPY_MAGIC or data[6] not in (1, 2):
         return None
     size_bytes = 2 if data[6] == 1 else 4
-    offset = 8 + size_bytes + int.from_bytes(data[8:8 + size_bytes], "little")
+    offset = 8 + size_bytes + int.from_bytes(data[8 : 8 + size_bytes], "little")
     raw = data[:offset]
     cached = _HEADER_CACHE.get(raw)
     if cached is None:
@@ -120,14 +120,14 @@ def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> Optional[bytes]:
         stream = BytesIO()
         try:
             npy_format.write_array_header_1_0(
-                stream, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+                stream, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+            )
         except ValueError:
             return None
         if len(_WRITE_HEADER_CACHE) >= _HEADER_CACHE_MAX:
             _WRITE_HEADER_CACHE.clear()
         cached = _WRITE_HEADER_CACHE[key] = stream.getvalue()
     return cached
-
 
 
 __all__ = ["ArrayLike", "NPY_MAGIC", "npy_view", "to_array"]

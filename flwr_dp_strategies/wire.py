@@ -49,11 +49,22 @@ SIGNDS_CONFIG_KEYS = {
 SIGNDS_EVENT_LABEL = "signds/indices+magrr-bit"
 
 #: Public distributed-DP parameters of the collect stage (server → client), with their types.
-DISTRIBUTED_DP_FIELDS = {"dp-dim": int, "dp-clip-norm": float, "dp-scale": float, "dp-rotation-seed": int,
-                         "dp-beta": float, "dp-noise-share": float}
+DISTRIBUTED_DP_FIELDS = {
+    "dp-dim": int,
+    "dp-clip-norm": float,
+    "dp-scale": float,
+    "dp-rotation-seed": int,
+    "dp-beta": float,
+    "dp-noise-share": float,
+}
 #: Public secure-objective parameters of the collect stage (server → client), with their types.
-SECURE_OBJECTIVE_FIELDS = {"fm-dim": int, "fm-num-classes": int, "fm-loss": str, "fm-scale": float,
-                           "fm-noise-share": float}
+SECURE_OBJECTIVE_FIELDS = {
+    "fm-dim": int,
+    "fm-num-classes": int,
+    "fm-loss": str,
+    "fm-scale": float,
+    "fm-noise-share": float,
+}
 
 #: Evaluate-config key of the privacy mode of an evaluation result (``NOT_ENCRYPT`` or ``LAPLACE``).
 CONFIG_PRIVACY_EVAL_TYPE = "privacy-eval-type"
@@ -89,7 +100,7 @@ def flat_update(received: Arrays, trained: Arrays) -> np.ndarray:
     for key, b, a in zip(keys, before, after):
         if a.shape != b.shape:
             raise ValueError(f"array {key!r}: trained shape {a.shape} differs from the received {b.shape}")
-        np.subtract(a.reshape(-1), b.reshape(-1), out=out[start:start + b.size], dtype=np.float64)
+        np.subtract(a.reshape(-1), b.reshape(-1), out=out[start : start + b.size], dtype=np.float64)
         start += b.size
     return out
 
@@ -116,7 +127,16 @@ def layer_groups(keys: Iterable[str], layer_of: Callable[[str], str] | None = No
 
 
 __all__ = [
-    "CONFIG_LAPLACE_EVAL_EPS", "CONFIG_PRIVACY_EVAL_TYPE", "DISTRIBUTED_DP_FIELDS", "KEY_UNCLIPPED_BIT", "LINEAR_KEY",
-    "QUADRATIC_KEY", "SECURE_OBJECTIVE_FIELDS", "SIGNDS_CONFIG_KEYS", "SIGNDS_EVENT_LABEL", "default_layer_of",
-    "flat_update", "layer_groups",
+    "CONFIG_LAPLACE_EVAL_EPS",
+    "CONFIG_PRIVACY_EVAL_TYPE",
+    "DISTRIBUTED_DP_FIELDS",
+    "KEY_UNCLIPPED_BIT",
+    "LINEAR_KEY",
+    "QUADRATIC_KEY",
+    "SECURE_OBJECTIVE_FIELDS",
+    "SIGNDS_CONFIG_KEYS",
+    "SIGNDS_EVENT_LABEL",
+    "default_layer_of",
+    "flat_update",
+    "layer_groups",
 ]

@@ -75,8 +75,13 @@ def port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.5,
-              diagnostics: Callable[[], str] = lambda: "") -> Any:
+def wait_for(
+    condition: Callable[[], Any],
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    diagnostics: Callable[[], str] = lambda: "",
+) -> Any:
     """Poll ``condition`` until it returns something truthy; TimeoutError after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -211,8 +216,9 @@ class LocalDeployment:
         env = dict(os.environ, **BASE_ENV)
         env["FLWR_HOME"] = str(home)
         env["PATH"] = os.pathsep.join([str(BIN_DIR), env.get("PATH", "")])
-        env["PYTHONPATH"] = os.pathsep.join([REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                                                      if p and p != REPO])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO]
+        )
         env[TAG_VAR] = self.tag
         return env
 
@@ -235,36 +241,56 @@ class LocalDeployment:
         home.mkdir(parents=True, exist_ok=True)
         log = self.root / f"{name}.log"
         with open(log, "ab") as handle:
-            popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.env(home), cwd=home, start_new_session=True)
+            popen = subprocess.Popen(
+                argv,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(home),
+                cwd=home,
+                start_new_session=True,
+            )
         daemon = Daemon(name, popen, log, port, home)
         self.daemons.append(daemon)
         self.started_pids.add(popen.pid)
         return daemon
 
-    def start_superlink(self, name: str = "superlink", port: int | None = None, database: Path | None = None,
-                        timeout: float = 60) -> Daemon:
+    def start_superlink(
+        self, name: str = "superlink", port: int | None = None, database: Path | None = None, timeout: float = 60
+    ) -> Daemon:
         """``flower-superlink --insecure --host 127.0.0.1 --port P --disable-runtime-dependency-installation``.
 
         ``database``: ``--database FILE`` (SQLite state that survives a restart;
         default: in-memory state).
         """
         port = port or free_port()
-        argv = [str(BIN_DIR / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                "--disable-runtime-dependency-installation"]
+        argv = [
+            str(BIN_DIR / "flower-superlink"),
+            "--insecure",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+        ]
         if database is not None:
             argv += ["--database", str(database)]
         daemon = self._spawn(name, argv, port)
         self.superlink = daemon
         self.write_cli_config(port)
-        wait_for(lambda: port_open(port) or not daemon.running(), timeout, f"{name} to listen on {port}",
-                 diagnostics=self.diagnostics)
+        wait_for(
+            lambda: port_open(port) or not daemon.running(),
+            timeout,
+            f"{name} to listen on {port}",
+            diagnostics=self.diagnostics,
+        )
         if not daemon.running():
             raise RuntimeError(f"{name} exited with {daemon.popen.returncode}\n{self.diagnostics()}")
         return daemon
 
-    def start_supernode(self, partition_id: int, num_partitions: int, name: str | None = None,
-                        timeout: float = 60) -> Daemon:
+    def start_supernode(
+        self, partition_id: int, num_partitions: int, name: str | None = None, timeout: float = 60
+    ) -> Daemon:
         """``flower-supernode --insecure --superlink 127.0.0.1:P --node-config "partition-id=i num-partitions=n"``.
 
         Waits until the node is registered at the SuperLink (its log shows
@@ -274,13 +300,24 @@ class LocalDeployment:
         assert self.superlink is not None, "start the SuperLink first"
         name = name or f"supernode-{partition_id}"
         port = free_port()
-        argv = [str(BIN_DIR / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.superlink.port}",
-                "--node-config", f"partition-id={partition_id} num-partitions={num_partitions}",
-                "--port", str(port)]
+        argv = [
+            str(BIN_DIR / "flower-supernode"),
+            "--insecure",
+            "--superlink",
+            f"127.0.0.1:{self.superlink.port}",
+            "--node-config",
+            f"partition-id={partition_id} num-partitions={num_partitions}",
+            "--port",
+            str(port),
+        ]
         daemon = self._spawn(name, argv, port)
         daemon.extra["partition_id"] = partition_id
-        wait_for(lambda: node_id(daemon.log_text()) or not daemon.running(), timeout,
-                 f"{name} to register at the SuperLink", diagnostics=self.diagnostics)
+        wait_for(
+            lambda: node_id(daemon.log_text()) or not daemon.running(),
+            timeout,
+            f"{name} to register at the SuperLink",
+            diagnostics=self.diagnostics,
+        )
         if not daemon.running():
             raise RuntimeError(f"{name} exited with {daemon.popen.returncode}\n{self.diagnostics()}")
         daemon.extra["node_id"] = node_id(daemon.log_text())
@@ -289,8 +326,15 @@ class LocalDeployment:
     def flwr(self, *args: str, timeout: float = 120, check: bool = False) -> subprocess.CompletedProcess:
         """Run a ``flwr`` CLI command with this deployment's FLWR_HOME (the connection ``test-deploy``)."""
         self.cli_home.mkdir(parents=True, exist_ok=True)
-        proc = subprocess.run([str(BIN_DIR / "flwr"), *args], env=self.env(self.cli_home), cwd=self.root,
-                              capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [str(BIN_DIR / "flwr"), *args],
+            env=self.env(self.cli_home),
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         if check and proc.returncode != 0:
             raise RuntimeError(f"flwr {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
         return proc
@@ -442,15 +486,18 @@ def parse_run_id(text: str) -> int | None:
 # ---------------------------------------------------------------------- shared by the deployment tests
 def run_config(**settings: object) -> str:
     """``--run-config`` text: strings and paths quoted, booleans lower-case, numbers as they are."""
+
     def value(v: object) -> str:
         if isinstance(v, bool):
             return str(v).lower()
         return f"'{v}'" if isinstance(v, (str, Path)) else str(v)
+
     return " ".join(f"{key}={value(v)}" for key, v in settings.items())
 
 
 def wait_finished(dep: LocalDeployment, run_id: int, timeout: float = 60, interval: float = 2) -> dict:
     """``flwr ls`` entry of the run once its status is ``finished:*``."""
+
     def finished() -> dict | None:
         run = dep.run_status(run_id)
         return run if run["status"].startswith("finished") else None
@@ -470,11 +517,23 @@ def finished_run(dep: LocalDeployment, output: str, timeout: float = 60, interva
 def kill_while_training(dep: LocalDeployment, victim: Daemon, cli: Daemon, nth_message: int, timeout: float) -> None:
     """Wait until ``victim`` receives its ``nth_message``-th train message and its ClientApp runs, then
     SIGKILL it (SuperNode, SuperExec and ClientApp); asserts it had replied to the earlier ones only."""
-    wait_for(lambda: len(re.findall(r"Receiving: train message", victim.log_text())) >= nth_message
-             or cli.popen.poll() is not None, timeout, f"the victim's train message {nth_message}", interval=0.2,
-             diagnostics=dep.diagnostics)
-    wait_for(lambda: any("flwr-clientapp" in cmdline(pid) for pid in dep.processes_of(victim)),
-             60, "the victim's ClientApp process", interval=0.1, diagnostics=dep.diagnostics)
+    wait_for(
+        lambda: (
+            len(re.findall(r"Receiving: train message", victim.log_text())) >= nth_message
+            or cli.popen.poll() is not None
+        ),
+        timeout,
+        f"the victim's train message {nth_message}",
+        interval=0.2,
+        diagnostics=dep.diagnostics,
+    )
+    wait_for(
+        lambda: any("flwr-clientapp" in cmdline(pid) for pid in dep.processes_of(victim)),
+        60,
+        "the victim's ClientApp process",
+        interval=0.1,
+        diagnostics=dep.diagnostics,
+    )
     assert not dep.kill(victim), "processes of the killed SuperNode survived"
     replied = len(re.findall(r"Sending: train message", victim.log_text()))  # its log is final now
     assert replied == nth_message - 1, f"the victim had replied {replied} times\n" + dep.diagnostics()

@@ -28,13 +28,20 @@ def main() -> None:
 
     logging.disable(logging.CRITICAL)
     values = [math.nan, math.inf, -math.inf, 1e308, -1e308, 3.4e38, 1e39, -5.0, 0.0, 1e-300, 7.0]
-    uses_value = {"fill-array", "weight", "metric-value", "declaration-bad-param", "signds-sign", "signds-bhat",
-                  "inference-value"}
+    uses_value = {
+        "fill-array",
+        "weight",
+        "metric-value",
+        "declaration-bad-param",
+        "signds-sign",
+        "signds-bhat",
+        "inference-value",
+    }
     counts: collections.Counter = collections.Counter()
     for name in fuzz.STRATEGIES:
         for phase in ("train", "evaluate"):
             for mutation in fuzz.MUTATIONS:
-                for value in (values if mutation in uses_value else [None]):
+                for value in values if mutation in uses_value else [None]:
                     for identity in fuzz.IDENTITIES:
                         counts["cases"] += 1
                         try:
@@ -44,8 +51,9 @@ def main() -> None:
                             counts[f"aborted {name} {phase}"] += 1
                             continue
                         metrics = result[1] if phase == "train" else result
-                        if phase == "train" and (result[0] is None or not all(
-                                np.isfinite(a).all() for a in result[0].to_numpy_ndarrays())):
+                        if phase == "train" and (
+                            result[0] is None or not all(np.isfinite(a).all() for a in result[0].to_numpy_ndarrays())
+                        ):
                             counts["non-finite or no model"] += 1
                         if any(isinstance(v, float) and math.isnan(v) for v in (metrics or {}).values()):
                             counts["NaN metric"] += 1

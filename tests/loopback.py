@@ -43,8 +43,11 @@ def node_context(node: int, run_id: int = 1) -> Context:
 
 def _takes_context(fn: Callable[..., Any]) -> bool:
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        ]
     except (TypeError, ValueError):
         return True
     return len(params) >= 2
@@ -66,17 +69,28 @@ class LoopbackGrid(Grid):
     answer before ``send_and_receive``'s timeout.
     """
 
-    def __init__(self, clients: Union[Client, dict[int, Client], None] = None,
-                 node_ids: Optional[Iterable[int]] = None, *, drop: Iterable[int] = (),
-                 tamper: Optional[Callable[[Message, Message], Message]] = None, run_id: int = 1,
-                 by_index: Optional[Callable[[int, Message], Message]] = None) -> None:
+    def __init__(
+        self,
+        clients: Union[Client, dict[int, Client], None] = None,
+        node_ids: Optional[Iterable[int]] = None,
+        *,
+        drop: Iterable[int] = (),
+        tamper: Optional[Callable[[Message, Message], Message]] = None,
+        run_id: int = 1,
+        by_index: Optional[Callable[[int, Message], Message]] = None,
+    ) -> None:
         if node_ids is None:
             if not isinstance(clients, dict):
                 raise TypeError("node_ids are needed unless clients is a {node_id: client} dict")
             node_ids = list(clients)
         self.node_ids = [int(n) for n in node_ids]
-        self.clients: dict[int, Client] = (dict(clients) if isinstance(clients, dict)
-                                           else {n: clients for n in self.node_ids} if clients is not None else {})
+        self.clients: dict[int, Client] = (
+            dict(clients)
+            if isinstance(clients, dict)
+            else {n: clients for n in self.node_ids}
+            if clients is not None
+            else {}
+        )
         self.contexts = {n: node_context(n, run_id) for n in self.node_ids}
         self.drop = set(drop)
         self.tamper = tamper
@@ -90,8 +104,9 @@ class LoopbackGrid(Grid):
         self._ids = itertools.count(1)
 
     @classmethod
-    def of(cls, num_nodes: int, clients: Union[Client, dict[int, Client], None] = None, **kwargs: Any
-           ) -> "LoopbackGrid":
+    def of(
+        cls, num_nodes: int, clients: Union[Client, dict[int, Client], None] = None, **kwargs: Any
+    ) -> "LoopbackGrid":
         """``num_nodes`` nodes with IDs 101, 102, ..."""
         return cls(clients, range(101, 101 + num_nodes), **kwargs)
 
@@ -103,8 +118,9 @@ class LoopbackGrid(Grid):
     def run(self) -> Run:
         return self._run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: Optional[float] = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: Optional[float] = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
@@ -173,8 +189,9 @@ class LoopbackGrid(Grid):
 
     def unavailable_reply(self, node: int, msg: Message) -> Message:
         """What the SuperLink returns for a node that stopped sending heartbeats."""
-        reply = Message(Error(code=NODE_UNAVAILABLE, reason="The destination node failed to report a heartbeat"),
-                        reply_to=msg)
+        reply = Message(
+            Error(code=NODE_UNAVAILABLE, reason="The destination node failed to report a heartbeat"), reply_to=msg
+        )
         return self.stamp(node, reply, src=SUPERLINK_NODE_ID)
 
     def raised_reply(self, node: int, msg: Message, err: Exception) -> Message:
@@ -187,8 +204,16 @@ class Round(NamedTuple):
     result: Any  # what aggregate_train / aggregate_evaluate returned
 
 
-def run_round(strategy: Any, grid: Grid, arrays: Any, server_round: int = 1, config: Optional[ConfigRecord] = None,
-              *, phase: str = "train", timeout: Optional[float] = None) -> Round:
+def run_round(
+    strategy: Any,
+    grid: Grid,
+    arrays: Any,
+    server_round: int = 1,
+    config: Optional[ConfigRecord] = None,
+    *,
+    phase: str = "train",
+    timeout: Optional[float] = None,
+) -> Round:
     """One round of ``phase`` ("train" or "evaluate"): configure, send and receive, aggregate."""
     if phase not in ("train", "evaluate"):
         raise ValueError(f"phase must be 'train' or 'evaluate', not {phase!r}")

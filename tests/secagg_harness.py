@@ -29,8 +29,14 @@ class LoopbackGrid(loopback.LoopbackGrid):
     A dead node's reply, and that of a node whose app raised, is an error reply (code 0) from that node.
     """
 
-    def __init__(self, app: ClientApp, node_ids: list[int], *, die: Optional[dict[int, str]] = None,
-                 tamper: Optional[Callable[[Message, Message], Message]] = None) -> None:
+    def __init__(
+        self,
+        app: ClientApp,
+        node_ids: list[int],
+        *,
+        die: Optional[dict[int, str]] = None,
+        tamper: Optional[Callable[[Message, Message], Message]] = None,
+    ) -> None:
         super().__init__(app, node_ids, tamper=tamper)
         self.app = app
         self.die = dict(die or {})
@@ -51,13 +57,20 @@ class LoopbackGrid(loopback.LoopbackGrid):
         return self.stamp(node, Message(Error(code=0, reason=str(err)), reply_to=msg))
 
 
-def shifting_app(deltas: dict[int, np.ndarray], *, rng=None, metrics: bool = True,
-                 min_noise_multiplier: float = 0.0, max_colluding_clients: int = 0) -> ClientApp:
+def shifting_app(
+    deltas: dict[int, np.ndarray],
+    *,
+    rng=None,
+    metrics: bool = True,
+    min_noise_multiplier: float = 0.0,
+    max_colluding_clients: int = 0,
+) -> ClientApp:
     """A ClientApp whose train adds ``deltas[node]`` (flattened over the arrays) to the received model,
     behind ``distributed_dp_mod``; it also returns a MetricRecord, which the mod must drop."""
     app = ClientApp()
-    mod = make_distributed_dp_mod(rng=rng, min_noise_multiplier=min_noise_multiplier,
-                                  max_colluding_clients=max_colluding_clients)
+    mod = make_distributed_dp_mod(
+        rng=rng, min_noise_multiplier=min_noise_multiplier, max_colluding_clients=max_colluding_clients
+    )
 
     @app.train(mods=[mod])
     def train(msg: Message, context: Context) -> Message:
@@ -66,7 +79,7 @@ def shifting_app(deltas: dict[int, np.ndarray], *, rng=None, metrics: bool = Tru
         out, offset = {}, 0
         for key, array in record.items():
             w = array.numpy()
-            out[key] = Array((w.astype(np.float64) + delta[offset:offset + w.size].reshape(w.shape)).astype(w.dtype))
+            out[key] = Array((w.astype(np.float64) + delta[offset : offset + w.size].reshape(w.shape)).astype(w.dtype))
             offset += w.size
         content = RecordDict({"arrays": ArrayRecord(out)})
         if metrics:

@@ -28,10 +28,20 @@ from flwr.serverapp.strategy import FedAvg, Strategy
 import flwr_dp_strategies
 import flwr_dp_strategies.strategy
 from client_mods.secure_objective import SecureObjectiveTrainer
-from flwr_dp_strategies import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping, AccountedFedAvg,
-                                AccountedPoissonFixedClipping, AccountedServerSideFixedClipping, ClusterEvaluation,
-                                DistributedDpFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, SecureObjectiveSum,
-                                ShuffleAmplifiedFedAvg, SignDS)
+from flwr_dp_strategies import (
+    AccountedAdaptiveClipping,
+    AccountedClientSideAdaptiveClipping,
+    AccountedFedAvg,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+    ClusterEvaluation,
+    DistributedDpFedAvg,
+    MinDivergenceExpSampling,
+    NoisyObjectiveSum,
+    SecureObjectiveSum,
+    ShuffleAmplifiedFedAvg,
+    SignDS,
+)
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
@@ -60,8 +70,9 @@ def dense_model() -> ArrayRecord:
 
 def dense_arrays(i: int) -> ArrayRecord:
     """Node i's trained model: norm 0.255 (i + 1), below every entry's clipping norm."""
-    return ArrayRecord({"w.a": Array(np.full(6, 0.1 * (i + 1), np.float32)),
-                        "v.b": Array(np.full(2, -0.05 * (i + 1), np.float32))})
+    return ArrayRecord(
+        {"w.a": Array(np.full(6, 0.1 * (i + 1), np.float32)), "v.b": Array(np.full(2, -0.05 * (i + 1), np.float32))}
+    )
 
 
 def head_model(dim: int = 3, width: int = 2) -> ArrayRecord:
@@ -70,8 +81,13 @@ def head_model(dim: int = 3, width: int = 2) -> ArrayRecord:
 
 
 def _signds_arrays(i: int) -> ArrayRecord:
-    return ArrayRecord({"indices": Array(np.array([1, 2 + i], np.int64)), "sign": Array(np.array([1], np.int64)),
-                        "b-hat": Array(np.array([i % 2], np.int64))})
+    return ArrayRecord(
+        {
+            "indices": Array(np.array([1, 2 + i], np.int64)),
+            "sign": Array(np.array([1], np.int64)),
+            "b-hat": Array(np.array([i % 2], np.int64)),
+        }
+    )
 
 
 def _objective_arrays(i: int) -> ArrayRecord:
@@ -160,44 +176,86 @@ class Entry:
     def evaluate_content(i: int) -> RecordDict:
         """A valid evaluate reply of node i: metrics and an inference vector (ClusterEvaluation scores it)."""
         probs = np.roll(np.array([0.8, 0.15, 0.05]), i)
-        return RecordDict({"metrics": MetricRecord({"num-examples": 10, "acc": 0.5}),
-                           "inference": ArrayRecord({"0": Array(probs)})})
+        return RecordDict(
+            {"metrics": MetricRecord({"num-examples": 10, "acc": 0.5}), "inference": ArrayRecord({"0": Array(probs)})}
+        )
 
 
 def _entries() -> list[Entry]:
     n, s = N, N_SECURE
     return [
         Entry("AccountedFedAvg", AccountedFedAvg, lambda: AccountedFedAvg(**kwargs())),
-        Entry("ShuffleAmplifiedFedAvg", ShuffleAmplifiedFedAvg,
-              lambda: ShuffleAmplifiedFedAvg(**kwargs(), shuffler=LayerShuffler(0)), randomised=True),
-        Entry("MinDivergenceExpSampling", MinDivergenceExpSampling,
-              lambda: MinDivergenceExpSampling(num_selected=2, epsilon=None, **kwargs())),
+        Entry(
+            "ShuffleAmplifiedFedAvg",
+            ShuffleAmplifiedFedAvg,
+            lambda: ShuffleAmplifiedFedAvg(**kwargs(), shuffler=LayerShuffler(0)),
+            randomised=True,
+        ),
+        Entry(
+            "MinDivergenceExpSampling",
+            MinDivergenceExpSampling,
+            lambda: MinDivergenceExpSampling(num_selected=2, epsilon=None, **kwargs()),
+        ),
         Entry("SignDS", SignDS, lambda: SignDS(sign_k=0.05, sign_eps=10.0, **kwargs()), kind="signds"),
-        Entry("NoisyObjectiveSum", NoisyObjectiveSum,
-              lambda: NoisyObjectiveSum(num_classes=2, ridge=1e-3, **kwargs()), kind="objective"),
-        Entry("ClusterEvaluation(FedAvg)", ClusterEvaluation,
-              lambda: ClusterEvaluation(FedAvg(**kwargs()), book_unaccounted_training=False)),
-        Entry("ClusterEvaluation(AccountedFedAvg)", ClusterEvaluation,
-              lambda: ClusterEvaluation(AccountedFedAvg(**kwargs()))),
-        Entry("AccountedServerSideFixedClipping", AccountedServerSideFixedClipping,
-              lambda: AccountedServerSideFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, rng=7)),
-        Entry("AccountedPoissonFixedClipping", AccountedPoissonFixedClipping,
-              lambda: AccountedPoissonFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, num_clients=n, rng=7)),
-        Entry("AccountedAdaptiveClipping", AccountedAdaptiveClipping,
-              lambda: AccountedAdaptiveClipping(FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=0.5,
-                                                clipped_count_stddev=1.0, num_clients=n, rng=7)),
-        Entry("AccountedClientSideAdaptiveClipping", AccountedClientSideAdaptiveClipping,
-              lambda: AccountedClientSideAdaptiveClipping(FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=2.0,
-                                                          clipped_count_stddev=1.0, num_clients=n, rng=7),
-              kind="clipped-bit"),
-        Entry("DistributedDpFedAvg", DistributedDpFedAvg,
-              lambda: DistributedDpFedAvg(**kwargs(s), noise_multiplier=0.5, clipping_norm=1.0, bits=20,
-                                          rotation_seed=3, min_survivors=0.6),
-              kind="secagg-dense", nodes=s),
-        Entry("SecureObjectiveSum", SecureObjectiveSum,
-              lambda: SecureObjectiveSum(**kwargs(s), num_classes=2, max_records=50, epsilon=5.0, bits=32,
-                                         min_survivors=0.6),
-              kind="secagg-objective", nodes=s),
+        Entry(
+            "NoisyObjectiveSum",
+            NoisyObjectiveSum,
+            lambda: NoisyObjectiveSum(num_classes=2, ridge=1e-3, **kwargs()),
+            kind="objective",
+        ),
+        Entry(
+            "ClusterEvaluation(FedAvg)",
+            ClusterEvaluation,
+            lambda: ClusterEvaluation(FedAvg(**kwargs()), book_unaccounted_training=False),
+        ),
+        Entry(
+            "ClusterEvaluation(AccountedFedAvg)",
+            ClusterEvaluation,
+            lambda: ClusterEvaluation(AccountedFedAvg(**kwargs())),
+        ),
+        Entry(
+            "AccountedServerSideFixedClipping",
+            AccountedServerSideFixedClipping,
+            lambda: AccountedServerSideFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, rng=7),
+        ),
+        Entry(
+            "AccountedPoissonFixedClipping",
+            AccountedPoissonFixedClipping,
+            lambda: AccountedPoissonFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, num_clients=n, rng=7),
+        ),
+        Entry(
+            "AccountedAdaptiveClipping",
+            AccountedAdaptiveClipping,
+            lambda: AccountedAdaptiveClipping(
+                FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=0.5, clipped_count_stddev=1.0, num_clients=n, rng=7
+            ),
+        ),
+        Entry(
+            "AccountedClientSideAdaptiveClipping",
+            AccountedClientSideAdaptiveClipping,
+            lambda: AccountedClientSideAdaptiveClipping(
+                FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=2.0, clipped_count_stddev=1.0, num_clients=n, rng=7
+            ),
+            kind="clipped-bit",
+        ),
+        Entry(
+            "DistributedDpFedAvg",
+            DistributedDpFedAvg,
+            lambda: DistributedDpFedAvg(
+                **kwargs(s), noise_multiplier=0.5, clipping_norm=1.0, bits=20, rotation_seed=3, min_survivors=0.6
+            ),
+            kind="secagg-dense",
+            nodes=s,
+        ),
+        Entry(
+            "SecureObjectiveSum",
+            SecureObjectiveSum,
+            lambda: SecureObjectiveSum(
+                **kwargs(s), num_classes=2, max_records=50, epsilon=5.0, bits=32, min_survivors=0.6
+            ),
+            kind="secagg-objective",
+            nodes=s,
+        ),
     ]
 
 
@@ -205,9 +263,12 @@ def _example_entries() -> list[Entry]:
     """Strategies written against the template outside the package (docs/architecture.md's worked example):
     one registry line puts them through every cross-cutting suite."""
     return [
-        Entry("NoisyClippedMean (example)", NoisyClippedMean,
-              lambda: NoisyClippedMean(**kwargs(), clipping_norm=1.0, noise_multiplier=1.0, num_sampled_clients=N,
-                                       rng=7), randomised=True),
+        Entry(
+            "NoisyClippedMean (example)",
+            NoisyClippedMean,
+            lambda: NoisyClippedMean(**kwargs(), clipping_norm=1.0, noise_multiplier=1.0, num_sampled_clients=N, rng=7),
+            randomised=True,
+        ),
     ]
 
 
@@ -216,8 +277,12 @@ REGISTRY: dict[str, Entry] = {entry.name: entry for entry in _entries() + _examp
 
 def exported_strategies() -> set[type]:
     """Every Strategy subclass that ``flwr_dp_strategies`` or ``flwr_dp_strategies.strategy`` exports."""
-    return {obj for module in (flwr_dp_strategies, flwr_dp_strategies.strategy) for name in module.__all__
-            if isinstance(obj := getattr(module, name), type) and issubclass(obj, Strategy)}
+    return {
+        obj
+        for module in (flwr_dp_strategies, flwr_dp_strategies.strategy)
+        for name in module.__all__
+        if isinstance(obj := getattr(module, name), type) and issubclass(obj, Strategy)
+    }
 
 
 def rejection_counts(strategy: Any, metrics: Any, phase: str) -> dict[str, int]:
@@ -234,5 +299,14 @@ def entries(*kinds: str) -> dict[str, Entry]:
     return {name: e for name, e in REGISTRY.items() if not kinds or e.kind in kinds}
 
 
-__all__ = ["Entry", "N", "N_SECURE", "REGISTRY", "dense_model", "entries", "exported_strategies", "kwargs",
-           "rejection_counts"]
+__all__ = [
+    "Entry",
+    "N",
+    "N_SECURE",
+    "REGISTRY",
+    "dense_model",
+    "entries",
+    "exported_strategies",
+    "kwargs",
+    "rejection_counts",
+]

@@ -21,9 +21,25 @@ Poisson = dp_event.PoissonSampledDpEvent
 
 VECTORS = [
     # (name, event, count, delta, relation, rdp, pld)
-    ("mnist dp-sgd q=256/60k z=1.1 60 epochs", Poisson(256 / 60000, Gauss(1.1)), 14062, 1e-5, "add_or_remove_one", 2.597, 2.382),
+    (
+        "mnist dp-sgd q=256/60k z=1.1 60 epochs",
+        Poisson(256 / 60000, Gauss(1.1)),
+        14062,
+        1e-5,
+        "add_or_remove_one",
+        2.597,
+        2.382,
+    ),
     ("opacus z=1.3 15 epochs", Poisson(240 / 60000, Gauss(1.3)), 3750, 1e-5, "add_or_remove_one", 0.922, 0.834),
-    ("cross-device q=100/3400 z=1 1500 rounds", Poisson(100 / 3400, Gauss(1.0)), 1500, 1e-5, "add_or_remove_one", 8.16, 7.46),
+    (
+        "cross-device q=100/3400 z=1 1500 rounds",
+        Poisson(100 / 3400, Gauss(1.0)),
+        1500,
+        1e-5,
+        "add_or_remove_one",
+        8.16,
+        7.46,
+    ),
     ("cross-silo Gaussian z=1 x100", Gauss(1.0), 100, 1e-5, "add_or_remove_one", 96.12, 91.82),
     ("LocalDpMod eps=1 (z=4.845) x100", Gauss(4.845), 100, 1e-5, "add_or_remove_one", 11.15, 10.39),
     ("Laplace b=1 x100", dp_event.LaplaceDpEvent(1.0), 100, 1e-5, "add_or_remove_one", 70.78, 68.25),

@@ -19,10 +19,12 @@ N = 4
 pytestmark = pytest.mark.usefixtures("task_identity")
 
 
-def reply_to(msg: Message, arrays: list[np.ndarray], *, weight: float = 10.0, event=None,
-             metrics: dict | None = None) -> Message:
-    content = RecordDict({"arrays": ArrayRecord(arrays),
-                          "metrics": MetricRecord(metrics or {"num-examples": weight, "loss": 0.5})})
+def reply_to(
+    msg: Message, arrays: list[np.ndarray], *, weight: float = 10.0, event=None, metrics: dict | None = None
+) -> Message:
+    content = RecordDict(
+        {"arrays": ArrayRecord(arrays), "metrics": MetricRecord(metrics or {"num-examples": weight, "loss": 0.5})}
+    )
     if event is not None:
         declare_release(content, event, label="test", neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
@@ -46,13 +48,16 @@ def test_declarations_round_trip_and_append():
     assert read_declarations(RecordDict()) == []
 
 
-@pytest.mark.parametrize("entries", [
-    ["not json"],
-    [json.dumps({"event": {"type": "os.system", "x": 1}})],
-    [json.dumps({"label": "no event"})],
-    ["x" * 5000],
-    [json.dumps({"event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}})] * 65,
-])
+@pytest.mark.parametrize(
+    "entries",
+    [
+        ["not json"],
+        [json.dumps({"event": {"type": "os.system", "x": 1}})],
+        [json.dumps({"label": "no event"})],
+        ["x" * 5000],
+        [json.dumps({"event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}})] * 65,
+    ],
+)
 def test_malformed_declarations_raise(entries):
     content = RecordDict({PRIVACY_RECORD: ConfigRecord({"events": entries})})
     with pytest.raises(MalformedDeclaration):
@@ -104,8 +109,15 @@ def test_wrong_keys_and_weights_are_rejected_but_other_metric_sets_are_kept():
     strategy = make()
     current = [np.zeros(3)]
     msgs = configure(strategy, 1, current)
-    wrong_keys = Message(RecordDict({"arrays": ArrayRecord({"other": ArrayRecord([np.ones(3)])["0"]}),
-                                     "metrics": MetricRecord({"num-examples": 1.0, "loss": 0.1})}), reply_to=msgs[1])
+    wrong_keys = Message(
+        RecordDict(
+            {
+                "arrays": ArrayRecord({"other": ArrayRecord([np.ones(3)])["0"]}),
+                "metrics": MetricRecord({"num-examples": 1.0, "loss": 0.1}),
+            }
+        ),
+        reply_to=msgs[1],
+    )
     replies = [
         reply_to(msgs[0], [np.ones(3)]),
         wrong_keys,
@@ -137,9 +149,19 @@ def test_unaccountable_event_is_rejected_and_does_not_break_the_ledger():
     msgs = configure(strategy, 1, [np.zeros(3)])
     replies = [reply_to(m, [np.ones(3)], event=GaussianDpEvent(1.0)) for m in msgs[:3]]
     bad = reply_to(msgs[3], [np.ones(3)])  # declare_release itself refuses NaN: forge the JSON
-    bad.content[PRIVACY_RECORD] = ConfigRecord({"events": [json.dumps(
-        {"event": {"type": "GaussianDpEvent", "noise_multiplier": float("nan")}, "label": "x",
-         "relation": "replace_one"})]})
+    bad.content[PRIVACY_RECORD] = ConfigRecord(
+        {
+            "events": [
+                json.dumps(
+                    {
+                        "event": {"type": "GaussianDpEvent", "noise_multiplier": float("nan")},
+                        "label": "x",
+                        "relation": "replace_one",
+                    }
+                )
+            ]
+        }
+    )
     replies.append(bad)
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert strategy.rejections["train"]["declaration"] == 1
@@ -159,8 +181,7 @@ def test_ledger_path_persists_and_restores(tmp_path):
 
 
 def test_per_client_metrics_and_evaluate_declarations():
-    strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N,
-                               per_client_metrics=True)
+    strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, per_client_metrics=True)
     msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     replies = []
     for m in msgs:

@@ -31,8 +31,9 @@ def _reply(message: Message, values: np.ndarray, weight: float = 1.0) -> Message
 
 
 def _round(strategy, server_round: int, model: np.ndarray, updates: list[np.ndarray]):
-    messages = list(strategy.configure_train(server_round, ArrayRecord([model]), ConfigRecord(),
-                                             LoopbackGrid.of(len(updates))))
+    messages = list(
+        strategy.configure_train(server_round, ArrayRecord([model]), ConfigRecord(), LoopbackGrid.of(len(updates)))
+    )
     return strategy.aggregate_train(server_round, [_reply(m, u) for m, u in zip(messages, updates)])
 
 
@@ -50,7 +51,7 @@ def test_every_exported_strategy_runs_the_template():
     assert len(strategies) >= 12
     for cls in strategies:
         assert issubclass(cls, AccountedRound), cls.__name__
-        below = cls.__mro__[:cls.__mro__.index(AccountedRound)]
+        below = cls.__mro__[: cls.__mro__.index(AccountedRound)]
         assert not any(method in klass.__dict__ for klass in below for method in TEMPLATE_METHODS), cls.__name__
 
 
@@ -60,8 +61,10 @@ class _Counting(AccountedFedAvg):
     def release_train(self, server_round, screened):
         release = super().release_train(server_round, screened)
         other = self.ledger_store.claim("other", None, lambda: PrivacyLedger(1e-5))
-        release.bookings += [Booking(GaussianDpEvent(3.0), "central"), Booking(GaussianDpEvent(1.0), "other",
-                                                                                  ledger=other)]
+        release.bookings += [
+            Booking(GaussianDpEvent(3.0), "central"),
+            Booking(GaussianDpEvent(1.0), "other", ledger=other),
+        ]
         release.ledger_figures = lambda: {"other/epsilon": other.epsilon()}
         return release
 
@@ -81,8 +84,9 @@ def test_the_template_books_each_booking_in_its_ledger_saves_and_publishes_figur
     assert len(strategy.ledger.rounds()) == 1 and path.exists()
     reopened = _Counting(min_train_nodes=3, min_available_nodes=3, ledger_path=str(path), resume=True)
     assert reopened.ledger.epsilon(101) == math.inf
-    assert reopened.ledger_store.claim("other", None, lambda: PrivacyLedger(1e-5)).epsilon() == \
-        pytest.approx(other.epsilon())
+    assert reopened.ledger_store.claim("other", None, lambda: PrivacyLedger(1e-5)).epsilon() == pytest.approx(
+        other.epsilon()
+    )
 
 
 # --------------------------------------------------------------------------- the worked example
@@ -99,14 +103,15 @@ def example():
 def test_the_worked_example_in_the_docs_is_the_tested_module(example):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
     source = Path(example.__file__).read_text()
-    klass = source[source.index("class NoisyClippedMean"):]
+    klass = source[source.index("class NoisyClippedMean") :]
     assert klass.strip() in doc
 
 
 def test_the_worked_example_releases_the_noisy_clipped_mean_and_books_one_gaussian(example):
     d, m, z, c = 20_000, 4, 2.0, 1.0
-    strategy = example.NoisyClippedMean(min_train_nodes=m, min_available_nodes=m, clipping_norm=c,
-                                        noise_multiplier=z, num_sampled_clients=m, rng=11)
+    strategy = example.NoisyClippedMean(
+        min_train_nodes=m, min_available_nodes=m, clipping_norm=c, noise_multiplier=z, num_sampled_clients=m, rng=11
+    )
     updates = [np.full(d, 10.0 / math.sqrt(d)) for _ in range(m)]  # norm 10: clipped to 1
     arrays, metrics = _round(strategy, 1, np.zeros(d), updates)
     released = arrays.to_numpy_ndarrays()[0]

@@ -29,8 +29,9 @@ def make_strategy(ledger: PrivacyLedger | None = None, **kwargs) -> AccountedSer
     return AccountedServerSideFixedClipping(fedavg, Z, C, M, ledger=ledger, **kwargs)
 
 
-def run_round(strategy, server_round: int, current: np.ndarray, updates: list[np.ndarray],
-              weights: list[float] | None = None):
+def run_round(
+    strategy, server_round: int, current: np.ndarray, updates: list[np.ndarray], weights: list[float] | None = None
+):
     """configure_train -> one reply per message (model = current + update) -> aggregate_train."""
     weights = weights or [10.0] * len(updates)
     pairs = list(zip(updates, weights))
@@ -39,11 +40,19 @@ def run_round(strategy, server_round: int, current: np.ndarray, updates: list[np
         if i >= len(pairs):
             return None
         update, w = pairs[i]
-        return Message(RecordDict({"arrays": ArrayRecord([current + update]),
-                                   "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord([current + update]),
+                    "metrics": MetricRecord({"num-examples": w, "train-loss": 0.5}),
+                }
+            ),
+            reply_to=msg,
+        )
 
-    messages, _, result = loopback.run_round(strategy, LoopbackGrid.of(M, by_index=answer), ArrayRecord([current]),
-                                    server_round)
+    messages, _, result = loopback.run_round(
+        strategy, LoopbackGrid.of(M, by_index=answer), ArrayRecord([current]), server_round
+    )
     return messages, result
 
 
@@ -130,12 +139,21 @@ def test_missing_reply_keeps_the_fixed_denominator_and_z():
     current = np.zeros(50)
     messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), grid))
     updates = [u * 0.01 for u in small_updates()]  # not clipped
-    replies = [Message(RecordDict({"arrays": ArrayRecord([current + u]),
-                                   "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
-               for m, u in zip(messages[:-1], updates)]  # one client never answers
+    replies = [
+        Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord([current + u]),
+                    "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5}),
+                }
+            ),
+            reply_to=m,
+        )
+        for m, u in zip(messages[:-1], updates)
+    ]  # one client never answers
     arrays, _ = strategy.aggregate_train(1, replies)
     assert arrays is not None
-    (_, event, _), = strategy.ledger.events()
+    ((_, event, _),) = strategy.ledger.events()
     assert event.noise_multiplier == pytest.approx(Z)
     residual = arrays.to_numpy_ndarrays()[0] - sum(updates[:-1]) / M
     assert np.abs(residual).max() < 6 * Z * C / M
@@ -146,8 +164,10 @@ def test_client_reported_weights_cannot_lower_the_booked_noise():
     strategy = make_strategy()
     for rnd, weights in enumerate(([1e308, 1e308, 10.0, 10.0], [10.0, 10.0, 10.0, 30.0], [1e9] * M), start=1):
         _, (arrays, metrics) = run_round(strategy, rnd, np.zeros(50), small_updates(), weights=weights)
-        assert all(math.isfinite(e.noise_multiplier) and e.noise_multiplier == pytest.approx(Z)
-                   for _, e, _ in strategy.ledger.events())
+        assert all(
+            math.isfinite(e.noise_multiplier) and e.noise_multiplier == pytest.approx(Z)
+            for _, e, _ in strategy.ledger.events()
+        )
     one_round = PrivacyLedger(1e-5)
     one_round.record(GaussianDpEvent(Z), server_round=1)
     assert strategy.ledger.epsilon() > one_round.epsilon() > 0
@@ -161,23 +181,34 @@ def test_unequal_weights_are_averaged_uniformly_over_m():
     _, (arrays, _) = run_round(strategy, 1, np.zeros(50), updates, weights=[10.0, 10.0, 10.0, 30.0])
     expected = sum(updates) / M
     assert np.abs(arrays.to_numpy_ndarrays()[0] - expected).max() < 6 * Z * C / M
-    (_, event, _), = strategy.ledger.events()
+    ((_, event, _),) = strategy.ledger.events()
     assert event.noise_multiplier == pytest.approx(Z)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(noise_multiplier=float("nan")), "noise_multiplier"), (dict(noise_multiplier=float("inf")), "noise_multiplier"),
-    (dict(noise_multiplier=True), "noise_multiplier"), (dict(noise_multiplier=0.0), "noise_multiplier"),
-    (dict(clipping_norm=float("nan")), "clipping_norm"), (dict(clipping_norm=True), "clipping_norm"),
-    (dict(num_sampled_clients=True), "num_sampled_clients"), (dict(num_sampled_clients=2.5), "num_sampled_clients"),
-    (dict(noise_sampler="global"), "noise_sampler"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(noise_multiplier=float("nan")), "noise_multiplier"),
+        (dict(noise_multiplier=float("inf")), "noise_multiplier"),
+        (dict(noise_multiplier=True), "noise_multiplier"),
+        (dict(noise_multiplier=0.0), "noise_multiplier"),
+        (dict(clipping_norm=float("nan")), "clipping_norm"),
+        (dict(clipping_norm=True), "clipping_norm"),
+        (dict(num_sampled_clients=True), "num_sampled_clients"),
+        (dict(num_sampled_clients=2.5), "num_sampled_clients"),
+        (dict(noise_sampler="global"), "noise_sampler"),
+    ],
+)
 def test_constructor_refuses_nan_inf_and_bool(kwargs, name):
     args = dict(noise_multiplier=Z, clipping_norm=C, num_sampled_clients=M) | kwargs
     with pytest.raises(ValueError, match=name):
-        AccountedServerSideFixedClipping(FedAvg(), args["noise_multiplier"], args["clipping_norm"],
-                                         args["num_sampled_clients"], **{k: v for k, v in args.items()
-                                                                         if k == "noise_sampler"})
+        AccountedServerSideFixedClipping(
+            FedAvg(),
+            args["noise_multiplier"],
+            args["clipping_norm"],
+            args["num_sampled_clients"],
+            **{k: v for k, v in args.items() if k == "noise_sampler"},
+        )
 
 
 def test_noise_comes_from_os_entropy_not_numpys_global_generator():
@@ -205,7 +236,7 @@ def test_publishing_client_metrics_is_booked_as_non_private():
 def test_replace_one_halves_the_recorded_noise_multiplier():
     strategy = make_strategy(PrivacyLedger(1e-5, neighboring_relation="replace_one"))
     run_round(strategy, 1, np.zeros(50), small_updates())
-    (_, event, _), = strategy.ledger.events()
+    ((_, event, _),) = strategy.ledger.events()
     assert event.noise_multiplier == pytest.approx(Z / 2)
 
 
@@ -234,14 +265,21 @@ def test_client_errors_are_counted_and_the_valid_replies_released():
     current = np.zeros(50)
     messages = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(M)))
     replies = [Message(Error(code=1, reason="boom"), reply_to=messages[0])] + [
-        Message(RecordDict({"arrays": ArrayRecord([current + u]),
-                            "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5})}), reply_to=m)
+        Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord([current + u]),
+                    "metrics": MetricRecord({"num-examples": 10.0, "train-loss": 0.5}),
+                }
+            ),
+            reply_to=m,
+        )
         for m, u in zip(messages[1:], small_updates())
     ]
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert arrays is not None
     assert strategy.rejections["train"]["error"] == 1
-    (_, event, _), = strategy.ledger.events()
+    ((_, event, _),) = strategy.ledger.events()
     assert event.noise_multiplier == pytest.approx(Z)  # fixed denominator: a missing reply changes nothing
     assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
 
@@ -251,8 +289,7 @@ def test_all_replies_failed_release_nothing_and_record_nothing():
 
     strategy = make_strategy()
     messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), LoopbackGrid.of(M)))
-    arrays, metrics = strategy.aggregate_train(1, [Message(Error(code=1, reason="boom"), reply_to=m)
-                                                   for m in messages])
+    arrays, metrics = strategy.aggregate_train(1, [Message(Error(code=1, reason="boom"), reply_to=m) for m in messages])
     assert arrays is None and strategy.rejections["train"]["error"] == M
     assert strategy.ledger.events() == []
 
@@ -284,6 +321,6 @@ def test_secure_noise_sampler_releases_grid_points_and_books_the_discrete_gaussi
     assert abs(residual.std() - sigma) <= 4 * sigma / math.sqrt(2 * d)
     gamma = gaussian_grid(sigma, C * M / M)
     np.testing.assert_allclose(released / gamma, np.rint(released / gamma), atol=1e-6)
-    (_, event, _), = strategy.ledger.events()
+    ((_, event, _),) = strategy.ledger.events()
     assert isinstance(event, ZCDpEvent) and event.rho == pytest.approx(1 / (2 * Z * Z), rel=1e-4)
     assert event.rho >= 1 / (2 * Z * Z)

@@ -14,8 +14,11 @@ import pytest
 from dp_accounting import pld, rdp
 from dp_accounting.dp_event import GaussianDpEvent, NonPrivateDpEvent, PoissonSampledDpEvent
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import (DifferentialPrivacyClientSideAdaptiveClipping,
-                                     DifferentialPrivacyServerSideAdaptiveClipping, FedAvg)
+from flwr.serverapp.strategy import (
+    DifferentialPrivacyClientSideAdaptiveClipping,
+    DifferentialPrivacyServerSideAdaptiveClipping,
+    FedAvg,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
@@ -30,8 +33,15 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 DELTA = 1e-5
 
 
-def server(z: float = 0.3, m: int = 4, c0: float = 1.0, clipped: float = 0.5, lr: float = 0.2,
-           sigma_b: float | None = None, **kwargs) -> AccountedAdaptiveClipping:
+def server(
+    z: float = 0.3,
+    m: int = 4,
+    c0: float = 1.0,
+    clipped: float = 0.5,
+    lr: float = 0.2,
+    sigma_b: float | None = None,
+    **kwargs,
+) -> AccountedAdaptiveClipping:
     """Server-side strategy; q = 1 (every one of the m nodes asked) unless ``num_clients`` says otherwise."""
     kwargs.setdefault("num_clients", m)
     return AccountedAdaptiveClipping(FedAvg(), z, m, c0, clipped, lr, sigma_b, **kwargs)
@@ -43,8 +53,7 @@ def rdp_ledger(**kwargs) -> PrivacyLedger:
 
 
 def reply(msg: Message, model: np.ndarray, metrics: dict | None = None) -> Message:
-    content = RecordDict({"arrays": ArrayRecord([model]),
-                          "metrics": MetricRecord(metrics or {"num-examples": 1.0})})
+    content = RecordDict({"arrays": ArrayRecord([model]), "metrics": MetricRecord(metrics or {"num-examples": 1.0})})
     return Message(content, reply_to=msg)
 
 
@@ -52,8 +61,9 @@ def train_round(strategy, rnd: int, current: np.ndarray, updates, nodes: int):
     """One round: configure on a grid of ``nodes``, reply ``current + updates[i]`` to the i-th message."""
     updates = list(updates)
     # no update for the i-th message: that node stays silent (as zip(messages, updates) left it out)
-    grid = LoopbackGrid.of(nodes, by_index=lambda i, msg: reply(msg, current + updates[i]) if i < len(updates)
-                           else None)
+    grid = LoopbackGrid.of(
+        nodes, by_index=lambda i, msg: reply(msg, current + updates[i]) if i < len(updates) else None
+    )
     return run_round(strategy, grid, ArrayRecord([current]), rnd).result
 
 
@@ -102,7 +112,7 @@ def test_model_noise_std_is_z_update_times_this_rounds_c_over_m():
     c_round = second["dp/clipping-norm"]
     assert c_round == pytest.approx(first["dp/clipping-norm"] * math.exp(-0.5 * (first["dp/unclipped-fraction"] - 0.5)))
     assert c_round < 0.9 * first["dp/clipping-norm"]
-    z_update = (z ** -2 - (2 * 0.5) ** -2) ** -0.5
+    z_update = (z**-2 - (2 * 0.5) ** -2) ** -0.5
     assert strategy.update_noise_multiplier == pytest.approx(z_update)
     noise = arrays.to_numpy_ndarrays()[0]
     sigma = z_update * c_round / m
@@ -160,8 +170,9 @@ def test_ledger_epsilon_is_dp_accountings_for_the_composed_round_event(sampling)
     eps_pld = pld.PLDAccountant().compose(event, rounds).get_epsilon(DELTA)
     assert metrics["privacy/epsilon-rdp"] == pytest.approx(eps_rdp, rel=1e-9)
     assert metrics["privacy/epsilon-pld"] == pytest.approx(eps_pld, rel=1e-2)
-    assert metrics["privacy/epsilon"] == pytest.approx(min(metrics["privacy/epsilon-rdp"],
-                                                           metrics["privacy/epsilon-pld"]), rel=1e-12)
+    assert metrics["privacy/epsilon"] == pytest.approx(
+        min(metrics["privacy/epsilon-rdp"], metrics["privacy/epsilon-pld"]), rel=1e-12
+    )
 
 
 def test_budget_stops_training_before_it_is_exceeded():
@@ -186,8 +197,10 @@ def test_ledger_path_persists_and_a_restarted_server_continues_the_rounds(tmp_pa
     assert restored.ledger.epsilon() == pytest.approx(eps_two) and restored.round_offset == 2
     _, metrics = train_round(restored, 1, np.zeros(2), [np.full(2, 0.1)] * 4, 4)
     assert restored.ledger.rounds() == [1, 2, 3]
-    assert PrivacyLedger.load(path).epsilon() == pytest.approx(metrics["privacy/epsilon"]) and metrics[
-        "privacy/epsilon"] > eps_two
+    assert (
+        PrivacyLedger.load(path).epsilon() == pytest.approx(metrics["privacy/epsilon"])
+        and metrics["privacy/epsilon"] > eps_two
+    )
 
 
 def test_a_restarted_server_continues_with_the_learnt_clipping_norm(tmp_path):
@@ -214,8 +227,14 @@ def test_a_restored_clipping_norm_out_of_its_domain_is_refused(tmp_path):
     train_round(first, 1, np.zeros(2), [along_x(0.01)] * 4, 4)
     del first
     envelope = lf.read_envelope(path)  # an unkeyed file: whoever can write it can re-checksum it (documented)
-    data = lf.encode_file(envelope.bodies, None, run=envelope.run, path=envelope.path,
-                          generation=envelope.generation, state={"adaptive-clipping": {"clipping_norm": -1.0}})
+    data = lf.encode_file(
+        envelope.bodies,
+        None,
+        run=envelope.run,
+        path=envelope.path,
+        generation=envelope.generation,
+        state={"adaptive-clipping": {"clipping_norm": -1.0}},
+    )
     path.write_bytes(data)
     mark = lf.HighWaterMark(envelope.run, envelope.path, envelope.generation, lf.decode_file(data, "", None)[1])
     (tmp_path / "ledger.json.hwm").write_bytes(lf.encode_high_water(mark, None))
@@ -228,8 +247,9 @@ def test_only_noised_figures_are_published_unless_client_metrics_are_booked_non_
         strategy = server(m=4, rng=1, publish_client_metrics=publish)
         current = np.zeros(2)
         msgs = list(strategy.configure_train(1, ArrayRecord([current]), ConfigRecord(), LoopbackGrid.of(4)))
-        _, metrics = strategy.aggregate_train(1, [reply(m, current + 0.1, {"num-examples": 3.0, "loss": 0.7})
-                                                  for m in msgs])
+        _, metrics = strategy.aggregate_train(
+            1, [reply(m, current + 0.1, {"num-examples": 3.0, "loss": 0.7}) for m in msgs]
+        )
         extra = {k for k in metrics if not k.startswith("privacy/")}
         if publish:
             assert extra == {"dp/clipping-norm", "dp/unclipped-fraction", "loss"}
@@ -254,19 +274,26 @@ def test_the_split_is_andrews_formula_and_survives_extreme_multipliers():
     from flwr_dp_strategies.strategy.adaptive_clipping import update_noise_multiplier
 
     for z, sigma_b in ((0.5, 1.0), (1.0, 5.0), (0.99, 0.5)):
-        assert update_noise_multiplier(z, sigma_b) == pytest.approx((z ** -2 - (2 * sigma_b) ** -2) ** -0.5, rel=1e-12)
+        assert update_noise_multiplier(z, sigma_b) == pytest.approx((z**-2 - (2 * sigma_b) ** -2) ** -0.5, rel=1e-12)
     assert update_noise_multiplier(1e-300, 1.0) == pytest.approx(1e-300, rel=1e-12)
     assert math.isfinite(update_noise_multiplier(1.0 - 1e-12, 0.5))
 
 
 def test_drop_in_binds_flowers_arguments_positionally_with_flowers_meaning():
     args = (1.0, 100, 0.3, 0.4, 0.1, 6.0)
-    for ours_cls, flowers_cls in ((AccountedAdaptiveClipping, DifferentialPrivacyServerSideAdaptiveClipping),
-                                  (AccountedClientSideAdaptiveClipping, DifferentialPrivacyClientSideAdaptiveClipping)):
+    for ours_cls, flowers_cls in (
+        (AccountedAdaptiveClipping, DifferentialPrivacyServerSideAdaptiveClipping),
+        (AccountedClientSideAdaptiveClipping, DifferentialPrivacyClientSideAdaptiveClipping),
+    ):
         ours, flowers = ours_cls(FedAvg(), *args), flowers_cls(FedAvg(), *args)
         assert isinstance(ours, flowers_cls)
-        for name in ("num_sampled_clients", "clipping_norm", "target_clipped_quantile", "clip_norm_lr",
-                     "clipped_count_stddev"):
+        for name in (
+            "num_sampled_clients",
+            "clipping_norm",
+            "target_clipped_quantile",
+            "clip_norm_lr",
+            "clipped_count_stddev",
+        ):
             assert getattr(ours, name) == getattr(flowers, name), name
         assert ours.update_noise_multiplier == pytest.approx(flowers.noise_multiplier)  # Flower's z_Δ
         assert ours.noise_multiplier == 1.0 and ours.target_unclipped_quantile == pytest.approx(0.6)
@@ -276,21 +303,34 @@ def test_drop_in_binds_flowers_arguments_positionally_with_flowers_meaning():
     assert AccountedAdaptiveClipping(FedAvg(), 1.0, 100).clipped_count_stddev == 5.0  # m/20
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"noise_multiplier": 0.0}, "noise_multiplier"), ({"noise_multiplier": math.nan}, "noise_multiplier"),
-    ({"noise_multiplier": True}, "noise_multiplier"), ({"num_sampled_clients": 0}, "num_sampled_clients"),
-    ({"num_sampled_clients": 2.0}, "num_sampled_clients"), ({"initial_clipping_norm": -1.0}, "initial_clipping_norm"),
-    ({"initial_clipping_norm": math.inf}, "initial_clipping_norm"),
-    ({"target_clipped_quantile": 1.5}, "target_clipped_quantile"),
-    ({"target_clipped_quantile": math.nan}, "target_clipped_quantile"), ({"clip_norm_lr": 0.0}, "clip_norm_lr"),
-    ({"clip_norm_lr": math.inf}, "clip_norm_lr"), ({"clipped_count_stddev": -1.0}, "clipped_count_stddev"),
-    ({"clipped_count_stddev": False}, "clipped_count_stddev"), ({"num_clients": 5}, "num_clients"),
-    ({"sampling": "uniform"}, "sampling"), ({"per_client_metrics": 1}, "per_client_metrics"),
-    ({"publish_client_metrics": "yes"}, "publish_client_metrics"), ({"max_weight": math.nan}, "max_weight"),
-    ({"rng": -1}, "rng"), ({"strategy": None}, "strategy"), ({"ledger": "ledger.json"}, "ledger"),
-    ({"ledger_path": 3}, "ledger_path"),
-    ({"ledger": PrivacyLedger(DELTA, neighboring_relation="replace_one")}, "ledger"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"noise_multiplier": math.nan}, "noise_multiplier"),
+        ({"noise_multiplier": True}, "noise_multiplier"),
+        ({"num_sampled_clients": 0}, "num_sampled_clients"),
+        ({"num_sampled_clients": 2.0}, "num_sampled_clients"),
+        ({"initial_clipping_norm": -1.0}, "initial_clipping_norm"),
+        ({"initial_clipping_norm": math.inf}, "initial_clipping_norm"),
+        ({"target_clipped_quantile": 1.5}, "target_clipped_quantile"),
+        ({"target_clipped_quantile": math.nan}, "target_clipped_quantile"),
+        ({"clip_norm_lr": 0.0}, "clip_norm_lr"),
+        ({"clip_norm_lr": math.inf}, "clip_norm_lr"),
+        ({"clipped_count_stddev": -1.0}, "clipped_count_stddev"),
+        ({"clipped_count_stddev": False}, "clipped_count_stddev"),
+        ({"num_clients": 5}, "num_clients"),
+        ({"sampling": "uniform"}, "sampling"),
+        ({"per_client_metrics": 1}, "per_client_metrics"),
+        ({"publish_client_metrics": "yes"}, "publish_client_metrics"),
+        ({"max_weight": math.nan}, "max_weight"),
+        ({"rng": -1}, "rng"),
+        ({"strategy": None}, "strategy"),
+        ({"ledger": "ledger.json"}, "ledger"),
+        ({"ledger_path": 3}, "ledger_path"),
+        ({"ledger": PrivacyLedger(DELTA, neighboring_relation="replace_one")}, "ledger"),
+    ],
+)
 def test_every_argument_is_validated_and_named(kwargs, name):
     args = {"strategy": FedAvg(), "noise_multiplier": 0.5, "num_sampled_clients": 10, **kwargs}
     with pytest.raises(ValueError, match=name):
@@ -321,8 +361,12 @@ BAD = {
     "non-finite": lambda msg, cur: reply(msg, np.full(2, np.nan)),
     "shape": lambda msg, cur: reply(msg, np.zeros(3)),
     "weight": lambda msg, cur: reply(msg, cur + 0.1, {"num-examples": -5.0}),
-    "keys": lambda msg, cur: Message(RecordDict({"arrays": ArrayRecord({"0": Array(cur), "x": Array(cur)}),
-                                                 "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=msg),
+    "keys": lambda msg, cur: Message(
+        RecordDict(
+            {"arrays": ArrayRecord({"0": Array(cur), "x": Array(cur)}), "metrics": MetricRecord({"num-examples": 1.0})}
+        ),
+        reply_to=msg,
+    ),
     "structure": lambda msg, cur: Message(RecordDict({"arrays": ArrayRecord([cur])}), reply_to=msg),
     "identity": _duplicate,
 }
@@ -350,8 +394,10 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_released_as_without
 def test_evaluate_replies_are_screened():
     strategy = server(m=4, rng=0)
     msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(4)))
-    good = [Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": a})}), reply_to=m)
-            for m, a in zip(msgs, (0.2, 0.4, 0.6))]
+    good = [
+        Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": a})}), reply_to=m)
+        for m, a in zip(msgs, (0.2, 0.4, 0.6))
+    ]
     bad = Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": math.nan})}), reply_to=msgs[3])
     metrics = strategy.aggregate_evaluate(1, good + [bad])
     assert metrics["eval-acc"] == pytest.approx(0.4)
@@ -366,8 +412,9 @@ def _client(msg: Message, update: np.ndarray) -> Message:
     def app(message: Message, _context: Context) -> Message:
         return reply(message, sent + update)
 
-    return adaptive_clipping_mod(msg, Context(run_id=1, node_id=7, node_config={}, state=RecordDict(),
-                                              run_config={}), app)
+    return adaptive_clipping_mod(
+        msg, Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={}), app
+    )
 
 
 def _with_metrics(msg: Message, current: np.ndarray, update: np.ndarray, metrics: dict) -> Message:
@@ -435,9 +482,12 @@ def test_a_float32_model_clipped_by_the_mod_passes_the_servers_norm_check():
 
 # ---------------------------------------------------------------------------------------------- (8) property
 @settings(database=None, deadline=None, max_examples=50)
-@given(rounds=st.lists(st.lists(st.one_of(st.just(0.0), st.floats(1e-12, 1e12)), max_size=4), min_size=1,
-                       max_size=4),
-       c0=st.floats(1e-6, 1e6), clipped=st.floats(0.0, 1.0), lr=st.floats(0.01, 5.0))
+@given(
+    rounds=st.lists(st.lists(st.one_of(st.just(0.0), st.floats(1e-12, 1e12)), max_size=4), min_size=1, max_size=4),
+    c0=st.floats(1e-6, 1e6),
+    clipped=st.floats(0.0, 1.0),
+    lr=st.floats(0.01, 5.0),
+)
 def test_published_c_stays_finite_and_positive_and_epsilon_never_decreases(rounds, c0, clipped, lr):
     strategy = server(z=0.3, m=4, c0=c0, clipped=clipped, lr=lr, rng=0)  # σ_b = 0.2: z < 0.4
     current, previous = np.zeros(2), 0.0
@@ -456,9 +506,11 @@ def test_flowers_own_mod_on_a_float32_model_is_reclipped_never_rejected(scale):
     of data-dependent events, published). Now all 40 are aggregated (re-clipped to C), and no count of
     rejected or failed replies is in the round's metrics."""
     from flwr.clientapp.mod import adaptiveclipping_mod
+
     n, c = 40, 0.05
-    strategy = AccountedClientSideAdaptiveClipping(FedAvg(min_available_nodes=n), 1.0, n, c,
-                                                   clipped_count_stddev=2.0, num_clients=n, rng=0)
+    strategy = AccountedClientSideAdaptiveClipping(
+        FedAvg(min_available_nodes=n), 1.0, n, c, clipped_count_stddev=2.0, num_clients=n, rng=0
+    )
     current = (np.random.default_rng(0).normal(size=5_000) * 3).astype(np.float32)
     msgs = list(strategy.configure_train(1, ArrayRecord({"w": Array(current)}), ConfigRecord(), LoopbackGrid.of(n)))
     assert len(msgs) == n
@@ -467,8 +519,8 @@ def test_flowers_own_mod_on_a_float32_model_is_reclipped_never_rejected(scale):
         def call_next(msg: Message, ctxt: Context) -> Message:
             update = np.random.default_rng(100 + i).normal(size=current.size) * scale / math.sqrt(current.size)
             arrays = ArrayRecord({"w": Array((current + update).astype(np.float32))})
-            return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 10})}),
-                           reply_to=msg)
+            return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 10})}), reply_to=msg)
+
         return call_next
 
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={})

@@ -21,6 +21,7 @@ def app_modules():
     sys.path.insert(0, str(APP))
     try:
         from adaptive_clipping_app import config, server_app
+
         yield config, server_app
     finally:
         sys.path.remove(str(APP))
@@ -32,13 +33,16 @@ def test_pyproject_run_config_matches_code_defaults(app_modules):
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == config.DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "adaptive_clipping_app.server_app:app", "clientapp": "adaptive_clipping_app.client_app:app"}
+        "serverapp": "adaptive_clipping_app.server_app:app",
+        "clientapp": "adaptive_clipping_app.client_app:app",
+    }
     with pytest.raises(ValueError, match="clipping"):
         config.resolve_run_config(type("Ctx", (), {"run_config": {"clipping": "both"}})())
 
 
-@pytest.mark.parametrize("clipping, cls", [("server", AccountedAdaptiveClipping),
-                                           ("client", AccountedClientSideAdaptiveClipping)])
+@pytest.mark.parametrize(
+    "clipping, cls", [("server", AccountedAdaptiveClipping), ("client", AccountedClientSideAdaptiveClipping)]
+)
 def test_the_app_builds_the_accounted_adaptive_strategy_with_flowers_arguments(app_modules, clipping, cls):
     config, server_app = app_modules
     settings = config.resolve_run_config(type("Ctx", (), {"run_config": {"clipping": clipping}})())
@@ -53,10 +57,11 @@ def test_the_app_builds_the_accounted_adaptive_strategy_with_flowers_arguments(a
 
 def test_round_lines_read_c_the_unclipped_fraction_epsilon_and_accuracy_from_the_result(app_modules):
     _, server_app = app_modules
-    train = {r: MetricRecord({"dp/clipping-norm": 0.1 * r, "dp/unclipped-fraction": 0.25,
-                              "privacy/epsilon": float(r)}) for r in (1, 2)}
-    result = Result(train_metrics_clientapp=train,
-                    evaluate_metrics_serverapp={1: MetricRecord({"accuracy": 0.5})})
+    train = {
+        r: MetricRecord({"dp/clipping-norm": 0.1 * r, "dp/unclipped-fraction": 0.25, "privacy/epsilon": float(r)})
+        for r in (1, 2)
+    }
+    result = Result(train_metrics_clientapp=train, evaluate_metrics_serverapp={1: MetricRecord({"accuracy": 0.5})})
     lines = server_app.round_lines(result)
     assert lines[0] == "round   1  C 0.100  unclipped 0.25  epsilon 1.000  accuracy 0.500"
     assert lines[1].startswith("round   2  C 0.200") and lines[1].endswith("accuracy nan")
@@ -69,14 +74,22 @@ def test_the_app_runs_with_flwr_run_and_reports_c_and_epsilon_per_round(tmp_path
     from flwr_dp_experiments.simulation import run_app
 
     lr = 0.5
-    settings = {"num-server-rounds": 3, "num-partitions": 10, "clients-per-round": 5, "noise-multiplier": 0.3,
-                "clip-norm-lr": lr, "results-dir": str(tmp_path)}
+    settings = {
+        "num-server-rounds": 3,
+        "num-partitions": 10,
+        "clients-per-round": 5,
+        "noise-multiplier": 0.3,
+        "clip-norm-lr": lr,
+        "results-dir": str(tmp_path),
+    }
     results = run_app(APP, settings, num_supernodes=10, results_path=tmp_path / "results.json")
     rows = results["rounds"]
     assert [row["round"] for row in rows] == [1, 2, 3]
     assert rows[0]["clipping_norm"] == pytest.approx(0.1)  # round 1 is clipped and noised with C0
     for before, after in zip(rows, rows[1:]):  # C ← C·exp(−η(b̄ − γ)), b̄ ∈ [0, 1], γ = 0.5
-        assert math.exp(-lr * 0.5) - 1e-9 <= after["clipping_norm"] / before["clipping_norm"] <= math.exp(lr * 0.5) + 1e-9
+        assert (
+            math.exp(-lr * 0.5) - 1e-9 <= after["clipping_norm"] / before["clipping_norm"] <= math.exp(lr * 0.5) + 1e-9
+        )
         assert after["epsilon"] > before["epsilon"]
     assert all(0 <= row["unclipped_fraction"] <= 1 and math.isfinite(row["epsilon"]) for row in rows)
     assert (tmp_path / "results.png").stat().st_size > 0

@@ -52,7 +52,7 @@ def _imports(module: str, is_package: bool, tree: ast.AST) -> set[tuple[str, Opt
             found.update((alias.name, None) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - (node.level - 1)]
+                base = package[: len(package) - (node.level - 1)]
                 origin = ".".join(base + ([node.module] if node.module else []))
             else:
                 origin = node.module or ""
@@ -66,8 +66,9 @@ def build_graph(sources: Mapping[str, tuple[str, bool]]) -> ImportGraph:
     for module, (source, is_package) in sources.items():
         found = _imports(module, is_package, ast.parse(source, filename=module))
         graph.imports[module] = {name for name, _ in found} | {origin for _, origin in found if origin}
-        targets = {name if name in sources else origin for name, origin in found
-                   if name in sources or origin in sources}
+        targets = {
+            name if name in sources else origin for name, origin in found if name in sources or origin in sources
+        }
         targets.discard(module)
         graph.edges[module] = targets  # type: ignore[assignment]
     return graph
@@ -89,8 +90,13 @@ def read_sources(root: Path = ROOT, packages: Iterable[str] = PACKAGES) -> dict[
 def forbidden_imports(graph: ImportGraph, importer: str, forbidden: Iterable[str]) -> list[tuple[str, str]]:
     """(module, name) for every name a module within ``importer`` imports from within ``forbidden``."""
     forbidden = tuple(forbidden)
-    return sorted((module, name) for module, names in graph.imports.items() if _within(module, importer)
-                  for name in names if any(_within(name, prefix) for prefix in forbidden))
+    return sorted(
+        (module, name)
+        for module, names in graph.imports.items()
+        if _within(module, importer)
+        for name in names
+        if any(_within(name, prefix) for prefix in forbidden)
+    )
 
 
 def find_cycle(edges: Mapping[str, Iterable[str]]) -> Optional[list[str]]:
@@ -107,7 +113,7 @@ def find_cycle(edges: Mapping[str, Iterable[str]]) -> Optional[list[str]]:
                 state[path.pop()] = 2
                 stack.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif not state.get(nxt):
                 state[nxt] = 1
                 path.append(nxt)
@@ -164,13 +170,15 @@ def _synthetic(modules: Mapping[str, str]) -> ImportGraph:
 
 
 def test_a_cycle_is_found_and_reported_even_through_a_function_level_import():
-    graph = _synthetic({
-        "pkg/": "",
-        "pkg.a": "from .b import f\n",
-        "pkg.b": "from . import c\n",
-        "pkg.c": "def g():\n    from pkg.a import h\n    return h\n",
-        "pkg.d": "import pkg.a\n",
-    })
+    graph = _synthetic(
+        {
+            "pkg/": "",
+            "pkg.a": "from .b import f\n",
+            "pkg.b": "from . import c\n",
+            "pkg.c": "def g():\n    from pkg.a import h\n    return h\n",
+            "pkg.d": "import pkg.a\n",
+        }
+    )
     assert graph.edges["pkg.b"] == {"pkg.c"}
     cycle = find_cycle(graph.edges)
     assert cycle is not None and cycle[0] == cycle[-1] and set(cycle) == {"pkg.a", "pkg.b", "pkg.c"}
@@ -179,31 +187,38 @@ def test_a_cycle_is_found_and_reported_even_through_a_function_level_import():
 
 
 def test_a_forbidden_client_import_is_found_from_a_module_a_package_or_in_a_function():
-    graph = _synthetic({
-        "flwr_dp_strategies/": "",
-        "flwr_dp_strategies.wire": "",
-        "flwr_dp_strategies.strategy/": "",
-        "flwr_dp_strategies.strategy.s": "KEY = 'k'\n",
-        "flwr_dp_strategies.rounds/": "",
-        "flwr_dp_strategies.rounds.r": "",
-        "client_mods/": "",
-        "client_mods.ok": "from flwr_dp_strategies.wire import KEY\n",
-        "client_mods.direct": "from flwr_dp_strategies.strategy.s import KEY\n",
-        "client_mods.package": "from flwr_dp_strategies import strategy\n",
-        "client_mods.lazy": "def f():\n    import flwr_dp_strategies.rounds.r\n",
-    })
+    graph = _synthetic(
+        {
+            "flwr_dp_strategies/": "",
+            "flwr_dp_strategies.wire": "",
+            "flwr_dp_strategies.strategy/": "",
+            "flwr_dp_strategies.strategy.s": "KEY = 'k'\n",
+            "flwr_dp_strategies.rounds/": "",
+            "flwr_dp_strategies.rounds.r": "",
+            "client_mods/": "",
+            "client_mods.ok": "from flwr_dp_strategies.wire import KEY\n",
+            "client_mods.direct": "from flwr_dp_strategies.strategy.s import KEY\n",
+            "client_mods.package": "from flwr_dp_strategies import strategy\n",
+            "client_mods.lazy": "def f():\n    import flwr_dp_strategies.rounds.r\n",
+        }
+    )
     found = {module for module, _ in forbidden_imports(graph, CLIENT, FORBIDDEN_FOR_CLIENT)}
     assert found == {"client_mods.direct", "client_mods.package", "client_mods.lazy"}
 
 
 def test_a_flower_import_in_privacy_is_found_direct_or_through_a_module_it_imports():
-    graph = _synthetic({
-        "flwr_dp_strategies.privacy/": "",
-        "flwr_dp_strategies.privacy.clean": "import numpy\nfrom flwr_dp_strategies_extra import x\n",
-        "flwr_dp_strategies.privacy.dirty": "def f():\n    from flwr.app import ArrayRecord\n",
-        "flwr_dp_strategies.privacy.plain": "import flwr\n",
-        "flwr_dp_strategies.privacy.indirect": "from ..codec import view\n",
-        "flwr_dp_strategies.codec": "from flwr.app import Array\n",
-    })
+    graph = _synthetic(
+        {
+            "flwr_dp_strategies.privacy/": "",
+            "flwr_dp_strategies.privacy.clean": "import numpy\nfrom flwr_dp_strategies_extra import x\n",
+            "flwr_dp_strategies.privacy.dirty": "def f():\n    from flwr.app import ArrayRecord\n",
+            "flwr_dp_strategies.privacy.plain": "import flwr\n",
+            "flwr_dp_strategies.privacy.indirect": "from ..codec import view\n",
+            "flwr_dp_strategies.codec": "from flwr.app import Array\n",
+        }
+    )
     assert {module for module, _ in flower_imports(graph, PRIVACY)} == {
-        "flwr_dp_strategies.privacy.dirty", "flwr_dp_strategies.privacy.plain", "flwr_dp_strategies.codec"}
+        "flwr_dp_strategies.privacy.dirty",
+        "flwr_dp_strategies.privacy.plain",
+        "flwr_dp_strategies.codec",
+    }

@@ -20,6 +20,7 @@ def app_modules():
     sys.path.insert(0, str(APP))
     try:
         from audit_app import config, server_app
+
         yield config, server_app
     finally:
         sys.path.remove(str(APP))
@@ -31,7 +32,9 @@ def test_pyproject_run_config_matches_code_defaults(app_modules):
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == config.DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "audit_app.server_app:app", "clientapp": "audit_app.client_app:app"}
+        "serverapp": "audit_app.server_app:app",
+        "clientapp": "audit_app.client_app:app",
+    }
     for bad in ({"num-canaries": 0}, {"broken-noise-fraction": 0.0}, {"broken-noise-fraction": 1.5}):
         with pytest.raises(ValueError):
             config.resolve_run_config(type("Ctx", (), {"run_config": bad})())
@@ -71,15 +74,25 @@ def test_the_app_audits_a_run_and_raises_the_alarm_when_broken(tmp_path):
     with LocalSimulation(log) as sim:
         for broken in (False, True):
             out = tmp_path / ("broken" if broken else "correct")
-            results = run_app(APP, {"broken": broken, "results-dir": str(out)}, num_supernodes=10,
-                              results_path=out / "audit.json", simulation=sim)
+            results = run_app(
+                APP,
+                {"broken": broken, "results-dir": str(out)},
+                num_supernodes=10,
+                results_path=out / "audit.json",
+                simulation=sim,
+            )
             assert (out / "audit.png").stat().st_size > 0
             reports[broken] = results["report"]
             assert len(results["cosines"]["null_final"]) == 500
     text = log.read_text(encoding="utf-8")
-    for line in ("Canary audit (Andrew et al. 2024), 500 canaries, seed 7, delta=1e-05:", "ledger epsilon: 1.9931",
-                 "epsilon estimate: final model", "epsilon lower bound (95% confidence): final model",
-                 "never a replacement for the ledger's epsilon", "audit figure written to"):
+    for line in (
+        "Canary audit (Andrew et al. 2024), 500 canaries, seed 7, delta=1e-05:",
+        "ledger epsilon: 1.9931",
+        "epsilon estimate: final model",
+        "epsilon lower bound (95% confidence): final model",
+        "never a replacement for the ledger's epsilon",
+        "audit figure written to",
+    ):
         assert text.count(line) == 2, line
     assert text.count("exceeds the ledger's epsilon") == 1
     correct, broken = reports[False], reports[True]

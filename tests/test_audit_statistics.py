@@ -140,8 +140,12 @@ def _tolerance(mu_in, sigma_in, mu_out, sigma_out, n_in, n_out, k=4.0):
     """|ε(θ') − ε(θ)| over the corners of a box of ±k standard errors of the four fitted parameters
     (se(mean) = σ/√n, se(std) ≈ σ/√(2(n−1)))."""
     center = epsilon_from_gaussians(mu_in, sigma_in, mu_out, sigma_out, DELTA)
-    se = [sigma_in / math.sqrt(n_in), sigma_in / math.sqrt(2 * (n_in - 1)),
-          sigma_out / math.sqrt(n_out), sigma_out / math.sqrt(2 * (n_out - 1))]
+    se = [
+        sigma_in / math.sqrt(n_in),
+        sigma_in / math.sqrt(2 * (n_in - 1)),
+        sigma_out / math.sqrt(n_out),
+        sigma_out / math.sqrt(2 * (n_out - 1)),
+    ]
     worst = 0.0
     for signs in itertools.product((-1.0, 1.0), repeat=4):
         p = [x + s * k * e for x, s, e in zip((mu_in, sigma_in, mu_out, sigma_out), signs, se)]

@@ -37,8 +37,12 @@ def test_every_configuration_has_a_row(tiny_audit):
     pairs = {(r["kind"], r["broken"], r["target_epsilon"]) for r in rows}
     for kind in ("poisson-fixed", "adaptive", "server-fixed", "ddp"):
         assert {(kind, "", 1.0), (kind, "", 8.0)} <= pairs, kind
-    assert {("ddp", "client-half-noise", 1.0), ("server-fixed", "server-z/3", 1.0),
-            ("server-fixed", "server-z/100", 1.0), ("declared", "declared-unnoised", 1.0)} <= pairs
+    assert {
+        ("ddp", "client-half-noise", 1.0),
+        ("server-fixed", "server-z/3", 1.0),
+        ("server-fixed", "server-z/100", 1.0),
+        ("declared", "declared-unnoised", 1.0),
+    } <= pairs
     for r in rows:
         assert r["canary_errors"] == 0 and r["real_errors"] == 0, r
         assert r["ledger_epsilon"] == pytest.approx(r["target_epsilon"], rel=0.02), r  # calibrated on the ledger

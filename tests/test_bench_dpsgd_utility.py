@@ -95,7 +95,8 @@ def test_utility_rows_state_relation_and_hit_the_target(utility_run):
     rows = result["rows"]
     private = [r for r in rows if r["method"] != bench_privacy_utility.REFERENCE]
     assert {(r["method"], r["target_epsilon"]) for r in private} == {
-        (m, e) for m in bench_privacy_utility.METHODS for e in tiny["epsilons"]}
+        (m, e) for m in bench_privacy_utility.METHODS for e in tiny["epsilons"]
+    }
     for r in rows:
         assert r["neighbouring_relation"] == bench_privacy_utility.RELATIONS[r["method"]]
         assert 0.0 <= r["accuracy"] <= 1.0 and len(r["accuracy_curve"]) == r["rounds"]
@@ -143,7 +144,8 @@ def test_calibration_hits_the_ledger_target(target):
 
     def eps_of(z: float, method: str) -> float:
         return bench_privacy_utility.ledger_epsilon(
-            "add_or_remove_one", [PoissonSampledDpEvent(0.3, GaussianDpEvent(z))] * rounds, method=method)
+            "add_or_remove_one", [PoissonSampledDpEvent(0.3, GaussianDpEvent(z))] * rounds, method=method
+        )
 
     z, eps = bench_privacy_utility.calibrate(eps_of, target, increasing=False, lo=0.1, hi=3000.0)
     assert target * (1 - TOLERANCE) <= eps <= target

@@ -38,8 +38,10 @@ def real_app(scale: float = 0.01) -> ClientApp:
         rng = np.random.default_rng(int(context.node_id))
         shift = rng.normal(size=DIM)
         shift *= scale / np.linalg.norm(shift)
-        return Message(RecordDict({"arrays": add_direction(arrays, shift, 1.0),
-                                   "metrics": MetricRecord({"num-examples": 10})}), reply_to=msg)
+        return Message(
+            RecordDict({"arrays": add_direction(arrays, shift, 1.0), "metrics": MetricRecord({"num-examples": 10})}),
+            reply_to=msg,
+        )
 
     @app.evaluate()
     def evaluate(msg: Message, context: Context) -> Message:
@@ -78,8 +80,12 @@ def test_push_and_pull_route_canaries_in_process(task_identity):
     real.pull_messages = lambda ids: [f"reply-{i}" for i in ids]  # type: ignore[assignment]
     canary = CANARY_ID_BASE
     grid = CanaryGrid(real, [canary], canary_client_app(local_direction, 1.0))
-    ids = grid.push_messages([Message(RecordDict({"arrays": model()}), 101, "train", group_id="1"),
-                              Message(RecordDict({"arrays": model()}), canary, "train", group_id="1")])
+    ids = grid.push_messages(
+        [
+            Message(RecordDict({"arrays": model()}), 101, "train", group_id="1"),
+            Message(RecordDict({"arrays": model()}), canary, "train", group_id="1"),
+        ]
+    )
     assert "r101" in ids and len(ids) == 2
     replies = grid.pull_messages(ids)
     assert "reply-r101" in replies
@@ -120,8 +126,9 @@ def test_fixed_size_sampling_sends_every_node_including_canaries(task_identity):
 
 
 def test_canary_ids_colliding_with_real_nodes_are_refused():
-    grid = CanaryGrid(LoopbackGrid(real_app(), [CANARY_ID_BASE]), [CANARY_ID_BASE],
-                      canary_client_app(local_direction, 1))
+    grid = CanaryGrid(
+        LoopbackGrid(real_app(), [CANARY_ID_BASE]), [CANARY_ID_BASE], canary_client_app(local_direction, 1)
+    )
     with pytest.raises(RuntimeError, match="collide"):
         grid.get_node_ids()
 
@@ -139,12 +146,19 @@ def test_defaults():
     assert CanaryAudit(fixed(), num_canaries=1).seed != CanaryAudit(fixed(), num_canaries=1).seed  # OS entropy
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"num_canaries": 0}, "num_canaries"), ({"num_canaries": 2.0}, "num_canaries"),
-    ({"num_canaries": True}, "num_canaries"), ({"num_canaries": 3, "canary_norm": 0.0}, "canary_norm"),
-    ({"num_canaries": 3, "canary_norm": float("inf")}, "canary_norm"), ({"num_canaries": 3, "seed": -1}, "seed"),
-    ({"num_canaries": 3, "confidence": 1.0}, "confidence"), ({"num_canaries": 3, "delta": 0.0}, "delta"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_canaries": 0}, "num_canaries"),
+        ({"num_canaries": 2.0}, "num_canaries"),
+        ({"num_canaries": True}, "num_canaries"),
+        ({"num_canaries": 3, "canary_norm": 0.0}, "canary_norm"),
+        ({"num_canaries": 3, "canary_norm": float("inf")}, "canary_norm"),
+        ({"num_canaries": 3, "seed": -1}, "seed"),
+        ({"num_canaries": 3, "confidence": 1.0}, "confidence"),
+        ({"num_canaries": 3, "delta": 0.0}, "delta"),
+    ],
+)
 def test_invalid_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CanaryAudit(fixed(), **kwargs)
@@ -169,9 +183,13 @@ def test_strategy_must_be_an_accounted_flower_strategy():
 def test_report_metric_record():
     report = AuditReport(1.0, 2.0, 0.5, 0.25, 0.95, 1e-5, 3.0, 10, 7, alarm=True)
     assert dict(report.metric_record()) == {
-        "audit/epsilon-estimate/final": 1.0, "audit/epsilon-estimate/all-iterates": 2.0,
-        "audit/epsilon-lower-bound/final": 0.5, "audit/epsilon-lower-bound/all-iterates": 0.25,
-        "audit/ledger-epsilon": 3.0, "audit/alarm": 1.0}
+        "audit/epsilon-estimate/final": 1.0,
+        "audit/epsilon-estimate/all-iterates": 2.0,
+        "audit/epsilon-lower-bound/final": 0.5,
+        "audit/epsilon-lower-bound/all-iterates": 0.25,
+        "audit/ledger-epsilon": 3.0,
+        "audit/alarm": 1.0,
+    }
 
 
 # ---------------------------------------------------------------------------- the statistics (privacy.audit)
@@ -256,8 +274,9 @@ def test_distributed_dp_canaries_run_the_client_mod_and_secure_aggregation(task_
     k = 20
     deltas = {n: np.random.default_rng(n).normal(size=DIM) * 1e-3 for n in REAL}
     real = LoopbackGrid(shifting_app(deltas, rng=1), REAL)
-    strategy = DistributedDpFedAvg(fraction_evaluate=0.0, noise_multiplier=0.5, clipping_norm=1.0, bits=24,
-                                   rotation_seed=3)
+    strategy = DistributedDpFedAvg(
+        fraction_evaluate=0.0, noise_multiplier=0.5, clipping_norm=1.0, bits=24, rotation_seed=3
+    )
     audit = CanaryAudit(strategy, num_canaries=k, seed=2, canary_mods=[make_distributed_dp_mod(rng=2)])
     result, report = audit.start(real, model(), num_rounds=2)
     assert audit.canary_norm == 10.0

@@ -53,13 +53,19 @@ def test_show_prints_every_figure_of_a_verified_ledger(tmp_path, capsys, monkeyp
     assert main_ledger["delta"] == 1e-5 and main_ledger["max_epsilon"] == 30.0 and main_ledger["rounds"] == [1, 2]
     assert main_ledger["clients"] == pytest.approx({"101": ledger.epsilon(101), "102": ledger.epsilon(102)})
     assert main_ledger["worst_case"] == {"epsilon": pytest.approx(ledger.epsilon()), "client": "101"}
-    mechanisms = {(m["event"]["type"], m["event"]["noise_multiplier"], m["label"]): m["bookings"]
-                  for m in main_ledger["mechanisms"]}
-    assert mechanisms == {("GaussianDpEvent", 2.0, "local-noise"): 2, ("GaussianDpEvent", 4.0, "local-noise"): 2,
-                          ("LaplaceDpEvent", 1.0, "inference"): 1}
+    mechanisms = {
+        (m["event"]["type"], m["event"]["noise_multiplier"], m["label"]): m["bookings"]
+        for m in main_ledger["mechanisms"]
+    }
+    assert mechanisms == {
+        ("GaussianDpEvent", 2.0, "local-noise"): 2,
+        ("GaussianDpEvent", 4.0, "local-noise"): 2,
+        ("LaplaceDpEvent", 1.0, "inference"): 1,
+    }
     assert report["verified"].startswith("hmac-sha256") and report["generation"] == 3
     assert report["freshness"].startswith("latest save") and report["state"] == {
-        "adaptive-clipping": {"clipping_norm": 0.5}}
+        "adaptive-clipping": {"clipping_norm": 0.5}
+    }
 
     assert main(["ledger", "show", path]) == 0  # the table
     table = capsys.readouterr().out
@@ -73,8 +79,9 @@ def test_the_key_comes_from_a_named_variable_or_a_file(tmp_path, capsys, monkeyp
     ledger = write_ledger(path)
     key_file = tmp_path / "key"
     key_file.write_text(KEY + "\n")
-    assert run_json(capsys, path, "--key-file", str(key_file))["ledgers"][0]["worst_case"]["epsilon"] == \
-        pytest.approx(ledger.epsilon())
+    assert run_json(capsys, path, "--key-file", str(key_file))["ledgers"][0]["worst_case"]["epsilon"] == pytest.approx(
+        ledger.epsilon()
+    )
     monkeypatch.setenv("MY_LEDGER_KEY", KEY)
     assert run_json(capsys, path, "--key-env", "MY_LEDGER_KEY")["run"] is not None
     assert main(["ledger", "show", path, "--key-env", "UNSET_VARIABLE_X"]) == 1
@@ -84,14 +91,17 @@ def test_the_key_comes_from_a_named_variable_or_a_file(tmp_path, capsys, monkeyp
     assert info.value.code == 2
 
 
-@pytest.mark.parametrize("fault, problem", [
-    ("tampered", "checksum mismatch"),
-    ("no key", "set the key"),
-    ("wrong key", "not authenticated with the configured key|checksum mismatch"),
-    ("rolled back", "rollback"),
-    ("missing", "does not exist"),
-    ("not a ledger", "not valid ledger JSON"),
-])
+@pytest.mark.parametrize(
+    "fault, problem",
+    [
+        ("tampered", "checksum mismatch"),
+        ("no key", "set the key"),
+        ("wrong key", "not authenticated with the configured key|checksum mismatch"),
+        ("rolled back", "rollback"),
+        ("missing", "does not exist"),
+        ("not a ledger", "not valid ledger JSON"),
+    ],
+)
 def test_a_file_that_does_not_verify_exits_non_zero_with_the_reason(tmp_path, capsys, monkeypatch, fault, problem):
     path = str(tmp_path / "ledger.json")
     monkeypatch.setenv(ledger_file.KEY_ENV, KEY)
@@ -126,8 +136,13 @@ def test_the_module_runs_as_a_command(tmp_path):
     ledger = write_ledger(path, key=None)
     env = {**os.environ, "PYTHONPATH": ROOT}
     env.pop(ledger_file.KEY_ENV, None)
-    proc = subprocess.run([sys.executable, "-m", "flwr_dp_strategies.cli", "ledger", "show", path, "--json"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flwr_dp_strategies.cli", "ledger", "show", path, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["verified"].startswith("sha256 (integrity only")

@@ -33,8 +33,9 @@ def trainer(msg: Message, ctx: Context) -> Message:
 
 
 def evaluator(msg: Message, ctx: Context) -> Message:
-    content = RecordDict({"inference": ArrayRecord({"probs": Array(np.full((4, 3), 1 / 3))}),
-                          "metrics": MetricRecord(SECRET)})
+    content = RecordDict(
+        {"inference": ArrayRecord({"probs": Array(np.full((4, 3), 1 / 3))}), "metrics": MetricRecord(SECRET)}
+    )
     return Message(content, reply_to=msg)
 
 
@@ -52,10 +53,12 @@ SIGNDS_CONFIG = SignDS(sign_k=0.05, sign_eps=10.0).client_config()
 
 CASES = {
     "local-noise": (lambda release: LocalUpdateNoiseMod(1.0, 0.5, release_metrics=release), train_message, trainer),
-    "laplace-inference": (lambda release: LaplaceInferenceMod(1.0, release_metrics=release), evaluate_message,
-                          evaluator),
-    "signds": (lambda release: make_signds_mod(release_metrics=release),
-               lambda: train_message(SIGNDS_CONFIG), trainer),
+    "laplace-inference": (
+        lambda release: LaplaceInferenceMod(1.0, release_metrics=release),
+        evaluate_message,
+        evaluator,
+    ),
+    "signds": (lambda release: make_signds_mod(release_metrics=release), lambda: train_message(SIGNDS_CONFIG), trainer),
 }
 
 

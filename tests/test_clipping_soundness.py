@@ -69,8 +69,12 @@ def test_one_added_client_moves_the_clipped_sum_by_exactly_c_whatever_its_keys_a
     that would flip a majority-key filter, and a huge reported weight) moves S/m by C/m, not more."""
     c = 1.0
     current, update = np.zeros(3), np.array([3.0, 4.0, 0.0])  # norm 5: clipped to C
-    metrics = [{"num-examples": 3.0, "loss": 0.5}, {"num-examples": 3.0, "loss": 0.5},
-               {"num-examples": 3.0, "loss": 0.5, "acc": 0.5}, {"num-examples": 1e9, "loss": 0.5, "acc": 0.5}]
+    metrics = [
+        {"num-examples": 3.0, "loss": 0.5},
+        {"num-examples": 3.0, "loss": 0.5},
+        {"num-examples": 3.0, "loss": 0.5, "acc": 0.5},
+        {"num-examples": 1e9, "loss": 0.5, "acc": 0.5},
+    ]
     models = []
     for n_replies in (3, 4):
         strategy = STRATEGIES[name](1e-12, c, rng=0)
@@ -95,7 +99,8 @@ def test_booked_event_never_depends_on_reported_weights(name):
     train_messages(ref, current)
     weights = [1e308, 1e308, 10.0, 10.0]
     _, metrics = strategy.aggregate_train(
-        1, [train_reply(m, current + 0.01, {"num-examples": w}) for m, w in zip(msgs, weights)])
+        1, [train_reply(m, current + 0.01, {"num-examples": w}) for m, w in zip(msgs, weights)]
+    )
     assert strategy.rejections["train"]["weight"] == 2.0
     assert [e for _, e, _ in strategy.ledger.events()] == [ref.round_event()]
     assert 0 < strategy.ledger.epsilon() < math.inf
@@ -114,7 +119,8 @@ def test_max_weight_bounds_the_reported_weight():
     msgs = train_messages(strategy, current)
     weights = [100.0, 100.5, 1.0, 1.0]
     _, metrics = strategy.aggregate_train(
-        1, [train_reply(m, current, {"num-examples": w}) for m, w in zip(msgs, weights)])
+        1, [train_reply(m, current, {"num-examples": w}) for m, w in zip(msgs, weights)]
+    )
     assert strategy.rejections["train"]["weight"] == 1.0
 
 
@@ -124,22 +130,30 @@ def _undecodable() -> ArrayRecord:
 
 
 BAD_TRAIN = {
-    "extra key": lambda cur: RecordDict({"arrays": ArrayRecord({"0": Array(cur), "x": Array(cur)}),
-                                         "metrics": MetricRecord({"num-examples": 1.0})}),
-    "wrong shape": lambda cur: RecordDict({"arrays": ArrayRecord([np.zeros(6)]),
-                                           "metrics": MetricRecord({"num-examples": 1.0})}),
-    "wrong dtype": lambda cur: RecordDict({"arrays": ArrayRecord([cur.astype(np.complex128)]),
-                                           "metrics": MetricRecord({"num-examples": 1.0})}),
-    "undecodable": lambda cur: RecordDict({"arrays": _undecodable(),
-                                           "metrics": MetricRecord({"num-examples": 1.0})}),
+    "extra key": lambda cur: RecordDict(
+        {"arrays": ArrayRecord({"0": Array(cur), "x": Array(cur)}), "metrics": MetricRecord({"num-examples": 1.0})}
+    ),
+    "wrong shape": lambda cur: RecordDict(
+        {"arrays": ArrayRecord([np.zeros(6)]), "metrics": MetricRecord({"num-examples": 1.0})}
+    ),
+    "wrong dtype": lambda cur: RecordDict(
+        {"arrays": ArrayRecord([cur.astype(np.complex128)]), "metrics": MetricRecord({"num-examples": 1.0})}
+    ),
+    "undecodable": lambda cur: RecordDict({"arrays": _undecodable(), "metrics": MetricRecord({"num-examples": 1.0})}),
     "no metrics": lambda cur: RecordDict({"arrays": ArrayRecord([cur])}),
-    "two metric records": lambda cur: RecordDict({"arrays": ArrayRecord([cur]),
-                                                  "metrics": MetricRecord({"num-examples": 1.0}),
-                                                  "more": MetricRecord({"num-examples": 1.0})}),
-    "negative weight": lambda cur: RecordDict({"arrays": ArrayRecord([cur]),
-                                               "metrics": MetricRecord({"num-examples": -5.0})}),
-    "NaN update": lambda cur: RecordDict({"arrays": ArrayRecord([np.full(5, np.nan)]),
-                                          "metrics": MetricRecord({"num-examples": 1.0})}),
+    "two metric records": lambda cur: RecordDict(
+        {
+            "arrays": ArrayRecord([cur]),
+            "metrics": MetricRecord({"num-examples": 1.0}),
+            "more": MetricRecord({"num-examples": 1.0}),
+        }
+    ),
+    "negative weight": lambda cur: RecordDict(
+        {"arrays": ArrayRecord([cur]), "metrics": MetricRecord({"num-examples": -5.0})}
+    ),
+    "NaN update": lambda cur: RecordDict(
+        {"arrays": ArrayRecord([np.full(5, np.nan)]), "metrics": MetricRecord({"num-examples": 1.0})}
+    ),
 }
 
 
@@ -170,8 +184,10 @@ BAD_EVAL = {
     "weight missing": {"metrics": MetricRecord({"eval-acc": 0.0})},
     "weight list": {"metrics": MetricRecord({"num-examples": [1.0, 2.0], "eval-acc": 0.0})},
     "no metric record": {"config": ConfigRecord({"num-examples": 1.0})},
-    "two metric records": {"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": 0.0}),
-                           "more": MetricRecord({"num-examples": 1.0, "eval-acc": 0.0})},
+    "two metric records": {
+        "metrics": MetricRecord({"num-examples": 1.0, "eval-acc": 0.0}),
+        "more": MetricRecord({"num-examples": 1.0, "eval-acc": 0.0}),
+    },
     "metric NaN": {"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": math.nan})},
 }
 
@@ -183,8 +199,10 @@ def test_a_malformed_evaluate_reply_is_rejected_and_the_accuracy_is_the_honest_m
     strategy = STRATEGIES[name](rng=0)
     msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), LoopbackGrid.of(M)))
     assert len(msgs) == M
-    honest = [Message(RecordDict({"metrics": MetricRecord({"num-examples": w, "eval-acc": a})}), reply_to=m)
-              for m, w, a in zip(msgs, (1.0, 1.0, 2.0), (0.2, 0.4, 0.7))]
+    honest = [
+        Message(RecordDict({"metrics": MetricRecord({"num-examples": w, "eval-acc": a})}), reply_to=m)
+        for m, w, a in zip(msgs, (1.0, 1.0, 2.0), (0.2, 0.4, 0.7))
+    ]
     metrics = strategy.aggregate_evaluate(1, honest + [Message(RecordDict(BAD_EVAL[bad]), reply_to=msgs[3])])
     assert metrics["eval-acc"] == pytest.approx((0.2 + 0.4 + 2 * 0.7) / 4)
     assert sum(strategy.rejections["evaluate"].values()) == 1.0
@@ -200,7 +218,8 @@ def test_nothing_un_noised_is_published_and_noise_ignores_numpys_global_seed(nam
         current = np.zeros(50)
         msgs = train_messages(strategy, current)
         arrays, metrics = strategy.aggregate_train(
-            1, [train_reply(m, current, {"num-examples": 7.0, "train-loss": 0.25}) for m in msgs])
+            1, [train_reply(m, current, {"num-examples": 7.0, "train-loss": 0.25}) for m in msgs]
+        )
         released.append(arrays.to_numpy_ndarrays()[0])
         published.append(set(metrics))
     assert not np.allclose(released[0], released[1])

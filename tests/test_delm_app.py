@@ -30,21 +30,44 @@ def test_pyproject_run_config_matches_code_defaults():
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "delm_app.server_app:app", "clientapp": "delm_app.client_app:app"}
+        "serverapp": "delm_app.server_app:app",
+        "clientapp": "delm_app.client_app:app",
+    }
     os.environ.pop("DELM_RUN_CONFIG", None)
     with pytest.raises(ValueError, match="variant"):
         resolve_run_config(type("Ctx", (), {"run_config": {"variant": "fancy"}})())
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("variant, components, features", [("enhanced", 20, "pixels"), ("basic", 0, "pixels"),
-                                                           ("sum", 0, "hog")])
+@pytest.mark.parametrize(
+    "variant, components, features", [("enhanced", 20, "pixels"), ("basic", 0, "pixels"), ("sum", 0, "hog")]
+)
 def test_delm_app_runs_pca_then_fm_rounds_and_books_each_release_once(tmp_path, variant, components, features):
-    args = ["--variant", variant, "--components", str(components), "--rounds", "3", "--num-clients", "6",
-            "--epsilon", "20", "--features", features, "--results-dir", str(tmp_path)]
+    args = [
+        "--variant",
+        variant,
+        "--components",
+        str(components),
+        "--rounds",
+        "3",
+        "--num-clients",
+        "6",
+        "--epsilon",
+        "20",
+        "--features",
+        features,
+        "--results-dir",
+        str(tmp_path),
+    ]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
-    proc = subprocess.run([sys.executable, str(DELM / "run_demo.py"), *args], cwd=DELM, env=env,
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [sys.executable, str(DELM / "run_demo.py"), *args],
+        cwd=DELM,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "results.png").stat().st_size > 0

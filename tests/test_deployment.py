@@ -46,7 +46,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
-    CONNECTION, LocalDeployment, finished_run, kill_while_training, missing_binaries, no_reply_counts, run_config)
+    CONNECTION,
+    LocalDeployment,
+    finished_run,
+    kill_while_training,
+    missing_binaries,
+    no_reply_counts,
+    run_config,
+)
 
 from flwr_dp_strategies.privacy import PrivacyLedger  # noqa: E402
 
@@ -91,10 +98,17 @@ def test_flwr_run_on_superlink_and_two_supernodes(tmp_path):
     with LocalDeployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
         nodes = [dep.start_supernode(i, 2) for i in range(2)]
-        config = run_config(**{
-            "num-server-rounds": 2, "num-partitions": 2, "mechanism": "central-dp", "noise-multiplier": 0.1,
-            "clipping-norm": 2.0, "results-dir": results_dir, "ledger-path": ledger_path,
-        })
+        config = run_config(
+            **{
+                "num-server-rounds": 2,
+                "num-partitions": 2,
+                "mechanism": "central-dp",
+                "noise-multiplier": 0.1,
+                "clipping-norm": 2.0,
+                "results-dir": results_dir,
+                "ledger-path": ledger_path,
+            }
+        )
         output = run_to_completion(dep, config, timeout=420)
         assert "round 2  accuracy" in output  # the ServerApp's log is streamed to the CLI
         seen = dep.our_pids()
@@ -117,7 +131,8 @@ def test_flwr_run_on_superlink_and_two_supernodes(tmp_path):
     for row in results["replies"]:  # both nodes replied to every train and evaluate message
         assert (row["sent"], row["replies"], row["failed"]) == (2, 2, 0), results["replies"]
     assert {(row["round"], row["phase"]) for row in results["replies"]} == {
-        (r, phase) for r in (1, 2) for phase in ("train", "evaluate")}
+        (r, phase) for r in (1, 2) for phase in ("train", "evaluate")
+    }
     ledger = PrivacyLedger.load(ledger_path)
     assert ledger.rounds() == [1, 2] and len(ledger.events()) == 2
     assert ledger.epsilon() == pytest.approx(results["privacy"]["epsilon"])
@@ -129,8 +144,12 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
     reported, the ledger books exactly the replies received, and it is restored after a restart."""
     ledger_path, database = tmp_path / "ledger.json", tmp_path / "superlink-state.db"
     settings = {
-        "num-partitions": 2, "min-clients": 1, "mechanism": "local-dp", "local-epochs": 1,
-        "fraction-evaluate": 0.0, "ledger-path": ledger_path,
+        "num-partitions": 2,
+        "min-clients": 1,
+        "mechanism": "local-dp",
+        "local-epochs": 1,
+        "fraction-evaluate": 0.0,
+        "ledger-path": ledger_path,
     }
     started = time.monotonic()
     with LocalDeployment(tmp_path / "deploy") as dep:
@@ -140,8 +159,9 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
 
         # --- run 1: 2 rounds; the victim is killed while it trains in round 2
         config = run_config(**settings, **{"num-server-rounds": 2, "results-dir": tmp_path / "results-1"})
-        cli = dep.flwr_background("run", str(APP), CONNECTION, "--run-config", config, "--stream",
-                                  log_name="flwr-run-1")
+        cli = dep.flwr_background(
+            "run", str(APP), CONNECTION, "--run-config", config, "--stream", log_name="flwr-run-1"
+        )
         # kill it while its ClientApp process trains its round-2 message (it replied in round 1 only):
         # SuperNode, SuperExec and ClientApp all die
         kill_while_training(dep, victim, cli, nth_message=2, timeout=300)
@@ -177,8 +197,9 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
         # --- server restart: a new SuperLink on the same port and database; the survivor reconnects
         dep.stop(superlink)
         dep.start_superlink(name="superlink-restarted", port=superlink.port, database=database)
-        config = run_config(**settings, **{"num-server-rounds": 1, "results-dir": tmp_path / "results-2",
-                                           "resume-ledger": True})
+        config = run_config(
+            **settings, **{"num-server-rounds": 1, "results-dir": tmp_path / "results-2", "resume-ledger": True}
+        )
         run_to_completion(dep, config, timeout=300)
         seen = dep.our_pids()
     assert_all_stopped(dep, seen)

@@ -11,14 +11,18 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.discrete_gaussian import (gaussian_grid, sample_discrete_gaussian,
-                                                          sample_discrete_gaussian_exact, secure_gaussian_mechanism)
+from flwr_dp_strategies.privacy.discrete_gaussian import (
+    gaussian_grid,
+    sample_discrete_gaussian,
+    sample_discrete_gaussian_exact,
+    secure_gaussian_mechanism,
+)
 
 
 def pmf(scale: float, support: np.ndarray) -> np.ndarray:
-    weights = np.exp(-support.astype(float) ** 2 / (2 * scale * scale))
+    weights = np.exp(-(support.astype(float) ** 2) / (2 * scale * scale))
     full = np.arange(-60 * math.ceil(scale), 60 * math.ceil(scale) + 1)
-    return weights / np.exp(-full.astype(float) ** 2 / (2 * scale * scale)).sum()
+    return weights / np.exp(-(full.astype(float) ** 2) / (2 * scale * scale)).sum()
 
 
 def chi2_pvalue(draws: np.ndarray, scale: float) -> float:
@@ -68,8 +72,9 @@ def test_outputs_lie_on_a_data_independent_grid_and_the_event_is_sound():
 
 
 def test_values_are_clamped_to_the_public_bound():
-    release = secure_gaussian_mechanism(np.full(50_000, 100.0), noise_multiplier=1.0, sensitivity=0.1,
-                                        value_bound=1.0, rng=3)
+    release = secure_gaussian_mechanism(
+        np.full(50_000, 100.0), noise_multiplier=1.0, sensitivity=0.1, value_bound=1.0, rng=3
+    )
     assert abs(release.value.mean() - 1.0) < 5 * 0.1 / math.sqrt(50_000)
 
 
@@ -88,12 +93,17 @@ def test_local_update_noise_mod_can_draw_secure_noise():
     from flwr_dp_strategies.declarations import read_declarations
 
     mod = LocalUpdateNoiseMod(1.0, 0.5, secure=True, rng=4)
-    msg = Message(RecordDict({"arrays": ArrayRecord([np.zeros(20_000)]), "config": ConfigRecord({})}),
-                  dst_node_id=7, message_type=MessageType.TRAIN)
+    msg = Message(
+        RecordDict({"arrays": ArrayRecord([np.zeros(20_000)]), "config": ConfigRecord({})}),
+        dst_node_id=7,
+        message_type=MessageType.TRAIN,
+    )
 
     def app(m, ctx):
-        return Message(RecordDict({"arrays": ArrayRecord([np.full(20_000, 1e-4)]),
-                                   "metrics": MetricRecord({"num-examples": 5})}), reply_to=m)
+        return Message(
+            RecordDict({"arrays": ArrayRecord([np.full(20_000, 1e-4)]), "metrics": MetricRecord({"num-examples": 5})}),
+            reply_to=m,
+        )
 
     reply = mod(msg, Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={}), app)
     noisy = reply.content["arrays"].to_numpy_ndarrays()[0]

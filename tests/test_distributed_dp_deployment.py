@@ -30,7 +30,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
-    CONNECTION, LocalDeployment, finished_run, kill_while_training, missing_binaries, no_reply_counts, run_config)
+    CONNECTION,
+    LocalDeployment,
+    finished_run,
+    kill_while_training,
+    missing_binaries,
+    no_reply_counts,
+    run_config,
+)
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "distributed-dp"
 NUM_NODES, VICTIM = 4, 3
@@ -45,12 +52,22 @@ pytestmark = [
 def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmasks(tmp_path):
     started = time.monotonic()
     results_dir = tmp_path / "results"
-    config = run_config(**{
-        "num-server-rounds": 1, "num-partitions": NUM_NODES, "min-clients": NUM_NODES,
-        "min-survivors": 3, "reconstruction-threshold": 3, "noise-multiplier": 0.1, "dataset": "digits",
-        "stage-timeout": 30.0, "round-timeout": 25.0, "straggler-partition": VICTIM, "straggler-seconds": 120.0,
-        "results-dir": results_dir,
-    })
+    config = run_config(
+        **{
+            "num-server-rounds": 1,
+            "num-partitions": NUM_NODES,
+            "min-clients": NUM_NODES,
+            "min-survivors": 3,
+            "reconstruction-threshold": 3,
+            "noise-multiplier": 0.1,
+            "dataset": "digits",
+            "stage-timeout": 30.0,
+            "round-timeout": 25.0,
+            "straggler-partition": VICTIM,
+            "straggler-seconds": 120.0,
+            "results-dir": results_dir,
+        }
+    )
     with LocalDeployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
         with ThreadPoolExecutor(NUM_NODES) as pool:  # each waits for its registration; in parallel
@@ -70,8 +87,9 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
         finished_run(dep, output, interval=1)
 
     # the ServerApp's log is streamed to the CLI
-    assert "secure aggregation: sum of 3 masked vectors revealed (4 sampled, 1 dropped after sharing keys)" \
-        in output, output[-6000:]
+    assert "secure aggregation: sum of 3 masked vectors revealed (4 sampled, 1 dropped after sharing keys)" in output, (
+        output[-6000:]
+    )
     assert re.search(r"round   1  sum revealed +epsilon \d+\.\d+  accuracy", output), output[-6000:]
     assert "Traceback" not in output and "ERROR" not in output, output[-6000:]
 
@@ -83,5 +101,7 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
     assert row["accuracy"] > results["initial_accuracy"]  # the revealed mean is a usable update (z = 0.1)
     metrics = results["train_metrics"]["1"]
     assert no_reply_counts(metrics)  # counts stay in the server log
-    print(f"distributed-DP deployment test: {time.monotonic() - started:.0f} s; the run ended "
-          f"{ended_after:.0f} s after the kill")
+    print(
+        f"distributed-DP deployment test: {time.monotonic() - started:.0f} s; the run ended "
+        f"{ended_after:.0f} s after the kill"
+    )

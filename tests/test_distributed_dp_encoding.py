@@ -147,7 +147,8 @@ def test_noiseless_sum_is_exact_mod_2b_and_decodes_to_the_clipped_sum():
     decoded = decode_sum(summed, params)
     clipped_sum = sum(l2_clip(u, params.clip_norm) for u in updates)
     np.testing.assert_allclose(
-        decoded, inverse_randomized_hadamard(np.sum(ints, axis=0) / params.scale, 300, params.rotation_seed), atol=1e-9)
+        decoded, inverse_randomized_hadamard(np.sum(ints, axis=0) / params.scale, 300, params.rotation_seed), atol=1e-9
+    )
     # rounding moves each of the D coordinates of each client by < 1/s; the rotation is orthonormal
     error = np.linalg.norm(decoded - clipped_sum)
     assert error <= len(updates) * math.sqrt(params.padded_dim) / params.scale
@@ -187,9 +188,9 @@ def test_noisy_decoded_sum_has_the_calibrated_noise():
     encoded = [encode_update(u, params, local_noise_variance=cal.local_mu, rng=gen) for u in updates]
     error = decode_sum(modular_sum(encoded, params), params) - sum(l2_clip(u, 1.0) for u in updates)
     tol = 5.0 * math.sqrt(2.0 / dim)
-    low = cal.mu / params.scale ** 2
-    high = (cal.mu + n_clients / 4.0) / params.scale ** 2
-    assert low * (1 - tol) <= np.mean(error ** 2) <= high * (1 + tol)
+    low = cal.mu / params.scale**2
+    high = (cal.mu + n_clients / 4.0) / params.scale**2
+    assert low * (1 - tol) <= np.mean(error**2) <= high * (1 + tol)
     assert cal.noise_std == pytest.approx(math.sqrt(cal.mu) / params.scale)
 
 
@@ -261,7 +262,7 @@ _BAD_CALLS = [
     (lambda: to_modular(np.ones(3, dtype=np.int64), 70), "bits"),
     (lambda: modular_sum([], _params()), "at least one"),
     (lambda: modular_sum([np.zeros(512, dtype=np.int64)], _params()), "uint64"),
-    (lambda: modular_sum([np.full(512, 2 ** 30, dtype=np.uint64)], _params()), r"\[0, 2\*\*24\)"),
+    (lambda: modular_sum([np.full(512, 2**30, dtype=np.uint64)], _params()), r"\[0, 2\*\*24\)"),
     (lambda: decode_sum(np.zeros(7, dtype=np.uint64), _params()), "shape"),
     (lambda: decode_sum(np.full(512, -1, dtype=np.int64), _params()), r"\[0, 2\*\*24\)"),
     (lambda: calibrate_skellam(_params(), noise_multiplier=0.0, n_clients=3), "noise_multiplier"),

@@ -12,8 +12,12 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.exception import AggregationError
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, calibrate_skellam, scale_for_bits,
-                                                       sum_headroom)
+from flwr_dp_strategies.privacy.distributed_dp import (
+    DistributedDpParams,
+    calibrate_skellam,
+    scale_for_bits,
+    sum_headroom,
+)
 from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
 from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD, STAGE_KEY
 from flwr_dp_strategies.strategy.distributed_dp_fedavg import EVENT_LABEL, DistributedDpFedAvg
@@ -35,8 +39,9 @@ def test_one_round_applies_the_mean_of_the_survivors_clipped_updates_and_books_o
     deltas = {n: rng.normal(size=d) * 0.05 for n in NODES}
     deltas[101] = deltas[101] * 100  # clipped to C
     grid = LoopbackGrid(shifting_app(deltas, rng=1), NODES, die={104: "collect"})
-    strategy = DistributedDpFedAvg(noise_multiplier=0.01, clipping_norm=1.0, bits=24, rotation_seed=3,
-                                   min_survivors=0.5)
+    strategy = DistributedDpFedAvg(
+        noise_multiplier=0.01, clipping_norm=1.0, bits=24, rotation_seed=3, min_survivors=0.5
+    )
     _, replies, (arrays, metrics) = run_round(strategy, grid, model(d))
     survivors = [n for n in NODES if n != 104]
     clipped = [deltas[n] * min(1.0, 1.0 / np.linalg.norm(deltas[n])) for n in survivors]
@@ -69,8 +74,14 @@ def test_the_aggregate_noise_has_the_calibrated_scale(colluders):
     d = 4096
     deltas = {n: np.zeros(d) for n in NODES}
     grid = LoopbackGrid(shifting_app(deltas, rng=7), NODES)
-    strategy = DistributedDpFedAvg(noise_multiplier=2.0, clipping_norm=1.0, bits=30, rotation_seed=1,
-                                   min_survivors=8, max_colluding_clients=colluders)
+    strategy = DistributedDpFedAvg(
+        noise_multiplier=2.0,
+        clipping_norm=1.0,
+        bits=30,
+        rotation_seed=1,
+        min_survivors=8,
+        max_colluding_clients=colluders,
+    )
     arrays = ArrayRecord({"w": Array(np.zeros(d, np.float64))})
     _, _, (new, _) = run_round(strategy, grid, arrays)
     sizes = strategy.protocol_sizes(len(NODES))
@@ -106,11 +117,17 @@ def test_a_reply_with_un_noised_records_is_rejected_booked_and_the_round_goes_on
     deltas = {n: np.full(60, 0.01) for n in NODES}
 
     def tamper(msg: Message, reply: Message) -> Message:
-        if int(msg.metadata.dst_node_id) == 102 and not reply.has_error() \
-                and reply.content[RECORD].get(STAGE_KEY) == "collect":
+        if (
+            int(msg.metadata.dst_node_id) == 102
+            and not reply.has_error()
+            and reply.content[RECORD].get(STAGE_KEY) == "collect"
+        ):
             reply.content["metrics"] = MetricRecord({"train_loss": 0.3})
-        if int(msg.metadata.dst_node_id) == 103 and not reply.has_error() \
-                and reply.content[RECORD].get(STAGE_KEY) == "collect":
+        if (
+            int(msg.metadata.dst_node_id) == 103
+            and not reply.has_error()
+            and reply.content[RECORD].get(STAGE_KEY) == "collect"
+        ):
             reply.content[MASKED_RECORD] = ArrayRecord({"vector": Array(np.zeros(3, np.uint8))})
         return reply
 
@@ -136,9 +153,11 @@ def test_clients_refuse_noise_below_their_floor():
 def test_the_budget_stops_training_before_it_is_exceeded():
     deltas = {n: np.full(60, 0.01) for n in NODES}
     grid = LoopbackGrid(shifting_app(deltas, rng=5), NODES)
-    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0,
-                                   ledger=PrivacyLedger(1e-5, max_epsilon=8.0,
-                                                        neighboring_relation="add_or_remove_one"))
+    strategy = DistributedDpFedAvg(
+        noise_multiplier=1.0,
+        clipping_norm=1.0,
+        ledger=PrivacyLedger(1e-5, max_epsilon=8.0, neighboring_relation="add_or_remove_one"),
+    )
     rounds = 0
     for r in range(1, 8):
         messages, _, (arrays, _) = run_round(strategy, grid, model(), server_round=r)
@@ -154,13 +173,21 @@ def test_aggregate_before_configure_is_flowers_aggregation_error():
         DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0).aggregate_train(1, [])
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"noise_multiplier": 0.0}, "noise_multiplier"), ({"clipping_norm": float("nan")}, "clipping_norm"),
-    ({"bits": 63}, "bits"), ({"bits": 1}, "bits"), ({"num_shares": 1}, "num_shares"),
-    ({"reconstruction_threshold": 1.5}, "reconstruction_threshold"), ({"min_survivors": 0}, "min_survivors"),
-    ({"rotation_seed": -1}, "rotation_seed"), ({"stage_timeout": -1.0}, "stage_timeout"),
-    ({"beta": 1.0}, "beta"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"clipping_norm": float("nan")}, "clipping_norm"),
+        ({"bits": 63}, "bits"),
+        ({"bits": 1}, "bits"),
+        ({"num_shares": 1}, "num_shares"),
+        ({"reconstruction_threshold": 1.5}, "reconstruction_threshold"),
+        ({"min_survivors": 0}, "min_survivors"),
+        ({"rotation_seed": -1}, "rotation_seed"),
+        ({"stage_timeout": -1.0}, "stage_timeout"),
+        ({"beta": 1.0}, "beta"),
+    ],
+)
 def test_bad_arguments_name_the_parameter(kwargs, name):
     base = {"noise_multiplier": 1.0, "clipping_norm": 1.0}
     with pytest.raises(ValueError, match=name):
@@ -169,26 +196,39 @@ def test_bad_arguments_name_the_parameter(kwargs, name):
 
 def test_fedavg_arguments_keep_their_order_and_meaning():
     strategy = DistributedDpFedAvg(0.5, 0.2, 3, 4, 5, noise_multiplier=1.0, clipping_norm=1.0)
-    assert (strategy.fraction_train, strategy.fraction_evaluate, strategy.min_train_nodes,
-            strategy.min_evaluate_nodes, strategy.min_available_nodes) == (0.5, 0.2, 3, 4, 5)
+    assert (
+        strategy.fraction_train,
+        strategy.fraction_evaluate,
+        strategy.min_train_nodes,
+        strategy.min_evaluate_nodes,
+        strategy.min_available_nodes,
+    ) == (0.5, 0.2, 3, 4, 5)
     with pytest.raises(TypeError):
         DistributedDpFedAvg(1.0, 1.0, 2, 2, 2, "num-examples", "arrays", "config", None, None, 1.0)  # noqa
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(bits=st.integers(8, 40), z=st.floats(0.05, 20), n=st.integers(2, 400), dim=st.integers(1, 1 << 20),
-       clip=st.floats(1e-3, 1e3))
+@given(
+    bits=st.integers(8, 40),
+    z=st.floats(0.05, 20),
+    n=st.integers(2, 400),
+    dim=st.integers(1, 1 << 20),
+    clip=st.floats(1e-3, 1e3),
+)
 def test_the_chosen_scale_fits_the_planned_sum_and_the_event_carries_the_rounding(bits, z, n, dim, clip):
     m = max(1, n // 2)
     try:
-        scale = scale_for_bits(bits=bits, clip_norm=clip, dim=dim, n_clients=n, noise_multiplier=z,
-                               min_survivors=m)
+        scale = scale_for_bits(bits=bits, clip_norm=clip, dim=dim, n_clients=n, noise_multiplier=z, min_survivors=m)
     except ValueError as err:
         assert "bits" in str(err)
         return
     params = DistributedDpParams(dim=dim, clip_norm=clip, scale=scale, bits=bits, rotation_seed=0)
-    assert sum_headroom(scale, clip_norm=clip, padded_dim=params.padded_dim, n_clients=n, noise_multiplier=z,
-                        min_survivors=m) <= (1 << (bits - 1)) - 1
+    assert (
+        sum_headroom(
+            scale, clip_norm=clip, padded_dim=params.padded_dim, n_clients=n, noise_multiplier=z, min_survivors=m
+        )
+        <= (1 << (bits - 1)) - 1
+    )
     calibration = calibrate_skellam(params, noise_multiplier=z, n_clients=m)
     assert calibration.l2_sensitivity >= scale * clip  # the rounding never lowers the sensitivity
     assert calibration.effective_noise_multiplier >= z * (1 - 1e-12)
@@ -223,8 +263,7 @@ def test_flowers_start_runs_the_secure_rounds_and_its_timeout_bounds_every_stage
         return send(messages, timeout=timeout)
 
     grid.send_and_receive = recording
-    strategy = DistributedDpFedAvg(fraction_evaluate=0.0, min_evaluate_nodes=0, noise_multiplier=1.0,
-                                   clipping_norm=1.0)
+    strategy = DistributedDpFedAvg(fraction_evaluate=0.0, min_evaluate_nodes=0, noise_multiplier=1.0, clipping_norm=1.0)
     result = strategy.start(grid, model(), num_rounds=2, timeout=42.0)
     assert [m["dp/noise-multiplier"] > 0 for m in result.train_metrics_clientapp.values()] == [True, True]
     assert len(strategy.ledger.events()) == 2
@@ -252,8 +291,9 @@ def test_the_budget_check_books_as_it_will_book_in_a_replace_one_ledger():
 
 MUTATIONS = {
     "short": lambda r: r.content.__setitem__(MASKED_RECORD, ArrayRecord({"vector": Array(np.zeros(5, np.uint8))})),
-    "dtype": lambda r: r.content.__setitem__(MASKED_RECORD, ArrayRecord(
-        {"vector": Array(r.content[MASKED_RECORD]["vector"].numpy().astype(np.float32))})),
+    "dtype": lambda r: r.content.__setitem__(
+        MASKED_RECORD, ArrayRecord({"vector": Array(r.content[MASKED_RECORD]["vector"].numpy().astype(np.float32))})
+    ),
     "missing": lambda r: r.content.__delitem__(MASKED_RECORD),
     "metrics": lambda r: r.content.__setitem__("metrics", MetricRecord({"num-examples": float("nan")})),
     "stage": lambda r: r.content[RECORD].__setitem__(STAGE_KEY, "setup"),

@@ -19,9 +19,22 @@ def test_mkdocs_build_strict(tmp_path):
     site = tmp_path / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}  # mkdocs-material's banner about its successor
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(site)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout}\n{proc.stderr}"
 
@@ -37,6 +50,16 @@ def test_mkdocs_build_strict(tmp_path):
     assert 'id="flwr_dp_strategies.privacy.PrivacyLedger"' in privacy
 
     # every page of the nav was built
-    for page in ("quickstart", "architecture", "choosing", "ledger", "mechanisms", "delm", "adaptive-clipping",
-                 "differences-from-flower", "deployment", "benchmarks"):
+    for page in (
+        "quickstart",
+        "architecture",
+        "choosing",
+        "ledger",
+        "mechanisms",
+        "delm",
+        "adaptive-clipping",
+        "differences-from-flower",
+        "deployment",
+        "benchmarks",
+    ):
         assert (site / page / "index.html").is_file(), page

@@ -83,16 +83,27 @@ def test_declared_events_compose_to_opacus_cumulative_epsilon(grad_sample_mode):
     ledger, state = PrivacyLedger(DELTA), RecordDict()
     opacus_eps, round_only, ledger_eps = [], [], []
     for server_round in (1, 2, 3, 4):
-        trainer = DpSgdTrainer(mlp, noise_multiplier=1.1, batch_size=16, local_epochs=1,
-                               grad_sample_mode=grad_sample_mode, seed=server_round)  # rebuilt every round
+        trainer = DpSgdTrainer(
+            mlp,
+            noise_multiplier=1.1,
+            batch_size=16,
+            local_epochs=1,
+            grad_sample_mode=grad_sample_mode,
+            seed=server_round,
+        )  # rebuilt every round
         state = rebuilt(state)
         result = trainer.train_round(weights, (x, y), state)
         weights = result.state_dict
         reply = RecordDict()
         declare_release(reply, result.event, label="dp-sgd/opacus", neighboring_relation="add_or_remove_one")
         for declaration in read_declarations(reply):  # what the server reads
-            ledger.record(declaration.event, server_round=server_round, client=7, label=declaration.label,
-                          neighboring_relation=declaration.neighboring_relation)
+            ledger.record(
+                declaration.event,
+                server_round=server_round,
+                client=7,
+                label=declaration.label,
+                neighboring_relation=declaration.neighboring_relation,
+            )
         report = ledger.report(7)
         opacus_eps.append(result.epsilon)
         round_only.append(result.epsilon_round_only)
@@ -100,7 +111,8 @@ def test_declared_events_compose_to_opacus_cumulative_epsilon(grad_sample_mode):
         assert report.epsilon_rdp == pytest.approx(result.epsilon, rel=RDP_TOLERANCE)
         assert report.epsilon <= result.epsilon * (1 + RDP_TOLERANCE)
         assert result.event == dp_event.SelfComposedDpEvent(
-            dp_event.PoissonSampledDpEvent(0.25, dp_event.GaussianDpEvent(1.1)), 4)
+            dp_event.PoissonSampledDpEvent(0.25, dp_event.GaussianDpEvent(1.1)), 4
+        )
         assert result.rounds == server_round and result.steps == 4 and result.sample_rate == 0.25
     assert all(b > a for a, b in zip(opacus_eps, opacus_eps[1:]))  # cumulative: grows with rounds
     assert all(b > a for a, b in zip(ledger_eps, ledger_eps[1:]))
@@ -136,8 +148,9 @@ def test_target_epsilon_calibrated_once_for_the_planned_rounds():
     assert len(set(zs)) == 1  # calibrated on the first round only
     with warnings.catch_warnings():  # the bisection passes through z where an edge order is optimal
         warnings.filterwarnings("ignore", message="Optimal order is the")
-        per_round_z = get_noise_multiplier(target_epsilon=target, target_delta=DELTA, sample_rate=0.25, steps=4,
-                                           accountant="rdp")
+        per_round_z = get_noise_multiplier(
+            target_epsilon=target, target_delta=DELTA, sample_rate=0.25, steps=4, accountant="rdp"
+        )
     assert zs[0] > per_round_z * 1.2  # calibrating per round would spend the budget every round
     assert ledger.epsilon(1) <= target
     assert ledger.epsilon(1, method="rdp") == pytest.approx(target, rel=0.02)
@@ -162,8 +175,16 @@ def one_outlier_step(mode: str, clipping: str = "flat", max_grad_norm=0.5):
         y = model(x).argmin(dim=1)  # the least likely class: the loss gradient is far from zero
     loss = nn.functional.cross_entropy(model(x), y)
     grad_norm = torch.cat([g.flatten() for g in torch.autograd.grad(loss, list(model.parameters()))]).norm()
-    trainer = DpSgdTrainer(model, noise_multiplier=1e-6, lr=1.0, batch_size=1, max_grad_norm=max_grad_norm,
-                           clipping=clipping, grad_sample_mode=mode, seed=0)
+    trainer = DpSgdTrainer(
+        model,
+        noise_multiplier=1e-6,
+        lr=1.0,
+        batch_size=1,
+        max_grad_norm=max_grad_norm,
+        clipping=clipping,
+        grad_sample_mode=mode,
+        seed=0,
+    )
     result = trainer.train_round(model.state_dict(), (x, y))
     deltas = {k: result.state_dict[k] - v for k, v in model.state_dict().items()}
     return float(grad_norm), deltas
@@ -198,8 +219,16 @@ def test_noise_std_is_z_times_c_over_batch_size(mode, physical):
     model = nn.Linear(200, 100, bias=False)
     nn.init.zeros_(model.weight)
     x, y = torch.zeros(batch, 200), torch.zeros(batch, dtype=torch.long)  # zero input: zero gradient
-    trainer = DpSgdTrainer(model, noise_multiplier=z, lr=1.0, batch_size=batch, max_grad_norm=clip,
-                           max_physical_batch_size=physical, grad_sample_mode=mode, seed=11)
+    trainer = DpSgdTrainer(
+        model,
+        noise_multiplier=z,
+        lr=1.0,
+        batch_size=batch,
+        max_grad_norm=clip,
+        max_physical_batch_size=physical,
+        grad_sample_mode=mode,
+        seed=11,
+    )
     result = trainer.train_round(model.state_dict(), (x, y))
     assert result.steps == 1 and result.sample_rate == 1.0
     step = result.state_dict["weight"].flatten().double()
@@ -214,9 +243,17 @@ def test_noise_std_is_z_times_c_over_batch_size(mode, physical):
 def test_randomness_from_os_entropy_unless_seeded():
     x, y = toy_data()
     model = mlp()
-    runs = {seed: [flat(DpSgdTrainer(model, noise_multiplier=1.0, batch_size=16, seed=seed)
-                        .train_round(model.state_dict(), (x, y)).state_dict) for _ in range(2)]
-            for seed in (None, 5)}
+    runs = {
+        seed: [
+            flat(
+                DpSgdTrainer(model, noise_multiplier=1.0, batch_size=16, seed=seed)
+                .train_round(model.state_dict(), (x, y))
+                .state_dict
+            )
+            for _ in range(2)
+        ]
+        for seed in (None, 5)
+    }
     assert not torch.equal(runs[None][0], runs[None][1])
     assert torch.equal(runs[5][0], runs[5][1])
 
@@ -259,30 +296,48 @@ def test_kept_wrapped_model_gives_the_uncached_rounds(mode):
     from client_mods.dp_sgd_trainer import _WRAPPED, clear_wrapped_cache
 
     clear_wrapped_cache()
-    make = lambda r: DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, momentum=0.5,  # noqa: E731
-                                  grad_sample_mode=mode, seed=3)
+    make = lambda r: DpSgdTrainer(
+        mlp,
+        noise_multiplier=1.0,
+        batch_size=16,
+        momentum=0.5,  # noqa: E731
+        grad_sample_mode=mode,
+        seed=3,
+    )
     cached, fresh, cached_state, fresh_state = cached_and_fresh_rounds(make, 3, toy_data(48), "client-1")
     assert len(_WRAPPED) == 1
     module = next(iter(_WRAPPED.values())).module
-    ledgers = (PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"),
-               PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"))
+    ledgers = (
+        PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"),
+        PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one"),
+    )
     for r, (a, b) in enumerate(zip(cached, fresh), start=1):
         assert all(torch.equal(a.state_dict[k], b.state_dict[k]) for k in b.state_dict)
         assert a.event == b.event and a.epsilon == b.epsilon and a.epsilon_round_only == b.epsilon_round_only
         for ledger, result in zip(ledgers, (a, b)):
-            ledger.record(result.event, server_round=r, client=1, label="dp-sgd",
-                          neighboring_relation=result.neighboring_relation)
+            ledger.record(
+                result.event, server_round=r, client=1, label="dp-sgd", neighboring_relation=result.neighboring_relation
+            )
         assert ledgers[0].epsilon() == ledgers[1].epsilon()
         assert next(iter(_WRAPPED.values())).module is module  # wrapped once, kept
     assert dict(cached_state[STATE_KEY]) == dict(fresh_state[STATE_KEY])
     clear_wrapped_cache()
 
 
-@pytest.mark.parametrize("change", [
-    {"lr": 0.05}, {"noise_multiplier": 2.0}, {"max_grad_norm": 0.3}, {"batch_size": 8}, {"momentum": 0.9},
-    {"model": lambda: mlp(hidden=7)}, {"criterion": nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))},
-    {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)}, {"grad_sample_mode": "ghost"},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"lr": 0.05},
+        {"noise_multiplier": 2.0},
+        {"max_grad_norm": 0.3},
+        {"batch_size": 8},
+        {"momentum": 0.9},
+        {"model": lambda: mlp(hidden=7)},
+        {"criterion": nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))},
+        {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)},
+        {"grad_sample_mode": "ghost"},
+    ],
+)
 def test_kept_wrapped_model_is_rebuilt_when_the_trainer_changes(change):
     """A round after a change of model or hyper-parameters is the uncached round with the new settings."""
     from client_mods.dp_sgd_trainer import clear_wrapped_cache
@@ -349,31 +404,37 @@ def test_grad_sample_mode_default_rule():
 
 
 # ---------------------------------------------------------------------- (vi) errors
-@pytest.mark.parametrize("kwargs,name", [
-    ({}, "noise_multiplier"),
-    ({"noise_multiplier": 0.0}, "noise_multiplier"),
-    ({"noise_multiplier": -1.0}, "noise_multiplier"),
-    ({"noise_multiplier": 1.0, "target_epsilon": 2.0}, "noise_multiplier and target_epsilon"),
-    ({"target_epsilon": 2.0}, "planned_rounds"),
-    ({"target_epsilon": -2.0, "planned_rounds": 3}, "target_epsilon"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "max_grad_norm"),
-    ({"noise_multiplier": 1.0, "max_grad_norm": [1.0, 1.0]}, "max_grad_norm"),
-    ({"noise_multiplier": 1.0, "clipping": "per_layer", "max_grad_norm": [1.0, 1.0, 1.0]}, "max_grad_norm"),
-    ({"noise_multiplier": 1.0, "clipping": "per_layer", "max_grad_norm": [1.0, 1.0, -1.0, 1.0]}, r"max_grad_norm\[2\]"),
-    ({"noise_multiplier": 1.0, "clipping": "adaptive"}, "clipping"),
-    ({"noise_multiplier": 1.0, "grad_sample_mode": "ew"}, "grad_sample_mode"),
-    ({"noise_multiplier": 1.0, "clipping": "per_layer", "grad_sample_mode": "ghost"}, "grad_sample_mode"),
-    ({"noise_multiplier": 1.0, "batch_size": 0}, "batch_size"),
-    ({"noise_multiplier": 1.0, "max_physical_batch_size": 0}, "max_physical_batch_size"),
-    ({"noise_multiplier": 1.0, "local_epochs": 0}, "local_epochs"),
-    ({"noise_multiplier": 1.0, "target_delta": 1.0}, "target_delta"),
-    ({"noise_multiplier": 1.0, "lr": 0.0}, "lr"),
-    ({"noise_multiplier": 1.0, "momentum": 1.0}, "momentum"),
-    ({"noise_multiplier": 1.0, "accountant": "gdp"}, "accountant"),
-    ({"noise_multiplier": 1.0, "seed": -1}, "seed"),
-    ({"noise_multiplier": 1.0, "device": "tpu:7"}, "device"),
-    ({"noise_multiplier": 1.0, "criterion": nn.CrossEntropyLoss(reduction="sum")}, "reduction"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({}, "noise_multiplier"),
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"noise_multiplier": 1.0, "target_epsilon": 2.0}, "noise_multiplier and target_epsilon"),
+        ({"target_epsilon": 2.0}, "planned_rounds"),
+        ({"target_epsilon": -2.0, "planned_rounds": 3}, "target_epsilon"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": 0.0}, "max_grad_norm"),
+        ({"noise_multiplier": 1.0, "max_grad_norm": [1.0, 1.0]}, "max_grad_norm"),
+        ({"noise_multiplier": 1.0, "clipping": "per_layer", "max_grad_norm": [1.0, 1.0, 1.0]}, "max_grad_norm"),
+        (
+            {"noise_multiplier": 1.0, "clipping": "per_layer", "max_grad_norm": [1.0, 1.0, -1.0, 1.0]},
+            r"max_grad_norm\[2\]",
+        ),
+        ({"noise_multiplier": 1.0, "clipping": "adaptive"}, "clipping"),
+        ({"noise_multiplier": 1.0, "grad_sample_mode": "ew"}, "grad_sample_mode"),
+        ({"noise_multiplier": 1.0, "clipping": "per_layer", "grad_sample_mode": "ghost"}, "grad_sample_mode"),
+        ({"noise_multiplier": 1.0, "batch_size": 0}, "batch_size"),
+        ({"noise_multiplier": 1.0, "max_physical_batch_size": 0}, "max_physical_batch_size"),
+        ({"noise_multiplier": 1.0, "local_epochs": 0}, "local_epochs"),
+        ({"noise_multiplier": 1.0, "target_delta": 1.0}, "target_delta"),
+        ({"noise_multiplier": 1.0, "lr": 0.0}, "lr"),
+        ({"noise_multiplier": 1.0, "momentum": 1.0}, "momentum"),
+        ({"noise_multiplier": 1.0, "accountant": "gdp"}, "accountant"),
+        ({"noise_multiplier": 1.0, "seed": -1}, "seed"),
+        ({"noise_multiplier": 1.0, "device": "tpu:7"}, "device"),
+        ({"noise_multiplier": 1.0, "criterion": nn.CrossEntropyLoss(reduction="sum")}, "reduction"),
+    ],
+)
 def test_bad_arguments_raise_value_error_naming_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         DpSgdTrainer(mlp, **kwargs)
@@ -416,8 +477,13 @@ def test_one_round_on_cuda():
 def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
     nodes = [11, 12]
     data = {node: toy_data(n=48 + 16 * i, seed=i) for i, node in enumerate(nodes)}
-    strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2, fraction_evaluate=0.0,
-                               ledger=PrivacyLedger(DELTA), per_client_metrics=True)
+    strategy = AccountedFedAvg(
+        min_train_nodes=2,
+        min_available_nodes=2,
+        fraction_evaluate=0.0,
+        ledger=PrivacyLedger(DELTA),
+        per_client_metrics=True,
+    )
     arrays = ArrayRecord(mlp().state_dict())
     keys = list(arrays.keys())
 
@@ -446,8 +512,9 @@ def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
 def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
     """The exact num-examples is a count of the client's records: un-noised, it must not leave the client."""
     arrays = ArrayRecord(mlp().state_dict())
-    (msg,) = FedAvg(min_train_nodes=1, min_available_nodes=1).configure_train(1, arrays, ConfigRecord(),
-                                                                              LoopbackGrid(None, [11]))
+    (msg,) = FedAvg(min_train_nodes=1, min_available_nodes=1).configure_train(
+        1, arrays, ConfigRecord(), LoopbackGrid(None, [11])
+    )
     sent = []
     for n in (33, 48):  # ceil(n/16) = 3 batches both: the declared q and steps are the same
         context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
@@ -459,8 +526,9 @@ def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
     assert sent[0] == sent[1]  # nothing in the metrics tells 33 records from 48
     context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
     trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
-    reply = dp_sgd_train_reply(msg, context, trainer, toy_data(n=33), num_threads=None, release_metrics=True,
-                               weighted_by_key="n")
+    reply = dp_sgd_train_reply(
+        msg, context, trainer, toy_data(n=33), num_threads=None, release_metrics=True, weighted_by_key="n"
+    )
     assert reply.content["metrics"]["n"] == 33 and "train-loss" in reply.content["metrics"]
     declared = read_declarations(reply.content)
     assert [type(d.event) for d in declared] == [dp_event.SelfComposedDpEvent, dp_event.NonPrivateDpEvent]
@@ -478,7 +546,9 @@ def test_example_pyproject_matches_code_defaults():
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "dpsgd_app.server_app:app", "clientapp": "dpsgd_app.client_app:app"}
+        "serverapp": "dpsgd_app.server_app:app",
+        "clientapp": "dpsgd_app.client_app:app",
+    }
 
 
 @pytest.mark.integration
@@ -486,8 +556,9 @@ def test_example_two_rounds_three_clients(tmp_path):
     args = ["--rounds", "2", "--num-clients", "3", "--results-dir", str(tmp_path), "--client-cpus", "2"]
     code = "import sys, run_demo; run_demo.main(sys.argv[1:])"
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
-    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=EXAMPLE, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "results.png").stat().st_size > 0
@@ -512,8 +583,12 @@ def test_shuffled_batches_declare_no_amplification():
     """Audit: poisson_sampling=False declared PoissonSampled (booked 1.33 at z = 1, q = 0.01, 500 steps) where
     the sound unamplified bound is 11.48: five passes, each record in one step per pass."""
     ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
-    ledger.record(dp_sgd_event([(1.0, 0.01, 500)], poisson_sampling=False), server_round=1, client=1,
-                  neighboring_relation=dp_sgd_relation(False))
+    ledger.record(
+        dp_sgd_event([(1.0, 0.01, 500)], poisson_sampling=False),
+        server_round=1,
+        client=1,
+        neighboring_relation=dp_sgd_relation(False),
+    )
     unamplified = PrivacyLedger(1e-5)
     unamplified.record(dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(1.0), 5), server_round=1, client=1)
     poisson = PrivacyLedger(1e-5)
@@ -522,17 +597,21 @@ def test_shuffled_batches_declare_no_amplification():
     assert unamplified.epsilon() == pytest.approx(11.48, abs=0.01)
     assert ledger.epsilon() >= unamplified.epsilon()  # replace-one: sensitivity 2C
     assert dp_sgd_event([(1.0, 0.01, 500)], poisson_sampling=False) == dp_event.SelfComposedDpEvent(
-        dp_event.GaussianDpEvent(0.5), 5)
+        dp_event.GaussianDpEvent(0.5), 5
+    )
     with pytest.raises(ValueError, match="replace_one"):
-        PrivacyLedger(1e-5).record(dp_sgd_event([(1.0, 0.01, 500)], False), server_round=1, client=1,
-                                   neighboring_relation=dp_sgd_relation(False))
+        PrivacyLedger(1e-5).record(
+            dp_sgd_event([(1.0, 0.01, 500)], False),
+            server_round=1,
+            client=1,
+            neighboring_relation=dp_sgd_relation(False),
+        )
 
 
 def test_shuffled_trainer_round_declares_its_passes():
     x, y = toy_data(64)
     with pytest.warns(UserWarning, match="no amplification"):
-        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, local_epochs=2, poisson_sampling=False,
-                               seed=0)
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, local_epochs=2, poisson_sampling=False, seed=0)
     result = trainer.train_round(mlp().state_dict(), (x, y), RecordDict())
     assert result.neighboring_relation == "replace_one"
     assert result.event == dp_event.SelfComposedDpEvent(dp_event.GaussianDpEvent(0.5), 2)
@@ -581,8 +660,9 @@ def test_indexed_poisson_batches_are_opacus_dp_dataloader_batches(n, batch):
     from client_mods.dp_sgd_trainer import _PoissonTensorBatches, _poisson_batches
 
     x, y = toy_data(n)
-    loaders = [DataLoader(TensorDataset(x, y), batch_size=batch, generator=torch.Generator().manual_seed(9))
-               for _ in range(2)]
+    loaders = [
+        DataLoader(TensorDataset(x, y), batch_size=batch, generator=torch.Generator().manual_seed(9)) for _ in range(2)
+    ]
     fast = _poisson_batches(loaders[0])
     assert isinstance(fast, _PoissonTensorBatches)
     slow = DPDataLoader.from_data_loader(loaders[1])
@@ -609,10 +689,12 @@ def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
     weights = ArrayRecord(mlp().state_dict())
     states = (RecordDict(), RecordDict())
     for _ in range(2):
-        results = [DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=8, local_epochs=2, grad_sample_mode=mode,
-                                seed=13).train_round(weights, data, state, cache_key=None if cache_key is None
-                                                     else (cache_key, i))
-                   for i, (data, state) in enumerate(zip(((x, y), _PerExample(x, y)), states))]
+        results = [
+            DpSgdTrainer(
+                mlp, noise_multiplier=1.0, batch_size=8, local_epochs=2, grad_sample_mode=mode, seed=13
+            ).train_round(weights, data, state, cache_key=None if cache_key is None else (cache_key, i))
+            for i, (data, state) in enumerate(zip(((x, y), _PerExample(x, y)), states))
+        ]
         fast, slow = results
         assert all(torch.equal(fast.state_dict[k], slow.state_dict[k]) for k in slow.state_dict)
         assert fast.event == slow.event and fast.epsilon == slow.epsilon
@@ -622,7 +704,7 @@ def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
 
 
 def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
-    """"auto": hooks while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above;
+    """ "auto": hooks while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above;
     the declared event and ε are those of either explicit mode (the mechanism does not depend on it)."""
     from client_mods.dp_sgd_trainer import HOOKS_MAX_GRAD_SAMPLE_ELEMENTS
 
@@ -634,16 +716,21 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
     assert DpSgdTrainer(big, noise_multiplier=1.0, batch_size=8).grad_sample_mode == "ghost"
     assert DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32).grad_sample_mode == "hooks"
     (x, y), weights = toy_data(48), mlp().state_dict()
-    results = {mode: DpSgdTrainer(mlp, noise_multiplier=1.1, batch_size=16, local_epochs=2, grad_sample_mode=mode,
-                                  seed=21).train_round(weights, (x, y), RecordDict())
-               for mode in ("auto", "hooks", "ghost")}
+    results = {
+        mode: DpSgdTrainer(
+            mlp, noise_multiplier=1.1, batch_size=16, local_epochs=2, grad_sample_mode=mode, seed=21
+        ).train_round(weights, (x, y), RecordDict())
+        for mode in ("auto", "hooks", "ghost")
+    }
     assert results["auto"].grad_sample_mode == "hooks"
     for mode in ("hooks", "ghost"):
         assert results[mode].event == results["auto"].event
         assert results[mode].epsilon == results["auto"].epsilon
         assert results[mode].steps == results["auto"].steps == 6
-    assert all(torch.allclose(results["ghost"].state_dict[k], results["auto"].state_dict[k], atol=1e-5)
-               for k in results["auto"].state_dict)  # same clipping and the same noise draws
+    assert all(
+        torch.allclose(results["ghost"].state_dict[k], results["auto"].state_dict[k], atol=1e-5)
+        for k in results["auto"].state_dict
+    )  # same clipping and the same noise draws
 
 
 def test_tuned_round_declares_what_the_round_before_27_4_declared():
@@ -658,9 +745,11 @@ def test_tuned_round_declares_what_the_round_before_27_4_declared():
     new_state, old_state = RecordDict(), RecordDict()
     for _ in range(3):
         new = DpSgdTrainer(mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17).train_round(
-            weights, (x, y), new_state, cache_key="node-1")
-        old = DpSgdTrainer(mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17,
-                           grad_sample_mode="ghost").train_round(weights, _PerExample(x, y), old_state)
+            weights, (x, y), new_state, cache_key="node-1"
+        )
+        old = DpSgdTrainer(
+            mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17, grad_sample_mode="ghost"
+        ).train_round(weights, _PerExample(x, y), old_state)
         assert (new.grad_sample_mode, old.grad_sample_mode) == ("hooks", "ghost")
         assert new.event == old.event and new.neighboring_relation == old.neighboring_relation
         assert new.epsilon == old.epsilon and new.epsilon_round_only == old.epsilon_round_only

@@ -14,8 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _run(code: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 # ---------------------------------------------------------------------------- 1. root log handler
@@ -53,7 +54,10 @@ def test_shared_helpers_live_in_the_module_of_what_they_do():
     assert accounted_fedavg.reply_arrays is reply_screening.reply_arrays  # public name kept as a re-export
     assert not hasattr(accounted_fixed_clipping, "_add_clipped")
     summed = ClippedSum({"w": np.zeros(3)}, clipping_norm=1.0)
-    records = [ArrayRecord({"w": Array(np.array([3.0, 4.0, 0.0]))}), ArrayRecord({"w": Array(np.array([np.nan, 0, 0]))})]
+    records = [
+        ArrayRecord({"w": Array(np.array([3.0, 4.0, 0.0]))}),
+        ArrayRecord({"w": Array(np.array([np.nan, 0, 0]))}),
+    ]
     assert summed.add_records(records) == [1]
     assert np.allclose(summed.result()["w"], [0.6, 0.8, 0.0])
 
@@ -72,8 +76,13 @@ def test_no_round_publishes_a_count_of_rejected_or_failed_replies(task_identity)
     def grid(bad=None):  # the bad-th message gets a NaN update
         def answer(i, msg):
             values = np.full(3, np.nan) if i == bad else np.ones(3)
-            return Message(RecordDict({"arrays": ArrayRecord([values]),
-                                       "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}), reply_to=msg)
+            return Message(
+                RecordDict(
+                    {"arrays": ArrayRecord([values]), "metrics": MetricRecord({"num-examples": 5, "loss": 0.1})}
+                ),
+                reply_to=msg,
+            )
+
         return LoopbackGrid.of(3, by_index=answer)
 
     _, _, (_, clean) = run_round(strategy, grid(), ArrayRecord(current), 1)
@@ -87,9 +96,12 @@ def test_no_round_publishes_a_count_of_rejected_or_failed_replies(task_identity)
 
 # ---------------------------------------------------------------------------- 4. constructors
 def _parents():
-    from flwr.serverapp.strategy import (DifferentialPrivacyClientSideAdaptiveClipping,
-                                         DifferentialPrivacyServerSideAdaptiveClipping,
-                                         DifferentialPrivacyServerSideFixedClipping, FedAvg)
+    from flwr.serverapp.strategy import (
+        DifferentialPrivacyClientSideAdaptiveClipping,
+        DifferentialPrivacyServerSideAdaptiveClipping,
+        DifferentialPrivacyServerSideFixedClipping,
+        FedAvg,
+    )
 
     import flwr_dp_strategies as fds
 
@@ -114,16 +126,24 @@ def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keywor
     import flwr_dp_strategies as fds
 
     parents = _parents()
-    strategies = {getattr(fds, name) for name in fds.__all__ if isinstance(getattr(fds, name), type)
-                  and hasattr(getattr(fds, name), "aggregate_train")}
+    strategies = {
+        getattr(fds, name)
+        for name in fds.__all__
+        if isinstance(getattr(fds, name), type) and hasattr(getattr(fds, name), "aggregate_train")
+    }
     assert strategies == set(parents) | {fds.ClusterEvaluation}  # no strategy left unchecked
     for ours, parent in parents.items():
         mine = list(inspect.signature(ours).parameters.values())
         theirs = list(inspect.signature(parent).parameters.values())
-        assert [(p.name, p.kind, p.default) for p in mine[:len(theirs)]] == \
-            [(p.name, p.kind, p.default) for p in theirs], ours.__name__
-        extra = [p.name for p in mine[len(theirs):] if p.kind is not inspect.Parameter.KEYWORD_ONLY
-                 and not (ours is fds.AccountedFedAvg and p.kind is inspect.Parameter.VAR_KEYWORD)]
+        assert [(p.name, p.kind, p.default) for p in mine[: len(theirs)]] == [
+            (p.name, p.kind, p.default) for p in theirs
+        ], ours.__name__
+        extra = [
+            p.name
+            for p in mine[len(theirs) :]
+            if p.kind is not inspect.Parameter.KEYWORD_ONLY
+            and not (ours is fds.AccountedFedAvg and p.kind is inspect.Parameter.VAR_KEYWORD)
+        ]
         assert not extra, (ours.__name__, extra)  # AccountedFedAvg's **kwargs: the MRO's next class (FedProx)
     # a wrapper of any strategy, as Flower's DP wrappers: the wrapped strategy first, the rest keyword-only
     wrapper = list(inspect.signature(fds.ClusterEvaluation).parameters.values())
@@ -152,34 +172,47 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     import numpy as np
     from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
     from flwr.serverapp.strategy import FedAvg
-    from flwr.supercore.privacy_accounting import (NeighboringRelation, PrivacyConfig, SamplingMethod)
+    from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
     from loopback import LoopbackGrid
     from flwr_dp_strategies import AccountedPoissonFixedClipping
 
     def accountant(method, relation=NeighboringRelation.ADD_OR_REMOVE_ONE, max_epsilon=None):
-        return RdpAccountant(PrivacyConfig(target_delta=1e-5, population_size=4, neighboring_relation=relation,
-                                           sampling_method=method, max_epsilon=max_epsilon))
+        return RdpAccountant(
+            PrivacyConfig(
+                target_delta=1e-5,
+                population_size=4,
+                neighboring_relation=relation,
+                sampling_method=method,
+                max_epsilon=max_epsilon,
+            )
+        )
 
     with pytest.raises(ValueError, match="POISSON"):
-        AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2,
-                                      accountant=accountant(SamplingMethod.NO_AMPLIFICATION))
+        AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.NO_AMPLIFICATION))
     with pytest.raises(ValueError, match="population_size"):
-        AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON),
-                                      num_clients=5)
+        AccountedPoissonFixedClipping(
+            FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON), num_clients=5
+        )
     flower = accountant(SamplingMethod.POISSON)
     strategy = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=flower, rng=0)
     assert strategy.num_clients == 4
     current = ArrayRecord({"w": Array(np.zeros(3))})
     messages = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4)))
-    replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(3))}),
-                                   "metrics": MetricRecord({"num-examples": 1})}), reply_to=m) for m in messages]
+    replies = [
+        Message(
+            RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(3))}), "metrics": MetricRecord({"num-examples": 1})}),
+            reply_to=m,
+        )
+        for m in messages
+    ]
     _, metrics = strategy.aggregate_train(1, replies)
     assert flower.num_releases == 1  # the same Poisson(q = 2/4)-sampled Gaussian, by Flower's RDP accountant
     assert strategy.privacy_spent().epsilon == pytest.approx(metrics["privacy/epsilon-rdp"], rel=0.05)
-    tight = AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON,
-                                                                                     max_epsilon=0.5))
+    tight = AccountedPoissonFixedClipping(
+        FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON, max_epsilon=0.5)
+    )
     assert list(tight.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4))) == [] and tight.budget_exhausted
 
 
@@ -199,8 +232,10 @@ def _replies(messages, train=True):
     from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
     content = (lambda: {"arrays": ArrayRecord([np.ones(3)])}) if train else dict
-    return [Message(RecordDict({**content(), "metrics": MetricRecord({"num-examples": 5, "accuracy": 0.5})}),
-                    reply_to=m) for m in messages]
+    return [
+        Message(RecordDict({**content(), "metrics": MetricRecord({"num-examples": 5, "accuracy": 0.5})}), reply_to=m)
+        for m in messages
+    ]
 
 
 def test_flowers_received_line_is_logged_once_per_round_and_phase(task_identity, caplog):
@@ -211,9 +246,12 @@ def test_flowers_received_line_is_logged_once_per_round_and_phase(task_identity,
     import flwr_dp_strategies as fds
 
     kw = {"min_train_nodes": 3, "min_evaluate_nodes": 3, "min_available_nodes": 3}
-    for strategy in (fds.AccountedFedAvg(**kw), fds.ClusterEvaluation(fds.AccountedFedAvg(**kw)),
-                     fds.ClusterEvaluation(FedAvg(**kw)),
-                     fds.AccountedServerSideFixedClipping(FedAvg(**kw), 1.0, 1.0, 3)):
+    for strategy in (
+        fds.AccountedFedAvg(**kw),
+        fds.ClusterEvaluation(fds.AccountedFedAvg(**kw)),
+        fds.ClusterEvaluation(FedAvg(**kw)),
+        fds.AccountedServerSideFixedClipping(FedAvg(**kw), 1.0, 1.0, 3),
+    ):
         for phase in ("train", "evaluate"):
             caplog.clear()
             with caplog.at_level(logging.INFO, logger="flwr"):
@@ -230,10 +268,12 @@ def test_summary_lines_stay_inside_flowers_tree(caplog):
 
     import flwr_dp_strategies as fds
 
-    for strategy in (fds.AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 3),
-                     fds.AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 3),
-                     fds.AccountedAdaptiveClipping(FedAvg(), 0.1, 3),
-                     fds.AccountedClientSideAdaptiveClipping(FedAvg(), 0.1, 3)):
+    for strategy in (
+        fds.AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 3),
+        fds.AccountedPoissonFixedClipping(FedAvg(), 1.0, 1.0, 3),
+        fds.AccountedAdaptiveClipping(FedAvg(), 0.1, 3),
+        fds.AccountedClientSideAdaptiveClipping(FedAvg(), 0.1, 3),
+    ):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="flwr"):
             strategy.summary()
@@ -306,12 +346,17 @@ def test_client_mods_name_their_server_counterpart_in_one_error(task_identity):
     plain_config = ConfigRecord({"lr": 0.1})  # what FedAvg's app sends
 
     def plain_reply(msg, ctx):
-        return Message(RecordDict({"arrays": ArrayRecord([np.ones(2)]),
-                                   "metrics": MetricRecord({"num-examples": 3, "accuracy": 0.5})}), reply_to=msg)
+        return Message(
+            RecordDict(
+                {"arrays": ArrayRecord([np.ones(2)]), "metrics": MetricRecord({"num-examples": 3, "accuracy": 0.5})}
+            ),
+            reply_to=msg,
+        )
 
     def message(kind):
-        return Message(RecordDict({"arrays": ArrayRecord([np.zeros(2)]), "config": plain_config}), dst_node_id=7,
-                       message_type=kind)
+        return Message(
+            RecordDict({"arrays": ArrayRecord([np.zeros(2)]), "config": plain_config}), dst_node_id=7, message_type=kind
+        )
 
     with pytest.raises(KeyError) as err:
         signds_mod(message(MessageType.TRAIN), context, plain_reply)

@@ -51,10 +51,12 @@ def test_out_of_domain_events_are_refused_everywhere_with_the_field_named(event,
     ledger.record(d.GaussianDpEvent(2.0), server_round=1)  # a central event every client shares
     ledger.record(d.GaussianDpEvent(3.0), server_round=1, client=1)
     before = (ledger.epsilon(), ledger.epsilon(1))
-    for call in (lambda: ledger.record(event, server_round=2, client=1),
-                 lambda: ledger.record(event, server_round=2),
-                 lambda: ledger.record_clients(event, server_round=2, clients=[1, 2]),
-                 lambda: ledger.check_accountable(event)):
+    for call in (
+        lambda: ledger.record(event, server_round=2, client=1),
+        lambda: ledger.record(event, server_round=2),
+        lambda: ledger.record_clients(event, server_round=2, clients=[1, 2]),
+        lambda: ledger.check_accountable(event),
+    ):
         with pytest.raises(ValueError, match=field.split(".")[-1].split("[")[0]):
             call()
     assert (ledger.epsilon(), ledger.epsilon(1)) == before
@@ -145,12 +147,23 @@ def _snapshot(ledger: PrivacyLedger) -> dict:
     return {c: ledger.epsilon(c) for c in ("a", "b", "c")} | {None: ledger.epsilon()}
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(events=st.lists(st.tuples(_events, st.sampled_from(["a", "b", None]),
-                                 st.sampled_from(["add_or_remove_one", "replace_one", None])),
-                       min_size=1, max_size=3),
-       relation=st.sampled_from(["add_or_remove_one", "replace_one"]))
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    events=st.lists(
+        st.tuples(
+            _events, st.sampled_from(["a", "b", None]), st.sampled_from(["add_or_remove_one", "replace_one", None])
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    relation=st.sampled_from(["add_or_remove_one", "replace_one"]),
+)
 def test_recording_never_lowers_any_epsilon_and_never_reports_nan_or_negative(events, relation):
     ledger = PrivacyLedger(1e-5, neighboring_relation=relation)
     ledger.record(d.GaussianDpEvent(4.0), server_round=0, client="a")

@@ -17,9 +17,16 @@ from flwr.serverapp.strategy import FedAvg
 
 from loopback import LoopbackGrid, run_round
 from strategy_registry import REGISTRY, rejection_counts
-from flwr_dp_strategies import (AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping,
-                                ClusterEvaluation, MinDivergenceExpSampling, ShuffleAmplifiedFedAvg, SignDS,
-                                declare_release)
+from flwr_dp_strategies import (
+    AccountedFedAvg,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+    ClusterEvaluation,
+    MinDivergenceExpSampling,
+    ShuffleAmplifiedFedAvg,
+    SignDS,
+    declare_release,
+)
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -33,10 +40,12 @@ def failed(msg: Message) -> Message:
     return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="SuperNode died mid-round"), reply_to=msg)
 
 
-def train_reply(msg: Message, arrays: list[np.ndarray], event=None, weight: float = 10.0,
-                relation: str = "replace_one") -> Message:
-    content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": weight,
-                                                                                 "loss": 1.0})})
+def train_reply(
+    msg: Message, arrays: list[np.ndarray], event=None, weight: float = 10.0, relation: str = "replace_one"
+) -> Message:
+    content = RecordDict(
+        {"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": weight, "loss": 1.0})}
+    )
     if event is not None:
         declare_release(content, event, label="client", neighboring_relation=relation)
     return Message(content, reply_to=msg)
@@ -67,8 +76,9 @@ def train_round(strategy, current: list[np.ndarray], make_reply, n: int = N):
 
 
 def evaluate_round(strategy, make_reply, n: int = N):
-    msgs, _, result = run_round(strategy, grid_failing_one(make_reply, n), ArrayRecord([np.zeros(3)]), 1,
-                                phase="evaluate")
+    msgs, _, result = run_round(
+        strategy, grid_failing_one(make_reply, n), ArrayRecord([np.zeros(3)]), 1, phase="evaluate"
+    )
     return msgs, result
 
 
@@ -85,15 +95,19 @@ def test_every_strategy_goes_on_without_a_failed_node_and_books_nothing_for_it(n
     entry = REGISTRY[name]
     strategy, grid = entry.make(), entry.grid()
     msgs = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
-    replies = [failed(msgs[FAILED])] + entry.train_replies(grid, msgs[FAILED + 1:])
+    replies = [failed(msgs[FAILED])] + entry.train_replies(grid, msgs[FAILED + 1 :])
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert arrays is not None and all(np.isfinite(a).all() for a in arrays.to_numpy_ndarrays())
     assert rejection_counts(strategy, metrics, "train") == {"error": 1}
     dead = msgs[FAILED].metadata.dst_node_id
     msgs = list(strategy.configure_evaluate(1, entry.model(), ConfigRecord(), grid))
-    eval_metrics = strategy.aggregate_evaluate(1, [
-        failed(m) if m.metadata.dst_node_id == dead else Message(entry.evaluate_content(i), reply_to=m)
-        for i, m in enumerate(msgs)])
+    eval_metrics = strategy.aggregate_evaluate(
+        1,
+        [
+            failed(m) if m.metadata.dst_node_id == dead else Message(entry.evaluate_content(i), reply_to=m)
+            for i, m in enumerate(msgs)
+        ],
+    )
     assert eval_metrics["acc"] == pytest.approx(0.5)
     assert rejection_counts(strategy, eval_metrics, "evaluate") == {"error": 1}
     for record in (metrics, eval_metrics):
@@ -103,17 +117,24 @@ def test_every_strategy_goes_on_without_a_failed_node_and_books_nothing_for_it(n
 
 
 # ---------------------------------------------------------------------- AccountedFedAvg and its subclasses
-@pytest.mark.parametrize("make", [
-    lambda: AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N),
-    lambda: ShuffleAmplifiedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N,
-                                   shuffler=LayerShuffler(0)),
-    lambda: MinDivergenceExpSampling(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, num_selected=N,
-                                     epsilon=None),
-], ids=["AccountedFedAvg", "ShuffleAmplifiedFedAvg", "MinDivergenceExpSampling"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N),
+        lambda: ShuffleAmplifiedFedAvg(
+            min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, shuffler=LayerShuffler(0)
+        ),
+        lambda: MinDivergenceExpSampling(
+            min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, num_selected=N, epsilon=None
+        ),
+    ],
+    ids=["AccountedFedAvg", "ShuffleAmplifiedFedAvg", "MinDivergenceExpSampling"],
+)
 def test_fedavg_family_aggregates_the_survivors_and_books_only_them(make):
     strategy = make()
     msgs, (arrays, metrics) = train_round(
-        strategy, [np.zeros(3)], lambda i, m: train_reply(m, [np.full(3, float(i))], LaplaceDpEvent(1.0 / i)))
+        strategy, [np.zeros(3)], lambda i, m: train_reply(m, [np.full(3, float(i))], LaplaceDpEvent(1.0 / i))
+    )
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, 2.0))  # mean of replies 1, 2, 3
     assert_failed_count(strategy, metrics, 1, "train")
     assert metrics["loss"] == pytest.approx(1.0)
@@ -148,14 +169,14 @@ def test_no_failure_reports_zero():
 # ---------------------------------------------------------------------- central DP wrappers
 def test_server_side_fixed_clipping_releases_the_survivors_over_the_fixed_denominator():
     z = 0.8
-    strategy = AccountedServerSideFixedClipping(FedAvg(min_train_nodes=N, min_available_nodes=N,
-                                                       min_evaluate_nodes=N), z, 1.0, N)
+    strategy = AccountedServerSideFixedClipping(
+        FedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N), z, 1.0, N
+    )
     np.random.seed(0)
-    _, (arrays, metrics) = train_round(strategy, [np.zeros(50)],
-                                       lambda i, m: train_reply(m, [np.full(50, 0.01 * i)]))
+    _, (arrays, metrics) = train_round(strategy, [np.zeros(50)], lambda i, m: train_reply(m, [np.full(50, 0.01 * i)]))
     assert arrays is not None
     assert_failed_count(strategy, metrics, 1, "train")
-    (_, event, _), = strategy.ledger.events()  # central events
+    ((_, event, _),) = strategy.ledger.events()  # central events
     assert isinstance(event, GaussianDpEvent)
     assert event.noise_multiplier == pytest.approx(z)  # fixed denominator m = 4: three replies, same z
     assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon())
@@ -168,11 +189,14 @@ def test_server_side_fixed_clipping_releases_the_survivors_over_the_fixed_denomi
 def test_poisson_fixed_clipping_releases_books_the_round_and_only_the_survivors_declarations():
     z, m = 1.0, N
     ledger = PrivacyLedger(1e-5)
-    strategy = AccountedPoissonFixedClipping(FedAvg(min_evaluate_nodes=N, min_available_nodes=N), z, 1.0, m,
-                                             num_clients=N, ledger=ledger, rng=0)  # q = 1: all N asked
+    strategy = AccountedPoissonFixedClipping(
+        FedAvg(min_evaluate_nodes=N, min_available_nodes=N), z, 1.0, m, num_clients=N, ledger=ledger, rng=0
+    )  # q = 1: all N asked
     msgs, (arrays, metrics) = train_round(
-        strategy, [np.zeros(5)], lambda i, msg: train_reply(msg, [np.full(5, 0.01)], GaussianDpEvent(4.0),
-                                                  relation="add_or_remove_one"))
+        strategy,
+        [np.zeros(5)],
+        lambda i, msg: train_reply(msg, [np.full(5, 0.01)], GaussianDpEvent(4.0), relation="add_or_remove_one"),
+    )
     assert arrays is not None and len(msgs) == N
     assert_failed_count(strategy, metrics, 1, "train")
     assert "dp/participants" not in metrics and "loss" not in metrics
@@ -191,9 +215,13 @@ def test_signds_counts_failed_replies_in_train_and_evaluate():
     strategy = SignDS(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N)
 
     def upload(i: int, msg: Message) -> Message:
-        arrays = ArrayRecord({"indices": ArrayRecord([np.array([0, 2 + i], dtype=np.int64)])["0"],
-                              "sign": ArrayRecord([np.array([1], dtype=np.int64)])["0"],
-                              "b-hat": ArrayRecord([np.array([1], dtype=np.int64)])["0"]})
+        arrays = ArrayRecord(
+            {
+                "indices": ArrayRecord([np.array([0, 2 + i], dtype=np.int64)])["0"],
+                "sign": ArrayRecord([np.array([1], dtype=np.int64)])["0"],
+                "b-hat": ArrayRecord([np.array([1], dtype=np.int64)])["0"],
+            }
+        )
         return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=msg)
 
     msgs, (arrays, metrics) = train_round(strategy, [np.zeros(10, np.float32)], upload)
@@ -206,8 +234,9 @@ def test_signds_counts_failed_replies_in_train_and_evaluate():
 
 def test_cluster_evaluation_scores_and_books_the_survivors():
     n = 7
-    strategy = ClusterEvaluation(FedAvg(min_evaluate_nodes=n, min_available_nodes=n, min_train_nodes=n),
-                                 laplace_eval_eps=10.0)
+    strategy = ClusterEvaluation(
+        FedAvg(min_evaluate_nodes=n, min_available_nodes=n, min_train_nodes=n), laplace_eval_eps=10.0
+    )
     points = [np.array([0.9, 0.05, 0.05]) if i % 2 else np.array([0.05, 0.9, 0.05]) for i in range(n)]
     msgs, metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m, LaplaceDpEvent(0.1), points[i]), n)
     assert_failed_count(strategy, metrics, 1, "evaluate")
@@ -216,8 +245,9 @@ def test_cluster_evaluation_scores_and_books_the_survivors():
     assert set(strategy.ledger.clients) == {node(m) for m in msgs[1:]}
     assert metrics["privacy/epsilon"] == pytest.approx(10.0, rel=1e-3)
     # training is the wrapped FedAvg's, screened here: the failed reply is counted here
-    _, (arrays, train_metrics) = train_round(strategy, [np.zeros(3)],
-                                             lambda i, m: train_reply(m, [np.full(3, float(i))]), n)
+    _, (arrays, train_metrics) = train_round(
+        strategy, [np.zeros(3)], lambda i, m: train_reply(m, [np.full(3, float(i))]), n
+    )
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], np.full(3, 3.5))  # mean of 1..6
     assert_failed_count(strategy, train_metrics, 1, "train")
 

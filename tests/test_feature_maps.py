@@ -12,9 +12,9 @@ def edge_image(side: int, vertical: bool) -> np.ndarray:
     """A step edge: left/right halves (vertical edge, horizontal gradient) or top/bottom halves."""
     img = np.zeros((side, side))
     if vertical:
-        img[:, side // 2:] = 1.0
+        img[:, side // 2 :] = 1.0
     else:
-        img[side // 2:, :] = 1.0
+        img[side // 2 :, :] = 1.0
     return img.ravel()
 
 
@@ -35,9 +35,10 @@ def test_features_are_per_record_and_invariant_to_the_scalar_standardisation():
     x = rng.random((20, 144))
     batch = hog_features(x, cell=3, bins=4)
     for i in (0, 7, 19):
-        np.testing.assert_allclose(batch[i], hog_features(x[i:i + 1], cell=3, bins=4)[0], atol=1e-15)
+        np.testing.assert_allclose(batch[i], hog_features(x[i : i + 1], cell=3, bins=4)[0], atol=1e-15)
     np.testing.assert_allclose(hog_features((x - 0.13) / 0.31, cell=3, bins=4), batch, atol=1e-12)
     import flwr_dp_experiments.feature_maps as fm
+
     saved, fm.CHUNK_ROWS = fm.CHUNK_ROWS, 6
     try:
         np.testing.assert_allclose(hog_features(x, cell=3, bins=4), batch, atol=1e-15)

@@ -46,8 +46,9 @@ def test_sensitivity_holds_and_is_attained():
 def test_analyze_gauss_noise_is_symmetric_with_the_calibrated_sigma():
     d, eps, delta = 30, 0.5, 1e-5
     base = second_moment(unit_rows(100, d))
-    noisy = np.stack([analyze_gauss(base, epsilon=eps, delta=delta, rng=np.random.default_rng(s)).value
-                      for s in range(40)])
+    noisy = np.stack(
+        [analyze_gauss(base, epsilon=eps, delta=delta, rng=np.random.default_rng(s)).value for s in range(40)]
+    )
     np.testing.assert_allclose(noisy, np.transpose(noisy, (0, 2, 1)))
     rows, cols = np.triu_indices(d)
     res = (noisy - base)[:, rows, cols].ravel()
@@ -90,10 +91,12 @@ def test_top_eigenvectors_match_the_svd():
 
 def pca_client(features: np.ndarray, epsilon: float):
     """A node of LDP-FPCA: its covariance for ``train.pca``, then it stores the projection it is sent."""
+
     def client(msg: Message, context: Context) -> Message:
         if msg.metadata.message_type == "train.pca":
             return covariance_reply(msg, context, features, epsilon=epsilon, rng=msg.metadata.dst_node_id)
         return store_projection(msg, context)
+
     return client
 
 
@@ -120,8 +123,9 @@ def test_federated_pca_round_trip_books_one_gaussian_event_per_client():
 
 
 def covariance_message(matrix: np.ndarray, node: int, declared: bool = True) -> Message:
-    content = RecordDict({"arrays": ArrayRecord({"covariance": Array(matrix)}),
-                          "metrics": MetricRecord({"num-examples": 10.0})})
+    content = RecordDict(
+        {"arrays": ArrayRecord({"covariance": Array(matrix)}), "metrics": MetricRecord({"num-examples": 10.0})}
+    )
     if declared:
         declare_release(content, GaussianDpEvent(3.0), label="t", neighboring_relation="replace_one")
     request = Message(RecordDict(), dst_node_id=node, message_type="train.pca")
@@ -138,8 +142,14 @@ def test_malformed_covariances_are_rejected_and_counted():
     asym[0, 1] += 1.0
     nan = good.copy()
     nan[2, 2] = np.nan
-    replies = [covariance_message(good, 1), covariance_message(good * 1.1, 2), covariance_message(asym, 3),
-               covariance_message(nan, 4), covariance_message(np.eye(d + 1), 5), covariance_message(good, 6, False)]
+    replies = [
+        covariance_message(good, 1),
+        covariance_message(good * 1.1, 2),
+        covariance_message(asym, 3),
+        covariance_message(nan, 4),
+        covariance_message(np.eye(d + 1), 5),
+        covariance_message(good, 6, False),
+    ]
     ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     pca = LdpFederatedPCA(d, 2, ledger=ledger)
     projection = pca.aggregate(0, replies)
@@ -158,13 +168,20 @@ def test_covariance_reply_declares_the_relation_it_calibrated_for(relation):
     """An add/remove calibration (Δ₂ = 1) read by a replace-one ledger is booked at its replace-one ε (Δ₂ = 2):
     1.465 at ε = 1, δ = 1e-5, not the 1.000 a replace-one declaration of the same event would give."""
     msg = Message(RecordDict(), dst_node_id=5, message_type="train.pca")
-    reply = covariance_reply(msg, node_context(5), unit_rows(20, 3), epsilon=1.0, delta=1e-5,
-                             neighboring_relation=relation, rng=0)
+    reply = covariance_reply(
+        msg, node_context(5), unit_rows(20, 3), epsilon=1.0, delta=1e-5, neighboring_relation=relation, rng=0
+    )
     from flwr_dp_strategies import read_declarations
+
     (declaration,) = read_declarations(reply.content)
     assert declaration.neighboring_relation == relation
     ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one", accounting="pld")
-    ledger.record(declaration.event, server_round=1, client=5, neighboring_relation=declaration.neighboring_relation,
-                  replace_one_event=declaration.replace_one_event)
+    ledger.record(
+        declaration.event,
+        server_round=1,
+        client=5,
+        neighboring_relation=declaration.neighboring_relation,
+        replace_one_event=declaration.replace_one_event,
+    )
     expected = 1.465 if relation == "add_or_remove_one" else 1.0
     assert ledger.epsilon(5) == pytest.approx(expected, abs=0.01)

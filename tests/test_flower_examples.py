@@ -71,6 +71,7 @@ def _wrap(template: str):
         if not call.endswith(")"):
             raise ValueError(f"not a one-line FedAvg(...) call: {line!r}")
         return f"{indent}strategy = {template.format(call=call)}\n"
+
     return change
 
 
@@ -82,24 +83,28 @@ DROP_IN = {
     "AccountedFedAvg": lambda line: line.replace("= FedAvg(", "= AccountedFedAvg("),
     "AccountedServerSideFixedClipping": _wrap(
         "AccountedServerSideFixedClipping({call}, noise_multiplier=0.1, clipping_norm=1.0, "
-        f"num_sampled_clients={NODES})"),
+        f"num_sampled_clients={NODES})"
+    ),
     "AccountedPoissonFixedClipping": _wrap(
-        "AccountedPoissonFixedClipping({call}, noise_multiplier=0.1, clipping_norm=1.0, "
-        f"num_sampled_clients={NODES})"),
+        f"AccountedPoissonFixedClipping({{call}}, noise_multiplier=0.1, clipping_norm=1.0, num_sampled_clients={NODES})"
+    ),
     "AccountedAdaptiveClipping": _wrap(
-        f"AccountedAdaptiveClipping({{call}}, noise_multiplier=0.1, num_sampled_clients={NODES})"),
+        f"AccountedAdaptiveClipping({{call}}, noise_multiplier=0.1, num_sampled_clients={NODES})"
+    ),
 }
 
 # Flower's Opacus example: its clients already run DP-SGD; they declare each round's spend
 # (read from their own PrivacyEngine's accountant) so that AccountedFedAvg can book it.
 OPACUS_CLIENT_IMPORT_ANCHOR = "from opacus_fl.task import Net, load_data, test, train\n"
 OPACUS_CLIENT_IMPORTS = "from client_mods import declare_opacus_round\n"
-OPACUS_CLIENT_REPLY = ("    return Message(\n"
-                       "        content=RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}),\n")
+OPACUS_CLIENT_REPLY = (
+    "    return Message(\n        content=RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}),\n"
+)
 OPACUS_CLIENT_DECLARED_REPLY = (  # the documented two-line change: this line and the import
     "    return Message(\n"
     "        content=declare_opacus_round(RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}), "
-    "privacy_engine),\n")
+    "privacy_engine),\n"
+)
 
 # Every strategy runs in at least one of Flower's apps (the adaptive wrapper in both); the cheap
 # text check (the change is one line) runs on the full matrix below.
@@ -111,10 +116,17 @@ CASES = [
     ("quickstart-sklearn", "AccountedAdaptiveClipping"),
     ("opacus", "AccountedFedAvg"),
 ]
-ALL_CHANGES = [(app, strategy) for app in ("quickstart-pytorch", "quickstart-sklearn")
-               for strategy in ("FedAvg", "AccountedFedAvg", "AccountedServerSideFixedClipping",
-                                "AccountedPoissonFixedClipping", "AccountedAdaptiveClipping")] + [
-    ("opacus", "FedAvg"), ("opacus", "AccountedFedAvg")]
+ALL_CHANGES = [
+    (app, strategy)
+    for app in ("quickstart-pytorch", "quickstart-sklearn")
+    for strategy in (
+        "FedAvg",
+        "AccountedFedAvg",
+        "AccountedServerSideFixedClipping",
+        "AccountedPoissonFixedClipping",
+        "AccountedAdaptiveClipping",
+    )
+] + [("opacus", "FedAvg"), ("opacus", "AccountedFedAvg")]
 
 
 def changed_sources(app: str, strategy: str) -> dict[str, tuple[str, str]]:
@@ -155,12 +167,16 @@ def test_the_change_is_the_strategy_line_and_its_import(app, strategy):
                 assert removed == added == []
                 continue
             assert len(removed) == 1 and removed[0].strip().startswith("strategy = FedAvg("), (path, removed)
-            assert added == [f"from flwr_dp_strategies import {strategy}", DROP_IN[strategy](removed[0] + "\n")
-                             .rstrip("\n")], (path, added)
+            assert added == [
+                f"from flwr_dp_strategies import {strategy}",
+                DROP_IN[strategy](removed[0] + "\n").rstrip("\n"),
+            ], (path, added)
         else:  # the Opacus ClientApp: one import, and the reply's content declared as it is sent
             assert removed == ['        content=RecordDict({"arrays": out_arrays, "metrics": out_metrics}),']
-            assert added == ["from client_mods import declare_opacus_round",
-                             OPACUS_CLIENT_DECLARED_REPLY.splitlines()[1]], added
+            assert added == [
+                "from client_mods import declare_opacus_round",
+                OPACUS_CLIENT_DECLARED_REPLY.splitlines()[1],
+            ], added
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -258,9 +274,20 @@ def run_case(app: str, strategy: str, workdir: Path) -> Run:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = str(HERE.parent)  # the checkout: client_mods, flwr_dp_experiments
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "run_example.py"), str(app_dir), str(report_path), str(NODES),
-         json.dumps(APPS[app].run_config)],
-        cwd=workdir, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        [
+            sys.executable,
+            str(EXAMPLES / "run_example.py"),
+            str(app_dir),
+            str(report_path),
+            str(NODES),
+            json.dumps(APPS[app].run_config),
+        ],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     output = proc.stdout + proc.stderr
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     return Run(report, output, proc.returncode)
@@ -324,8 +351,9 @@ def test_flower_example_with_our_strategy(app, strategy, tmp_path, tmp_path_fact
         assert extra == set(), (extra, duplicated_records(run.output), tail)
     ours = {(w["category"], _shape(w["message"])) for w in run.report["warnings"] if not _gc_noise(w)}
     theirs = {(w["category"], _shape(w["message"])) for w in flower.report["warnings"]}
-    assert ours - theirs == set(), [w for w in run.report["warnings"]
-                                     if (w["category"], _shape(w["message"])) not in theirs and not _gc_noise(w)]
+    assert ours - theirs == set(), [
+        w for w in run.report["warnings"] if (w["category"], _shape(w["message"])) not in theirs and not _gc_noise(w)
+    ]
     assert noisy_lines(run.output) - noisy_lines(flower.output) == set(), tail
 
 
@@ -335,8 +363,10 @@ IMPORTS = ["flwr_dp_strategies", "client_mods", "client_mods.dp_sgd"]
 @pytest.mark.parametrize("module", IMPORTS)
 def test_importing_our_package_adds_no_root_log_handler(module):
     """A root handler makes every Flower log line print twice (Flower's logger propagates)."""
-    code = ("import logging; before = list(logging.getLogger().handlers); import " + module + "; "
-            "print([repr(h) for h in logging.getLogger().handlers if h not in before])")
+    code = (
+        "import logging; before = list(logging.getLogger().handlers); import " + module + "; "
+        "print([repr(h) for h in logging.getLogger().handlers if h not in before])"
+    )
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -354,7 +384,8 @@ def test_accounting_a_sampled_round_adds_no_root_log_handler():
         "event = e.SelfComposedDpEvent(e.PoissonSampledDpEvent(1 / 7, e.GaussianDpEvent(1.0)), 7)\n"
         "ledger.record(event, server_round=1, client=1, label='opacus round')\n"
         "assert 0 < ledger.metrics()['privacy/epsilon'] < float('inf')\n"
-        "print([repr(h) for h in logging.getLogger().handlers if h not in before])\n")
+        "print([repr(h) for h in logging.getLogger().handlers if h not in before])\n"
+    )
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]

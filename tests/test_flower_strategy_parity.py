@@ -60,18 +60,21 @@ def _factory(name: str):
         if name == "FedAvg":
             strategy = FedAvg(**kwargs)
         elif name == "flwr.DifferentialPrivacyServerSideFixedClipping":
-            strategy = DifferentialPrivacyServerSideFixedClipping(FedAvg(**kwargs), noise_multiplier=TINY_Z,
-                                                                  clipping_norm=HUGE_C, num_sampled_clients=M)
+            strategy = DifferentialPrivacyServerSideFixedClipping(
+                FedAvg(**kwargs), noise_multiplier=TINY_Z, clipping_norm=HUGE_C, num_sampled_clients=M
+            )
         elif name == "AccountedFedAvg":
             strategy = AccountedFedAvg(**kwargs)
         elif name == "AccountedServerSideFixedClipping":
-            strategy = AccountedServerSideFixedClipping(FedAvg(**kwargs), noise_multiplier=TINY_Z,
-                                                        clipping_norm=HUGE_C, num_sampled_clients=M)
+            strategy = AccountedServerSideFixedClipping(
+                FedAvg(**kwargs), noise_multiplier=TINY_Z, clipping_norm=HUGE_C, num_sampled_clients=M
+            )
         elif name == "AccountedPoissonFixedClipping":
             strategy = AccountedPoissonFixedClipping(FedAvg(**kwargs), TINY_Z, HUGE_C, M)
         elif name == "AccountedAdaptiveClipping":
-            strategy = AccountedAdaptiveClipping(FedAvg(**kwargs), noise_multiplier=TINY_Z, num_sampled_clients=M,
-                                                 initial_clipping_norm=HUGE_C)
+            strategy = AccountedAdaptiveClipping(
+                FedAvg(**kwargs), noise_multiplier=TINY_Z, num_sampled_clients=M, initial_clipping_norm=HUGE_C
+            )
         else:
             raise KeyError(name)
         if server_learning_rate is not None:
@@ -100,7 +103,7 @@ def load_flower_tests(strategy_name: str) -> types.ModuleType:
     stubbed = "parameterized" not in sys.modules and importlib.util.find_spec("parameterized") is None
     if stubbed:
         stub = types.ModuleType("parameterized")
-        stub.parameterized = types.SimpleNamespace(expand=lambda *a, **k: (lambda f: f))  # type: ignore[attr-defined]
+        stub.parameterized = types.SimpleNamespace(expand=lambda *a, **k: lambda f: f)  # type: ignore[attr-defined]
         sys.modules["parameterized"] = stub
     try:
         return importlib.import_module(f"{PACKAGE}.fedavgm_test")
@@ -132,13 +135,18 @@ STRATEGIES = [
 #   strategy's own configure_train(r, ...) to those nodes.
 MODES = ["as-written", "in-a-round"]
 
-NO_SENDER = ("differences-from-flower.md#sender: the ledger books each reply under its sender "
-             "(metadata.src_node_id); Flower's mock replies have none (a Mock), so booking raises ValueError")
-UNIFORM = ("differences-from-flower.md#weights: central DP averages over the public denominator m "
-           "(uniform weights); Flower's FedAvg and its DP wrapper weight by num-examples (here 1 and 2)")
+NO_SENDER = (
+    "differences-from-flower.md#sender: the ledger books each reply under its sender "
+    "(metadata.src_node_id); Flower's mock replies have none (a Mock), so booking raises ValueError"
+)
+UNIFORM = (
+    "differences-from-flower.md#weights: central DP averages over the public denominator m "
+    "(uniform weights); Flower's FedAvg and its DP wrapper weight by num-examples (here 1 and 2)"
+)
 UNCONFIGURED_POISSON = UNCONFIGURED_ADAPTIVE = (
     "differences-from-flower.md#configure-first: aggregate_train before any configure_train raises Flower's "
-    "AggregationError (as FedAvgM does without a model): the round's model and q = m/N are set there")
+    "AggregationError (as FedAvgM does without a model): the round's model and q = m/N are set there"
+)
 
 # (strategy, test, mode) -> why it fails; "UNINTENTIONAL" ones are listed for a fix, the others are
 # rows of docs/differences-from-flower.md
@@ -171,8 +179,9 @@ def in_a_round(module: types.ModuleType) -> None:
 
     def create_mock_reply(arrays, num_examples):
         reply = flower_create_mock_reply(arrays, num_examples)
-        reply.metadata = types.SimpleNamespace(src_node_id=next(senders), reply_to_message_id="", message_id="",
-                                               message_type="train")
+        reply.metadata = types.SimpleNamespace(
+            src_node_id=next(senders), reply_to_message_id="", message_id="", message_type="train"
+        )
         return reply
 
     module.create_mock_reply = create_mock_reply
@@ -210,8 +219,9 @@ def test_every_flower_test_in_the_vendored_file_is_run():
     assert sorted(n for n in dir(module) if n.startswith("test_")) == sorted(FLOWER_TESTS)
 
 
-@pytest.mark.parametrize("strategy", ["AccountedServerSideFixedClipping", "AccountedPoissonFixedClipping",
-                                      "AccountedAdaptiveClipping"])
+@pytest.mark.parametrize(
+    "strategy", ["AccountedServerSideFixedClipping", "AccountedPoissonFixedClipping", "AccountedAdaptiveClipping"]
+)
 def test_the_only_difference_is_the_uniform_weights(strategy, task_identity):
     """Flower's replies and expected values, reweighted uniformly: then our central-DP strategies agree."""
     module = load_flower_tests(strategy)

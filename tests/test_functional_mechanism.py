@@ -40,11 +40,13 @@ def exact_taylor(x: np.ndarray, y: np.ndarray, c: int, w: np.ndarray, loss: str)
     total = 0.0
     flat = torch.zeros(w.size, dtype=torch.float64)
     for xi, yi in zip(torch.from_numpy(x), torch.from_numpy(y)):
+
         def f(v, xi=xi, yi=yi):
             s = xi @ v.reshape(w.shape)
             if loss == "logistic":
                 return torch.nn.functional.binary_cross_entropy_with_logits(s[0], yi.double())
             return torch.nn.functional.cross_entropy(s[None, :], yi[None])
+
         g = torch.autograd.functional.jacobian(f, flat).numpy()
         h = torch.autograd.functional.hessian(f, flat).numpy()
         total += float(f(flat)) + g @ w.ravel() + 0.5 * w.ravel() @ h @ w.ravel()
@@ -82,8 +84,12 @@ def adversarial_pairs(q: int, c: int, rng) -> list[tuple[np.ndarray, np.ndarray,
     flat = np.ones(q) / math.sqrt(q)
     e1, e2 = np.eye(q)[0], np.eye(q)[1]
     signs = np.where(np.arange(q) % 2, -1.0, 1.0) / math.sqrt(q)
-    pairs = [(flat, response(c, 0), -flat, response(c, 0)), (flat, response(c, 0), signs, response(c, 1)),
-             (e1, response(c, 0), e2, response(c, 1)), (flat, response(c, 0), np.zeros(q), response(c, 1))]
+    pairs = [
+        (flat, response(c, 0), -flat, response(c, 0)),
+        (flat, response(c, 0), signs, response(c, 1)),
+        (e1, response(c, 0), e2, response(c, 1)),
+        (flat, response(c, 0), np.zeros(q), response(c, 1)),
+    ]
     for _ in range(400):
         a, b = unit_rows(2, q, rng)
         a, b = a / np.linalg.norm(a), b / np.linalg.norm(b)
@@ -133,8 +139,11 @@ def residuals(noise: str, epsilon: float, draws: int = 600) -> tuple[np.ndarray,
     x, y = unit_rows(50, 8), RNG.integers(0, 5, 50)
     exact = quadratic_statistics(x, y, num_classes=5)
     rng = np.random.default_rng(11)
-    res = [released_vector(functional_mechanism(exact, epsilon=epsilon, noise=noise, rng=rng).value)
-           - released_vector(exact) for _ in range(draws)]
+    res = [
+        released_vector(functional_mechanism(exact, epsilon=epsilon, noise=noise, rng=rng).value)
+        - released_vector(exact)
+        for _ in range(draws)
+    ]
     return np.concatenate(res), exact.dim
 
 
@@ -227,8 +236,11 @@ def test_trainer_releases_once_and_reuses_the_noisy_objective():
     start = np.zeros((5, 3), dtype=np.float32)
     outs = []
     for rnd in (1, 2, 3):
-        msg = Message(RecordDict({"arrays": ArrayRecord({"head.weight": Array(start)}), "config": ConfigRecord()}),
-                      dst_node_id=7, message_type="train")
+        msg = Message(
+            RecordDict({"arrays": ArrayRecord({"head.weight": Array(start)}), "config": ConfigRecord()}),
+            dst_node_id=7,
+            message_type="train",
+        )
         reply = trainer.train(msg, context, x, y)
         for decl in read_declarations(reply.content):
             ledger.record(decl.event, server_round=rnd, client=7)

@@ -186,18 +186,21 @@ def test_every_one_hot_row_is_validated():
         LabelDp(1.0)(np.array([[0, 2, 0], [1, 0, 0]]))
 
 
-@pytest.mark.parametrize("labels,num_classes,match", [
-    (np.array([0, 1, 2]), None, r"0 or 1.*row\(s\) \[2\]"),
-    (np.array([0.0, 0.5, 1.0]), None, "0 or 1"),
-    (np.array([0, -1]), None, "0 or 1"),
-    (np.array([0.0, np.nan]), None, "0 or 1"),
-    (np.array([0, 3, 10]), 10, r"integers in \[0, 9\].*row\(s\) \[2\]"),
-    (np.array([[1], [4]]), 3, r"integers in \[0, 2\]"),
-    (np.zeros((2, 2, 2)), None, "1-D"),
-    (np.array(1), None, "1-D"),
-    (np.eye(3), 4, "num_classes=4"),
-    (np.array(["a", "b"]), None, "numeric"),
-])
+@pytest.mark.parametrize(
+    "labels,num_classes,match",
+    [
+        (np.array([0, 1, 2]), None, r"0 or 1.*row\(s\) \[2\]"),
+        (np.array([0.0, 0.5, 1.0]), None, "0 or 1"),
+        (np.array([0, -1]), None, "0 or 1"),
+        (np.array([0.0, np.nan]), None, "0 or 1"),
+        (np.array([0, 3, 10]), 10, r"integers in \[0, 9\].*row\(s\) \[2\]"),
+        (np.array([[1], [4]]), 3, r"integers in \[0, 2\]"),
+        (np.zeros((2, 2, 2)), None, "1-D"),
+        (np.array(1), None, "1-D"),
+        (np.eye(3), 4, "num_classes=4"),
+        (np.array(["a", "b"]), None, "numeric"),
+    ],
+)
 def test_invalid_labels_raise(labels, num_classes, match):
     with pytest.raises(ValueError, match=match):
         LabelDp(1.0, num_classes=num_classes)(labels)
@@ -286,8 +289,13 @@ def test_dataset_from_arrays_and_length_check():
 def _rebuilt(context: Context) -> Context:
     """A new Context with the state round-tripped through protobuf, as Flower persists it between messages."""
     state = recorddict_from_proto(recorddict_to_proto(context.state))
-    return Context(run_id=context.run_id, node_id=context.node_id, node_config=dict(context.node_config),
-                   state=state, run_config=dict(context.run_config))
+    return Context(
+        run_id=context.run_id,
+        node_id=context.node_id,
+        node_config=dict(context.node_config),
+        state=state,
+        run_config=dict(context.run_config),
+    )
 
 
 def test_private_labels_persist_across_rebuilt_contexts_and_declare_once():

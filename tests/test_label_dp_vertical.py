@@ -36,6 +36,7 @@ def app_modules():
     sys.path.insert(0, str(APP_DIR))
     try:
         from label_dp_app import config, label_party, task
+
         yield config, label_party, task
     finally:
         sys.path.remove(str(APP_DIR))
@@ -57,7 +58,9 @@ def test_pyproject_run_config_matches_code_defaults(app_modules):
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == config.DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "label_dp_app.server_app:app", "clientapp": "label_dp_app.client_app:app"}
+        "serverapp": "label_dp_app.server_app:app",
+        "clientapp": "label_dp_app.client_app:app",
+    }
 
 
 def test_feature_parties_hold_disjoint_column_slices(app_modules):
@@ -92,8 +95,9 @@ def test_no_label_dp_books_nothing(app_modules):
     config_module, label_party, _ = app_modules
     ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     y = np.arange(100) % 10
-    party, release = label_party.make_label_party(_context(), _config(config_module, **{"label-epsilon": math.inf}),
-                                                  y, ledger)
+    party, release = label_party.make_label_party(
+        _context(), _config(config_module, **{"label-epsilon": math.inf}), y, ledger
+    )
     assert ledger.clients == [] and release.epsilon is None and np.array_equal(party.noisy_labels, y)
 
 
@@ -128,8 +132,9 @@ def test_gradient_is_the_noisy_label_cross_entropy_gradient(app_modules):
     config_module, label_party, _ = app_modules
     config = _config(config_module, **{"label-epsilon": 0.5, "rr-seed": 9})
     y_true = np.arange(400) % 10
-    party, _ = label_party.make_label_party(_context(), config, y_true, PrivacyLedger(
-        1e-5, neighboring_relation="replace_one"))
+    party, _ = label_party.make_label_party(
+        _context(), config, y_true, PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    )
     idx = party.next_batch(64)
     emb = _embeddings(len(idx), 1)
     linear = party.top[1]
@@ -186,15 +191,42 @@ run_app(run_experiment.HERE, json.loads(sys.argv[1]), num_supernodes=2, results_
 
 @pytest.mark.integration
 def test_vertical_run_end_to_end(tmp_path):
-    args = ["--eps", "4", "inf", "--repeats", "1", "--rounds", "20", "--eval-every", "10",
-            "--results-dir", str(tmp_path)]
+    args = [
+        "--eps",
+        "4",
+        "inf",
+        "--repeats",
+        "1",
+        "--rounds",
+        "20",
+        "--eval-every",
+        "10",
+        "--results-dir",
+        str(tmp_path),
+    ]
     app_rounds = 6
-    app_settings = {"label-epsilon": 4.0, "num-server-rounds": app_rounds, "eval-every": 3,
-                    "results-dir": str(tmp_path / "app")}
+    app_settings = {
+        "label-epsilon": 4.0,
+        "num-server-rounds": app_rounds,
+        "eval-every": 3,
+        "results-dir": str(tmp_path / "app"),
+    }
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
-    proc = subprocess.run([sys.executable, "-c", SWEEP_THEN_APP, json.dumps(app_settings),
-                           str(tmp_path / "app" / "run-eps-4.0.json"), *args], cwd=APP_DIR, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            SWEEP_THEN_APP,
+            json.dumps(app_settings),
+            str(tmp_path / "app" / "run-eps-4.0.json"),
+            *args,
+        ],
+        cwd=APP_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     # the ServerApp of `flwr run` (not the sweep): its results JSON and plot, and a progress line per round
@@ -226,4 +258,3 @@ def test_vertical_run_end_to_end(tmp_path):
     assert p == pytest.approx(9 / (math.exp(4) + 9))
     assert abs(privacy["changed_fraction"] - p) < 5 * math.sqrt(p * (1 - p) / n)
     assert dp_run["final_accuracy"] > 0.3
-

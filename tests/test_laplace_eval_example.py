@@ -27,8 +27,14 @@ import numpy as np
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "laplace-eval"
-SCORE_KEYS = ("cluster/silhouette", "cluster/calinski-harabasz", "cluster/davies-bouldin", "cluster/points",
-              "cluster/labels", "unsupervised-eval")
+SCORE_KEYS = (
+    "cluster/silhouette",
+    "cluster/calinski-harabasz",
+    "cluster/davies-bouldin",
+    "cluster/points",
+    "cluster/labels",
+    "unsupervised-eval",
+)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,9 @@ def test_pyproject_run_config_matches_code_defaults(example_path):
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "laplace_eval_app.server_app:app", "clientapp": "laplace_eval_app.client_app:app"}
+        "serverapp": "laplace_eval_app.server_app:app",
+        "clientapp": "laplace_eval_app.client_app:app",
+    }
     for key in ("privacy-eval-type", "laplace-eval-eps", "cluster-client-num", "eval-type"):
         assert key in DEFAULTS
 
@@ -94,11 +102,17 @@ def test_results_paths(example_path, tmp_path):
     from laplace_eval_app.results import results_paths
 
     assert results_paths({**DEFAULTS, "results-dir": str(tmp_path)}) == (
-        str(tmp_path / "run-laplace.json"), str(tmp_path / "run-laplace.png"))
+        str(tmp_path / "run-laplace.json"),
+        str(tmp_path / "run-laplace.png"),
+    )
     assert results_paths({**DEFAULTS, "results-dir": str(tmp_path), "privacy-eval-type": "NOT_ENCRYPT"}) == (
-        str(tmp_path / "run-not-encrypt.json"), str(tmp_path / "run-not-encrypt.png"))
+        str(tmp_path / "run-not-encrypt.json"),
+        str(tmp_path / "run-not-encrypt.png"),
+    )
     assert results_paths({**DEFAULTS, "results-file": str(tmp_path / "x" / "log.json")}) == (
-        str(tmp_path / "x" / "log.json"), str(tmp_path / "x" / "log.png"))
+        str(tmp_path / "x" / "log.json"),
+        str(tmp_path / "x" / "log.png"),
+    )
     assert DEFAULTS["results-dir"] == "results" and DEFAULTS["results-file"] == ""
 
 
@@ -119,11 +133,27 @@ def _declared_epsilon(epsilon: float, rounds: int) -> float:
 @pytest.mark.integration
 def test_app_end_to_end_laplace_and_not_encrypt(tmp_path):
     clients, rounds, epsilon = 10, 2, 10.0
-    args = ["--rounds", str(rounds), "--num-clients", str(clients), "--laplace-eps", str(epsilon),
-            "--repetitions", "2", "--results-dir", str(tmp_path)]
+    args = [
+        "--rounds",
+        str(rounds),
+        "--num-clients",
+        str(clients),
+        "--laplace-eps",
+        str(epsilon),
+        "--repetitions",
+        "2",
+        "--results-dir",
+        str(tmp_path),
+    ]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
-    proc = subprocess.run([sys.executable, str(EXAMPLE / "run_experiment.py"), *args], cwd=EXAMPLE, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "run_experiment.py"), *args],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in ("results.json", "results.md", "results.png"):
         assert (tmp_path / name).stat().st_size > 0

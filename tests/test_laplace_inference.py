@@ -30,10 +30,16 @@ def evaluate_message(config: dict | None = None, message_type: str = MessageType
 
 def app_returning(vectors: np.ndarray, key: str = "inference"):
     """A ClientApp callable whose evaluate reply holds ``vectors`` under ``key``."""
+
     def call_next(msg: Message, ctx: Context) -> Message:
-        content = RecordDict({key: ArrayRecord({"probs": Array(np.asarray(vectors))}),
-                              "metrics": MetricRecord({"num-examples": 10, "accuracy": 0.9})})
+        content = RecordDict(
+            {
+                key: ArrayRecord({"probs": Array(np.asarray(vectors))}),
+                "metrics": MetricRecord({"num-examples": 10, "accuracy": 0.9}),
+            }
+        )
         return Message(content, reply_to=msg)
+
     return call_next
 
 
@@ -94,8 +100,9 @@ def test_train_messages_pass_through_untouched():
 def test_server_driven_epsilon_and_not_encrypt():
     vectors = np.full(4, 0.25)
     mod = LaplaceInferenceMod(rng=0)  # epsilon from the server
-    reply = mod(evaluate_message({"privacy-eval-type": "LAPLACE", "laplace-eval-eps": 4.0}), context(),
-                app_returning(vectors))
+    reply = mod(
+        evaluate_message({"privacy-eval-type": "LAPLACE", "laplace-eval-eps": 4.0}), context(), app_returning(vectors)
+    )
     assert read_declarations(reply.content)[0].event == SelfComposedDpEvent(LaplaceDpEvent(0.25), 1)
     reply = mod(evaluate_message({"privacy-eval-type": "NOT_ENCRYPT"}), context(), app_returning(vectors))
     np.testing.assert_array_equal(reply.content["inference"]["probs"].numpy(), vectors)
@@ -104,8 +111,9 @@ def test_server_driven_epsilon_and_not_encrypt():
         mod(evaluate_message(), context(), app_returning(vectors))
     # a client epsilon is never loosened by the server, only tightened
     strict = LaplaceInferenceMod(1.0, rng=0)
-    reply = strict(evaluate_message({"privacy-eval-type": "LAPLACE", "laplace-eval-eps": 100.0}), context(),
-                   app_returning(vectors))
+    reply = strict(
+        evaluate_message({"privacy-eval-type": "LAPLACE", "laplace-eval-eps": 100.0}), context(), app_returning(vectors)
+    )
     assert read_declarations(reply.content)[0].event == SelfComposedDpEvent(LaplaceDpEvent(1.0), 1)
 
 
@@ -116,8 +124,9 @@ def test_default_randomness_is_not_a_fixed_seed():
     assert not np.array_equal(a.content["inference"]["probs"].numpy(), b.content["inference"]["probs"].numpy())
 
 
-@pytest.mark.parametrize("kwargs, name", [({"epsilon": 0.0}, "epsilon"), ({"epsilon": 1.0, "sensitivity": -1},
-                                                                            "sensitivity")])
+@pytest.mark.parametrize(
+    "kwargs, name", [({"epsilon": 0.0}, "epsilon"), ({"epsilon": 1.0, "sensitivity": -1}, "sensitivity")]
+)
 def test_bad_parameters_name_themselves(kwargs, name):
     with pytest.raises(ValueError, match=name):
         LaplaceInferenceMod(**kwargs)
@@ -156,8 +165,9 @@ def evaluate_round(strategy: ClusterEvaluation, points: list[np.ndarray], server
 def test_cluster_evaluation_sends_mode_scores_and_rejects_bad_vectors():
     n = 12
     inner = FedAvg(min_evaluate_nodes=n, min_available_nodes=n)
-    strategy = ClusterEvaluation(inner, eval_type="CALINSKI_HARABASZ_SCORE", laplace_eval_eps=50.0,
-                                 cluster_client_num=1000, num_classes=3)
+    strategy = ClusterEvaluation(
+        inner, eval_type="CALINSKI_HARABASZ_SCORE", laplace_eval_eps=50.0, cluster_client_num=1000, num_classes=3
+    )
     points = list(clustered_points(n))
     points[0] = np.array([np.nan, 0.5, 0.5])
     points[1] = np.array([0.5, 0.5])  # wrong length
@@ -176,8 +186,13 @@ def test_cluster_client_num_caps_the_points_and_run_config_keys_are_read():
     n = 10
     strategy = ClusterEvaluation.from_run_config(
         FedAvg(min_evaluate_nodes=n, min_available_nodes=n),
-        {"privacy-eval-type": "NOT_ENCRYPT", "laplace-eval-eps": 230260, "cluster-client-num": 4,
-         "eval-type": "SILHOUETTE_SCORE"})
+        {
+            "privacy-eval-type": "NOT_ENCRYPT",
+            "laplace-eval-eps": 230260,
+            "cluster-client-num": 4,
+            "eval-type": "SILHOUETTE_SCORE",
+        },
+    )
     assert strategy.privacy_eval_type == "NOT_ENCRYPT" and strategy.cluster_client_num == 4
     _, metrics = evaluate_round(strategy, list(clustered_points(n)))
     assert metrics["cluster/points"] == 4
@@ -214,12 +229,20 @@ def test_pickled_copies_of_a_default_mod_draw_different_noise():
 
     mod = LaplaceInferenceMod(1.0)
     vectors = np.full(8, 0.125)
-    outputs = [pickle.loads(pickle.dumps(mod))(evaluate_message(), context(), app_returning(vectors))
-               .content["inference"]["probs"].numpy() for _ in range(3)]
+    outputs = [
+        pickle.loads(pickle.dumps(mod))(evaluate_message(), context(), app_returning(vectors))
+        .content["inference"]["probs"]
+        .numpy()
+        for _ in range(3)
+    ]
     assert not np.array_equal(outputs[0], outputs[1]) and not np.array_equal(outputs[1], outputs[2])
     seeded = LaplaceInferenceMod(1.0, rng=7)  # an explicit seed is reproducible, by request
-    first, second = (pickle.loads(pickle.dumps(seeded))(evaluate_message(), context(), app_returning(vectors))
-                     .content["inference"]["probs"].numpy() for _ in range(2))
+    first, second = (
+        pickle.loads(pickle.dumps(seeded))(evaluate_message(), context(), app_returning(vectors))
+        .content["inference"]["probs"]
+        .numpy()
+        for _ in range(2)
+    )
     np.testing.assert_array_equal(first, second)
 
 
@@ -228,6 +251,7 @@ def test_declared_relation_is_the_one_the_sensitivity_covers(sensitivity, relati
     """Δ₁ = 2 is the simplex's diameter (any two vectors); the seed's Δ₁ = 1 only bounds a vector against the zero
     one (add/remove): a replace-one ledger must then book 2ε, not the ε the noise was calibrated for."""
     from flwr_dp_strategies.privacy import PrivacyLedger
+
     mod = LaplaceInferenceMod(1.0, sensitivity=sensitivity, rng=0)
     reply = mod(evaluate_message(), context(), app_returning(np.array([0.2, 0.8])))
     (declaration,) = read_declarations(reply.content)

@@ -63,12 +63,14 @@ def test_source_of_a_position_is_uniform_over_clients():
     for j in range(M):
         assert stats.chisquare(counts[j]).pvalue > 1e-3
 
+
 def test_layers_of_a_report_come_from_independent_clients():
     """P(layers 0 and 1 of a report come from the same client) = 1/N: the layers are not linked."""
     trials = 4000
     gen = np.random.default_rng(7)
-    same = sum(int(perms[0, 3] == perms[1, 3]) for perms in (LayerShuffler(gen).permutations(N, M)
-                                                             for _ in range(trials)))
+    same = sum(
+        int(perms[0, 3] == perms[1, 3]) for perms in (LayerShuffler(gen).permutations(N, M) for _ in range(trials))
+    )
     assert stats.binomtest(same, trials, 1.0 / N).pvalue > 1e-3
 
 
@@ -83,13 +85,16 @@ def test_seeded_shuffles_reproduce_and_default_rng_differs():
     assert LayerShuffler(gen).permutations(N, M).shape == (M, N)
 
 
-@pytest.mark.parametrize("reports, weights", [
-    ([], []),
-    ([[np.ones(1)], [np.ones(1)]], [1.0]),
-    ([[np.ones(1)], [np.ones(1), np.ones(1)]], [1.0, 1.0]),
-    ([[np.ones(1)], [np.ones(1)]], [1.0, float("nan")]),
-    ([[]], [1.0]),
-])
+@pytest.mark.parametrize(
+    "reports, weights",
+    [
+        ([], []),
+        ([[np.ones(1)], [np.ones(1)]], [1.0]),
+        ([[np.ones(1)], [np.ones(1), np.ones(1)]], [1.0, 1.0]),
+        ([[np.ones(1)], [np.ones(1)]], [1.0, float("nan")]),
+        ([[]], [1.0]),
+    ],
+)
 def test_malformed_input_raises(reports, weights):
     with pytest.raises(ValueError):
         LayerShuffler(0).shuffle(reports, weights)
@@ -98,7 +103,9 @@ def test_malformed_input_raises(reports, weights):
 def test_layer_groups():
     keys = ["conv.weight", "fc1.weight", "conv.bias", "fc1.bias", "scale", "block.0.weight"]
     assert layer_groups(keys) == {
-        "conv": ["conv.weight", "conv.bias"], "fc1": ["fc1.weight", "fc1.bias"], "scale": ["scale"],
+        "conv": ["conv.weight", "conv.bias"],
+        "fc1": ["fc1.weight", "fc1.bias"],
+        "scale": ["scale"],
         "block.0": ["block.0.weight"],
     }
     assert layer_groups(["0", "1"]) == {"0": ["0"], "1": ["1"]}

@@ -162,16 +162,21 @@ def test_thousand_clients_thousand_rounds_is_cached():
     for r in range(1000):
         ledger.record_clients(GAUSS, server_round=r, clients=range(1000))
     assert ledger.epsilon() == pytest.approx(ledger.epsilon(999))
-    assert ledger.epsilon() == pytest.approx(_single(dp_event.GaussianDpEvent(2.0 / math.sqrt(1000)), 1).epsilon, rel=1e-3)
+    assert ledger.epsilon() == pytest.approx(
+        _single(dp_event.GaussianDpEvent(2.0 / math.sqrt(1000)), 1).epsilon, rel=1e-3
+    )
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"target_delta": 0.0}, "target_delta"),
-    ({"target_delta": 1.0}, "target_delta"),
-    ({"max_epsilon": -1.0}, "max_epsilon"),
-    ({"neighboring_relation": "swap"}, "neighboring_relation"),
-    ({"accounting": "magic"}, "accounting"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"target_delta": 0.0}, "target_delta"),
+        ({"target_delta": 1.0}, "target_delta"),
+        ({"max_epsilon": -1.0}, "max_epsilon"),
+        ({"neighboring_relation": "swap"}, "neighboring_relation"),
+        ({"accounting": "magic"}, "accounting"),
+    ],
+)
 def test_ledger_rejects_bad_configuration(kwargs, name):
     with pytest.raises(ValueError, match=name):
         PrivacyLedger(**kwargs)

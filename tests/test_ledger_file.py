@@ -54,8 +54,16 @@ def forge(path: str, edit, key: str | None = None) -> None:
     body = json.loads(envelope.bodies["main"])
     edit(body)
     with open(path, "wb") as handle:
-        handle.write(encode_file({"main": json.dumps(body, separators=(",", ":"))}, None, run=envelope.run,
-                                 path=envelope.path, generation=envelope.generation, state=envelope.state))
+        handle.write(
+            encode_file(
+                {"main": json.dumps(body, separators=(",", ":"))},
+                None,
+                run=envelope.run,
+                path=envelope.path,
+                generation=envelope.generation,
+                state=envelope.state,
+            )
+        )
 
 
 def test_save_load_round_trip_keeps_everything(tmp_path):
@@ -93,12 +101,15 @@ def test_every_single_byte_change_of_a_saved_ledger_is_refused(tmp_path):
             PrivacyLedger.load(flipped)
 
 
-@pytest.mark.parametrize("edit, problem", [
-    (lambda b: b["events"][next(iter(b["events"]))].update(noise_multiplier=6.0), "checksum"),
-    (lambda b: b.update(clients={}), "checksum"),
-    (lambda b: b.update(max_epsilon=1e9), "checksum"),
-    (lambda b: b.update(target_delta=1e-3), "checksum"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda b: b["events"][next(iter(b["events"]))].update(noise_multiplier=6.0), "checksum"),
+        (lambda b: b.update(clients={}), "checksum"),
+        (lambda b: b.update(max_epsilon=1e9), "checksum"),
+        (lambda b: b.update(target_delta=1e-3), "checksum"),
+    ],
+)
 def test_an_edit_without_the_checksum_is_refused(tmp_path, edit, problem):
     path = saved(tmp_path)
     body = json.loads(read_file(path)[0]["main"])
@@ -111,13 +122,18 @@ def test_an_edit_without_the_checksum_is_refused(tmp_path, edit, problem):
         PrivacyLedger.load(path)
 
 
-@pytest.mark.parametrize("text, problem", [
-    ('{"checksum":"x","checksum":"y","format":"f","ledgers":{}}\n', "duplicate JSON key"),
-    ('{"checksum":"sha256:' + "0" * 64 + '","format":"' + FILE_FORMAT + '","ledgers":{"main":{"a":NaN}}}\n',
-     "non-finite"),
-    ("[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
-    ("\xff\n", "not valid ledger JSON"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('{"checksum":"x","checksum":"y","format":"f","ledgers":{}}\n', "duplicate JSON key"),
+        (
+            '{"checksum":"sha256:' + "0" * 64 + '","format":"' + FILE_FORMAT + '","ledgers":{"main":{"a":NaN}}}\n',
+            "non-finite",
+        ),
+        ("[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+        ("\xff\n", "not valid ledger JSON"),
+    ],
+)
 def test_malformed_json_is_refused(tmp_path, text, problem):
     path = tmp_path / "ledger.json"
     path.write_bytes(text.encode("latin-1"))
@@ -125,14 +141,17 @@ def test_malformed_json_is_refused(tmp_path, text, problem):
         PrivacyLedger.load(path)
 
 
-@pytest.mark.parametrize("edit, problem", [
-    (lambda b: b["events"][next(iter(b["events"]))].update(noise_multiplier=float("nan")), "non-finite|NaN"),
-    (lambda b: b["events"][next(iter(b["events"]))].update(noise_multiplier=-1.0), "noise_multiplier"),
-    (lambda b: b["events"].update(x={"type": "os.system"}), "not a known DpEvent"),
-    (lambda b: b["central"].update(missing=[1]), "not in 'events'"),
-    (lambda b: b["clients"].update({"9": {next(iter(b["events"])): [1.5]}}), "round"),
-    (lambda b: b.update(extra=1), "exactly the fields"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (lambda b: b["events"][next(iter(b["events"]))].update(noise_multiplier=float("nan")), "non-finite|NaN"),
+        (lambda b: b["events"][next(iter(b["events"]))].update(noise_multiplier=-1.0), "noise_multiplier"),
+        (lambda b: b["events"].update(x={"type": "os.system"}), "not a known DpEvent"),
+        (lambda b: b["central"].update(missing=[1]), "not in 'events'"),
+        (lambda b: b["clients"].update({"9": {next(iter(b["events"])): [1.5]}}), "round"),
+        (lambda b: b.update(extra=1), "exactly the fields"),
+    ],
+)
 def test_a_forger_recomputing_the_checksum_is_still_refused_for_invalid_content(tmp_path, edit, problem):
     path = saved(tmp_path)
     if "nan" in problem.lower():  # json.dumps writes NaN: the strict parser refuses it before any checksum
@@ -209,13 +228,16 @@ def _unreadable(tmp_path, monkeypatch):
     return path
 
 
-@pytest.mark.parametrize("fault, problem", [
-    ("dangling symlink", "dangling symbolic link"),
-    ("empty", "is empty"),
-    ("directory", "directory"),
-    ("unreadable", "cannot be read"),
-    ("oversized", "size cap"),
-])
+@pytest.mark.parametrize(
+    "fault, problem",
+    [
+        ("dangling symlink", "dangling symbolic link"),
+        ("empty", "is empty"),
+        ("directory", "directory"),
+        ("unreadable", "cannot be read"),
+        ("oversized", "size cap"),
+    ],
+)
 def test_something_at_the_path_is_never_a_silent_fresh_start(tmp_path, monkeypatch, fault, problem):
     path = str(tmp_path / "ledger.json")
     if fault == "dangling symlink":
@@ -345,6 +367,7 @@ def test_the_strategy_holds_the_lock_for_its_lifetime(tmp_path):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         del strategy
         import gc
+
         gc.collect()
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the strategy
     finally:

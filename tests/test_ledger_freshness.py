@@ -44,8 +44,9 @@ def strategy(path, **kwargs) -> AccountedFedAvg:
     return AccountedFedAvg(**NODES, ledger_path=str(path), **kwargs)
 
 
-def run(path, rounds: int = ROUNDS, *, snapshot_after: int | None = None, sigma: float = 3.0,
-        **kwargs) -> tuple[float, bytes | None]:
+def run(
+    path, rounds: int = ROUNDS, *, snapshot_after: int | None = None, sigma: float = 3.0, **kwargs
+) -> tuple[float, bytes | None]:
     """ε after ``rounds`` rounds of a new run at ``path``, and the file's bytes after round ``snapshot_after``."""
     first = strategy(path, **kwargs)
     snapshot = None

@@ -31,6 +31,7 @@ def trainer_adding(update: list[np.ndarray]):
         trained = [r + u for r, u in zip(received, update)]
         content = RecordDict({"arrays": ArrayRecord(trained), "metrics": MetricRecord({"num-examples": 5})})
         return Message(content, reply_to=msg)
+
     return call_next
 
 
@@ -125,8 +126,10 @@ def test_pickled_copies_of_a_default_mod_draw_different_noise():
     assert not np.array_equal(a, b)
 
 
-@pytest.mark.parametrize("factor, relation", [(None, "replace_one"), (2.0, "replace_one"), (1.0, "add_or_remove_one"),
-                                              (1.5, "add_or_remove_one")])
+@pytest.mark.parametrize(
+    "factor, relation",
+    [(None, "replace_one"), (2.0, "replace_one"), (1.0, "add_or_remove_one"), (1.5, "add_or_remove_one")],
+)
 def test_declared_relation_is_the_one_the_sensitivity_covers(factor, relation):
     """Δ₂ = 2C covers any two inputs (replace one); Δ₂ = C only a clipped update against the zero one (add/remove),
     which a replace-one ledger must book at 2C, i.e. at twice the noise multiplier's ε."""

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 
 def echo(msg: Message) -> Message:
-    return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}),
-                   reply_to=msg)
+    return Message(
+        RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}), reply_to=msg
+    )
 
 
 def test_replies_carry_the_ids_a_superlink_sets():
@@ -82,6 +83,7 @@ def test_run_round_evaluates_too():
         return Message(RecordDict({"metrics": MetricRecord({"num-examples": 1, "acc": 0.5})}), reply_to=msg)
 
     strategy = FedAvg(min_evaluate_nodes=2, min_available_nodes=2, fraction_evaluate=1.0)
-    messages, replies, metrics = run_round(strategy, LoopbackGrid.of(2, evaluate), ArrayRecord([np.ones(1)]), 1,
-                                           phase="evaluate")
+    messages, replies, metrics = run_round(
+        strategy, LoopbackGrid.of(2, evaluate), ArrayRecord([np.ones(1)]), 1, phase="evaluate"
+    )
     assert len(replies) == 2 and metrics["acc"] == pytest.approx(0.5)

@@ -124,8 +124,10 @@ def test_kary_rr_histogram(epsilon, k):
 
 def _em_freqs(utilities, epsilon, sensitivity, n, seed, k=1):
     gen = np.random.default_rng(seed)
-    return [tuple(exponential_mechanism(utilities, epsilon=epsilon, sensitivity=sensitivity, k=k, rng=gen).value)
-            for _ in range(n)]
+    return [
+        tuple(exponential_mechanism(utilities, epsilon=epsilon, sensitivity=sensitivity, k=k, rng=gen).value)
+        for _ in range(n)
+    ]
 
 
 def test_exponential_mechanism_selection_frequencies():

@@ -35,18 +35,21 @@ def configure(strategy: FedAvg, current: dict[str, np.ndarray], n: int, server_r
     return list(strategy.configure_train(server_round, record(current), ConfigRecord(), LoopbackGrid.of(n)))
 
 
-def reply_to(msg: Message, arrays: dict[str, np.ndarray], *, weight: float = 10.0, loss: float = 0.5,
-             event=None) -> Message:
-    content = RecordDict({"arrays": record(arrays),
-                          "metrics": MetricRecord({"num-examples": float(weight), "loss": float(loss)})})
+def reply_to(
+    msg: Message, arrays: dict[str, np.ndarray], *, weight: float = 10.0, loss: float = 0.5, event=None
+) -> Message:
+    content = RecordDict(
+        {"arrays": record(arrays), "metrics": MetricRecord({"num-examples": float(weight), "loss": float(loss)})}
+    )
     if event is not None:
         declare_release(content, event, label="test", neighboring_relation="replace_one")
     return Message(content, reply_to=msg)
 
 
 def make(n: int, num_selected: int, epsilon, **kwargs) -> MinDivergenceExpSampling:
-    return MinDivergenceExpSampling(min_train_nodes=n, min_available_nodes=n, num_selected=num_selected, epsilon=epsilon,
-                                    **kwargs)
+    return MinDivergenceExpSampling(
+        min_train_nodes=n, min_available_nodes=n, num_selected=num_selected, epsilon=epsilon, **kwargs
+    )
 
 
 def brute_force_divergence(global_arrays: list[np.ndarray], reply_arrays: list[np.ndarray]) -> float:
@@ -61,7 +64,7 @@ def brute_force_divergence(global_arrays: list[np.ndarray], reply_arrays: list[n
 def with_flips(flips: int, size: int, value: float) -> np.ndarray:
     """``size`` entries equal to ``value`` > 0, the last ``flips`` of them negated."""
     out = np.full(size, value)
-    out[size - flips:] *= -1
+    out[size - flips :] *= -1
     return out
 
 
@@ -69,8 +72,11 @@ def with_flips(flips: int, size: int, value: float) -> np.ndarray:
 def test_layer_grouping_default_and_custom():
     keys = ["fc1.weight", "fc1.bias", "conv.0.weight", "scale", "fc1.extra"]
     assert default_layer_of("fc1.weight") == "fc1" and default_layer_of("scale") == "scale"
-    assert group_layers(keys) == {"fc1": ["fc1.weight", "fc1.bias", "fc1.extra"], "conv.0": ["conv.0.weight"],
-                                  "scale": ["scale"]}
+    assert group_layers(keys) == {
+        "fc1": ["fc1.weight", "fc1.bias", "fc1.extra"],
+        "conv.0": ["conv.0.weight"],
+        "scale": ["scale"],
+    }
     assert list(group_layers(keys, lambda k: "all")) == ["all"]
 
 
@@ -108,14 +114,18 @@ def test_epsilon_none_picks_the_k_lowest_divergences_per_layer_and_averages_them
     flips_a = [0, 3, 9, 5, 1]  # layer "a" (a.weight 8 + a.bias 2 = 10 params): lowest two are 0 and 4
     flips_b = [6, 2, 7, 0, 4]  # layer "b" (10 params): lowest two are 3 and 1
     weights = [1.0, 2.0, 3.0, 4.0, 5.0]
-    current = {"a.weight": np.ones(8), "a.bias": np.ones(2), "b.weight": np.ones(10, dtype=np.float32),
-               "c": np.ones(4)}
+    current = {"a.weight": np.ones(8), "a.bias": np.ones(2), "b.weight": np.ones(10, dtype=np.float32), "c": np.ones(4)}
     arrays = []
     for i in range(n):
         a = with_flips(flips_a[i], 10, i + 1.0)
-        arrays.append({"a.weight": a[:8], "a.bias": a[8:],
-                       "b.weight": with_flips(flips_b[i], 10, i + 1.0).astype(np.float32),
-                       "c": np.full(4, i + 1.0)})  # layer "c": all divergences 0 (ties)
+        arrays.append(
+            {
+                "a.weight": a[:8],
+                "a.bias": a[8:],
+                "b.weight": with_flips(flips_b[i], 10, i + 1.0).astype(np.float32),
+                "c": np.full(4, i + 1.0),
+            }
+        )  # layer "c": all divergences 0 (ties)
     strategy = make(n, k, None)
     msgs = configure(strategy, current, n)
     out, metrics = strategy.aggregate_train(1, [reply_to(m, a, weight=w) for m, a, w in zip(msgs, arrays, weights)])
@@ -170,8 +180,7 @@ def test_sampled_selection_draws_k_distinct_candidates():
 def test_selecting_every_reply_is_fedavg():
     n = 4
     rng = np.random.default_rng(2)
-    current = {"fc1.weight": rng.normal(size=(3, 2)), "fc1.bias": rng.normal(size=2),
-               "fc2.weight": rng.normal(size=5)}
+    current = {"fc1.weight": rng.normal(size=(3, 2)), "fc1.bias": rng.normal(size=2), "fc2.weight": rng.normal(size=5)}
     arrays = [{k: v + rng.normal(size=v.shape) for k, v in current.items()} for _ in range(n)]
     weights, losses = [3.0, 1.0, 7.0, 2.0], [0.1, 0.2, 0.3, 0.4]
     strategy = make(n, n, 2.0, rng=0)
@@ -189,13 +198,15 @@ def test_selecting_every_reply_is_fedavg():
 
 
 # ---------------------------------------------------------------------- 5. accounting
-def run_rounds(strategy: MinDivergenceExpSampling, current: dict[str, np.ndarray], n: int, rounds: int,
-               event=None) -> list[MetricRecord]:
+def run_rounds(
+    strategy: MinDivergenceExpSampling, current: dict[str, np.ndarray], n: int, rounds: int, event=None
+) -> list[MetricRecord]:
     out = []
     for rnd in range(1, rounds + 1):
         sent = dict(current)
-        grid = LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, {k: v + 0.1 * (i + 1) for k, v in sent.items()},
-                                                                  event=event))
+        grid = LoopbackGrid.of(
+            n, by_index=lambda i, m: reply_to(m, {k: v + 0.1 * (i + 1) for k, v in sent.items()}, event=event)
+        )
         _, _, (arrays, metrics) = run_round(strategy, grid, record(current), rnd)
         current = {k: a.numpy() for k, a in arrays.items()}
         out.append(metrics)
@@ -249,8 +260,10 @@ def test_malformed_replies_are_rejected_and_the_round_uses_the_valid_ones():
     current = {"fc.weight": np.ones(3), "fc.bias": np.ones(2)}
     strategy = make(n, 3, 1.0, rng=0)
     msgs = configure(strategy, current, n)
-    good = [{"fc.weight": np.full(3, 2.0), "fc.bias": np.full(2, 2.0)},
-            {"fc.weight": np.full(3, 4.0), "fc.bias": np.full(2, 4.0)}]
+    good = [
+        {"fc.weight": np.full(3, 2.0), "fc.bias": np.full(2, 2.0)},
+        {"fc.weight": np.full(3, 4.0), "fc.bias": np.full(2, 4.0)},
+    ]
     replies = [
         reply_to(msgs[0], good[0], weight=1.0),
         reply_to(msgs[1], {"fc.weight": np.array([np.nan, 1.0, 1.0]), "fc.bias": np.ones(2)}),
@@ -302,8 +315,9 @@ def test_default_rng_is_fresh_entropy_and_seeds_reproduce():
     # Two independent uniform picks over 20 replies in 12 layers coincide with probability 20**-12.
     assert not np.array_equal(tie_heavy_aggregate(None), tie_heavy_aggregate(None))
     np.testing.assert_array_equal(tie_heavy_aggregate(7), tie_heavy_aggregate(7))
-    np.testing.assert_array_equal(tie_heavy_aggregate(np.random.default_rng(3)),
-                                  tie_heavy_aggregate(np.random.default_rng(3)))
+    np.testing.assert_array_equal(
+        tie_heavy_aggregate(np.random.default_rng(3)), tie_heavy_aggregate(np.random.default_rng(3))
+    )
 
 
 def test_selection_is_booked_at_half_epsilon_per_draw():

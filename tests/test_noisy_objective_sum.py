@@ -61,11 +61,13 @@ def test_solve_is_the_fixed_point_of_descent(loss, c):
 def test_solve_repairs_an_indefinite_quadratic_before_solving():
     rng = np.random.default_rng(2)
     stats = quadratic_statistics(unit_rows(50, 4, rng), rng.integers(0, 3, 50), num_classes=3)
-    noisy = QuadraticStatistics(stats.linear, stats.quadratic - 20.0 * np.eye(4) * (np.arange(4) == 0), stats.count,
-                                "softmax", 3)
+    noisy = QuadraticStatistics(
+        stats.linear, stats.quadratic - 20.0 * np.eye(4) * (np.arange(4) == 0), stats.count, "softmax", 3
+    )
     assert np.linalg.eigvalsh(noisy.quadratic)[0] < 0
-    np.testing.assert_allclose(solve_objective(noisy, ridge=1e-2), solve_objective(repaired(noisy), ridge=1e-2),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        solve_objective(noisy, ridge=1e-2), solve_objective(repaired(noisy), ridge=1e-2), atol=1e-12
+    )
     with pytest.raises(ValueError, match="ridge"):
         solve_objective(noisy, ridge=-1.0)
 
@@ -73,8 +75,7 @@ def test_solve_repairs_an_indefinite_quadratic_before_solving():
 def test_summed_statistics_are_those_of_the_union():
     rng = np.random.default_rng(3)
     parts = client_data(4, 30, rng)
-    union = quadratic_statistics(np.vstack([x for x, _ in parts]), np.concatenate([y for _, y in parts]),
-                                 num_classes=C)
+    union = quadratic_statistics(np.vstack([x for x, _ in parts]), np.concatenate([y for _, y in parts]), num_classes=C)
     total = sum_statistics(quadratic_statistics(x, y, num_classes=C) for x, y in parts)
     np.testing.assert_allclose(total.linear, union.linear, atol=1e-12)
     np.testing.assert_allclose(total.quadratic, union.quadratic, atol=1e-12)
@@ -102,8 +103,11 @@ def context(node: int) -> Context:
 
 
 def run_round(strategy, server_round: int, head: np.ndarray, clients, trainers, contexts, tamper=None):
-    messages = list(strategy.configure_train(server_round, ArrayRecord({"head.weight": Array(head)}),
-                                             ConfigRecord(), LoopbackGrid.of(len(clients))))
+    messages = list(
+        strategy.configure_train(
+            server_round, ArrayRecord({"head.weight": Array(head)}), ConfigRecord(), LoopbackGrid.of(len(clients))
+        )
+    )
     replies = []
     for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
         i = msg.metadata.dst_node_id - 101  # LoopbackGrid.of's node ids are 101, 102, ...
@@ -118,8 +122,10 @@ def run_round(strategy, server_round: int, head: np.ndarray, clients, trainers, 
 def federation(n: int, records: int, seed: int):
     """n clients' data, trainers uploading their Gaussian-FM objective at ε = 1, and node contexts."""
     clients = client_data(n, records, np.random.default_rng(seed))
-    trainers = [FunctionalMechanismTrainer(1.0, num_classes=C, noise="gaussian", upload="objective",
-                                           rng=100 * seed + i) for i in range(n)]
+    trainers = [
+        FunctionalMechanismTrainer(1.0, num_classes=C, noise="gaussian", upload="objective", rng=100 * seed + i)
+        for i in range(n)
+    ]
     return clients, trainers, [context(101 + i) for i in range(n)]
 
 
@@ -129,8 +135,13 @@ def uploaded(reply: Message, count: int) -> QuadraticStatistics:
 
 
 def make_strategy(n: int, ridge: float = 1e-3) -> NoisyObjectiveSum:
-    return NoisyObjectiveSum(num_classes=C, min_train_nodes=n, min_available_nodes=n, ridge=ridge,
-                             ledger=PrivacyLedger(1e-5, neighboring_relation="replace_one"))
+    return NoisyObjectiveSum(
+        num_classes=C,
+        min_train_nodes=n,
+        min_available_nodes=n,
+        ridge=ridge,
+        ledger=PrivacyLedger(1e-5, neighboring_relation="replace_one"),
+    )
 
 
 def test_head_is_the_solution_of_the_summed_released_objectives_and_epsilon_does_not_grow():
@@ -184,8 +195,9 @@ def test_malformed_objectives_are_rejected_and_the_round_goes_on():
     assert strategy.rejections["train"] == {"non-finite": 1, "shape": 1, "keys": 1}
     assert strategy.contributors == frozenset({101, 105})
     kept = [uploaded(replies[i], 40) for i in (0, 4)]
-    np.testing.assert_allclose(arrays["head.weight"].numpy(), solve_objective(sum_statistics(kept), ridge=1e-3),
-                               atol=1e-10)
+    np.testing.assert_allclose(
+        arrays["head.weight"].numpy(), solve_objective(sum_statistics(kept), ridge=1e-3), atol=1e-10
+    )
 
 
 def test_client_side_repair_inflates_the_summed_quadratic_linearly_in_the_clients():
@@ -196,8 +208,10 @@ def test_client_side_repair_inflates_the_summed_quadratic_linearly_in_the_client
     for m in (16, 64):
         rng = np.random.default_rng(m)
         exact = [quadratic_statistics(rng.normal(size=(n, q)), rng.integers(0, C, n), num_classes=C) for _ in range(m)]
-        noisy = [functional_mechanism(s, epsilon=1.0, noise="gaussian", rng=np.random.default_rng([m, i])).value
-                 for i, s in enumerate(exact)]
+        noisy = [
+            functional_mechanism(s, epsilon=1.0, noise="gaussian", rng=np.random.default_rng([m, i])).value
+            for i, s in enumerate(exact)
+        ]
         total = sum_statistics(exact).quadratic
         client_side = sum_statistics(repaired(s) for s in noisy).quadratic - total
         client_bias[m] = np.linalg.eigvalsh(client_side)[0]
@@ -212,10 +226,13 @@ def test_trainer_upload_choices_and_a_repaired_state_cannot_be_uploaded():
     with pytest.raises(ValueError, match="upload"):
         FunctionalMechanismTrainer(1.0, num_classes=C, upload="coefficients")
     rng = np.random.default_rng(8)
-    (x, y), = client_data(1, 20, rng)
+    ((x, y),) = client_data(1, 20, rng)
     ctx = context(101)
-    head_msg = Message(RecordDict({"arrays": ArrayRecord({"head.weight": Array(np.zeros((Q, C)))}),
-                                   "config": ConfigRecord()}), dst_node_id=101, message_type="train")
+    head_msg = Message(
+        RecordDict({"arrays": ArrayRecord({"head.weight": Array(np.zeros((Q, C)))}), "config": ConfigRecord()}),
+        dst_node_id=101,
+        message_type="train",
+    )
     FunctionalMechanismTrainer(1.0, num_classes=C, rng=1).train(head_msg, ctx, x, y)
     with pytest.raises(ValueError, match="raw release"):
         FunctionalMechanismTrainer(1.0, num_classes=C, upload="objective", rng=1).train(head_msg, ctx, x, y)
@@ -234,11 +251,15 @@ def test_strategy_arguments_are_checked():
 def test_a_declared_release_is_needed_for_a_finite_epsilon():
     """An objective sent without a declaration is booked as non-private (ε = inf), never as 0."""
     strategy = make_strategy(1)
-    (msg,) = strategy.configure_train(1, ArrayRecord({"head.weight": Array(np.zeros((Q, C)))}), ConfigRecord(),
-                                      LoopbackGrid.of(1))
-    content = RecordDict({"arrays": ArrayRecord({LINEAR_KEY: Array(np.zeros((Q, C))),
-                                                 QUADRATIC_KEY: Array(np.eye(Q))}),
-                          "metrics": MetricRecord({"num-examples": 10.0})})
+    (msg,) = strategy.configure_train(
+        1, ArrayRecord({"head.weight": Array(np.zeros((Q, C)))}), ConfigRecord(), LoopbackGrid.of(1)
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({LINEAR_KEY: Array(np.zeros((Q, C))), QUADRATIC_KEY: Array(np.eye(Q))}),
+            "metrics": MetricRecord({"num-examples": 10.0}),
+        }
+    )
     _, metrics = strategy.aggregate_train(1, [Message(content, reply_to=msg)])
     assert metrics["privacy/epsilon"] == math.inf
 
@@ -250,8 +271,9 @@ def test_fm_noise_std_is_the_std_of_the_released_noise(noise):
     rng = np.random.default_rng(9)
     stats = quadratic_statistics(unit_rows(40, 100, rng), rng.integers(0, 4, 40), num_classes=4)
     noisy = functional_mechanism(stats, epsilon=2.0, noise=noise, rng=10).value
-    residual = np.concatenate([(noisy.linear - stats.linear).ravel(),
-                               (noisy.quadratic - stats.quadratic)[np.triu_indices(100)]])
+    residual = np.concatenate(
+        [(noisy.linear - stats.linear).ravel(), (noisy.quadratic - stats.quadratic)[np.triu_indices(100)]]
+    )
     assert residual.size == 5450
     assert np.std(residual) == pytest.approx(fm_noise_std(100, 4, epsilon=2.0, noise=noise), rel=0.05)
 
@@ -259,8 +281,9 @@ def test_fm_noise_std_is_the_std_of_the_released_noise(noise):
 def test_client_noise_std_sets_the_noise_adapted_ridge_of_the_contributors():
     clients, trainers, contexts = federation(3, 200, seed=11)
     sigma = fm_noise_std(Q, C, epsilon=1.0, noise="gaussian")
-    strategy = NoisyObjectiveSum(min_train_nodes=3, min_available_nodes=3, num_classes=C, ridge=1e-4,
-                                 client_noise_std=sigma, ridge_fraction=0.5)
+    strategy = NoisyObjectiveSum(
+        min_train_nodes=3, min_available_nodes=3, num_classes=C, ridge=1e-4, client_noise_std=sigma, ridge_fraction=0.5
+    )
     (arrays, metrics), _ = run_round(strategy, 1, np.zeros((Q, C)), clients, trainers, contexts)
     expected = 1e-4 + noise_adapted_ridge(sigma * math.sqrt(3), dim=Q, count=600, num_classes=C, fraction=0.5)
     assert metrics["objective/ridge"] == pytest.approx(expected)
@@ -272,6 +295,7 @@ def test_client_noise_std_sets_the_noise_adapted_ridge_of_the_contributors():
 def test_finite_coefficients_that_would_overflow_the_sum_are_rejected_not_solved(value):
     """A finite objective of ±1e308 summed with the others overflowed to inf and released a NaN head."""
     from strategy_registry import REGISTRY
+
     entry = REGISTRY["NoisyObjectiveSum"]
     strategy, grid = entry.make(), entry.grid()
     msgs = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
@@ -280,4 +304,5 @@ def test_finite_coefficients_that_would_overflow_the_sum_are_rejected_not_solved
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert np.isfinite(arrays["head.weight"].numpy()).all()
     assert strategy.rejections["train"]["non-finite"] == 1 and strategy.contributors == frozenset(
-        int(m.metadata.dst_node_id) for m in msgs[1:])
+        int(m.metadata.dst_node_id) for m in msgs[1:]
+    )

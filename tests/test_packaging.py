@@ -30,11 +30,21 @@ def dist(tmp_path_factory) -> Path:
     # file, then renamed) can vanish while setuptools lists the files (ENOENT), and the build's
     # egg-info and build/ stay out of the checkout.
     source = tmp_path_factory.mktemp("source") / "flwr-dp-strategies"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", "site", ".pytest_cache", ".hypothesis"))
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "__pycache__", "*.egg-info", "build", "dist", "site", ".pytest_cache", ".hypothesis"
+        ),
+    )
     out = tmp_path_factory.mktemp("dist")
-    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
-                          check=False, capture_output=True, text=True, cwd=source)
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(source)],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=source,
+    )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     return out
 
@@ -45,8 +55,12 @@ def _one(dist: Path, pattern: str) -> Path:
 
 
 def test_twine_check_passes(dist):
-    proc = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, sorted(dist.iterdir()))],
-                          check=False, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, sorted(dist.iterdir()))],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("PASSED") == 2
 
@@ -77,8 +91,12 @@ def test_wheel_installs_and_imports(dist, tmp_path):
     # the editable install's finder there is not loaded
     (own / "_test_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    str(_one(dist, "*.whl"))], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(_one(dist, "*.whl"))],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     code = (
         "import importlib.metadata as md, importlib.util, sys\n"
         "import client_mods, flwr_dp_strategies\n"
@@ -90,8 +108,7 @@ def test_wheel_installs_and_imports(dist, tmp_path):
         "assert importlib.util.find_spec('flwr_dp_experiments') is None\n"
         "print(flwr_dp_strategies.__version__)\n"
     )
-    proc = subprocess.run([str(python), "-c", code], check=False, capture_output=True, text=True, env=env,
-                          cwd=tmp_path)
+    proc = subprocess.run([str(python), "-c", code], check=False, capture_output=True, text=True, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     import flwr_dp_strategies
 

@@ -23,8 +23,13 @@ def make(z: float = 1.0, c: float = 1.0, m: int = 10, **kwargs) -> AccountedPois
 
 
 def replies_for(msgs: list[Message], current: np.ndarray, update: np.ndarray) -> list[Message]:
-    return [Message(RecordDict({"arrays": ArrayRecord([current + update]),
-                                "metrics": MetricRecord({"num-examples": 3.0})}), reply_to=m) for m in msgs]
+    return [
+        Message(
+            RecordDict({"arrays": ArrayRecord([current + update]), "metrics": MetricRecord({"num-examples": 3.0})}),
+            reply_to=m,
+        )
+        for m in msgs
+    ]
 
 
 def test_each_node_is_sampled_independently_with_rate_q():
@@ -110,11 +115,14 @@ def test_budget_stops_training_before_it_is_exceeded(relation):
     assert ledger.epsilon() <= 2.0
 
 
-@pytest.mark.parametrize("args, name", [
-    ((FedAvg(), 0.0, 1.0, 5), "noise_multiplier"),
-    ((FedAvg(), 1.0, -1.0, 5), "clipping_norm"),
-    ((FedAvg(), 1.0, 1.0, 0), "num_sampled_clients"),
-])
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((FedAvg(), 0.0, 1.0, 5), "noise_multiplier"),
+        ((FedAvg(), 1.0, -1.0, 5), "clipping_norm"),
+        ((FedAvg(), 1.0, 1.0, 0), "num_sampled_clients"),
+    ],
+)
 def test_bad_parameters_name_themselves(args, name):
     with pytest.raises(ValueError, match=name):
         AccountedPoissonFixedClipping(*args)
@@ -124,8 +132,9 @@ def test_bad_parameters_name_themselves(args, name):
 
 def _keyed_reply(msg: Message, current: np.ndarray, update: np.ndarray, keys: tuple[str, ...]) -> Message:
     metrics = {"num-examples": 3.0, **{k: 0.5 for k in keys}}
-    return Message(RecordDict({"arrays": ArrayRecord([current + update]), "metrics": MetricRecord(metrics)}),
-                   reply_to=msg)
+    return Message(
+        RecordDict({"arrays": ArrayRecord([current + update]), "metrics": MetricRecord(metrics)}), reply_to=msg
+    )
 
 
 def test_one_added_client_moves_the_clipped_sum_by_at_most_c():

@@ -34,12 +34,24 @@ PACKAGES = ("flwr_dp_strategies", "flwr_dp_strategies.strategy", "flwr_dp_strate
 MOVED = [
     ("flwr_dp_strategies", "LdpFederatedPCA", "flwr_dp_strategies.federated_pca", "LdpFederatedPCA"),
     ("flwr_dp_strategies", "LayerShuffler", "flwr_dp_strategies.layer_shuffler", "LayerShuffler"),
-    ("flwr_dp_strategies.strategy", "ClientAccountingMixin", "flwr_dp_strategies.rounds.client_accounting",
-     "ClientAccountingMixin"),
-    ("flwr_dp_strategies.strategy", "privacy_metric_record", "flwr_dp_strategies.rounds.metrics",
-     "privacy_metric_record"),
-    ("flwr_dp_strategies.strategy", "with_privacy_metrics", "flwr_dp_strategies.rounds.metrics",
-     "with_privacy_metrics"),
+    (
+        "flwr_dp_strategies.strategy",
+        "ClientAccountingMixin",
+        "flwr_dp_strategies.rounds.client_accounting",
+        "ClientAccountingMixin",
+    ),
+    (
+        "flwr_dp_strategies.strategy",
+        "privacy_metric_record",
+        "flwr_dp_strategies.rounds.metrics",
+        "privacy_metric_record",
+    ),
+    (
+        "flwr_dp_strategies.strategy",
+        "with_privacy_metrics",
+        "flwr_dp_strategies.rounds.metrics",
+        "with_privacy_metrics",
+    ),
     ("flwr_dp_strategies.privacy", "resolve_rng", "flwr_dp_strategies.privacy.rng", "resolve_rng"),
     ("client_mods", "LabelDP", "client_mods", "LabelDp"),
     ("client_mods", "LabelDPDataset", "client_mods", "LabelDpDataset"),
@@ -68,8 +80,18 @@ def test_privacy_surface_drops_internal_helpers_only():
     import flwr_dp_strategies.privacy as privacy
 
     assert "resolve_rng" not in privacy.__all__
-    for kept in ("PrivacyLedger", "LedgerStore", "LedgerRdpAccountant", "LedgerPldAccountant", "gaussian_mechanism",
-                 "laplace_mechanism", "exponential_mechanism", "rr_event", "PureDpEvent", "Release"):
+    for kept in (
+        "PrivacyLedger",
+        "LedgerStore",
+        "LedgerRdpAccountant",
+        "LedgerPldAccountant",
+        "gaussian_mechanism",
+        "laplace_mechanism",
+        "exponential_mechanism",
+        "rr_event",
+        "PureDpEvent",
+        "Release",
+    ):
         assert kept in privacy.__all__, kept
 
 

@@ -70,10 +70,29 @@ def test_run_demo_is_quiet_and_compares_methods(tmp_path):
     # Small noise (z = 0.1, C = 2) so that 2 rounds x 3 clients learn reliably: this checks
     # the wiring (strategy, ledger, metrics, results), not a useful privacy level.
     methods = ["none", "central-dp", "dp-sgd"]
-    proc = subprocess.Popen([sys.executable, str(QUICKSTART / "run_demo.py"), "--mechanism", *methods,
-                             "--rounds", "2", "--num-clients", "3", "--noise-multiplier", "0.1",
-                             "--clipping-norm", "2.0", "--results-dir", str(tmp_path)],
-                            cwd=tmp_path, env=demo_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(QUICKSTART / "run_demo.py"),
+            "--mechanism",
+            *methods,
+            "--rounds",
+            "2",
+            "--num-clients",
+            "3",
+            "--noise-multiplier",
+            "0.1",
+            "--clipping-norm",
+            "2.0",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=demo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stdout, stderr = proc.communicate(timeout=400)
     assert proc.returncode == 0, stdout[-4000:] + stderr[-4000:]
 
@@ -136,10 +155,26 @@ def test_run_demo_ctrl_c_leaves_no_process_behind(tmp_path):
     # reset to its default in the child: a test run started in the background by a non-interactive shell
     # (``.ci/run &``) inherits SIGINT ignored, Python then installs no KeyboardInterrupt handler, and the
     # demo would (rightly) ignore Ctrl-C - CI once failed so, exit 0 after 50 rounds.
-    proc = subprocess.Popen([sys.executable, str(QUICKSTART / "run_demo.py"), "--mechanism", "central-dp",
-                             "--rounds", "1000", "--num-clients", "3", "--results-dir", str(tmp_path)],
-                            cwd=tmp_path, env=demo_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(QUICKSTART / "run_demo.py"),
+            "--mechanism",
+            "central-dp",
+            "--rounds",
+            "1000",
+            "--num-clients",
+            "3",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        env=demo_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     log = tmp_path / "flower.log"
     deadline = time.monotonic() + 240
     while not (log.exists() and "[ROUND 1/1000]" in log.read_text()):  # the simulation and Ray are up

@@ -34,8 +34,14 @@ import client_mods.functional_mechanism as fm_module
 import opacus.optimizers.optimizer as opacus_optimizer
 from client_mods.dp_sgd_trainer import DpSgdTrainer
 from client_mods.functional_mechanism import FunctionalMechanismTrainer
-from client_mods.record_audit import (CanaryRecords, RecordAudit, insert_canaries, make_canary_records,
-                                      record_audit_bound, score_canaries)
+from client_mods.record_audit import (
+    CanaryRecords,
+    RecordAudit,
+    insert_canaries,
+    make_canary_records,
+    record_audit_bound,
+    score_canaries,
+)
 from flwr_dp_strategies.declarations import read_declarations
 from flwr_dp_strategies.privacy import PrivacyLedger
 
@@ -71,8 +77,17 @@ def audited_round(noise_multiplier: float, *, seed: int = 0) -> RecordAudit:
     data, mask = insert_canaries((x, y), canaries, seed=seed + 2)
     torch.manual_seed(seed)
     received = mlp()
-    trainer = DpSgdTrainer(received, noise_multiplier=noise_multiplier, local_epochs=20, lr=1.0, batch_size=16,
-                           max_grad_norm=1.0, target_delta=DELTA, device="cpu", seed=seed + 3)
+    trainer = DpSgdTrainer(
+        received,
+        noise_multiplier=noise_multiplier,
+        local_epochs=20,
+        lr=1.0,
+        batch_size=16,
+        max_grad_norm=1.0,
+        target_delta=DELTA,
+        device="cpu",
+        seed=seed + 3,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = trainer.train_round(received.state_dict(), data)
@@ -95,8 +110,11 @@ def test_a_sound_dp_sgd_run_is_never_contradicted(noise_multiplier):
 def test_a_trainer_that_declares_noise_it_does_not_add_is_caught(monkeypatch):
     # broken configuration: Opacus' accountant books z = 10 for every step, but the noise is zero (plain
     # clipped SGD); the declared ε is the honest run's, the model is a non-private one
-    monkeypatch.setattr(opacus_optimizer, "_generate_noise",
-                        lambda std, reference, generator=None, secure_mode=False: torch.zeros_like(reference))
+    monkeypatch.setattr(
+        opacus_optimizer,
+        "_generate_noise",
+        lambda std, reference, generator=None, secure_mode=False: torch.zeros_like(reference),
+    )
     audit = audited_round(noise_multiplier=10.0)
     assert audit.declared_epsilon < 1
     assert audit.guesses_correct >= 0.85 * audit.guesses_made
@@ -130,12 +148,16 @@ def fm_audited_run(epsilon: float, *, seed: int = 0) -> RecordAudit:
     canaries = make_canary_records(M, (x, y), seed=seed + 1, input_norm=1.0, num_classes=FM_CLASSES)
     (xi, yi), mask = insert_canaries((x, y), canaries, seed=seed + 2, fill_with=(np.zeros(FM_Q), 0))
     assert len(xi) == FM_N + M  # the record count does not depend on the mask (replace-one)
-    trainer = FunctionalMechanismTrainer(epsilon, num_classes=FM_CLASSES, local_steps=3000, learning_rate=None,
-                                         rng=seed + 3)
+    trainer = FunctionalMechanismTrainer(
+        epsilon, num_classes=FM_CLASSES, local_steps=3000, learning_rate=None, rng=seed + 3
+    )
     context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
     start = np.zeros((FM_Q, FM_CLASSES), dtype=np.float32)
-    msg = Message(RecordDict({"arrays": ArrayRecord({"head.weight": Array(start)}), "config": ConfigRecord()}),
-                  dst_node_id=7, message_type="train")
+    msg = Message(
+        RecordDict({"arrays": ArrayRecord({"head.weight": Array(start)}), "config": ConfigRecord()}),
+        dst_node_id=7,
+        message_type="train",
+    )
     reply = trainer.train(msg, context, xi, yi)
     ledger = PrivacyLedger(DELTA, neighboring_relation="replace_one")
     for declaration in read_declarations(reply.content):
@@ -158,8 +180,9 @@ def test_a_sound_functional_mechanism_run_is_never_contradicted(epsilon):
 def test_a_functional_mechanism_that_declares_noise_it_does_not_add_is_caught(monkeypatch):
     real = fm_module.functional_mechanism
     # broken: the declared event is the ε = 1 Laplace release's, the coefficients are the exact ones
-    monkeypatch.setattr(fm_module, "functional_mechanism",
-                        lambda stats, **kw: dataclasses.replace(real(stats, **kw), value=stats))
+    monkeypatch.setattr(
+        fm_module, "functional_mechanism", lambda stats, **kw: dataclasses.replace(real(stats, **kw), value=stats)
+    )
     audit = fm_audited_run(1.0)
     assert audit.declared_epsilon == pytest.approx(1.0, rel=1e-3)
     assert audit.guesses_correct >= 0.9 * audit.guesses_made
@@ -232,8 +255,9 @@ def test_scores_are_minus_the_loss_or_its_decrease():
         l_before = loss(before(torch.as_tensor(canaries.inputs)), torch.as_tensor(canaries.labels)).numpy()
         l_after = loss(after(torch.as_tensor(canaries.inputs)), torch.as_tensor(canaries.labels)).numpy()
     np.testing.assert_allclose(score_canaries(after, canaries), -l_after, rtol=1e-6)
-    np.testing.assert_allclose(score_canaries(after, canaries, reference=before), l_before - l_after, rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        score_canaries(after, canaries, reference=before), l_before - l_after, rtol=1e-5, atol=1e-6
+    )
     # a linear head (numpy): softmax cross-entropy of x·W
     w = np.random.default_rng(0).normal(size=(D, CLASSES))
     logits = canaries.inputs.astype(np.float64) @ w
@@ -257,30 +281,36 @@ def test_guesses_are_the_top_and_bottom_scores():
 
 
 # ---------------------------------------------------------------------- argument validation
-@pytest.mark.parametrize("call, name", [
-    (lambda x, y, c: make_canary_records(0, (x, y)), "num_canaries"),
-    (lambda x, y, c: make_canary_records(3, (x, y), seed=-1), "seed"),
-    (lambda x, y, c: make_canary_records(3, (x, y), num_classes=1), "num_classes"),
-    (lambda x, y, c: make_canary_records(3, (x, y), input_norm=0.0), "input_norm"),
-    (lambda x, y, c: make_canary_records(3, (x, y[:5])), "like"),
-    (lambda x, y, c: make_canary_records(3, "data"), "like"),
-    (lambda x, y, c: insert_canaries((x, y), c, seed=1.5), "seed"),
-    (lambda x, y, c: insert_canaries((x[:, :3], y), c), "canaries"),
-    (lambda x, y, c: insert_canaries((x, y), c, fill_with=(np.zeros(3), 0)), "fill_with"),
-    (lambda x, y, c: insert_canaries([1, 2], c), "data"),
-    (lambda x, y, c: score_canaries(np.zeros((3, 4)), c), "model_or_params"),
-    (lambda x, y, c: score_canaries(np.zeros((D, 4)), c, loss="hinge"), "loss"),
-    (lambda x, y, c: score_canaries(mlp(), c, criterion=nn.CrossEntropyLoss()), "criterion"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 3, 2), "k_plus"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), -1, 2), "k_plus"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, -2), "k_minus"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(3, bool), 1, 1), "inserted_mask"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4), 1, 1), "inserted_mask"),
-    (lambda x, y, c: record_audit_bound(np.array([0, np.nan]), np.ones(2, bool), 1, 1), "scores"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, 1, confidence=1.0), "confidence"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, 1, delta=1.0), "delta"),
-    (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, 1, declared_epsilon=-1), "declared_epsilon"),
-])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda x, y, c: make_canary_records(0, (x, y)), "num_canaries"),
+        (lambda x, y, c: make_canary_records(3, (x, y), seed=-1), "seed"),
+        (lambda x, y, c: make_canary_records(3, (x, y), num_classes=1), "num_classes"),
+        (lambda x, y, c: make_canary_records(3, (x, y), input_norm=0.0), "input_norm"),
+        (lambda x, y, c: make_canary_records(3, (x, y[:5])), "like"),
+        (lambda x, y, c: make_canary_records(3, "data"), "like"),
+        (lambda x, y, c: insert_canaries((x, y), c, seed=1.5), "seed"),
+        (lambda x, y, c: insert_canaries((x[:, :3], y), c), "canaries"),
+        (lambda x, y, c: insert_canaries((x, y), c, fill_with=(np.zeros(3), 0)), "fill_with"),
+        (lambda x, y, c: insert_canaries([1, 2], c), "data"),
+        (lambda x, y, c: score_canaries(np.zeros((3, 4)), c), "model_or_params"),
+        (lambda x, y, c: score_canaries(np.zeros((D, 4)), c, loss="hinge"), "loss"),
+        (lambda x, y, c: score_canaries(mlp(), c, criterion=nn.CrossEntropyLoss()), "criterion"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 3, 2), "k_plus"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), -1, 2), "k_plus"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, -2), "k_minus"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(3, bool), 1, 1), "inserted_mask"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4), 1, 1), "inserted_mask"),
+        (lambda x, y, c: record_audit_bound(np.array([0, np.nan]), np.ones(2, bool), 1, 1), "scores"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, 1, confidence=1.0), "confidence"),
+        (lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, 1, delta=1.0), "delta"),
+        (
+            lambda x, y, c: record_audit_bound(np.zeros(4), np.ones(4, bool), 1, 1, declared_epsilon=-1),
+            "declared_epsilon",
+        ),
+    ],
+)
 def test_arguments_are_validated(call, name):
     x, y = synthetic(n=10)
     canaries = make_canary_records(4, (x, y), seed=0)

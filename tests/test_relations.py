@@ -48,17 +48,32 @@ def test_add_remove_analyze_gauss_is_not_booked_at_face_value_in_a_replace_one_l
     assert generic.epsilon() >= truth.epsilon()  # sensitivity 2Δ: sound, looser than √2
 
     content = RecordDict()
-    declare_release(content, d.GaussianDpEvent(z), label="analyze-gauss", neighboring_relation="add_or_remove_one",
-                    replace_one_event=d.GaussianDpEvent(z / math.sqrt(2)))
+    declare_release(
+        content,
+        d.GaussianDpEvent(z),
+        label="analyze-gauss",
+        neighboring_relation="add_or_remove_one",
+        replace_one_event=d.GaussianDpEvent(z / math.sqrt(2)),
+    )
     tight = PrivacyLedger(DELTA, neighboring_relation="replace_one")
     [decl] = read_declarations(content)
-    tight.record(decl.event, server_round=1, client=1, neighboring_relation=decl.neighboring_relation,
-                 replace_one_event=decl.replace_one_event)
+    tight.record(
+        decl.event,
+        server_round=1,
+        client=1,
+        neighboring_relation=decl.neighboring_relation,
+        replace_one_event=decl.replace_one_event,
+    )
     assert tight.epsilon() == pytest.approx(truth.epsilon(), rel=1e-9)
     # An add/remove ledger books the add/remove form, not the tighter replace-one one.
     plain = PrivacyLedger(DELTA, neighboring_relation="add_or_remove_one")
-    plain.record(decl.event, server_round=1, client=1, neighboring_relation=decl.neighboring_relation,
-                 replace_one_event=decl.replace_one_event)
+    plain.record(
+        decl.event,
+        server_round=1,
+        client=1,
+        neighboring_relation=decl.neighboring_relation,
+        replace_one_event=decl.replace_one_event,
+    )
     assert plain.epsilon() == pytest.approx(face_value.epsilon(), rel=1e-9)
 
 
@@ -79,18 +94,23 @@ def test_replace_one_events_are_refused_by_an_add_remove_ledger():
     assert ledger.clients == []
 
 
-@pytest.mark.parametrize("event, expected", [
-    (d.GaussianDpEvent(3.0), d.GaussianDpEvent(1.5)),
-    (d.LaplaceDpEvent(3.0), d.LaplaceDpEvent(1.5)),
-    (d.DiscreteLaplaceDpEvent(0.5, 2), d.DiscreteLaplaceDpEvent(0.5, 4)),
-    (PureDpEvent(0.5), PureDpEvent(1.0)),
-    (ExponentialMechanismDpEvent(0.5), ExponentialMechanismDpEvent(1.0)),
-    (ApproxDpEvent(0.5, 1e-6), ApproxDpEvent(1.0, (1 + math.exp(0.5)) * 1e-6)),
-    (d.ZCDpEvent(0.1), d.ZCDpEvent(0.4)),
-    (d.PoissonSampledDpEvent(0.1, d.GaussianDpEvent(1.0)), d.PoissonSampledDpEvent(0.1, d.GaussianDpEvent(1.0))),
-    (d.SelfComposedDpEvent(d.ComposedDpEvent([d.GaussianDpEvent(2.0), d.NoOpDpEvent()]), 3),
-     d.SelfComposedDpEvent(d.ComposedDpEvent([d.GaussianDpEvent(1.0), d.NoOpDpEvent()]), 3)),
-])
+@pytest.mark.parametrize(
+    "event, expected",
+    [
+        (d.GaussianDpEvent(3.0), d.GaussianDpEvent(1.5)),
+        (d.LaplaceDpEvent(3.0), d.LaplaceDpEvent(1.5)),
+        (d.DiscreteLaplaceDpEvent(0.5, 2), d.DiscreteLaplaceDpEvent(0.5, 4)),
+        (PureDpEvent(0.5), PureDpEvent(1.0)),
+        (ExponentialMechanismDpEvent(0.5), ExponentialMechanismDpEvent(1.0)),
+        (ApproxDpEvent(0.5, 1e-6), ApproxDpEvent(1.0, (1 + math.exp(0.5)) * 1e-6)),
+        (d.ZCDpEvent(0.1), d.ZCDpEvent(0.4)),
+        (d.PoissonSampledDpEvent(0.1, d.GaussianDpEvent(1.0)), d.PoissonSampledDpEvent(0.1, d.GaussianDpEvent(1.0))),
+        (
+            d.SelfComposedDpEvent(d.ComposedDpEvent([d.GaussianDpEvent(2.0), d.NoOpDpEvent()]), 3),
+            d.SelfComposedDpEvent(d.ComposedDpEvent([d.GaussianDpEvent(1.0), d.NoOpDpEvent()]), 3),
+        ),
+    ],
+)
 def test_conversion_table(event, expected):
     assert convert_event(event, "add_or_remove_one", "replace_one") == expected
 
@@ -98,8 +118,12 @@ def test_conversion_table(event, expected):
 def test_sampled_gaussian_conversion_matches_a_replace_one_sensitivity_of_twice_the_record_bound():
     """dp-accounting's replace-one PLD of PoissonSampled(q=1, Gaussian(z)) is the unsampled Gaussian at z/2."""
     sampled = PrivacyLedger(DELTA, neighboring_relation="replace_one", accounting="pld")
-    sampled.record(d.PoissonSampledDpEvent(1.0, d.GaussianDpEvent(2.0)), server_round=1, client=1,
-                   neighboring_relation="add_or_remove_one")
+    sampled.record(
+        d.PoissonSampledDpEvent(1.0, d.GaussianDpEvent(2.0)),
+        server_round=1,
+        client=1,
+        neighboring_relation="add_or_remove_one",
+    )
     plain = PrivacyLedger(DELTA, neighboring_relation="replace_one", accounting="pld")
     plain.record(d.GaussianDpEvent(2.0), server_round=1, client=1, neighboring_relation="add_or_remove_one")
     assert sampled.epsilon() == pytest.approx(plain.epsilon(), rel=1e-3)
@@ -111,8 +135,13 @@ def test_randomized_response_has_no_add_remove_form():
 
 
 def test_a_declaration_without_a_relation_is_malformed():
-    content = RecordDict({PRIVACY_RECORD: ConfigRecord({"events": [json.dumps(
-        {"event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}, "label": "x"})]})})
+    content = RecordDict(
+        {
+            PRIVACY_RECORD: ConfigRecord(
+                {"events": [json.dumps({"event": {"type": "GaussianDpEvent", "noise_multiplier": 1.0}, "label": "x"})]}
+            )
+        }
+    )
     with pytest.raises(MalformedDeclaration, match="relation"):
         read_declarations(content)
     with pytest.raises(TypeError):

@@ -77,6 +77,7 @@ def _fill(c: RecordDict, value: float) -> None:
         dtype = old.dtype if old.dtype.kind == "f" else np.float64
         with np.errstate(over="ignore"):
             return np.full(old.shape, value).astype(dtype)
+
     _set_first(c, filled)
 
 
@@ -96,6 +97,7 @@ def _set_array(key: str, values) -> Callable[[RecordDict], None]:
     def mutate(c: RecordDict) -> None:
         if "arrays" in c and key in c["arrays"]:
             c["arrays"][key] = _arr(values)
+
     return mutate
 
 
@@ -103,6 +105,7 @@ def _inference(values) -> Callable[[RecordDict], None]:
     def mutate(c: RecordDict) -> None:
         if "inference" in c:
             c["inference"]["0"] = _arr(values)
+
     return mutate
 
 
@@ -123,15 +126,24 @@ MUTATIONS: dict[str, Callable[[RecordDict, object], None]] = {
     "array-complex": lambda c, v: _set_first(c, lambda old: np.ones(old.shape, np.complex64)),
     "array-shape": lambda c, v: _set_first(c, lambda old: np.ones((2, 2))),
     "declaration-deep": lambda c, v: _declare(c, ["[" * 2000 + "]" * 2000]),
-    "declaration-composed-5": lambda c, v: _declare(c, [json.dumps(
-        {"event": {"type": "ComposedDpEvent", "events": 5}, "label": "", "relation": "replace_one"})]),
+    "declaration-composed-5": lambda c, v: _declare(
+        c, [json.dumps({"event": {"type": "ComposedDpEvent", "events": 5}, "label": "", "relation": "replace_one"})]
+    ),
     "declaration-not-list": lambda c, v: _declare(c, 5),
-    "declaration-bad-param": lambda c, v: _declare(c, [json.dumps(
-        {"event": {"type": "GaussianDpEvent", "noise_multiplier": v}, "label": "", "relation": "replace_one"})]),
-    "declaration-no-relation": lambda c, v: _declare(c, [json.dumps(
-        {"event": {"type": "LaplaceDpEvent", "noise_multiplier": 1.0}, "label": ""})]),
-    "declaration-noop": lambda c, v: _declare(c, [json.dumps(
-        {"event": {"type": "NoOpDpEvent"}, "label": "", "relation": "replace_one"})]),
+    "declaration-bad-param": lambda c, v: _declare(
+        c,
+        [
+            json.dumps(
+                {"event": {"type": "GaussianDpEvent", "noise_multiplier": v}, "label": "", "relation": "replace_one"}
+            )
+        ],
+    ),
+    "declaration-no-relation": lambda c, v: _declare(
+        c, [json.dumps({"event": {"type": "LaplaceDpEvent", "noise_multiplier": 1.0}, "label": ""})]
+    ),
+    "declaration-noop": lambda c, v: _declare(
+        c, [json.dumps({"event": {"type": "NoOpDpEvent"}, "label": "", "relation": "replace_one"})]
+    ),
     "signds-indices-uint64": lambda c, v: _set_array("indices", np.array([5, 2, 5], np.uint64))(c),
     "signds-indices-int8": lambda c, v: _set_array("indices", np.array([10, -120], np.int8))(c),
     "signds-indices-float": lambda c, v: _set_array("indices", np.array([1.0, 2.0]))(c),
@@ -178,7 +190,7 @@ def _run(name: str, phase: str, bad: tuple[str, object, str] | None):
         valid = entry.train_replies(grid, msgs)
     else:
         valid = [Message(entry.evaluate_content(i), reply_to=m) for i, m in enumerate(msgs)]
-    replies = valid[:n - 1]
+    replies = valid[: n - 1]
     if bad is not None:
         mutation, value, identity = bad
         content = valid[n - 1].content
@@ -192,7 +204,7 @@ def _run(name: str, phase: str, bad: tuple[str, object, str] | None):
         result = strategy.aggregate_train(1, replies)
     else:
         result = strategy.aggregate_evaluate(1, replies)
-    return result, strategy, [int(m.metadata.dst_node_id) for m in msgs[:n - 1]]
+    return result, strategy, [int(m.metadata.dst_node_id) for m in msgs[: n - 1]]
 
 
 def _rejected(strategy, metrics, phase: str) -> int:
@@ -207,18 +219,36 @@ def _ledger_epsilons(strategy, nodes: list[int]) -> list[float]:
 
 def _arrays_equal(a: ArrayRecord, b: ArrayRecord) -> bool:
     return list(a.keys()) == list(b.keys()) and all(
-        np.array_equal(a[k].numpy(), b[k].numpy(), equal_nan=True) for k in a.keys())
+        np.array_equal(a[k].numpy(), b[k].numpy(), equal_nan=True) for k in a.keys()
+    )
 
 
-ADDS_RECORDS = {"weight", "weight-list", "weight-missing", "metric-value", "metric-list-length", "two-metric-records",
-                "extra-array-record"}
+ADDS_RECORDS = {
+    "weight",
+    "weight-list",
+    "weight-missing",
+    "metric-value",
+    "metric-list-length",
+    "two-metric-records",
+    "extra-array-record",
+}
 """Mutations that add a record beside a secure-aggregation reply's protocol records (a MetricRecord at least)."""
-CASES = st.tuples(st.sampled_from(sorted(STRATEGIES)), st.sampled_from(["train", "evaluate"]),
-                  st.sampled_from(sorted(MUTATIONS)), REALS, st.sampled_from(IDENTITIES))
+CASES = st.tuples(
+    st.sampled_from(sorted(STRATEGIES)),
+    st.sampled_from(["train", "evaluate"]),
+    st.sampled_from(sorted(MUTATIONS)),
+    REALS,
+    st.sampled_from(IDENTITIES),
+)
 
 
-@settings(max_examples=1000, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@settings(
+    max_examples=1000,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 @given(case=CASES)
 def test_a_malicious_reply_never_aborts_poisons_or_moves_honest_epsilon(case):
     name, phase, mutation, value, identity = case
@@ -244,7 +274,8 @@ def test_a_malicious_reply_never_aborts_poisons_or_moves_honest_epsilon(case):
         honest = {k: v for k, v in (metrics or {}).items() if not k.startswith("privacy/")}
         honest_base = {k: v for k, v in (base_metrics or {}).items() if not k.startswith("privacy/")}
         assert honest.keys() == honest_base.keys() and all(
-            honest[k] == pytest.approx(honest_base[k]) for k in honest), case
+            honest[k] == pytest.approx(honest_base[k]) for k in honest
+        ), case
         # the i-th valid reply (same content in both runs) leaves its node with the same ε
         assert _ledger_epsilons(strategy, nodes) == pytest.approx(_ledger_epsilons(base_strategy, base_nodes)), case
 

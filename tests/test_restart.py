@@ -31,8 +31,12 @@ from flwr_dp_strategies import (
 )
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.events import PureDpEvent
-from flwr_dp_strategies.strategy import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping,
-                                         AccountedPoissonFixedClipping, AccountedServerSideFixedClipping)
+from flwr_dp_strategies.strategy import (
+    AccountedAdaptiveClipping,
+    AccountedClientSideAdaptiveClipping,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+)
 from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 
@@ -53,13 +57,21 @@ def _model(rnd: int) -> ArrayRecord:
     return ArrayRecord({"fc.weight": Array(np.full((3, 2), 0.1 * rnd)), "fc.bias": Array(np.zeros(2))})
 
 
-def _train(strategy: Any, rnd: int, events=(), model: Callable[[int], ArrayRecord] = _model,
-           content: Callable[[Message, int], ArrayRecord] | None = None) -> dict[str, float]:
+def _train(
+    strategy: Any,
+    rnd: int,
+    events=(),
+    model: Callable[[int], ArrayRecord] = _model,
+    content: Callable[[Message, int], ArrayRecord] | None = None,
+) -> dict[str, float]:
     current = model(rnd)
 
     def answer(i: int, msg: Message) -> Message:
-        arrays = content(msg, i) if content is not None else ArrayRecord(
-            {k: Array(v.numpy() + 0.01 * (i + 1) * (-1) ** i) for k, v in current.items()})
+        arrays = (
+            content(msg, i)
+            if content is not None
+            else ArrayRecord({k: Array(v.numpy() + 0.01 * (i + 1) * (-1) ** i) for k, v in current.items()})
+        )
         return _reply(msg, arrays, events)
 
     _, _, (_, metrics) = run_round(strategy, LoopbackGrid.of(N, by_index=answer), current, rnd)
@@ -68,14 +80,19 @@ def _train(strategy: Any, rnd: int, events=(), model: Callable[[int], ArrayRecor
 
 def _evaluate(strategy: Any, rnd: int, events=(LaplaceDpEvent(2.0),)) -> dict[str, float]:
     def answer(i: int, msg: Message) -> Message:
-        content = RecordDict({"metrics": MetricRecord({"num-examples": 5.0, "accuracy": 0.5}),
-                              "inference": ArrayRecord([np.array([0.1 * i, 1.0 - 0.1 * i, 0.3 + 0.05 * i])])})
+        content = RecordDict(
+            {
+                "metrics": MetricRecord({"num-examples": 5.0, "accuracy": 0.5}),
+                "inference": ArrayRecord([np.array([0.1 * i, 1.0 - 0.1 * i, 0.3 + 0.05 * i])]),
+            }
+        )
         for event in events:
             declare_release(content, event, label="inference", neighboring_relation="replace_one")
         return Message(content, reply_to=msg)
 
-    return dict(run_round(strategy, LoopbackGrid.of(N, by_index=answer), _model(rnd), rnd, phase="evaluate").result
-                or {})
+    return dict(
+        run_round(strategy, LoopbackGrid.of(N, by_index=answer), _model(rnd), rnd, phase="evaluate").result or {}
+    )
 
 
 def _fm_content(msg: Message, i: int) -> ArrayRecord:
@@ -85,16 +102,30 @@ def _fm_content(msg: Message, i: int) -> ArrayRecord:
 
 
 def _signds_content(msg: Message, i: int) -> ArrayRecord:
-    return ArrayRecord({"indices": Array(np.array([1, 3 + i], dtype=np.int64)),
-                        "sign": Array(np.array([1], dtype=np.int64)), "b-hat": Array(np.array([0], dtype=np.int64))})
+    return ArrayRecord(
+        {
+            "indices": Array(np.array([1, 3 + i], dtype=np.int64)),
+            "sign": Array(np.array([1], dtype=np.int64)),
+            "b-hat": Array(np.array([0], dtype=np.int64)),
+        }
+    )
 
 
 def _train_with_bits(strategy: Any, rnd: int) -> dict[str, float]:
     """A round of client-side clipping: small updates, each with the client's unclipped bit."""
     current = _model(rnd)
-    grid = LoopbackGrid.of(N, by_index=lambda i, msg: Message(RecordDict({
-        "arrays": ArrayRecord({k: Array(v.numpy() + 0.01 * (i + 1)) for k, v in current.items()}),
-        "metrics": MetricRecord({"num-examples": 10.0, KEY_UNCLIPPED_BIT: 1})}), reply_to=msg))
+    grid = LoopbackGrid.of(
+        N,
+        by_index=lambda i, msg: Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v.numpy() + 0.01 * (i + 1)) for k, v in current.items()}),
+                    "metrics": MetricRecord({"num-examples": 10.0, KEY_UNCLIPPED_BIT: 1}),
+                }
+            ),
+            reply_to=msg,
+        ),
+    )
     _, _, (_, metrics) = run_round(strategy, grid, current, rnd)
     return dict(metrics or {})
 
@@ -107,46 +138,80 @@ def _train_eval(strategy: Any, rnd: int, events=(GaussianDpEvent(3.0),)) -> dict
 CASES: dict[str, tuple[Callable[[str], Any], Callable[[Any, int], dict[str, float]]]] = {
     "AccountedFedAvg": (lambda p, **kw: AccountedFedAvg(**NODES, ledger_path=p, **kw), _train_eval),
     "ShuffleAmplifiedFedAvg": (
-        lambda p, **kw: ShuffleAmplifiedFedAvg(**NODES, reports_are_ldp=True, shuffle_round_delta=1e-7, ledger_path=p,
-                                               **kw),
-        lambda s, r: _train(s, r, [PureDpEvent(epsilon=1.0)])),
+        lambda p, **kw: ShuffleAmplifiedFedAvg(
+            **NODES, reports_are_ldp=True, shuffle_round_delta=1e-7, ledger_path=p, **kw
+        ),
+        lambda s, r: _train(s, r, [PureDpEvent(epsilon=1.0)]),
+    ),
     "MinDivergenceExpSampling": (
         lambda p, **kw: MinDivergenceExpSampling(num_selected=2, epsilon=1.0, **NODES, rng=0, ledger_path=p, **kw),
-        lambda s, r: _train(s, r, [GaussianDpEvent(3.0)])),
+        lambda s, r: _train(s, r, [GaussianDpEvent(3.0)]),
+    ),
     "NoisyObjectiveSum": (
         lambda p, **kw: NoisyObjectiveSum(num_classes=2, **NODES, ridge=1e-3, ledger_path=p, **kw),
-        lambda s, r: _train(s, r, [GaussianDpEvent(3.0)], model=lambda _: ArrayRecord(
-            {"head.weight": Array(np.zeros((3, 2)))}), content=_fm_content)),
-    "SignDS": (lambda p, **kw: SignDS(sign_k=0.05, sign_eps=10.0, **NODES, ledger_path=p, **kw),
-               lambda s, r: _train(s, r, (), content=_signds_content)),
+        lambda s, r: _train(
+            s,
+            r,
+            [GaussianDpEvent(3.0)],
+            model=lambda _: ArrayRecord({"head.weight": Array(np.zeros((3, 2)))}),
+            content=_fm_content,
+        ),
+    ),
+    "SignDS": (
+        lambda p, **kw: SignDS(sign_k=0.05, sign_eps=10.0, **NODES, ledger_path=p, **kw),
+        lambda s, r: _train(s, r, (), content=_signds_content),
+    ),
     "ClusterEvaluation(AccountedFedAvg), wrapper path": (
         lambda p, **kw: ClusterEvaluation(AccountedFedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p, **kw),
-        _train_eval),
+        _train_eval,
+    ),
     "ClusterEvaluation(AccountedFedAvg(path))": (
         lambda p, **kw: ClusterEvaluation(AccountedFedAvg(**NODES, ledger_path=p, **kw), laplace_eval_eps=2.0),
-        _train_eval),
+        _train_eval,
+    ),
     "ClusterEvaluation(MinDivergence), wrapper path": (
-        lambda p, **kw: ClusterEvaluation(MinDivergenceExpSampling(**NODES, num_selected=2, epsilon=1.0, rng=0),
-                                    laplace_eval_eps=2.0, ledger_path=p, **kw), _train_eval),
+        lambda p, **kw: ClusterEvaluation(
+            MinDivergenceExpSampling(**NODES, num_selected=2, epsilon=1.0, rng=0),
+            laplace_eval_eps=2.0,
+            ledger_path=p,
+            **kw,
+        ),
+        _train_eval,
+    ),
     "ClusterEvaluation(FedAvg)": (
         lambda p, **kw: ClusterEvaluation(FedAvg(**NODES), laplace_eval_eps=2.0, ledger_path=p, **kw),
-        lambda s, r: {**_train(s, r), **_evaluate(s, r)}),
+        lambda s, r: {**_train(s, r), **_evaluate(s, r)},
+    ),
     "AccountedServerSideFixedClipping": (
         lambda p, **kw: AccountedServerSideFixedClipping(FedAvg(**NODES), 0.8, 1.0, N, ledger_path=p, **kw),
-        lambda s, r: _train(s, r)),
+        lambda s, r: _train(s, r),
+    ),
     "AccountedPoissonFixedClipping": (
-        lambda p, **kw: AccountedPoissonFixedClipping(FedAvg(**NODES), 0.8, 1.0, 2, num_clients=N, rng=r_seed(),
-                                                ledger_path=p, **kw),
-        lambda s, r: _train(s, r)),
+        lambda p, **kw: AccountedPoissonFixedClipping(
+            FedAvg(**NODES), 0.8, 1.0, 2, num_clients=N, rng=r_seed(), ledger_path=p, **kw
+        ),
+        lambda s, r: _train(s, r),
+    ),
     "AccountedAdaptiveClipping": (
-        lambda p, **kw: AccountedAdaptiveClipping(FedAvg(**NODES), 1.0, 2, num_clients=N, clipped_count_stddev=1.0,
-                                                  rng=r_seed(), ledger_path=p, **kw),
-        lambda s, r: _train(s, r)),
+        lambda p, **kw: AccountedAdaptiveClipping(
+            FedAvg(**NODES), 1.0, 2, num_clients=N, clipped_count_stddev=1.0, rng=r_seed(), ledger_path=p, **kw
+        ),
+        lambda s, r: _train(s, r),
+    ),
     "AccountedClientSideAdaptiveClipping": (
-        lambda p, **kw: AccountedClientSideAdaptiveClipping(FedAvg(**NODES), 1.0, 2, num_clients=N,
-                                                            initial_clipping_norm=2.0, clipped_count_stddev=1.0,
-                                                            rng=r_seed(), ledger_path=p, **kw),
-        _train_with_bits),
+        lambda p, **kw: AccountedClientSideAdaptiveClipping(
+            FedAvg(**NODES),
+            1.0,
+            2,
+            num_clients=N,
+            initial_clipping_norm=2.0,
+            clipped_count_stddev=1.0,
+            rng=r_seed(),
+            ledger_path=p,
+            **kw,
+        ),
+        _train_with_bits,
+    ),
 }
 
 #: Exported strategies whose restart is tested where their rounds are driven (secure aggregation needs

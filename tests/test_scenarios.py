@@ -90,8 +90,15 @@ def test_low_quality_corrupts_exactly_the_chosen_share(digits):
     assert again[2] == lq and np.array_equal(again[1], y_new) and np.array_equal(again[0], x_new)
 
 
-@pytest.mark.parametrize("kwargs,name", [({"lq_user": 1.5}, "lq_user"), ({"lq_data": -0.1}, "lq_data"),
-                                         ({"num_classes": 1}, "num_classes"), ({"noise_std": -1.0}, "noise_std")])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"lq_user": 1.5}, "lq_user"),
+        ({"lq_data": -0.1}, "lq_data"),
+        ({"num_classes": 1}, "num_classes"),
+        ({"noise_std": -1.0}, "noise_std"),
+    ],
+)
 def test_low_quality_rejects_bad_parameters(digits, kwargs, name):
     x, y = digits[0], digits[1]
     args = {"lq_user": 0.3, "lq_data": 0.3, "num_classes": 10, "seed": 0, **kwargs}
@@ -141,7 +148,7 @@ def test_ldp_fl_clips_the_whole_update_to_c_before_noise():
     rng = np.random.default_rng(0)
     start = [rng.normal(size=(8, 4)), rng.normal(size=8)]
     update = [rng.normal(size=(8, 4)), rng.normal(size=8)]
-    norm = np.sqrt(sum(float((u ** 2).sum()) for u in update))
+    norm = np.sqrt(sum(float((u**2).sum()) for u in update))
     clip = norm / 10
     big = [s + u for s, u in zip(start, update)]
     clipped = [s + u * (clip / norm) for s, u in zip(start, update)]  # norm exactly C

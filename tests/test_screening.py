@@ -58,7 +58,9 @@ def configure_train(strategy, current, n: int = N, server_round: int = 1) -> lis
 
 
 def configure_evaluate(strategy, n: int = N, server_round: int = 1) -> list[Message]:
-    return list(strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n)))
+    return list(
+        strategy.configure_evaluate(server_round, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(n))
+    )
 
 
 def other_node_reply(msgs: list[Message], make) -> Message:
@@ -70,8 +72,9 @@ def other_node_reply(msgs: list[Message], make) -> Message:
 
 # ---------------------------------------------------------------------- 1. identity
 # the registry's strategies that release the plain mean of accepted dense updates (no noise, no clipping)
-STRATEGIES = {name: REGISTRY[name].make for name in ("AccountedFedAvg", "ShuffleAmplifiedFedAvg",
-                                                     "MinDivergenceExpSampling")}
+STRATEGIES = {
+    name: REGISTRY[name].make for name in ("AccountedFedAvg", "ShuffleAmplifiedFedAvg", "MinDivergenceExpSampling")
+}
 
 
 def _shallow_copy(content: RecordDict) -> RecordDict:
@@ -87,8 +90,11 @@ def test_every_strategy_rejects_duplicate_and_unknown_senders_in_both_phases(nam
     for phase in ("train", "evaluate"):
         configure = strategy.configure_train if phase == "train" else strategy.configure_evaluate
         msgs = list(configure(1, entry.model(), ConfigRecord(), grid))
-        valid = entry.train_replies(grid, msgs) if phase == "train" else [
-            Message(entry.evaluate_content(i), reply_to=m) for i, m in enumerate(msgs)]
+        valid = (
+            entry.train_replies(grid, msgs)
+            if phase == "train"
+            else [Message(entry.evaluate_content(i), reply_to=m) for i, m in enumerate(msgs)]
+        )
         duplicate = Message(_shallow_copy(valid[1].content), reply_to=msgs[1])
         unknown = Message(_shallow_copy(valid[0].content), reply_to=msgs[0])
         unknown.metadata.__dict__["_src_node_id"] = 999
@@ -146,8 +152,9 @@ BAD_EVALUATE = {
     "missing weight": lambda m: reply(m, metrics={"accuracy": 0.5}),
     "list weight": lambda m: reply(m, metrics={"num-examples": [1.0, 2.0], "accuracy": 0.5}),
     "no MetricRecord": lambda m: Message(RecordDict({"c": ConfigRecord({"a": 1})}), reply_to=m),
-    "two MetricRecords": lambda m: Message(RecordDict({"a": MetricRecord({"num-examples": 1.0}),
-                                                       "b": MetricRecord({"num-examples": 1.0})}), reply_to=m),
+    "two MetricRecords": lambda m: Message(
+        RecordDict({"a": MetricRecord({"num-examples": 1.0}), "b": MetricRecord({"num-examples": 1.0})}), reply_to=m
+    ),
     "weight -5": lambda m: reply(m, metrics={"num-examples": -5.0, "accuracy": 0.5}),
     "weight 0": lambda m: reply(m, metrics={"num-examples": 0, "accuracy": 0.5}),
     "weight nan": lambda m: reply(m, metrics={"num-examples": math.nan, "accuracy": 0.5}),
@@ -204,12 +211,15 @@ def test_max_weight_is_validated_and_configurable():
 # ---------------------------------------------------------------------- 3. metrics (C6)
 def test_one_added_client_does_not_change_which_others_are_aggregated():
     """Issue 16 C6: before, the majority metric-key set decided; two odd clients plus one tipped it."""
+
     def run(extra: int):
         n = 3 + extra
         strategy = AccountedFedAvg(**fedavg_kwargs(n))
-        answers = [([np.full(2, 1.0)], {"num-examples": 1.0, "loss": 0.1}),
-                   ([np.full(2, 2.0)], {"num-examples": 1.0, "acc": 0.9}),
-                   ([np.full(2, 3.0)], {"num-examples": 1.0, "acc": 0.9})]
+        answers = [
+            ([np.full(2, 1.0)], {"num-examples": 1.0, "loss": 0.1}),
+            ([np.full(2, 2.0)], {"num-examples": 1.0, "acc": 0.9}),
+            ([np.full(2, 3.0)], {"num-examples": 1.0, "acc": 0.9}),
+        ]
         extra_answer = ([np.full(2, 10.0)], {"num-examples": 1.0, "loss": 0.2})
 
         def answer(i: int, msg: Message) -> Message:
@@ -225,9 +235,11 @@ def test_one_added_client_does_not_change_which_others_are_aggregated():
 
 
 def test_metrics_of_honest_clients_with_differing_list_lengths_and_scalars_aggregate():
-    contents = [content(metrics={"num-examples": 1.0, "per-class": [1.0, 2.0], "loss": 1.0}),
-                content(metrics={"num-examples": 3.0, "per-class": [3.0, 4.0, 5.0], "loss": [2.0, 9.0]}),
-                content(metrics={"num-examples": 1.0, "acc": 0.5})]
+    contents = [
+        content(metrics={"num-examples": 1.0, "per-class": [1.0, 2.0], "loss": 1.0}),
+        content(metrics={"num-examples": 3.0, "per-class": [3.0, 4.0, 5.0], "loss": [2.0, 9.0]}),
+        content(metrics={"num-examples": 1.0, "acc": 0.5}),
+    ]
     out = aggregate_reply_metrics(aggregate_metricrecords, contents, "num-examples")
     assert out["per-class"] == pytest.approx([(1 + 9) / 4, (2 + 12) / 4, 5.0])  # per index, over its carriers
     assert out["loss"] == pytest.approx([(1 + 6) / 4, 9.0])  # a scalar beside lists: a one-element list
@@ -236,10 +248,19 @@ def test_metrics_of_honest_clients_with_differing_list_lengths_and_scalars_aggre
 
 def test_normal_metrics_are_bit_identical_to_flower():
     rng = np.random.default_rng(0)
-    contents = [content(metrics={"num-examples": int(rng.integers(1, 100)), "loss": float(rng.random()),
-                                 "per-class": [float(v) for v in rng.random(5)]}) for _ in range(7)]
-    assert dict(aggregate_reply_metrics(aggregate_metricrecords, contents, "num-examples")) == \
-        dict(aggregate_metricrecords(contents, "num-examples"))
+    contents = [
+        content(
+            metrics={
+                "num-examples": int(rng.integers(1, 100)),
+                "loss": float(rng.random()),
+                "per-class": [float(v) for v in rng.random(5)],
+            }
+        )
+        for _ in range(7)
+    ]
+    assert dict(aggregate_reply_metrics(aggregate_metricrecords, contents, "num-examples")) == dict(
+        aggregate_metricrecords(contents, "num-examples")
+    )
 
 
 def test_metric_sums_near_the_float_range_stay_finite():
@@ -319,8 +340,9 @@ def test_signds_books_at_least_what_it_configured_whatever_the_client_declares()
     """Issue 16 D7: a NoOpDpEvent declaration gave eps = 0 where the server asked for 10 + rr 5."""
     strategy = SignDS(sign_k=0.05, sign_eps=10.0, **fedavg_kwargs())
     msgs = configure_train(strategy, [np.zeros(20, np.float32)])
-    replies = [upload(msgs[0], [1, 5], event=NoOpDpEvent()),
-               upload(msgs[1], [1, 5], event=round_event(10.0, 5.0))] + [upload(m, [1, 5]) for m in msgs[2:]]
+    replies = [upload(msgs[0], [1, 5], event=NoOpDpEvent()), upload(msgs[1], [1, 5], event=round_event(10.0, 5.0))] + [
+        upload(m, [1, 5]) for m in msgs[2:]
+    ]
     strategy.aggregate_train(1, replies)
     expected = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     expected.record(round_event(10.0, 5.0), server_round=1, client="x")
@@ -334,23 +356,36 @@ def test_shuffle_composed_declaration_with_a_number_for_events_is_a_rejection():
     msgs = configure_train(strategy, [np.zeros(3)])
     replies = [reply(m, [np.ones(3)], event=LaplaceDpEvent(1.0)) for m in msgs[1:]]
     bad = reply(msgs[0], [np.ones(3)])
-    bad.content[PRIVACY_RECORD] = ConfigRecord({"events": [json.dumps(
-        {"event": {"type": "ComposedDpEvent", "events": 5}, "label": "x", "relation": "replace_one"})]})
+    bad.content[PRIVACY_RECORD] = ConfigRecord(
+        {
+            "events": [
+                json.dumps({"event": {"type": "ComposedDpEvent", "events": 5}, "label": "x", "relation": "replace_one"})
+            ]
+        }
+    )
     arrays, metrics = strategy.aggregate_train(1, replies + [bad])
     assert strategy.rejections["train"]["declaration"] == 1 and arrays is not None
 
 
 # ---------------------------------------------------------------------- 7. ClusterEvaluation
 def inference_reply(msg: Message, point, weight=5.0, event=LaplaceDpEvent(0.1)) -> Message:
-    c = RecordDict({"metrics": MetricRecord({"num-examples": weight, "accuracy": 0.5}),
-                    "inference": ArrayRecord({"0": Array(np.asarray(point))})})
+    c = RecordDict(
+        {
+            "metrics": MetricRecord({"num-examples": weight, "accuracy": 0.5}),
+            "inference": ArrayRecord({"0": Array(np.asarray(point))}),
+        }
+    )
     if event is not None:
         declare_release(c, event, label="eval", neighboring_relation="replace_one")
     return Message(c, reply_to=msg)
 
 
-HONEST = [np.array([0.9, 0.05, 0.05]), np.array([0.05, 0.9, 0.05]), np.array([0.9, 0.05, 0.05]),
-          np.array([0.05, 0.9, 0.05])]
+HONEST = [
+    np.array([0.9, 0.05, 0.05]),
+    np.array([0.05, 0.9, 0.05]),
+    np.array([0.9, 0.05, 0.05]),
+    np.array([0.05, 0.9, 0.05]),
+]
 
 
 def test_cluster_length_tie_does_not_resolve_toward_attackers():
@@ -367,12 +402,15 @@ def test_cluster_length_tie_does_not_resolve_toward_attackers():
     assert all(p.size == 3 for p in pinned.points_history[-1].values())
 
 
-@pytest.mark.parametrize("point,reason", [
-    (np.array([1 + 0j, 0, 0]), "shape"),
-    (np.array(["a", "b", "c"]), "shape"),
-    (np.array([1e308, -1e308, 1e308]), "values"),
-    (np.array([np.nan, 0.5, 0.5]), "non-finite"),
-])
+@pytest.mark.parametrize(
+    "point,reason",
+    [
+        (np.array([1 + 0j, 0, 0]), "shape"),
+        (np.array(["a", "b", "c"]), "shape"),
+        (np.array([1e308, -1e308, 1e308]), "values"),
+        (np.array([np.nan, 0.5, 0.5]), "non-finite"),
+    ],
+)
 def test_cluster_rejects_non_real_and_absurd_inference_vectors(point, reason):
     strategy = ClusterEvaluation(FedAvg(**fedavg_kwargs(5)), num_classes=3, laplace_eval_eps=10.0)
     msgs = configure_evaluate(strategy, 5)
@@ -383,8 +421,9 @@ def test_cluster_rejects_non_real_and_absurd_inference_vectors(point, reason):
 
 
 def test_cluster_scores_of_huge_points_are_finite():
-    scores = cluster_scores(np.array([[1e308, -1e308, 1e308], [0.9, 0.05, 0.05], [0.05, 0.9, 0.05],
-                                      [0.9, 0.1, 0.0], [0.0, 0.9, 0.1]]))
+    scores = cluster_scores(
+        np.array([[1e308, -1e308, 1e308], [0.9, 0.05, 0.05], [0.05, 0.9, 0.05], [0.9, 0.1, 0.0], [0.0, 0.9, 0.1]])
+    )
     assert all(math.isfinite(v) for v in scores.values())
 
 
@@ -426,12 +465,20 @@ def test_cluster_around_an_unaccounted_strategy_reports_infinite_train_epsilon()
 
 
 # ---------------------------------------------------------------------- 8. D8
-@pytest.mark.parametrize("make_bad", [
-    lambda m: reply(m, [np.array([np.nan, 0, 0])]),
-    lambda m: reply(m, [np.ones(4)]),
-    lambda m: Message(RecordDict({"arrays": ArrayRecord({"x": Array(np.ones(3))}),
-                                  "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=m),
-], ids=["nan", "shape", "keys"])
+@pytest.mark.parametrize(
+    "make_bad",
+    [
+        lambda m: reply(m, [np.array([np.nan, 0, 0])]),
+        lambda m: reply(m, [np.ones(4)]),
+        lambda m: Message(
+            RecordDict(
+                {"arrays": ArrayRecord({"x": Array(np.ones(3))}), "metrics": MetricRecord({"num-examples": 1.0})}
+            ),
+            reply_to=m,
+        ),
+    ],
+    ids=["nan", "shape", "keys"],
+)
 def test_a_rejected_undeclared_train_reply_is_booked_non_private(make_bad):
     strategy = AccountedFedAvg(**fedavg_kwargs())
     msgs = configure_train(strategy, [np.zeros(3)])
@@ -446,8 +493,18 @@ def test_cluster_around_plain_fedavg_screens_train_replies_instead_of_aborting()
     msgs = configure_train(strategy, [np.zeros(3)])
     replies = [reply(m, [np.ones(3)]) for m in msgs[2:]]
     replies.append(reply(msgs[0], [np.ones(3)], metrics={"num-examples": 10.0, "loss": 0.5, "extra": 1.0}))
-    replies.append(Message(RecordDict({"a": ArrayRecord([np.ones(3)]), "b": ArrayRecord([np.ones(3)]),
-                                       "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=msgs[1]))
+    replies.append(
+        Message(
+            RecordDict(
+                {
+                    "a": ArrayRecord([np.ones(3)]),
+                    "b": ArrayRecord([np.ones(3)]),
+                    "metrics": MetricRecord({"num-examples": 1.0}),
+                }
+            ),
+            reply_to=msgs[1],
+        )
+    )
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert strategy.rejections["train"]["structure"] == 1 and metrics["extra"] == pytest.approx(1.0)
     np.testing.assert_array_equal(arrays.to_numpy_ndarrays()[0], np.ones(3))

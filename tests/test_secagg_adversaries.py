@@ -19,14 +19,23 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 
 from flwr_dp_strategies import DistributedDpFedAvg
-from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, decode_sum)
+from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, decode_sum
 from flwr_dp_strategies.secure_aggregation import SecureAggregationAborted, SecureAggregationRound
 from flwr_dp_strategies.secure_aggregation import client_protocol, protocol
 from flwr_dp_strategies.secure_aggregation.client_protocol import agreed_key, private_key_from_scalar
 from flwr_dp_strategies.secure_aggregation.masks import apply_mask, pairwise_sign, prg_mask, reduce_mod
-from flwr_dp_strategies.secure_aggregation.protocol import (RECORD, STAGE_KEY, STATE_RECORD, ProtocolError, Stage,
-                                                           choose_num_shares, graph_failure_bound,
-                                                           honest_shares_bound, min_threshold, ring_neighbours)
+from flwr_dp_strategies.secure_aggregation.protocol import (
+    RECORD,
+    STAGE_KEY,
+    STATE_RECORD,
+    ProtocolError,
+    Stage,
+    choose_num_shares,
+    graph_failure_bound,
+    honest_shares_bound,
+    min_threshold,
+    ring_neighbours,
+)
 
 from secagg_harness import LoopbackGrid, shifting_app, stage_of_message
 
@@ -34,8 +43,14 @@ pytestmark = pytest.mark.usefixtures("task_identity")
 
 D, BITS, SCALE = 64, 24, 200.0
 PARAMS = DistributedDpParams(dim=D, clip_norm=1.0, scale=SCALE, bits=BITS, rotation_seed=5)
-PUBLIC = {"dp-dim": D, "dp-clip-norm": 1.0, "dp-scale": SCALE, "dp-rotation-seed": 5, "dp-beta": PARAMS.beta,
-          "dp-noise-share": 0.0}  # no noise: what the attacker reads is the update itself
+PUBLIC = {
+    "dp-dim": D,
+    "dp-clip-norm": 1.0,
+    "dp-scale": SCALE,
+    "dp-rotation-seed": 5,
+    "dp-beta": PARAMS.beta,
+    "dp-noise-share": 0.0,
+}  # no noise: what the attacker reads is the update itself
 
 
 def deltas_for(nodes: list[int]) -> dict[int, np.ndarray]:
@@ -43,15 +58,25 @@ def deltas_for(nodes: list[int]) -> dict[int, np.ndarray]:
     return {n: rng.normal(size=D) * 0.05 for n in nodes}
 
 
-def secure_round(nodes: list[int], *, threshold: int, num_shares: int, colluders: int = 0,
-                 die: dict | None = None, tamper=None) -> tuple[SecureAggregationRound, LoopbackGrid]:
+def secure_round(
+    nodes: list[int], *, threshold: int, num_shares: int, colluders: int = 0, die: dict | None = None, tamper=None
+) -> tuple[SecureAggregationRound, LoopbackGrid]:
     """A round past setup and share-keys. ``threshold`` is written into the round after construction,
     as a server that ignores the library's own check would."""
     grid = LoopbackGrid(shifting_app(deltas_for(nodes), rng=3), nodes, die=die, tamper=tamper)
     size = protocol.neighbourhood_size(len(nodes), num_shares)
-    secure = SecureAggregationRound(1, nodes, num_shares=num_shares, threshold=min_threshold(size, colluders),
-                                    min_survivors=2, bits=BITS, length=PARAMS.padded_dim, timeout=None,
-                                    colluders=colluders, rng=random.Random(7))
+    secure = SecureAggregationRound(
+        1,
+        nodes,
+        num_shares=num_shares,
+        threshold=min_threshold(size, colluders),
+        min_survivors=2,
+        bits=BITS,
+        length=PARAMS.padded_dim,
+        timeout=None,
+        colluders=colluders,
+        rng=random.Random(7),
+    )
     secure.threshold = threshold
     secure.min_survivors = 2
     secure.setup(grid)
@@ -61,22 +86,25 @@ def secure_round(nodes: list[int], *, threshold: int, num_shares: int, colluders
 
 def collect(secure: SecureAggregationRound, grid: LoopbackGrid) -> dict[int, np.ndarray]:
     model = ArrayRecord({"w": Array(np.zeros(D, np.float32))})
-    replies = grid.send_and_receive(secure.collect_messages(
-        lambda node: RecordDict({"arrays": model, "config": ConfigRecord()}), PUBLIC))
+    replies = grid.send_and_receive(
+        secure.collect_messages(lambda node: RecordDict({"arrays": model, "config": ConfigRecord()}), PUBLIC)
+    )
     secure.add_masked(replies)
     return {int(r.metadata.src_node_id): secure.masked_vector(r.content) for r in replies if not r.has_error()}
 
 
-def unmask_requests(secure: SecureAggregationRound, grid: LoopbackGrid, told_dead: dict[int, set[int]]
-                    ) -> dict[int, tuple[list[int], list[bytes]]]:
+def unmask_requests(
+    secure: SecureAggregationRound, grid: LoopbackGrid, told_dead: dict[int, set[int]]
+) -> dict[int, tuple[list[int], list[bytes]]]:
     """Ask every survivor for its shares, naming the nodes in ``told_dead[holder]`` as dropped and every
     other held peer as alive (each request complete, as clients require); the answers by holder."""
     messages = []
     for node in sorted(secure.survivors):
         held = {src for src, _ in secure.forwarded[node]} | {node}
         dead = sorted(told_dead.get(node, set()) & held - {node})
-        messages.append(secure._message(node, {STAGE_KEY: Stage.UNMASK, "active": sorted(held - set(dead)),
-                                               "dead": dead}))
+        messages.append(
+            secure._message(node, {STAGE_KEY: Stage.UNMASK, "active": sorted(held - set(dead)), "dead": dead})
+        )
     answers = {}
     for reply in grid.send_and_receive(messages):
         if not reply.has_error():
@@ -85,8 +113,9 @@ def unmask_requests(secure: SecureAggregationRound, grid: LoopbackGrid, told_dea
     return answers
 
 
-def read_vector(secure: SecureAggregationRound, masked: np.ndarray, target: int, seed_shares: list[bytes],
-                sk1_shares: list[bytes]) -> np.ndarray | None:
+def read_vector(
+    secure: SecureAggregationRound, masked: np.ndarray, target: int, seed_shares: list[bytes], sk1_shares: list[bytes]
+) -> np.ndarray | None:
     """The target's own encoding, if t shares of both its seed and its key are in hand (None otherwise)."""
     t = secure.threshold
     if len(seed_shares) < t or len(sk1_shares) < t:
@@ -141,11 +170,14 @@ def test_positive_control_the_double_reveal_reads_a_clients_update_when_clients_
     np.testing.assert_allclose(got, clipped(deltas_for(nodes)[103]), atol=2 * math.sqrt(D) / SCALE)
 
 
-@pytest.mark.parametrize("n,num_shares,threshold", [
-    (6, 6, 4),    # the least t clients accept for 6 holders
-    (6, 6, 5),    # DistributedDpFedAvg's default at n = 6
-    (12, 6, 4),   # a SecAgg+ neighbourhood of 7 in a ring of 12
-])
+@pytest.mark.parametrize(
+    "n,num_shares,threshold",
+    [
+        (6, 6, 4),  # the least t clients accept for 6 holders
+        (6, 6, 5),  # DistributedDpFedAvg's default at n = 6
+        (12, 6, 4),  # a SecAgg+ neighbourhood of 7 in a ring of 12
+    ],
+)
 def test_the_double_reveal_recovers_nothing_under_the_threshold_rule(n, num_shares, threshold):
     nodes = list(range(101, 101 + n))
     assert double_reveal(nodes, threshold=threshold, num_shares=num_shares, target=103) is None
@@ -158,16 +190,25 @@ def test_clients_refuse_a_threshold_at_or_below_half_their_share_holders(n, num_
         secure_round(nodes, threshold=threshold, num_shares=num_shares)
     grid = LoopbackGrid(shifting_app(deltas_for(nodes), rng=3), nodes)
     with pytest.raises(ValueError, match="threshold must be an integer in"):  # and the honest server refuses it
-        SecureAggregationRound(1, nodes, num_shares=num_shares, threshold=threshold, min_survivors=2, bits=BITS,
-                               length=PARAMS.padded_dim, timeout=None)
+        SecureAggregationRound(
+            1,
+            nodes,
+            num_shares=num_shares,
+            threshold=threshold,
+            min_survivors=2,
+            bits=BITS,
+            length=PARAMS.padded_dim,
+            timeout=None,
+        )
     assert grid.sent == []
 
 
 def test_the_clients_refusal_names_the_rule():
     nodes = list(range(101, 105))
     grid = LoopbackGrid(shifting_app(deltas_for(nodes), rng=3), nodes)
-    secure = SecureAggregationRound(1, nodes, num_shares=4, threshold=3, min_survivors=2, bits=BITS,
-                                    length=PARAMS.padded_dim, timeout=None)
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=4, threshold=3, min_survivors=2, bits=BITS, length=PARAMS.padded_dim, timeout=None
+    )
     secure.threshold = 2
     secure.setup(grid)
     with pytest.raises(SecureAggregationAborted):
@@ -176,8 +217,9 @@ def test_the_clients_refusal_names_the_rule():
 
 
 # ---------------------------------------------------------------------------------------------- colluders
-def colluders_read(nodes: list[int], *, threshold: int, colluders: list[int], target: int,
-                   declared: int | None = None) -> np.ndarray | None:
+def colluders_read(
+    nodes: list[int], *, threshold: int, colluders: list[int], target: int, declared: int | None = None
+) -> np.ndarray | None:
     """An honest server, plus colluding clients that hand over every share they hold (copied before the
     unmask stage closes their state): the target's update if their shares and the honest unmask together
     rebuild its key. ``declared``: the colluders the server declares (default: as many as there are)."""
@@ -211,8 +253,7 @@ def test_colluders_up_to_the_configured_bound_cannot_read_a_neighbour():
 
 def test_colluders_leave_at_least_the_calibrated_noise():
     """Each client adds μ/(m − c): a sum of m survivors less the c colluders' own shares keeps μ."""
-    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, max_colluding_clients=2,
-                                   min_survivors=8)
+    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, max_colluding_clients=2, min_survivors=8)
     sizes = strategy.protocol_sizes(10)
     _, calibration = strategy.round_parameters(1, D, sizes)
     assert sizes.honest == 6 and calibration.local_mu == pytest.approx(calibration.mu / 6)
@@ -222,14 +263,17 @@ def test_colluders_leave_at_least_the_calibrated_noise():
     assert without.local_mu == pytest.approx(without.mu / 8)  # without colluders: μ/m
 
 
-@pytest.mark.parametrize("kwargs,name", [
-    ({"max_colluding_clients": 3, "min_survivors": 3}, "min_survivors"),
-    ({"max_colluding_clients": 2, "reconstruction_threshold": 2}, "reconstruction_threshold"),
-    ({"max_colluding_clients": -1}, "max_colluding_clients"),
-    ({"reconstruction_threshold": 0.5}, "reconstruction_threshold"),
-    ({"dropout_rate": 1.0}, "dropout_rate"),
-    ({"failure_probability": 0.0}, "failure_probability"),
-])
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"max_colluding_clients": 3, "min_survivors": 3}, "min_survivors"),
+        ({"max_colluding_clients": 2, "reconstruction_threshold": 2}, "reconstruction_threshold"),
+        ({"max_colluding_clients": -1}, "max_colluding_clients"),
+        ({"reconstruction_threshold": 0.5}, "reconstruction_threshold"),
+        ({"dropout_rate": 1.0}, "dropout_rate"),
+        ({"failure_probability": 0.0}, "failure_probability"),
+    ],
+)
 def test_configurations_that_cannot_resist_their_adversary_are_refused(kwargs, name):
     with pytest.raises(ValueError, match=name):
         DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, **kwargs)
@@ -238,8 +282,7 @@ def test_configurations_that_cannot_resist_their_adversary_are_refused(kwargs, n
 def test_a_round_whose_sizes_cannot_be_met_is_skipped_with_a_warning(caplog):
     nodes = [101, 102, 103]
     grid = LoopbackGrid(shifting_app(deltas_for(nodes), rng=3), nodes)
-    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, max_colluding_clients=3,
-                                   min_survivors=1.0)
+    strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, max_colluding_clients=3, min_survivors=1.0)
     model = ArrayRecord({"w": Array(np.zeros(D, np.float32))})
     with caplog.at_level(logging.WARNING):
         assert list(strategy.configure_train(1, model, ConfigRecord(), grid)) == []
@@ -284,6 +327,7 @@ def test_the_default_graph_meets_its_failure_bound_under_random_dropouts():
     assert k < n and graph_failure_bound(n, k, t, rate) <= 1e-6
     rng = np.random.default_rng(0)
     from flwr_dp_strategies.secure_aggregation.server_protocol import components
+
     for draw in range(300):
         graph = ring_neighbours(range(n), k, draw)
         alive = {u for u in range(n) if rng.random() >= rate}
@@ -310,8 +354,9 @@ def test_a_client_shown_another_view_is_refused_by_its_neighbours():
         return send(messages, timeout=timeout)
 
     grid.send_and_receive = sending
-    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=2, bits=BITS,
-                                    length=PARAMS.padded_dim, timeout=None)
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=6, threshold=4, min_survivors=2, bits=BITS, length=PARAMS.padded_dim, timeout=None
+    )
     secure.setup(grid)
     secure.share_keys(grid)
     collect(secure, grid)
@@ -353,8 +398,7 @@ def test_the_summary_states_the_enforced_trust_model(caplog):
     grid = LoopbackGrid(shifting_app(deltas_for(nodes), rng=3), nodes)
     strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, max_colluding_clients=1)
     model = ArrayRecord({"w": Array(np.zeros(D, np.float32))})
-    strategy.aggregate_train(1, grid.send_and_receive(list(strategy.configure_train(1, model, ConfigRecord(),
-                                                                                     grid))))
+    strategy.aggregate_train(1, grid.send_and_receive(list(strategy.configure_train(1, model, ConfigRecord(), grid))))
     with caplog.at_level(logging.INFO):
         strategy.summary()
     sizes = strategy.protocol_sizes(6)
@@ -371,15 +415,17 @@ def test_a_client_assuming_more_colluders_than_declared_still_joins_a_round_that
     strict = shifting_app(deltas_for(nodes), rng=3, max_colluding_clients=1)
     grid = LoopbackGrid(app_plain, nodes)
     grid.apps = {101: strict}
-    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS,
-                                    length=PARAMS.padded_dim, timeout=None)
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS, length=PARAMS.padded_dim, timeout=None
+    )
     secure.setup(grid)
     secure.share_keys(grid)
     collect(secure, grid)
     secure.unmask(grid)
     assert secure.survivors == set(nodes) and grid.errors == []
-    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS,
-                                    length=PARAMS.padded_dim, timeout=None)
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS, length=PARAMS.padded_dim, timeout=None
+    )
     grid = LoopbackGrid(app_plain, nodes)
     grid.apps = {101: shifting_app(deltas_for(nodes), rng=3, max_colluding_clients=2)}  # 2t = 8 = h + 2: refused
     secure.setup(grid)

@@ -41,12 +41,14 @@ FIELD_MUTATIONS = {
     "delete": lambda record, key: record.__delitem__(key),
     "wrong-type": lambda record, key: record.__setitem__(key, 3.5),
     "garbage": lambda record, key: record.__setitem__(key, _garbage(record[key])),
-    "repeat": lambda record, key: record.__setitem__(key, list(record[key]) * 2 if isinstance(record[key], list)
-                                                     else record[key]),
+    "repeat": lambda record, key: record.__setitem__(
+        key, list(record[key]) * 2 if isinstance(record[key], list) else record[key]
+    ),
 }
 CONTENT_MUTATIONS = {
     "stage": lambda reply: reply.content[RECORD].__setitem__(
-        STAGE_KEY, Stage.UNMASK if reply.content[RECORD].get(STAGE_KEY) != Stage.UNMASK else Stage.SETUP),
+        STAGE_KEY, Stage.UNMASK if reply.content[RECORD].get(STAGE_KEY) != Stage.UNMASK else Stage.SETUP
+    ),
     "extra-record": lambda reply: reply.content.__setitem__("more", ConfigRecord({"x": 1})),
     "no-record": lambda reply: reply.content.__delitem__(RECORD),
 }
@@ -62,8 +64,11 @@ def mutate(reply: Message, how: str, pick: int) -> None:
         FIELD_MUTATIONS[how](record, keys[pick % len(keys)])
 
 
-MUTATION = st.tuples(st.sampled_from([Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK]),
-                     st.sampled_from(sorted(FIELD_MUTATIONS) + sorted(CONTENT_MUTATIONS)), st.integers(0, 5))
+MUTATION = st.tuples(
+    st.sampled_from([Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK]),
+    st.sampled_from(sorted(FIELD_MUTATIONS) + sorted(CONTENT_MUTATIONS)),
+    st.integers(0, 5),
+)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,8 +86,17 @@ def test_malformed_client_replies_reveal_the_exact_survivors_sum_or_abort(mutati
         return reply
 
     grid = LoopbackGrid(integer_app(vectors, BITS), NODES, tamper=tamper)
-    secure = SecureAggregationRound(1, NODES, num_shares=graph[0], threshold=graph[1], min_survivors=graph[1],
-                                    bits=BITS, length=LENGTH, timeout=None, rng=random.Random(0))
+    secure = SecureAggregationRound(
+        1,
+        NODES,
+        num_shares=graph[0],
+        threshold=graph[1],
+        min_survivors=graph[1],
+        bits=BITS,
+        length=LENGTH,
+        timeout=None,
+        rng=random.Random(0),
+    )
     try:
         secure.setup(grid)
         secure.share_keys(grid)
@@ -102,9 +116,20 @@ def honest_messages(nodes: list[int]) -> tuple[dict[int, ConfigRecord], dict[str
     states = {n: ConfigRecord() for n in nodes}
     setup = {n: ConfigRecord({"round": 1, "threshold": 3, "bits": BITS, "colluders": 0}) for n in nodes}
     keys = {n: ClientRound(states[n], n).setup(setup[n]) for n in nodes}
-    share = {n: ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[m]["pk1"] for m in nodes],
-                              "pk2s": [keys[m]["pk2"] for m in nodes], "view": nodes, "graph-seed": 3,
-                              "num-shares": len(nodes)}) for n in nodes}
+    share = {
+        n: ConfigRecord(
+            {
+                "round": 1,
+                "nids": nodes,
+                "pk1s": [keys[m]["pk1"] for m in nodes],
+                "pk2s": [keys[m]["pk2"] for m in nodes],
+                "view": nodes,
+                "graph-seed": 3,
+                "num-shares": len(nodes),
+            }
+        )
+        for n in nodes
+    }
     return states, {Stage.SETUP: setup, Stage.SHARE_KEYS: share}
 
 
@@ -121,15 +146,25 @@ def run_client(state: ConfigRecord, node: int, stage: str, record: ConfigRecord)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK]),
-       st.sampled_from(sorted(FIELD_MUTATIONS)), st.integers(0, 9))
+@given(
+    st.sampled_from([Stage.SETUP, Stage.SHARE_KEYS, Stage.COLLECT, Stage.UNMASK]),
+    st.sampled_from(sorted(FIELD_MUTATIONS)),
+    st.integers(0, 9),
+)
 def test_a_client_refuses_a_malformed_instruction_with_a_value_error(stage, how, pick):
     nodes = [1, 2, 3, 4]
     states, records = honest_messages(nodes)
     outgoing = {n: ClientRound(states[n], n).share_keys(records[Stage.SHARE_KEYS][n]) for n in nodes}
-    collect = {n: ConfigRecord({"round": 1, "srcs": [m for m in nodes if m != n],
-                                "ctxts": [outgoing[m]["ctxts"][outgoing[m]["dsts"].index(n)]
-                                          for m in nodes if m != n]}) for n in nodes}
+    collect = {
+        n: ConfigRecord(
+            {
+                "round": 1,
+                "srcs": [m for m in nodes if m != n],
+                "ctxts": [outgoing[m]["ctxts"][outgoing[m]["dsts"].index(n)] for m in nodes if m != n],
+            }
+        )
+        for n in nodes
+    }
     unmask = ConfigRecord({"round": 1, "active": [1, 2, 3], "dead": [4]})
     if stage in (Stage.SETUP, Stage.SHARE_KEYS):  # replay from a fresh state
         states, records = honest_messages(nodes)

@@ -17,8 +17,15 @@ from scipy import stats
 from flwr_dp_strategies.secure_aggregation import SecureAggregationAborted, SecureAggregationRound
 from flwr_dp_strategies.secure_aggregation.client_protocol import ClientRound, handle
 from flwr_dp_strategies.secure_aggregation.masks import pack_bits, packed_size, prg_mask, unpack_bits
-from flwr_dp_strategies.secure_aggregation.protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY,
-                                                           STATE_RECORD, ProtocolError, stage_of)
+from flwr_dp_strategies.secure_aggregation.protocol import (
+    MASKED_KEY,
+    MASKED_RECORD,
+    RECORD,
+    STAGE_KEY,
+    STATE_RECORD,
+    ProtocolError,
+    stage_of,
+)
 from flwr_dp_strategies.secure_aggregation.server_protocol import ring_neighbours
 
 from secagg_harness import LoopbackGrid
@@ -36,8 +43,7 @@ def integer_app(vectors: dict[int, np.ndarray], bits: int) -> ClientApp:
             context.state[STATE_RECORD] = ConfigRecord()
         stage = stage_of(msg.content)
         node = int(context.node_id)
-        fields, vector = handle(context.state[STATE_RECORD], node, stage, msg.content[RECORD],
-                                lambda: vectors[node])
+        fields, vector = handle(context.state[STATE_RECORD], node, stage, msg.content[RECORD], lambda: vectors[node])
         out = RecordDict({RECORD: ConfigRecord({STAGE_KEY: stage, **fields})})
         if vector is not None:
             out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, bits))})
@@ -46,11 +52,27 @@ def integer_app(vectors: dict[int, np.ndarray], bits: int) -> ClientApp:
     return app
 
 
-def run_round(grid: LoopbackGrid, nodes: list[int], *, bits: int, length: int, num_shares: int, threshold: int,
-              min_survivors: int = 0) -> tuple[SecureAggregationRound, np.ndarray]:
-    secure = SecureAggregationRound(1, nodes, num_shares=num_shares, threshold=threshold,
-                                    min_survivors=min_survivors, bits=bits, length=length, timeout=None,
-                                    rng=random.Random(0))
+def run_round(
+    grid: LoopbackGrid,
+    nodes: list[int],
+    *,
+    bits: int,
+    length: int,
+    num_shares: int,
+    threshold: int,
+    min_survivors: int = 0,
+) -> tuple[SecureAggregationRound, np.ndarray]:
+    secure = SecureAggregationRound(
+        1,
+        nodes,
+        num_shares=num_shares,
+        threshold=threshold,
+        min_survivors=min_survivors,
+        bits=bits,
+        length=length,
+        timeout=None,
+        rng=random.Random(0),
+    )
     secure.setup(grid)
     secure.share_keys(grid)
     replies = grid.send_and_receive(secure.collect_messages(lambda node: RecordDict()))
@@ -71,8 +93,16 @@ def modular(total: list[np.ndarray], bits: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("num_shares,threshold", [(10, 6), (5, 3)])
-@pytest.mark.parametrize("die", [{}, {103: "share-keys"}, {104: "collect", 108: "collect"}, {102: "unmask"},
-                                 {101: "setup", 105: "collect", 109: "unmask"}])
+@pytest.mark.parametrize(
+    "die",
+    [
+        {},
+        {103: "share-keys"},
+        {104: "collect", 108: "collect"},
+        {102: "unmask"},
+        {101: "setup", 105: "collect", 109: "unmask"},
+    ],
+)
 def test_revealed_value_is_exactly_the_sum_of_the_survivors_vectors(num_shares, threshold, die):
     nodes, bits, length = list(range(101, 111)), 20, 257
     vectors = vectors_for(nodes, bits, length)
@@ -101,8 +131,9 @@ def test_a_masked_vector_is_uniform_whatever_the_input():
     nodes, bits, length = [1, 2, 3], 8, 1 << 15
     vectors = {n: np.zeros(length, dtype=np.uint64) for n in nodes}
     grid = LoopbackGrid(integer_app(vectors, bits), nodes)
-    secure = SecureAggregationRound(1, nodes, num_shares=3, threshold=2, min_survivors=2, bits=bits,
-                                    length=length, timeout=None)
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=3, threshold=2, min_survivors=2, bits=bits, length=length, timeout=None
+    )
     secure.setup(grid)
     secure.share_keys(grid)
     replies = grid.send_and_receive(secure.collect_messages(lambda node: RecordDict()))
@@ -117,11 +148,23 @@ def test_a_masked_vector_is_uniform_whatever_the_input():
 def shared_keys(nodes: list[int], threshold: int) -> tuple[dict[int, ConfigRecord], dict[int, dict]]:
     """Client states after setup and share-keys on the complete graph, and each client's outgoing shares."""
     states = {n: ConfigRecord() for n in nodes}
-    keys = {n: ClientRound(states[n], n).setup(ConfigRecord({"round": 1, "threshold": threshold, "bits": 16,
-                                                             "colluders": 0})) for n in nodes}
-    record = ConfigRecord({"round": 1, "nids": nodes, "pk1s": [keys[n]["pk1"] for n in nodes],
-                           "pk2s": [keys[n]["pk2"] for n in nodes], "view": nodes, "graph-seed": 0,
-                           "num-shares": len(nodes)})
+    keys = {
+        n: ClientRound(states[n], n).setup(
+            ConfigRecord({"round": 1, "threshold": threshold, "bits": 16, "colluders": 0})
+        )
+        for n in nodes
+    }
+    record = ConfigRecord(
+        {
+            "round": 1,
+            "nids": nodes,
+            "pk1s": [keys[n]["pk1"] for n in nodes],
+            "pk2s": [keys[n]["pk2"] for n in nodes],
+            "view": nodes,
+            "graph-seed": 0,
+            "num-shares": len(nodes),
+        }
+    )
     return states, {n: ClientRound(states[n], n).share_keys(record) for n in nodes}
 
 
@@ -131,14 +174,15 @@ def test_fewer_than_t_shares_do_not_rebuild_a_clients_mask_seed():
     for n in nodes:
         srcs = [s for s in nodes if s != n]
         ctxts = [outgoing[s]["ctxts"][outgoing[s]["dsts"].index(n)] for s in srcs]
-        ClientRound(states[n], n).collect(ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}),
-                                          lambda: np.zeros(8, dtype=np.uint64))
+        ClientRound(states[n], n).collect(
+            ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}), lambda: np.zeros(8, dtype=np.uint64)
+        )
     seed = bytes(states[1]["seed"])
     shares = [dict(zip(states[h]["seed-owners"], states[h]["seed-shares"]))[1] for h in nodes]
     assert combine_shares(shares[:t]) == seed
-    assert combine_shares(shares[2:2 + t]) == seed
+    assert combine_shares(shares[2 : 2 + t]) == seed
     try:
-        rebuilt = combine_shares(shares[:t - 1])
+        rebuilt = combine_shares(shares[: t - 1])
     except ValueError:
         rebuilt = None
     assert rebuilt != seed
@@ -172,17 +216,24 @@ def test_malformed_masked_replies_are_rejected_and_the_round_still_unmasks():
 _VIEW = {"view": [1, 2], "graph-seed": 0, "num-shares": 2}
 
 
-@pytest.mark.parametrize("record,match", [
-    ({"round": 1, "nids": [1, 2], "pk1s": [b"a"], "pk2s": [b"b", b"c"], **_VIEW}, "must have 2 items"),
-    ({"round": 1, "nids": [1, 1], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "repeats"),
-    ({"round": 2, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "after stage"),
-    ({"round": True, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "must be int"),
-    ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "'view' is missing"),
-    ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW, "view": [2, 3]},
-     "does not hold this node"),
-    ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW, "view": [1, 2, 3]},
-     "not this node's neighbourhood"),
-])
+@pytest.mark.parametrize(
+    "record,match",
+    [
+        ({"round": 1, "nids": [1, 2], "pk1s": [b"a"], "pk2s": [b"b", b"c"], **_VIEW}, "must have 2 items"),
+        ({"round": 1, "nids": [1, 1], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "repeats"),
+        ({"round": 2, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "after stage"),
+        ({"round": True, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW}, "must be int"),
+        ({"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"]}, "'view' is missing"),
+        (
+            {"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW, "view": [2, 3]},
+            "does not hold this node",
+        ),
+        (
+            {"round": 1, "nids": [1, 2], "pk1s": [b"a", b"b"], "pk2s": [b"c", b"d"], **_VIEW, "view": [1, 2, 3]},
+            "not this node's neighbourhood",
+        ),
+    ],
+)
 def test_a_client_refuses_malformed_or_out_of_order_instructions(record, match):
     state = ConfigRecord()
     client = ClientRound(state, 1)
@@ -196,8 +247,9 @@ def test_a_client_never_reveals_both_shares_of_a_node_and_answers_unmask_once():
     states, outgoing = shared_keys(nodes, 2)
     srcs = [2, 3]
     ctxts = [outgoing[s]["ctxts"][outgoing[s]["dsts"].index(1)] for s in srcs]
-    ClientRound(states[1], 1).collect(ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}),
-                                      lambda: np.zeros(4, dtype=np.uint64))
+    ClientRound(states[1], 1).collect(
+        ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}), lambda: np.zeros(4, dtype=np.uint64)
+    )
     with pytest.raises(ProtocolError, match="both"):
         ClientRound(states[1], 1).unmask(ConfigRecord({"round": 1, "active": [1, 2], "dead": [2]}))
     with pytest.raises(ProtocolError, match="fewer than the threshold"):
@@ -213,8 +265,9 @@ def test_a_forwarded_ciphertext_for_another_node_is_refused():
     states, outgoing = shared_keys(nodes, 2)
     for_3 = outgoing[2]["ctxts"][outgoing[2]["dsts"].index(3)]
     with pytest.raises(ProtocolError, match="does not decrypt"):
-        ClientRound(states[1], 1).collect(ConfigRecord({"round": 1, "srcs": [2], "ctxts": [for_3]}),
-                                          lambda: np.zeros(4, dtype=np.uint64))
+        ClientRound(states[1], 1).collect(
+            ConfigRecord({"round": 1, "srcs": [2], "ctxts": [for_3]}), lambda: np.zeros(4, dtype=np.uint64)
+        )
 
 
 def test_masks_and_packing():
@@ -246,9 +299,14 @@ def test_ring_neighbourhoods_are_symmetric_of_size_k_and_a_function_of_the_publi
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.dictionaries(st.sampled_from(list(range(101, 109))),
-                       st.sampled_from(["setup", "share-keys", "collect", "unmask"]), max_size=3),
-       st.sampled_from([(8, 5), (5, 3)]))
+@given(
+    st.dictionaries(
+        st.sampled_from(list(range(101, 109))),
+        st.sampled_from(["setup", "share-keys", "collect", "unmask"]),
+        max_size=3,
+    ),
+    st.sampled_from([(8, 5), (5, 3)]),
+)
 def test_any_dropout_pattern_either_reveals_the_exact_sum_or_aborts(die, graph):
     nodes, bits, length = list(range(101, 109)), 12, 33
     vectors = vectors_for(nodes, bits, length, seed=len(die))
@@ -287,8 +345,12 @@ def test_corrupt_shares_of_a_dropped_clients_key_abort_instead_of_unmasking_garb
 def test_through_the_mod_the_revealed_sum_is_exactly_the_clipped_rotated_rounded_updates_mod_2b():
     """No noise (share 0): the secure round reveals Σ to_modular(k_u) where k_u is each client's clipped,
     rotated, scaled, conditionally rounded update, replayed from the same generator."""
-    from flwr_dp_strategies.privacy.distributed_dp import (DistributedDpParams, client_integer_vector,
-                                                           modular_sum, to_modular)
+    from flwr_dp_strategies.privacy.distributed_dp import (
+        DistributedDpParams,
+        client_integer_vector,
+        modular_sum,
+        to_modular,
+    )
 
     from secagg_harness import shifting_app
 
@@ -297,15 +359,23 @@ def test_through_the_mod_the_revealed_sum_is_exactly_the_clipped_rotated_rounded
     deltas = {n: rng.normal(size=d) * (0.05 if n % 2 else 1.0) for n in nodes}  # half of them clipped
     params = DistributedDpParams(dim=d, clip_norm=1.0, scale=50.0, bits=bits, rotation_seed=7)
     grid = LoopbackGrid(shifting_app(deltas, rng=np.random.default_rng(11)), nodes, die={104: "collect"})
-    secure = SecureAggregationRound(1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=bits,
-                                    length=params.padded_dim, timeout=None)
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=bits, length=params.padded_dim, timeout=None
+    )
     secure.setup(grid)
     secure.share_keys(grid)
-    public = {"dp-dim": d, "dp-clip-norm": 1.0, "dp-scale": 50.0, "dp-rotation-seed": 7, "dp-beta": params.beta,
-              "dp-noise-share": 0.0}
+    public = {
+        "dp-dim": d,
+        "dp-clip-norm": 1.0,
+        "dp-scale": 50.0,
+        "dp-rotation-seed": 7,
+        "dp-beta": params.beta,
+        "dp-noise-share": 0.0,
+    }
     model = ArrayRecord({"w": Array(np.zeros(d, np.float32))})
-    replies = grid.send_and_receive(secure.collect_messages(
-        lambda node: RecordDict({"arrays": model, "config": ConfigRecord()}), public))
+    replies = grid.send_and_receive(
+        secure.collect_messages(lambda node: RecordDict({"arrays": model, "config": ConfigRecord()}), public)
+    )
     secure.add_masked(replies)
     total = secure.unmask(grid)
     replay = np.random.default_rng(11)

@@ -15,12 +15,23 @@ from hypothesis.extra.numpy import arrays
 from client_mods.secure_objective import SecureObjectiveTrainer
 from flwr_dp_strategies import SecureObjectiveSum
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.functional_mechanism import (quadratic_statistics, solve_objective,
-                                                             sum_statistics)
+from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics, solve_objective, sum_statistics
 from flwr_dp_strategies.privacy.secure_objective import (
-    SecureObjectiveParams, calibrate_secure_objective, client_integer_objective, coefficient_l2_sensitivity,
-    decode_objective, encode_objective, integer_l2_sensitivity, objective_vector, planned_magnitude,
-    randomized_round, record_l2_bound, record_vectors, sum_integer_objectives, vector_length)
+    SecureObjectiveParams,
+    calibrate_secure_objective,
+    client_integer_objective,
+    coefficient_l2_sensitivity,
+    decode_objective,
+    encode_objective,
+    integer_l2_sensitivity,
+    objective_vector,
+    planned_magnitude,
+    randomized_round,
+    record_l2_bound,
+    record_vectors,
+    sum_integer_objectives,
+    vector_length,
+)
 from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
 from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD
 from flwr_dp_strategies.strategy.secure_objective_sum import EVENT_LABEL
@@ -58,16 +69,28 @@ def head(dim: int, width: int) -> ArrayRecord:
 def expected_integer_sum(data, nodes, params, share, num_classes, loss="softmax"):
     """Each node's encoding replayed from its seed (the trainer draws rounding, then noise, from rng=n)."""
     return sum_integer_objectives(
-        [encode_objective(quadratic_statistics(*data[n], num_classes=num_classes, loss=loss), params,
-                          local_noise_variance=share, rng=np.random.default_rng(n)) for n in nodes], params)
+        [
+            encode_objective(
+                quadratic_statistics(*data[n], num_classes=num_classes, loss=loss),
+                params,
+                local_noise_variance=share,
+                rng=np.random.default_rng(n),
+            )
+            for n in nodes
+        ],
+        params,
+    )
 
 
 # ---------------------------------------------------------------------------- the privacy core
 
+
 @settings(max_examples=60, deadline=None)
-@given(x=arrays(np.float64, (5, 6), elements=st.floats(-1e3, 1e3)), y=st.lists(st.integers(0, 3), min_size=5,
-                                                                                 max_size=5),
-       loss=st.sampled_from(["softmax", "logistic"]))
+@given(
+    x=arrays(np.float64, (5, 6), elements=st.floats(-1e3, 1e3)),
+    y=st.lists(st.integers(0, 3), min_size=5, max_size=5),
+    loss=st.sampled_from(["softmax", "logistic"]),
+)
 def test_no_record_vector_exceeds_the_bound_and_they_sum_to_the_objective(x, y, loss):
     c = 2 if loss == "logistic" else 4
     labels = np.array(y) % c
@@ -78,8 +101,10 @@ def test_no_record_vector_exceeds_the_bound_and_they_sum_to_the_objective(x, y, 
     assert np.all(np.abs(phi) <= 1 + 1e-12)  # the modular range rests on |φ_j| ≤ 1
     # replace-one: any two records differ by at most the replace-one sensitivity
     diffs = phi[:, None, :] - phi[None, :, :]
-    assert np.all(np.linalg.norm(diffs, axis=2) <= coefficient_l2_sensitivity(
-        c, loss=loss, neighboring_relation="replace_one") * (1 + 1e-12))
+    assert np.all(
+        np.linalg.norm(diffs, axis=2)
+        <= coefficient_l2_sensitivity(c, loss=loss, neighboring_relation="replace_one") * (1 + 1e-12)
+    )
     exact = objective_vector(quadratic_statistics(x, labels, num_classes=c, loss=loss))
     np.testing.assert_allclose(phi.sum(axis=0), exact, rtol=1e-10, atol=1e-9)
 
@@ -90,9 +115,11 @@ def test_the_bound_is_attained_by_a_basis_vector():
 
 
 @settings(max_examples=60, deadline=None)
-@given(y=arrays(np.float64, 50, elements=st.floats(-1e4, 1e4)), shift=arrays(np.float64, 50,
-                                                                             elements=st.floats(-3, 3)),
-       seed=st.integers(0, 2 ** 32 - 1))
+@given(
+    y=arrays(np.float64, 50, elements=st.floats(-1e4, 1e4)),
+    shift=arrays(np.float64, 50, elements=st.floats(-3, 3)),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_coupled_roundings_of_neighbours_are_within_the_integer_sensitivity(y, shift, seed):
     """The coupling of the module docstring: same uniforms, ‖k − k′‖ < ‖y − y′‖ + √D."""
     k = randomized_round(y, np.random.default_rng(seed))
@@ -117,30 +144,51 @@ def test_the_integer_sum_without_noise_is_the_sum_of_the_rounded_coefficients():
 
 def test_calibration_hits_the_target_epsilon_and_fits_the_range():
     for relation in ("add_or_remove_one", "replace_one"):
-        cal = calibrate_secure_objective(dim=20, num_classes=10, max_records=60000, n_clients=100, min_survivors=80,
-                                         epsilon=1.0, neighboring_relation=relation, bits=32)
+        cal = calibrate_secure_objective(
+            dim=20,
+            num_classes=10,
+            max_records=60000,
+            n_clients=100,
+            min_survivors=80,
+            epsilon=1.0,
+            neighboring_relation=relation,
+            bits=32,
+        )
         fresh = PrivacyLedger(1e-5, neighboring_relation=relation)
         fresh.record(cal.event, server_round=1)
         assert cal.epsilon == pytest.approx(fresh.epsilon(), rel=1e-9)
         assert 1.0 - 1e-4 < cal.epsilon <= 1.0
-        l2 = integer_l2_sensitivity(cal.params.scale, cal.params.length,
-                                    coefficient_l2_sensitivity(10, neighboring_relation=relation))
+        l2 = integer_l2_sensitivity(
+            cal.params.scale, cal.params.length, coefficient_l2_sensitivity(10, neighboring_relation=relation)
+        )
         assert cal.event.l2_sensitivity == pytest.approx(l2)
-        assert planned_magnitude(cal.params.scale, cal.mu, max_records=60000, n_clients=100,
-                                 min_survivors=80) <= 2 ** 31 - 1
+        assert (
+            planned_magnitude(cal.params.scale, cal.mu, max_records=60000, n_clients=100, min_survivors=80) <= 2**31 - 1
+        )
         assert cal.rounding_inflation < 1.01
-    z = calibrate_secure_objective(dim=20, num_classes=10, max_records=1000, n_clients=10, min_survivors=8,
-                                   noise_multiplier=2.0)
+    z = calibrate_secure_objective(
+        dim=20, num_classes=10, max_records=1000, n_clients=10, min_survivors=8, noise_multiplier=2.0
+    )
     assert z.mu == pytest.approx((2.0 * z.event.l2_sensitivity) ** 2)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(bits=12), "bits"), (dict(bits=63), "bits"), (dict(max_records=0), "max_records"),
-    (dict(epsilon=-1.0), "epsilon"), (dict(epsilon=None), "epsilon"), (dict(noise_multiplier=1.0), "epsilon"),
-    (dict(min_survivors=11), "min_survivors"), (dict(neighboring_relation="x"), "neighboring_relation"),
-    (dict(loss="hinge"), "loss"), (dict(num_classes=1), "num_classes"), (dict(dim=0), "dim"),
-    (dict(overflow_sigmas=0.0), "overflow_sigmas"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(bits=12), "bits"),
+        (dict(bits=63), "bits"),
+        (dict(max_records=0), "max_records"),
+        (dict(epsilon=-1.0), "epsilon"),
+        (dict(epsilon=None), "epsilon"),
+        (dict(noise_multiplier=1.0), "epsilon"),
+        (dict(min_survivors=11), "min_survivors"),
+        (dict(neighboring_relation="x"), "neighboring_relation"),
+        (dict(loss="hinge"), "loss"),
+        (dict(num_classes=1), "num_classes"),
+        (dict(dim=0), "dim"),
+        (dict(overflow_sigmas=0.0), "overflow_sigmas"),
+    ],
+)
 def test_bad_calibration_parameters_name_themselves(kwargs, name):
     args = dict(dim=20, num_classes=10, max_records=60000, n_clients=10, min_survivors=8, epsilon=1.0)
     args.update(kwargs)
@@ -148,8 +196,10 @@ def test_bad_calibration_parameters_name_themselves(kwargs, name):
         calibrate_secure_objective(**args)
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(scale=0.0), "scale"), (dict(bits=1), "bits"),
-                                          (dict(loss="logistic"), "num_classes"), (dict(dim=0), "dim")])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [(dict(scale=0.0), "scale"), (dict(bits=1), "bits"), (dict(loss="logistic"), "num_classes"), (dict(dim=0), "dim")],
+)
 def test_bad_encoding_parameters_name_themselves(kwargs, name):
     args = dict(dim=4, num_classes=3, loss="softmax", scale=10.0, bits=20)
     args.update(kwargs)
@@ -158,6 +208,7 @@ def test_bad_encoding_parameters_name_themselves(kwargs, name):
 
 
 # ---------------------------------------------------------------------------- the strategy, with real SecAgg+
+
 
 def test_one_round_reveals_exactly_the_sum_of_the_encodings_solves_it_and_books_one_central_event():
     q, c = 6, 3
@@ -169,8 +220,9 @@ def test_one_round_reveals_exactly_the_sum_of_the_encodings_solves_it_and_books_
     cal = strategy.round_parameters(q, strategy.protocol_sizes(len(NODES)))
     expected = decode_objective(expected_integer_sum(data, NODES, cal.params, cal.local_mu, c), cal.params)
     np.testing.assert_array_equal(objective_vector(strategy.objective), objective_vector(expected))
-    np.testing.assert_allclose(arrays["head.weight"].numpy(),
-                               solve_objective(expected, ridge=strategy.last_ridge), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        arrays["head.weight"].numpy(), solve_objective(expected, ridge=strategy.last_ridge), rtol=1e-12, atol=1e-12
+    )
     events = strategy.ledger.events()
     assert len(events) == 1 and events[0][2] == EVENT_LABEL
     event = events[0][1]
@@ -197,10 +249,10 @@ def test_the_aggregate_noise_has_the_calibrated_scale():
     cal = strategy.round_parameters(q, strategy.protocol_sizes(len(NODES)))
     exact = sum_statistics(quadratic_statistics(*data[n], num_classes=c) for n in NODES)
     noise = (objective_vector(strategy.objective) - objective_vector(exact))[:-1]
-    expected_var = len(NODES) * cal.local_mu / cal.params.scale ** 2
+    expected_var = len(NODES) * cal.local_mu / cal.params.scale**2
     assert noise.size == vector_length(q, c) - 1 == 3910
     tolerance = 5 * math.sqrt(2 / noise.size)
-    ratio = float(np.mean(noise ** 2)) / expected_var
+    ratio = float(np.mean(noise**2)) / expected_var
     assert abs(ratio - 1) < tolerance
     assert abs(1.21 * ratio - 1) > tolerance and abs(0.81 * ratio - 1) > tolerance  # 10 % off would be caught
 
@@ -252,13 +304,23 @@ def test_a_client_refuses_noise_below_its_floor():
     assert any("below this client's minimum" in e for e in grid.errors)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(num_classes=1), "num_classes"), (dict(max_records=0), "max_records"), (dict(epsilon=0.0), "epsilon"),
-    (dict(epsilon=None), "epsilon"), (dict(noise_multiplier=-1.0), "noise_multiplier"),
-    (dict(loss="hinge"), "loss"), (dict(loss="logistic"), "num_classes"), (dict(ridge=-1.0), "ridge"),
-    (dict(bits=1), "bits"), (dict(min_survivors=0), "min_survivors"), (dict(psd_floor=-1.0), "psd_floor"),
-    (dict(overflow_sigmas=0.0), "overflow_sigmas"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(num_classes=1), "num_classes"),
+        (dict(max_records=0), "max_records"),
+        (dict(epsilon=0.0), "epsilon"),
+        (dict(epsilon=None), "epsilon"),
+        (dict(noise_multiplier=-1.0), "noise_multiplier"),
+        (dict(loss="hinge"), "loss"),
+        (dict(loss="logistic"), "num_classes"),
+        (dict(ridge=-1.0), "ridge"),
+        (dict(bits=1), "bits"),
+        (dict(min_survivors=0), "min_survivors"),
+        (dict(psd_floor=-1.0), "psd_floor"),
+        (dict(overflow_sigmas=0.0), "overflow_sigmas"),
+    ],
+)
 def test_bad_strategy_arguments_name_the_parameter(kwargs, name):
     args = dict(num_classes=3, max_records=100, epsilon=1.0)
     args.update(kwargs)
@@ -267,7 +329,7 @@ def test_bad_strategy_arguments_name_the_parameter(kwargs, name):
 
 
 def test_too_few_bits_for_the_federation_name_bits():
-    strategy = SecureObjectiveSum(num_classes=10, max_records=10 ** 9, epsilon=1.0, bits=20)
+    strategy = SecureObjectiveSum(num_classes=10, max_records=10**9, epsilon=1.0, bits=20)
     with pytest.raises(ValueError, match="bits"):
         strategy.round_parameters(50, strategy.protocol_sizes(10))
 
@@ -287,8 +349,9 @@ def test_the_ledger_survives_a_restart(tmp_path):
     path = str(tmp_path / "ledger.json")
 
     def make(**kw):
-        return SecureObjectiveSum(num_classes=c, max_records=1000, epsilon=1.0, bits=32, min_survivors=8,
-                                  ledger_path=path, **kw)
+        return SecureObjectiveSum(
+            num_classes=c, max_records=1000, epsilon=1.0, bits=32, min_survivors=8, ledger_path=path, **kw
+        )
 
     first = make()
     run_round(first, grid, head(q, c))

@@ -51,16 +51,18 @@ def make(n: int, **kwargs) -> ShuffleAmplifiedFedAvg:
 def run_round(strategy: AccountedFedAvg, rnd: int, n: int, events=(), weights=None, seed: int = 0):
     gen = np.random.default_rng(seed)
     weights = weights or [10.0] * n
-    grid = LoopbackGrid.of(n, by_index=lambda i, m: reply_to(m, random_arrays(gen), weights[i], events)
-                           if i < len(weights) else None)
+    grid = LoopbackGrid.of(
+        n, by_index=lambda i, m: reply_to(m, random_arrays(gen), weights[i], events) if i < len(weights) else None
+    )
     return loopback.run_round(strategy, grid, model(), rnd).result
 
 
 def test_aggregate_equals_fedavg_and_keeps_keys_order_and_dtype():
     n, weights = 6, [1.0, 5.0, 2.5, 10.0, 7.0, 3.0]
     shuffled, shuffled_metrics = run_round(make(n, shuffler=LayerShuffler(1)), 1, n, weights=weights, seed=4)
-    plain, plain_metrics = run_round(AccountedFedAvg(min_train_nodes=n, min_available_nodes=n), 1, n,
-                                     weights=weights, seed=4)
+    plain, plain_metrics = run_round(
+        AccountedFedAvg(min_train_nodes=n, min_available_nodes=n), 1, n, weights=weights, seed=4
+    )
     assert list(shuffled.keys()) == list(KEYS)
     for key in KEYS:
         assert shuffled[key].numpy().dtype == np.float32
@@ -82,7 +84,9 @@ def test_the_shuffler_gets_layers_without_node_ids():
     assert len(seen["reports"]) == n and seen["weights"] == [1.0, 2.0, 3.0, 4.0, 5.0]
     layers = seen["reports"][0]
     assert [[key for key, _ in segment] for segment in layers] == [
-        ["fc1.weight", "fc1.bias"], ["fc2.weight", "fc2.bias"]]
+        ["fc1.weight", "fc1.bias"],
+        ["fc2.weight", "fc2.bias"],
+    ]
 
 
 def test_malformed_replies_are_rejected_counted_and_the_round_goes_on():
@@ -91,8 +95,12 @@ def test_malformed_replies_are_rejected_counted_and_the_round_goes_on():
     msgs = configure(strategy, 1, n)
     bad = model(1.0)
     bad["fc1.bias"] = ArrayRecord([np.array([np.nan, 1, 1], np.float32)])["0"]
-    replies = [reply_to(msgs[0], model(1.0)), reply_to(msgs[1], model(3.0)), reply_to(msgs[2], bad),
-               reply_to(msgs[3], model(1.0), weight=-1.0)]
+    replies = [
+        reply_to(msgs[0], model(1.0)),
+        reply_to(msgs[1], model(3.0)),
+        reply_to(msgs[2], bad),
+        reply_to(msgs[3], model(1.0), weight=-1.0),
+    ]
     arrays, metrics = strategy.aggregate_train(1, replies)
     np.testing.assert_allclose(arrays["fc2.weight"].numpy(), np.full((1, 3), 2.0))
     assert (strategy.rejections["train"]["non-finite"], strategy.rejections["train"]["weight"]) == (1, 1)
@@ -131,8 +139,10 @@ def test_planned_rounds_split_the_target_delta_so_the_composition_stays_finite()
     n, rounds = 100, 3
     strategy = make(n, reports_are_ldp=True, planned_rounds=rounds)
     assert strategy.shuffle_round_delta == pytest.approx(1e-5 / (2 * rounds))
-    eps = [run_round(strategy, r, n, events=[PureDpEvent(epsilon=1.0)], seed=r)[1]["shuffle/epsilon"]
-           for r in range(1, rounds + 1)]
+    eps = [
+        run_round(strategy, r, n, events=[PureDpEvent(epsilon=1.0)], seed=r)[1]["shuffle/epsilon"]
+        for r in range(1, rounds + 1)
+    ]
     assert all(math.isfinite(e) for e in eps) and eps[0] < eps[1] < eps[2]
     booked = [event for _, event, _ in strategy.shuffle_ledger.events()]
     assert [event.delta for event in booked] == [pytest.approx(1e-5 / 6)] * rounds
@@ -175,9 +185,15 @@ def test_what_fmt_does_not_cover_is_not_booked(case):
     gen = np.random.default_rng(0)
     msgs = configure(strategy, 1, n)
     events = {"gaussian": [GaussianDpEvent(1.0)], "undeclared": []}.get(case, [PureDpEvent(epsilon=1.0)])
-    replies = [reply_to(m, random_arrays(gen), 10.0 + (case == "weights") * i,
-                        [PureDpEvent(epsilon=0.5)] if case == "mixed" and i == 0 else events)
-               for i, m in enumerate(msgs)]
+    replies = [
+        reply_to(
+            m,
+            random_arrays(gen),
+            10.0 + (case == "weights") * i,
+            [PureDpEvent(epsilon=0.5)] if case == "mixed" and i == 0 else events,
+        )
+        for i, m in enumerate(msgs)
+    ]
     _, metrics = strategy.aggregate_train(1, replies)
     assert strategy.shuffle_ledger.events() == []
     assert metrics["shuffle/epsilon"] == pytest.approx(metrics["privacy/epsilon"])

@@ -25,12 +25,15 @@ from flwr_dp_strategies.signds import (
 from flwr_dp_strategies.signds.selection import log_omega, overlap_log_probabilities, topk_size
 
 
-@pytest.mark.parametrize("d, k, eps, ratio, h, nu", [
-    (266084, 0.01, 100, 0.6, 43, 26),   # MindSpore's LeNet: E[v]/h = 0.604 (spec table)
-    (1_000_000, 0.01, 50, 0.6, 19, 12),
-    (100_000, 0.01, 10, 0.6, 2, 2),
-    (10_000, 0.05, 1, 0.5, 1, 1),       # ratio never met: minimum 1
-])
+@pytest.mark.parametrize(
+    "d, k, eps, ratio, h, nu",
+    [
+        (266084, 0.01, 100, 0.6, 43, 26),  # MindSpore's LeNet: E[v]/h = 0.604 (spec table)
+        (1_000_000, 0.01, 50, 0.6, 19, 12),
+        (100_000, 0.01, 10, 0.6, 2, 2),
+        (10_000, 0.05, 1, 0.5, 1, 1),  # ratio never met: minimum 1
+    ],
+)
 def test_output_dim_and_threshold_match_the_spec_vectors(d, k, eps, ratio, h, nu):
     assert optimal_output_dim(d, k, eps, ratio) == h
     assert optimal_threshold(d, topk_size(d, k), h, eps)[0] == nu
@@ -99,8 +102,7 @@ def test_encoding_selects_mostly_from_the_signed_top_k():
     h = optimal_output_dim(50_000, 0.01, 100, 0.6)
     nu, _ = optimal_threshold(50_000, k_top, h, 100)
     assert sum(o >= nu for o in overlaps) >= 28  # a uniform choice would give about h/100 (k = 1 %)
-    signs = [encode_update(update, sign_k=0.01, sign_eps=100, r_est=1e-5, is_reached=0, rng=s).sign
-             for s in range(200)]
+    signs = [encode_update(update, sign_k=0.01, sign_eps=100, r_est=1e-5, is_reached=0, rng=s).sign for s in range(200)]
     assert stats.binomtest(signs.count(1), 200, 0.5).pvalue > 1e-3  # a fair coin
 
 
@@ -112,8 +114,10 @@ def test_magrr_bit_rule_and_rr_flip_rate():
     update = np.full(400, 1e-9)
     config = MagRRConfig(rr_epsilon=1.0)
     draws = 20_000
-    bits = [encode_update(update, sign_k=0.05, sign_eps=1, r_est=1.0, is_reached=0, rng=s, magrr=config).b_hat
-            for s in range(draws)]
+    bits = [
+        encode_update(update, sign_k=0.05, sign_eps=1, r_est=1.0, is_reached=0, rng=s, magrr=config).b_hat
+        for s in range(draws)
+    ]
     flips = draws - sum(bits)
 
     def flip(eps: float) -> float:
@@ -157,13 +161,20 @@ def test_round_event_composes_to_sign_eps_plus_rr_eps():
     assert ledger.epsilon() < 60.0  # RDP/PLD composition beats 10 × 6
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"sign_k": 0.0}, "sign_k"), ({"sign_k": 0.26}, "sign_k"),
-    ({"sign_eps": 0.0}, "sign_eps"), ({"sign_eps": 101}, "sign_eps"),
-    ({"sign_thr_ratio": 0.49}, "sign_thr_ratio"), ({"sign_thr_ratio": 1.01}, "sign_thr_ratio"),
-    ({"sign_dim_out": -1}, "sign_dim_out"), ({"sign_dim_out": 51}, "sign_dim_out"),
-    ({"sign_dim_out": 2.0}, "sign_dim_out"),
-])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"sign_k": 0.0}, "sign_k"),
+        ({"sign_k": 0.26}, "sign_k"),
+        ({"sign_eps": 0.0}, "sign_eps"),
+        ({"sign_eps": 101}, "sign_eps"),
+        ({"sign_thr_ratio": 0.49}, "sign_thr_ratio"),
+        ({"sign_thr_ratio": 1.01}, "sign_thr_ratio"),
+        ({"sign_dim_out": -1}, "sign_dim_out"),
+        ({"sign_dim_out": 51}, "sign_dim_out"),
+        ({"sign_dim_out": 2.0}, "sign_dim_out"),
+    ],
+)
 def test_parameter_domains_as_mindspore(kwargs, name):
     with pytest.raises(ValueError, match=name):
         SignDSParams(**kwargs)

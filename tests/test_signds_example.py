@@ -44,7 +44,9 @@ def test_pyproject_run_config_matches_code_defaults(example_path):
         pyproject = tomllib.load(handle)
     assert pyproject["tool"]["flwr"]["app"]["config"] == DEFAULTS
     assert pyproject["tool"]["flwr"]["app"]["components"] == {
-        "serverapp": "signds_app.server_app:app", "clientapp": "signds_app.client_app:app"}
+        "serverapp": "signds_app.server_app:app",
+        "clientapp": "signds_app.client_app:app",
+    }
 
 
 def test_strategy_from_run_config(example_path):
@@ -56,8 +58,18 @@ def test_strategy_from_run_config(example_path):
 
     fedavg = build_strategy({**DEFAULTS, "strategy": "fedavg"})
     assert type(fedavg) is FedAvg
-    config = {**DEFAULTS, "strategy": "signds", "sign-k": 0.2, "sign-eps": 4.0, "rr-eps": 3.0, "sign-dim-out": 7,
-              "max-dim-out": 9, "initial-r-est": 0.002, "step-ratio": 2.0, "sign-global-lr": 0.5}
+    config = {
+        **DEFAULTS,
+        "strategy": "signds",
+        "sign-k": 0.2,
+        "sign-eps": 4.0,
+        "rr-eps": 3.0,
+        "sign-dim-out": 7,
+        "max-dim-out": 9,
+        "initial-r-est": 0.002,
+        "step-ratio": 2.0,
+        "sign-global-lr": 0.5,
+    }
     signds = build_strategy(config)
     assert isinstance(signds, SignDS)
     assert (signds.params.sign_k, signds.params.sign_eps, signds.params.sign_dim_out) == (0.2, 4.0, 7)
@@ -82,13 +94,37 @@ def test_signds_app_end_to_end(tmp_path):
     from flwr_dp_strategies.signds import MagRRConfig, SignDSParams, output_dim
 
     clients, rounds, sign_eps, rr_eps, sign_k, max_dim_out, r0 = 10, 3, 50.0, 4.0, 0.25, 60, 1e-3
-    args = ["--datasets", "digits", "--methods", "signds-default", "--num-clients", str(clients),
-            "--rounds", str(rounds), "--results-dir", str(tmp_path), "--set", f"sign-eps={sign_eps}",
-            "--set", f"rr-eps={rr_eps}", "--set", f"sign-k={sign_k}", "--set", f"max-dim-out={max_dim_out}",
-            "--set", f"initial-r-est={r0}"]
+    args = [
+        "--datasets",
+        "digits",
+        "--methods",
+        "signds-default",
+        "--num-clients",
+        str(clients),
+        "--rounds",
+        str(rounds),
+        "--results-dir",
+        str(tmp_path),
+        "--set",
+        f"sign-eps={sign_eps}",
+        "--set",
+        f"rr-eps={rr_eps}",
+        "--set",
+        f"sign-k={sign_k}",
+        "--set",
+        f"max-dim-out={max_dim_out}",
+        "--set",
+        f"initial-r-est={r0}",
+    ]
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
-    proc = subprocess.run([sys.executable, str(EXAMPLE / "run_experiment.py"), *args], cwd=EXAMPLE, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "run_experiment.py"), *args],
+        cwd=EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in ("results.json", "results.md", "results.png", "run-signds-default-digits.json"):
         assert (tmp_path / name).stat().st_size > 0

@@ -23,12 +23,14 @@ def context() -> Context:
 
 def trainer_adding(scale: float, seed: int):
     """A train function that adds a fixed random update of the given scale."""
+
     def call_next(msg: Message, ctx: Context) -> Message:
         received = msg.content["arrays"].to_numpy_ndarrays()
         rng = np.random.default_rng(seed)
         trained = [r + scale * rng.normal(size=r.shape).astype(r.dtype) for r in received]
         content = RecordDict({"arrays": ArrayRecord(trained), "metrics": MetricRecord({"num-examples": 10.0})})
         return Message(content, reply_to=msg)
+
     return call_next
 
 
@@ -94,9 +96,13 @@ def test_epsilon_composes_per_client_and_r_est_grows_while_updates_are_large():
 
 
 def _upload(msg: Message, indices, sign=1, bit=0, weight=10.0) -> Message:
-    record = ArrayRecord({"indices": Array(np.asarray(indices, dtype=np.int64)),
-                          "sign": Array(np.array([sign], dtype=np.int64)),
-                          "b-hat": Array(np.array([bit], dtype=np.int64))})
+    record = ArrayRecord(
+        {
+            "indices": Array(np.asarray(indices, dtype=np.int64)),
+            "sign": Array(np.array([sign], dtype=np.int64)),
+            "b-hat": Array(np.array([bit], dtype=np.int64)),
+        }
+    )
     return Message(RecordDict({"arrays": record, "metrics": MetricRecord({"num-examples": weight})}), reply_to=msg)
 
 
@@ -106,12 +112,12 @@ def test_malformed_uploads_are_rejected_and_counted_while_the_round_goes_on():
     msgs = list(strategy.configure_train(1, ArrayRecord(current), ConfigRecord(), LoopbackGrid.of(N)))
     d = sum(int(np.prod(s)) for s in SHAPES)
     replies = [
-        _upload(msgs[0], [1, 5, 9]),                     # valid
-        _upload(msgs[1], [1, 5, d]),                     # out of range
-        _upload(msgs[2], [5, 1, 9]),                     # not sorted
-        _upload(msgs[3], np.arange(101)),                # more than max_dim_out
-        _upload(msgs[4], [1, 2], sign=0),                # sign not ±1
-        _upload(msgs[5], [3, 3], bit=2),                 # duplicate indices
+        _upload(msgs[0], [1, 5, 9]),  # valid
+        _upload(msgs[1], [1, 5, d]),  # out of range
+        _upload(msgs[2], [5, 1, 9]),  # not sorted
+        _upload(msgs[3], np.arange(101)),  # more than max_dim_out
+        _upload(msgs[4], [1, 2], sign=0),  # sign not ±1
+        _upload(msgs[5], [3, 3], bit=2),  # duplicate indices
     ]
     arrays, metrics = strategy.aggregate_train(1, replies)
     assert arrays is not None
@@ -120,8 +126,7 @@ def test_malformed_uploads_are_rejected_and_counted_while_the_round_goes_on():
     flat = np.concatenate([a.ravel() for a in arrays.to_numpy_ndarrays()])
     assert set(np.nonzero(flat)[0]) == {1, 5, 9}
     # the valid upload came without a declaration: the server books what it asked for
-    assert strategy.ledger.epsilon(msgs[0].metadata.dst_node_id) == pytest.approx(
-        _single_round_epsilon(10.0), rel=1e-9)
+    assert strategy.ledger.epsilon(msgs[0].metadata.dst_node_id) == pytest.approx(_single_round_epsilon(10.0), rel=1e-9)
     # the rejected undeclared uploads reached the server as they were: non-private (issue 16 D8)
     assert all(strategy.ledger.epsilon(m.metadata.dst_node_id) == np.inf for m in msgs[1:])
 
@@ -134,20 +139,28 @@ def _single_round_epsilon(sign_eps: float) -> float:
 
 def test_evaluate_passes_through_and_a_missing_config_fails_loudly():
     received = ArrayRecord(model())
-    msg = Message(RecordDict({"arrays": received, "config": ConfigRecord({})}), dst_node_id=7,
-                  message_type=MessageType.EVALUATE)
+    msg = Message(
+        RecordDict({"arrays": received, "config": ConfigRecord({})}), dst_node_id=7, message_type=MessageType.EVALUATE
+    )
     reply = signds_mod(msg, context(), trainer_adding(1.0, 0))
     assert sorted(reply.content["arrays"].keys()) == sorted(received.keys())
-    train = Message(RecordDict({"arrays": received, "config": ConfigRecord({})}), dst_node_id=7,
-                    message_type=MessageType.TRAIN)
+    train = Message(
+        RecordDict({"arrays": received, "config": ConfigRecord({})}), dst_node_id=7, message_type=MessageType.TRAIN
+    )
     with pytest.raises(KeyError, match="signds"):
         signds_mod(train, context(), trainer_adding(1.0, 0))
 
 
-@pytest.mark.parametrize("kwargs, name", [({"sign_k": 0.3}, "sign_k"), ({"sign_eps": 0.0}, "sign_eps"),
-                                          ({"sign_global_lr": 0.0}, "sign_global_lr"),
-                                          ({"sign_dim_out": 51}, "sign_dim_out"),
-                                          ({"max_dim_out": 0}, "max_dim_out")])
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"sign_k": 0.3}, "sign_k"),
+        ({"sign_eps": 0.0}, "sign_eps"),
+        ({"sign_global_lr": 0.0}, "sign_global_lr"),
+        ({"sign_dim_out": 51}, "sign_dim_out"),
+        ({"max_dim_out": 0}, "max_dim_out"),
+    ],
+)
 def test_strategy_parameter_domains(kwargs, name):
     with pytest.raises(ValueError, match=name):
         make(**kwargs)

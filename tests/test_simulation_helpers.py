@@ -18,8 +18,14 @@ def test_run_config_file_reads_back_through_flowers_parser(tmp_path):
     """What `flwr run --run-config <file>` will see: the same keys and values (paths with spaces and quotes too)."""
     from flwr.common.config import parse_config_args
 
-    config = {"num-server-rounds": 3, "noise-multiplier": 0.5, "results-dir": str(tmp_path / 'a "b" c'),
-              "mechanism": "central-dp", "flag": True, "tiny": 1e-5}
+    config = {
+        "num-server-rounds": 3,
+        "noise-multiplier": 0.5,
+        "results-dir": str(tmp_path / 'a "b" c'),
+        "mechanism": "central-dp",
+        "flag": True,
+        "tiny": 1e-5,
+    }
     path = write_run_config(tmp_path / "run.toml", config)
     assert parse_config_args([path]) == config
 
@@ -45,11 +51,20 @@ def test_run_before_start_is_an_error(tmp_path):
 
 
 def test_write_run_results_json_and_png(tmp_path):
-    rows = [{"round": 1, "accuracy": 0.5, "epsilon": 1.0, "epsilon_b": 2.0},
-            {"round": 2, "accuracy": 0.7, "epsilon": 1.5, "epsilon_b": None}]
-    path = write_run_results(tmp_path / "out", "central-dp", rows, initial_accuracy=0.1, delta=1e-5,
-                             extra={"config": {"seed": 1}}, epsilon_series={"a": "epsilon", "b": "epsilon_b"},
-                             panels=[{"title": "loss", "series": {"loss": "accuracy"}}])
+    rows = [
+        {"round": 1, "accuracy": 0.5, "epsilon": 1.0, "epsilon_b": 2.0},
+        {"round": 2, "accuracy": 0.7, "epsilon": 1.5, "epsilon_b": None},
+    ]
+    path = write_run_results(
+        tmp_path / "out",
+        "central-dp",
+        rows,
+        initial_accuracy=0.1,
+        delta=1e-5,
+        extra={"config": {"seed": 1}},
+        epsilon_series={"a": "epsilon", "b": "epsilon_b"},
+        panels=[{"title": "loss", "series": {"loss": "accuracy"}}],
+    )
     data = json.loads(Path(path).read_text())
     assert data == {"method": "central-dp", "initial_accuracy": 0.1, "config": {"seed": 1}, "rounds": rows}
     assert (tmp_path / "out" / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -75,11 +75,19 @@ def test_sampler_defaults_to_os_entropy_and_accepts_shapes():
     assert sample_skellam(3.0, (4, 5), rng=1).shape == (4, 5)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"mu": 0.0, "size": 3}, "mu"), ({"mu": -1.0, "size": 3}, "mu"), ({"mu": float("nan"), "size": 3}, "mu"),
-    ({"mu": float("inf"), "size": 3}, "mu"), ({"mu": 1e19, "size": 3}, "mu"), ({"mu": 1.0, "size": -1}, "size"),
-    ({"mu": 1.0, "size": 2.5}, "size"), ({"mu": 1.0, "size": 3, "rng": -2}, "rng"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"mu": 0.0, "size": 3}, "mu"),
+        ({"mu": -1.0, "size": 3}, "mu"),
+        ({"mu": float("nan"), "size": 3}, "mu"),
+        ({"mu": float("inf"), "size": 3}, "mu"),
+        ({"mu": 1e19, "size": 3}, "mu"),
+        ({"mu": 1.0, "size": -1}, "size"),
+        ({"mu": 1.0, "size": 2.5}, "size"),
+        ({"mu": 1.0, "size": 3, "rng": -2}, "rng"),
+    ],
+)
 def test_sampler_arguments_are_validated(kwargs, field):
     with pytest.raises(ValueError, match=field):
         sample_skellam(**kwargs)
@@ -183,10 +191,12 @@ def test_large_mu_skellam_costs_about_what_the_gaussian_costs():
 def test_a_sampled_skellam_event_is_refused_with_a_clear_error():
     event = SkellamDpEvent(10.0, 5.0, 100.0)
     ledger = PrivacyLedger(1e-5)
-    for wrapped in (d.PoissonSampledDpEvent(0.1, event),
-                    d.PoissonSampledDpEvent(0.1, d.ComposedDpEvent([d.GaussianDpEvent(1.0), d.SelfComposedDpEvent(event, 2)])),
-                    d.SampledWithoutReplacementDpEvent(100, 10, event),
-                    d.SampledWithReplacementDpEvent(100, 10, event)):
+    for wrapped in (
+        d.PoissonSampledDpEvent(0.1, event),
+        d.PoissonSampledDpEvent(0.1, d.ComposedDpEvent([d.GaussianDpEvent(1.0), d.SelfComposedDpEvent(event, 2)])),
+        d.SampledWithoutReplacementDpEvent(100, 10, event),
+        d.SampledWithReplacementDpEvent(100, 10, event),
+    ):
         with pytest.raises(ValueError, match="amplification"):
             validate_event(wrapped)
         with pytest.raises(ValueError, match="amplification"):
@@ -211,7 +221,7 @@ _reals = st.one_of(
 
 
 def _valid(value: object) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0)
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
 def _forge(l1: object, l2: object, mu: object) -> SkellamDpEvent:
@@ -222,8 +232,9 @@ def _forge(l1: object, l2: object, mu: object) -> SkellamDpEvent:
     return event
 
 
-@settings(max_examples=120, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=120, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(l1=_reals, l2=_reals, mu=_reals)
 def test_out_of_domain_skellam_parameters_are_never_booked(l1, l2, mu):
     valid = _valid(l1) and _valid(l2) and _valid(mu) and mu <= 1e18
@@ -246,11 +257,13 @@ def test_out_of_domain_skellam_parameters_are_never_booked(l1, l2, mu):
         event_from_dict(description)
     with pytest.raises(ValueError, match="l1_sensitivity|l2_sensitivity|mu"):
         validate_event(forged)
-    for call in (lambda: ledger.record(forged, server_round=2, client="a"),
-                 lambda: ledger.record(forged, server_round=2),
-                 lambda: ledger.record_clients(forged, server_round=2, clients=["a", "b"]),
-                 lambda: ledger.check_accountable(forged),
-                 lambda: ledger.record(d.SelfComposedDpEvent(forged, 2), server_round=2, client="a")):
+    for call in (
+        lambda: ledger.record(forged, server_round=2, client="a"),
+        lambda: ledger.record(forged, server_round=2),
+        lambda: ledger.record_clients(forged, server_round=2, clients=["a", "b"]),
+        lambda: ledger.check_accountable(forged),
+        lambda: ledger.record(d.SelfComposedDpEvent(forged, 2), server_round=2, client="a"),
+    ):
         with pytest.raises(ValueError):
             call()
     assert (ledger.epsilon(), ledger.epsilon("a")) == before

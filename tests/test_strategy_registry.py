@@ -32,8 +32,9 @@ def test_each_entry_builds_its_strategy_and_runs_a_clean_round(name):
     assert arrays is not None and all(np.isfinite(a).all() for a in arrays.to_numpy_ndarrays())
     assert not any(k.startswith("rejected/") for k in metrics) and metrics.get("replies/failed", 0) == 0, metrics
     messages = list(strategy.configure_evaluate(1, entry.model(), ConfigRecord(), grid))
-    metrics = strategy.aggregate_evaluate(1, [Message(entry.evaluate_content(i), reply_to=m)
-                                              for i, m in enumerate(messages)])
+    metrics = strategy.aggregate_evaluate(
+        1, [Message(entry.evaluate_content(i), reply_to=m) for i, m in enumerate(messages)]
+    )
     assert metrics["acc"] == pytest.approx(0.5)
     assert not any(k.startswith("rejected/") for k in metrics) and metrics.get("replies/failed", 0) == 0, metrics
     assert not any(isinstance(v, float) and math.isnan(v) for v in metrics.values())

@@ -17,11 +17,30 @@ from loopback import LoopbackGrid
 from flwr_dp_strategies import AccountedFedAvg, AccountedPoissonFixedClipping, AccountedServerSideFixedClipping
 from flwr_dp_strategies.rounds.metrics import aggregate_reply_metrics
 from flwr_dp_strategies.rounds.streaming_aggregation import (
-    ClippedSum, NonFiniteReplies, WeightedMean, add_gaussian_noise, all_finite, mean_of_records, non_finite_records,
-    npy_view, to_array)
+    ClippedSum,
+    NonFiniteReplies,
+    WeightedMean,
+    add_gaussian_noise,
+    all_finite,
+    mean_of_records,
+    non_finite_records,
+    npy_view,
+    to_array,
+)
 
-DTYPES = [np.float16, np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8, np.bool_, np.complex64,
-          np.dtype(">f4"), np.dtype(">i8")]
+DTYPES = [
+    np.float16,
+    np.float32,
+    np.float64,
+    np.int8,
+    np.int32,
+    np.int64,
+    np.uint8,
+    np.bool_,
+    np.complex64,
+    np.dtype(">f4"),
+    np.dtype(">i8"),
+]
 
 
 def sample(dtype, shape=(3, 4), seed: int = 0) -> np.ndarray:
@@ -45,11 +64,14 @@ def test_npy_view_equals_array_numpy_and_shares_the_payload(dtype, shape):
         assert np.shares_memory(view, np.frombuffer(arr.data, dtype=np.uint8))  # zero-copy
 
 
-@pytest.mark.parametrize("make", [
-    lambda x: np.asfortranarray(x),  # np.save writes fortran_order=True
-    lambda x: x[:, ::2],  # non-contiguous source: saved as a C copy
-    lambda x: x.T,
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: np.asfortranarray(x),  # np.save writes fortran_order=True
+        lambda x: x[:, ::2],  # non-contiguous source: saved as a C copy
+        lambda x: x.T,
+    ],
+)
 def test_unusual_memory_layouts_read_correctly(make):
     source = make(sample(np.float64, (6, 8)))
     arr = Array(source)
@@ -101,14 +123,17 @@ def test_all_finite_is_exact_even_when_the_sum_overflows():
 # ---------------------------------------------------------------------- weighted mean
 def records_of_dtypes(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     gen = np.random.default_rng(seed)
-    return [{
-        "w32": gen.normal(size=(40, 30)).astype(np.float32),  # ≥ 1024 entries: the BLAS axpy path
-        "w64": gen.normal(size=(5,)),
-        "half": gen.normal(size=(2, 2)).astype(np.float16),
-        "count": gen.integers(-50, 50, size=(3,)),
-        "flag": gen.random(4) < 0.5,
-        "scalar": np.array(gen.normal()),
-    } for _ in range(n)]
+    return [
+        {
+            "w32": gen.normal(size=(40, 30)).astype(np.float32),  # ≥ 1024 entries: the BLAS axpy path
+            "w64": gen.normal(size=(5,)),
+            "half": gen.normal(size=(2, 2)).astype(np.float16),
+            "count": gen.integers(-50, 50, size=(3,)),
+            "flag": gen.random(4) < 0.5,
+            "scalar": np.array(gen.normal()),
+        }
+        for _ in range(n)
+    ]
 
 
 def reference_mean(records: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
@@ -116,14 +141,22 @@ def reference_mean(records: list[dict[str, np.ndarray]], weights: list[float]) -
     return {key: sum(w * r[key].astype(np.float64) for r, w in zip(records, weights)) / total for key in records[0]}
 
 
-@pytest.mark.parametrize("weights", [[2.0] * 6, [1.0, 5.0, 2.5, 10.0, 7.0, 3.0], [3.0, 3.0, 3.0, 1.0, 3.0, 8.0]],
-                         ids=["equal", "unequal", "equal-then-unequal"])
+@pytest.mark.parametrize(
+    "weights",
+    [[2.0] * 6, [1.0, 5.0, 2.5, 10.0, 7.0, 3.0], [3.0, 3.0, 3.0, 1.0, 3.0, 8.0]],
+    ids=["equal", "unequal", "equal-then-unequal"],
+)
 def test_weighted_mean_equals_numpy_reference_and_keeps_fedavg_dtypes(weights):
     records = records_of_dtypes(len(weights))
     got = mean_of_records([ArrayRecord({k: Array(v) for k, v in r.items()}) for r in records], weights)
     expected = reference_mean(records, weights)
-    flower = aggregate_arrayrecords([RecordDict({"a": ArrayRecord({k: Array(v) for k, v in r.items()}),
-                                                 "m": MetricRecord({"n": w})}) for r, w in zip(records, weights)], "n")
+    flower = aggregate_arrayrecords(
+        [
+            RecordDict({"a": ArrayRecord({k: Array(v) for k, v in r.items()}), "m": MetricRecord({"n": w})})
+            for r, w in zip(records, weights)
+        ],
+        "n",
+    )
     assert list(got.keys()) == list(records[0])
     for key, value in expected.items():
         ours = got[key].numpy()
@@ -173,8 +206,10 @@ def test_non_finite_records_are_named_and_nothing_is_returned():
 
 
 def test_fast_metric_aggregation_equals_flowers():
-    contents = [RecordDict({"m": MetricRecord({"num-examples": w, "loss": 0.5 * i, "acc": [0.1 * i, 0.2],
-                                                "count": i})}) for i, w in enumerate([3, 1, 7.5, 2])]
+    contents = [
+        RecordDict({"m": MetricRecord({"num-examples": w, "loss": 0.5 * i, "acc": [0.1 * i, 0.2], "count": i})})
+        for i, w in enumerate([3, 1, 7.5, 2])
+    ]
     ours = aggregate_reply_metrics(aggregate_metricrecords, contents, "num-examples")
     assert dict(ours) == dict(aggregate_metricrecords(contents, "num-examples"))
     custom = aggregate_reply_metrics(lambda cs, key: MetricRecord({"n": float(len(cs))}), contents, "num-examples")
@@ -196,8 +231,10 @@ def reference_clipped_sum(reference, replies, factors, clip):
 def test_clipped_sum_equals_reference_over_keys_and_dtypes():
     gen = np.random.default_rng(3)
     reference = {"big": gen.normal(size=(700, 3)).astype(np.float32), "small": gen.normal(size=4)}
-    replies = [{k: (v + gen.normal(size=v.shape) * s).astype(v.dtype) for k, v in reference.items()}
-               for s in (0.001, 0.01, 0.5, 2.0, 0.0)]  # some clipped, some not, one zero update
+    replies = [
+        {k: (v + gen.normal(size=v.shape) * s).astype(v.dtype) for k, v in reference.items()}
+        for s in (0.001, 0.01, 0.5, 2.0, 0.0)
+    ]  # some clipped, some not, one zero update
     factors = [1.0, 2.0, 0.5, 3.0, 1.0]
     summed = ClippedSum({k: npy_view(Array(v)) for k, v in reference.items()}, clipping_norm=1.0)
     norms = [summed.add([Array(r[k]) for k in reference], f) for r, f in zip(replies, factors)]
@@ -275,23 +312,39 @@ def test_peak_memory_of_the_clipped_sum_is_o_d(fifty_replies):
 def test_peak_memory_of_accounted_fedavg_is_o_d(fifty_replies):
     d, records = fifty_replies
     strategy = AccountedFedAvg(min_train_nodes=50, min_available_nodes=50)
-    msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(d, np.float32)]), ConfigRecord(), LoopbackGrid.of(50)))
-    replies = [Message(RecordDict({"arrays": rec, "metrics": MetricRecord({"num-examples": 2.0})}), reply_to=m)
-               for m, rec in zip(msgs, records)]
+    msgs = list(
+        strategy.configure_train(1, ArrayRecord([np.zeros(d, np.float32)]), ConfigRecord(), LoopbackGrid.of(50))
+    )
+    replies = [
+        Message(RecordDict({"arrays": rec, "metrics": MetricRecord({"num-examples": 2.0})}), reply_to=m)
+        for m, rec in zip(msgs, records)
+    ]
     assert peak_during(lambda: strategy.aggregate_train(1, replies)) < 4 * 4 * d
 
 
 # ---------------------------------------------------------------------- strategies against Flower's own
 def mixed_model(seed: int) -> dict[str, np.ndarray]:
     gen = np.random.default_rng(seed)
-    return {"conv.weight": gen.normal(size=(32, 40)).astype(np.float32), "conv.bias": gen.normal(size=7),
-            "fc.weight": gen.normal(size=(3, 3)).astype(np.float32)}
+    return {
+        "conv.weight": gen.normal(size=(32, 40)).astype(np.float32),
+        "conv.bias": gen.normal(size=7),
+        "fc.weight": gen.normal(size=(3, 3)).astype(np.float32),
+    }
 
 
 def replies_for(msgs, models, weights):
-    return [Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in model.items()}),
-                                "metrics": MetricRecord({"num-examples": w, "loss": 0.1 * w})}), reply_to=m)
-            for m, model, w in zip(msgs, models, weights)]
+    return [
+        Message(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in model.items()}),
+                    "metrics": MetricRecord({"num-examples": w, "loss": 0.1 * w}),
+                }
+            ),
+            reply_to=m,
+        )
+        for m, model, w in zip(msgs, models, weights)
+    ]
 
 
 @pytest.mark.usefixtures("task_identity")
@@ -300,8 +353,10 @@ def test_accounted_fedavg_equals_flower_fedavg_on_mixed_models():
     current = ArrayRecord({k: Array(v) for k, v in mixed_model(0).items()})
     models = [mixed_model(i + 1) for i in range(n)]
     results = []
-    for strategy in (AccountedFedAvg(min_train_nodes=n, min_available_nodes=n),
-                     FedAvg(min_train_nodes=n, min_available_nodes=n)):
+    for strategy in (
+        AccountedFedAvg(min_train_nodes=n, min_available_nodes=n),
+        FedAvg(min_train_nodes=n, min_available_nodes=n),
+    ):
         msgs = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(n)))
         results.append(strategy.aggregate_train(1, replies_for(msgs, models, weights)))
     (ours, our_metrics), (theirs, their_metrics) = results
@@ -318,10 +373,13 @@ def test_server_side_fixed_clipping_equals_a_direct_computation_with_the_same_ge
     n, z, clip = 4, 0.5, 1.0
     base = mixed_model(0)
     current = ArrayRecord({k: Array(v) for k, v in base.items()})
-    models = [{k: (v + s * np.random.default_rng(i).normal(size=v.shape)).astype(v.dtype) for k, v in base.items()}
-              for i, s in enumerate((0.001, 0.01, 1.0, 3.0))]
-    strategy = AccountedServerSideFixedClipping(FedAvg(min_train_nodes=n, min_available_nodes=n), z, clip, n,
-                                                rng=np.random.default_rng(5))
+    models = [
+        {k: (v + s * np.random.default_rng(i).normal(size=v.shape)).astype(v.dtype) for k, v in base.items()}
+        for i, s in enumerate((0.001, 0.01, 1.0, 3.0))
+    ]
+    strategy = AccountedServerSideFixedClipping(
+        FedAvg(min_train_nodes=n, min_available_nodes=n), z, clip, n, rng=np.random.default_rng(5)
+    )
     msgs = list(strategy.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(n)))
     ours = strategy.aggregate_train(1, replies_for(msgs, models, [10.0, 20.0, 30.0, 40.0]))[0]
     clipped = reference_clipped_sum(base, models, [1.0] * n, clip)
@@ -337,10 +395,15 @@ def test_poisson_release_equals_a_direct_computation_with_the_same_generator():
     m, z, clip = 3, 0.8, 1.0
     base = mixed_model(0)
     strategy = AccountedPoissonFixedClipping(FedAvg(), z, clip, m, num_clients=m, rng=np.random.default_rng(11))
-    msgs = list(strategy.configure_train(1, ArrayRecord({k: Array(v) for k, v in base.items()}), ConfigRecord(),
-                                         LoopbackGrid.of(m)))  # q = 1: every node is asked
-    models = [{k: (v + s * np.random.default_rng(i).normal(size=v.shape)).astype(v.dtype) for k, v in base.items()}
-              for i, s in enumerate((0.001, 0.5, 2.0))]
+    msgs = list(
+        strategy.configure_train(
+            1, ArrayRecord({k: Array(v) for k, v in base.items()}), ConfigRecord(), LoopbackGrid.of(m)
+        )
+    )  # q = 1: every node is asked
+    models = [
+        {k: (v + s * np.random.default_rng(i).normal(size=v.shape)).astype(v.dtype) for k, v in base.items()}
+        for i, s in enumerate((0.001, 0.5, 2.0))
+    ]
     arrays, metrics = strategy.aggregate_train(1, replies_for(msgs, models, [1.0, 1.0, 1.0]))
     clipped = reference_clipped_sum(base, models, [1.0] * m, clip)
     gen = np.random.default_rng(11)
@@ -393,8 +456,15 @@ def test_aggregation_runs_blas_on_one_thread_and_restores_it(monkeypatch):
     before = blas_threads()
     strategy = AccountedFedAvg(min_train_nodes=2, min_available_nodes=2)
     msgs = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(2)))
-    strategy.aggregate_train(1, [Message(RecordDict({"arrays": ArrayRecord([np.ones(3)]),
-                                                     "metrics": MetricRecord({"num-examples": 1.0})}), reply_to=m)
-                                 for m in msgs])
+    strategy.aggregate_train(
+        1,
+        [
+            Message(
+                RecordDict({"arrays": ArrayRecord([np.ones(3)]), "metrics": MetricRecord({"num-examples": 1.0})}),
+                reply_to=m,
+            )
+            for m in msgs
+        ],
+    )
     assert seen and all(n == 1 for n in seen[0])
     assert blas_threads() == before

@@ -54,8 +54,9 @@ def test_bad_sensitivity(sens):
         exponential_mechanism([1.0, 2.0], epsilon=1.0, sensitivity=sens)
 
 
-@pytest.mark.parametrize("values", [[1.0, math.nan], [math.inf], np.array(["a", "b"]), np.array([{}], dtype=object),
-                                    np.array([True, False])])
+@pytest.mark.parametrize(
+    "values", [[1.0, math.nan], [math.inf], np.array(["a", "b"]), np.array([{}], dtype=object), np.array([True, False])]
+)
 def test_bad_values(values):
     with pytest.raises(ValueError, match="values"):
         laplace_mechanism(values, epsilon=1.0)

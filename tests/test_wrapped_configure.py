@@ -15,8 +15,13 @@ from flwr.serverapp.strategy import FedAvg
 
 import flwr_dp_strategies
 from loopback import LoopbackGrid
-from flwr_dp_strategies import (AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping,
-                                AccountedPoissonFixedClipping, AccountedServerSideFixedClipping, ClusterEvaluation)
+from flwr_dp_strategies import (
+    AccountedAdaptiveClipping,
+    AccountedClientSideAdaptiveClipping,
+    AccountedPoissonFixedClipping,
+    AccountedServerSideFixedClipping,
+    ClusterEvaluation,
+)
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -39,8 +44,14 @@ class PerNodeFedAvg(FedAvg):
 
     def configure_train(self, server_round, arrays, config, grid):
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        return [Message(RecordDict({"arrays": arrays, "config": ConfigRecord({"partition": m.metadata.dst_node_id})}),
-                        message_type=m.metadata.message_type, dst_node_id=m.metadata.dst_node_id) for m in messages]
+        return [
+            Message(
+                RecordDict({"arrays": arrays, "config": ConfigRecord({"partition": m.metadata.dst_node_id})}),
+                message_type=m.metadata.message_type,
+                dst_node_id=m.metadata.dst_node_id,
+            )
+            for m in messages
+        ]
 
 
 def wrappers(make_inner) -> dict[str, object]:
@@ -52,15 +63,19 @@ def wrappers(make_inner) -> dict[str, object]:
         "AccountedAdaptiveClipping/fixed": AccountedAdaptiveClipping(make_inner(), 0.5, N, sampling="fixed", rng=3),
         "AccountedClientSideAdaptiveClipping": AccountedClientSideAdaptiveClipping(make_inner(), 0.5, N, rng=4),
         "AccountedClientSideAdaptiveClipping/fixed": AccountedClientSideAdaptiveClipping(
-            make_inner(), 0.5, N, sampling="fixed", rng=5),
+            make_inner(), 0.5, N, sampling="fixed", rng=5
+        ),
         "ClusterEvaluation": ClusterEvaluation(make_inner()),
     }
 
 
 def test_every_exported_wrapper_is_covered():
-    exported = {name for name in flwr_dp_strategies.__all__
-                if inspect.isclass(obj := getattr(flwr_dp_strategies, name))
-                and "strategy" in list(inspect.signature(obj.__init__).parameters)[1:2]}
+    exported = {
+        name
+        for name in flwr_dp_strategies.__all__
+        if inspect.isclass(obj := getattr(flwr_dp_strategies, name))
+        and "strategy" in list(inspect.signature(obj.__init__).parameters)[1:2]
+    }
     assert exported == {name.split("/")[0] for name in wrappers(FedAvg)}
 
 

@@ -26,12 +26,22 @@ from flwr_dp_strategies.rounds.template import AccountedRound, Booking, Release,
 class NoisyClippedMean(AccountedRound, FedAvg):
     """FedAvg's arguments first (in FedAvg's order), then the mechanism's, keyword-only."""
 
-    def __init__(self, *args: Any, clipping_norm: float, noise_multiplier: float, num_sampled_clients: int,
-                 ledger: Optional[PrivacyLedger] = None, ledger_path: Optional[str] = None, resume: bool = False,
-                 rng: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        clipping_norm: float,
+        noise_multiplier: float,
+        num_sampled_clients: int,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        resume: bool = False,
+        rng: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
-        self._init_round(ledger=ledger, ledger_path=ledger_path, resume=resume,
-                         neighboring_relation="add_or_remove_one")
+        self._init_round(
+            ledger=ledger, ledger_path=ledger_path, resume=resume, neighboring_relation="add_or_remove_one"
+        )
         self.clipping_norm, self.noise_multiplier = float(clipping_norm), float(noise_multiplier)
         self.num_sampled_clients = int(num_sampled_clients)
         self.rng = RngSource(rng)  # OS entropy unless a seed is given (tests)
@@ -42,8 +52,9 @@ class NoisyClippedMean(AccountedRound, FedAvg):
         return super().configure_train(server_round, arrays, config, grid)
 
     def train_check(self):
-        return lambda content: screen_train_content(content, self._spec, self.weighted_by_key, check_values=False,
-                                                    max_weight=self.max_weight)
+        return lambda content: screen_train_content(
+            content, self._spec, self.weighted_by_key, check_values=False, max_weight=self.max_weight
+        )
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         summed = ClippedSum({key: npy_view(a) for key, a in self.current.items()}, self.clipping_norm)

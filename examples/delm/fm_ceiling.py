@@ -40,7 +40,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from flwr_dp_experiments.datasets import load_dataset, unit_norm_features  # noqa: E402
 from flwr_dp_experiments.feature_maps import hog_features  # noqa: E402
 from flwr_dp_strategies.privacy.functional_mechanism import (  # noqa: E402
-    fm_noise_std, functional_mechanism, noise_adapted_ridge, quadratic_statistics, solve_objective, sum_statistics)
+    fm_noise_std,
+    functional_mechanism,
+    noise_adapted_ridge,
+    quadratic_statistics,
+    solve_objective,
+    sum_statistics,
+)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NUM_CLIENTS, DELTA, RELATION, RIDGE_FRACTION = 100, 1e-5, "replace_one", 0.5
@@ -53,7 +59,10 @@ FEATURE_MAPS: dict[str, Callable[[np.ndarray, str], np.ndarray]] = {
 }
 
 #: The paper's figures at ε = 1 (MNIST IID, DELM basic; EMNIST letters, low-quality 0.3, basic / enhanced).
-PAPER = {"mnist": "0.962 (IID, basic); 0.922 at ε = 0.1", "emnist-letters": "0.702 / 0.782 (low-quality 0.3, basic / enhanced)"}
+PAPER = {
+    "mnist": "0.962 (IID, basic); 0.922 at ε = 0.1",
+    "emnist-letters": "0.702 / 0.782 (low-quality 0.3, basic / enhanced)",
+}
 #: HOG cell side per data set (as run_experiments.HOG_CELL: the 8×8 digits need 2×2 cells).
 HOG_CELL = {"mnist": 4, "emnist-letters": 4, "digits": 2}
 
@@ -62,24 +71,37 @@ def accuracy(weights: np.ndarray, x_test: np.ndarray, y_test: np.ndarray) -> flo
     return float(np.mean(np.argmax(x_test @ weights, axis=1) == y_test))
 
 
-def private_head(train: np.ndarray, labels: np.ndarray, num_classes: int, epsilon: float, seed: int,
-                 one_noise: bool) -> np.ndarray:
+def private_head(
+    train: np.ndarray, labels: np.ndarray, num_classes: int, epsilon: float, seed: int, one_noise: bool
+) -> np.ndarray:
     """Sum of per-client Gaussian FM releases (or of exact statistics plus one release's noise), solved."""
     rng = np.random.default_rng(seed)
     shards = np.array_split(rng.permutation(len(labels)), NUM_CLIENTS)
     exact = [quadratic_statistics(train[s], labels[s], num_classes=num_classes) for s in shards]
     if one_noise:
-        total = functional_mechanism(sum_statistics(exact), epsilon=epsilon, neighboring_relation=RELATION,
-                                     noise="gaussian", delta=DELTA, rng=rng).value
+        total = functional_mechanism(
+            sum_statistics(exact),
+            epsilon=epsilon,
+            neighboring_relation=RELATION,
+            noise="gaussian",
+            delta=DELTA,
+            rng=rng,
+        ).value
         count = 1
     else:
-        total = sum_statistics(functional_mechanism(s, epsilon=epsilon, neighboring_relation=RELATION,
-                                                    noise="gaussian", delta=DELTA, rng=rng).value for s in exact)
+        total = sum_statistics(
+            functional_mechanism(
+                s, epsilon=epsilon, neighboring_relation=RELATION, noise="gaussian", delta=DELTA, rng=rng
+            ).value
+            for s in exact
+        )
         count = NUM_CLIENTS
-    sigma = fm_noise_std(train.shape[1], num_classes, epsilon=epsilon, noise="gaussian", delta=DELTA,
-                         neighboring_relation=RELATION) * np.sqrt(count)
-    ridge = noise_adapted_ridge(sigma, dim=train.shape[1], count=total.count, num_classes=num_classes,
-                                fraction=RIDGE_FRACTION)
+    sigma = fm_noise_std(
+        train.shape[1], num_classes, epsilon=epsilon, noise="gaussian", delta=DELTA, neighboring_relation=RELATION
+    ) * np.sqrt(count)
+    ridge = noise_adapted_ridge(
+        sigma, dim=train.shape[1], count=total.count, num_classes=num_classes, fraction=RIDGE_FRACTION
+    )
     return solve_objective(total, ridge=ridge)
 
 
@@ -93,10 +115,14 @@ def measure(dataset: str, seeds: int) -> list[str]:
         free = accuracy(solve_objective(quadratic_statistics(train, y_train, num_classes=c), ridge=0.0), test, y_test)
         cells = [f"{free:.3f}"]
         for epsilon, one_noise in ((1.0, False), (0.1, False), (1.0, True)):
-            accs = [accuracy(private_head(train, y_train, c, epsilon, seed, one_noise), test, y_test)
-                    for seed in range(seeds)]
+            accs = [
+                accuracy(private_head(train, y_train, c, epsilon, seed, one_noise), test, y_test)
+                for seed in range(seeds)
+            ]
             cells.append(f"{np.mean(accs):.3f}" + (f" ± {np.std(accs):.3f}" if seeds > 1 else ""))
-        rows.append(f"| {dataset} | {name} (q = {train.shape[1]}) | " + " | ".join(cells) + f" | {PAPER.get(dataset, '—')} |")
+        rows.append(
+            f"| {dataset} | {name} (q = {train.shape[1]}) | " + " | ".join(cells) + f" | {PAPER.get(dataset, '—')} |"
+        )
         print(rows[-1], f"({time.time() - start:.0f} s)", flush=True)
     return rows
 
@@ -109,15 +135,26 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.seeds < 1:
         parser.error(f"--seeds must be an integer >= 1, got {args.seeds}")
-    header = ["| data | features | noise-free | local, ε = 1 | local, ε = 0.1 | one noise, ε = 1 | paper |",
-              "|---|---|---|---|---|---|---|"]
+    header = [
+        "| data | features | noise-free | local, ε = 1 | local, ε = 0.1 | one noise, ε = 1 | paper |",
+        "|---|---|---|---|---|---|---|",
+    ]
     print("\n".join(header), flush=True)
     rows = [row for ds in args.datasets.split(",") for row in measure(ds, args.seeds)]
     doc = (__doc__ or "").split("\n\n")
-    text = ["# Ceilings of a sound functional-mechanism head", "",
-            f"Written by `python examples/delm/fm_ceiling.py --seeds {args.seeds}` (mean ± sd over noise seeds; "
-            f"{NUM_CLIENTS} clients, Gaussian FM, replace-one, δ = {DELTA}, ridge fraction {RIDGE_FRACTION}). "
-            "Test accuracy on the full test split.", "", "\n\n".join(doc[2:]).strip(), "", *header, *rows, ""]
+    text = [
+        "# Ceilings of a sound functional-mechanism head",
+        "",
+        f"Written by `python examples/delm/fm_ceiling.py --seeds {args.seeds}` (mean ± sd over noise seeds; "
+        f"{NUM_CLIENTS} clients, Gaussian FM, replace-one, δ = {DELTA}, ridge fraction {RIDGE_FRACTION}). "
+        "Test accuracy on the full test split.",
+        "",
+        "\n\n".join(doc[2:]).strip(),
+        "",
+        *header,
+        *rows,
+        "",
+    ]
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as fh:
         fh.write("\n".join(text))

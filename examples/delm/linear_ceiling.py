@@ -27,10 +27,16 @@ def main() -> None:
     x_train, y_train, x_test, y_test = load_dataset("mnist")
     inputs = {
         "784 standardised pixels": (x_train, x_test, 1.0),
-        "196 pooled unit-norm features (DELM's)": (unit_norm_features(x_train, "mnist", 2),
-                                                   unit_norm_features(x_test, "mnist", 2), 1e4),
-        "294 HOG features (the -hog configurations)": (hog_features(x_train, cell=4, bins=6),
-                                                       hog_features(x_test, cell=4, bins=6), 1e4),
+        "196 pooled unit-norm features (DELM's)": (
+            unit_norm_features(x_train, "mnist", 2),
+            unit_norm_features(x_test, "mnist", 2),
+            1e4,
+        ),
+        "294 HOG features (the -hog configurations)": (
+            hog_features(x_train, cell=4, bins=6),
+            hog_features(x_test, cell=4, bins=6),
+            1e4,
+        ),
     }
     for name, (train, test, inverse_reg) in inputs.items():
         start = time.time()

@@ -32,8 +32,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variant", choices=VARIANTS, default="basic")
-    parser.add_argument("--features", choices=FEATURES, default="pixels",
-                        help="unit-norm pooled pixels, or histograms of oriented gradients (better on MNIST)")
+    parser.add_argument(
+        "--features",
+        choices=FEATURES,
+        default="pixels",
+        help="unit-norm pooled pixels, or histograms of oriented gradients (better on MNIST)",
+    )
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--num-clients", type=int, default=20)
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
@@ -53,17 +57,32 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     from delm_app.results import RESULTS_JSON
 
-    settings = {"variant": args.variant, "num-server-rounds": args.rounds, "num-partitions": args.num_clients,
-                "dataset": args.dataset, "data-dir": args.data_dir, "scheme": args.scheme, "epsilon": args.epsilon,
-                "components": args.components, "features": args.features,
-                "results-dir": os.path.abspath(args.results_dir)}
+    settings = {
+        "variant": args.variant,
+        "num-server-rounds": args.rounds,
+        "num-partitions": args.num_clients,
+        "dataset": args.dataset,
+        "data-dir": args.data_dir,
+        "scheme": args.scheme,
+        "epsilon": args.epsilon,
+        "components": args.components,
+        "features": args.features,
+        "results-dir": os.path.abspath(args.results_dir),
+    }
     start = time.perf_counter()
-    results = run_app(HERE, settings, num_supernodes=args.num_clients, echo=APP_LINES,
-                      results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
+    results = run_app(
+        HERE,
+        settings,
+        num_supernodes=args.num_clients,
+        echo=APP_LINES,
+        results_path=os.path.join(settings["results-dir"], RESULTS_JSON),
+    )
     last, privacy = results["rounds"][-1], results["privacy"]
-    print(f"\nDELM {args.variant} on {args.dataset} ({args.scheme}, {args.num_clients} clients, {args.rounds} rounds): "
-          f"accuracy {last['accuracy']:.3f}, epsilon {privacy['epsilon']:.3f} ({privacy['unit']}, "
-          f"{privacy['neighboring_relation']}, delta {privacy['delta']:g}); wall {time.perf_counter() - start:.0f} s")
+    print(
+        f"\nDELM {args.variant} on {args.dataset} ({args.scheme}, {args.num_clients} clients, {args.rounds} rounds): "
+        f"accuracy {last['accuracy']:.3f}, epsilon {privacy['epsilon']:.3f} ({privacy['unit']}, "
+        f"{privacy['neighboring_relation']}, delta {privacy['delta']:g}); wall {time.perf_counter() - start:.0f} s"
+    )
     return results
 
 

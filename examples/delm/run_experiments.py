@@ -51,12 +51,15 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "iid-mnist-eps0.1": {"scenario": dict(name="iid-mnist", dataset="mnist", scheme="iid"), "epsilon": 0.1},
     "1-class-mnist": {"scenario": dict(name="1-class-mnist", dataset="mnist", scheme="1-class"), "epsilon": 1.0},
     "2-class-mnist": {"scenario": dict(name="2-class-mnist", dataset="mnist", scheme="2-class"), "epsilon": 1.0},
-    "lq-0.5-emnist": {"scenario": dict(name="lq-0.5-emnist", dataset="emnist-letters", scheme="iid",
-                                       lq_user=0.5, lq_data=0.5), "epsilon": 1.0},
-    "lq-0.3-emnist": {"scenario": dict(name="lq-0.3-emnist", dataset="emnist-letters", scheme="iid",
-                                       lq_user=0.3, lq_data=0.3), "epsilon": 1.0},
-    "iid-digits": {"scenario": dict(name="iid-digits", dataset="digits", scheme="iid", num_clients=20),
-                   "epsilon": 1.0},
+    "lq-0.5-emnist": {
+        "scenario": dict(name="lq-0.5-emnist", dataset="emnist-letters", scheme="iid", lq_user=0.5, lq_data=0.5),
+        "epsilon": 1.0,
+    },
+    "lq-0.3-emnist": {
+        "scenario": dict(name="lq-0.3-emnist", dataset="emnist-letters", scheme="iid", lq_user=0.3, lq_data=0.3),
+        "epsilon": 1.0,
+    },
+    "iid-digits": {"scenario": dict(name="iid-digits", dataset="digits", scheme="iid", num_clients=20), "epsilon": 1.0},
 }
 
 # ----------------------------------------------------------------------------- methods
@@ -83,8 +86,17 @@ DELM_TRAIN = dict(local_steps=5, lr=5.0, ridge=0.01, psd_floor=0.0, num_selected
 #: noise-free ceiling (ε = 1e6: ridge 0.01 → 0.764, 1e-3 → 0.827, 1e-4 → 0.859; at ε = 1: 0.733,
 #: 0.749, 0.752) -- one hyper-parameter, chosen once, used for every scenario and ε.
 NOPCA_TRAIN = dict(ridge=1e-4)
-DELM_VARIANTS = ("basic", "enhanced", "enhanced-nosampling", "shuffle", "local-pca", "ldp-pca", "nopca",
-                 "nopca-enhanced", "nopca-sum")
+DELM_VARIANTS = (
+    "basic",
+    "enhanced",
+    "enhanced-nosampling",
+    "shuffle",
+    "local-pca",
+    "ldp-pca",
+    "nopca",
+    "nopca-enhanced",
+    "nopca-sum",
+)
 #: nopca-sum: clients upload their noisy objectives, NoisyObjectiveSum repairs and solves the sum with the
 #: noise-adapted ridge (this fraction of the summed noise's spectral edge, from public σ, q, n).
 SUM_RIDGE_FRACTION = 0.5
@@ -101,7 +113,7 @@ def method_names() -> list[str]:
 
 def parse_delm(method: str) -> tuple[str, str]:
     """'delm-enhanced-paper-p0.5' -> ('enhanced', 'paper-p0.5'); 'delm-basic' -> ('basic', 'rec')."""
-    rest = method[len("delm-"):]
+    rest = method[len("delm-") :]
     for cfg in DELM_CONFIGS:
         if cfg != "rec" and rest.endswith("-" + cfg):
             return rest[: -len(cfg) - 1], cfg
@@ -150,8 +162,9 @@ class Grid:
 
 
 #: (client index, received arrays, round, received config) -> (reply arrays, weight, declared events)
-ClientFn = Callable[[int, dict[str, np.ndarray], int, dict[str, Any]],
-                    tuple[dict[str, np.ndarray], float, list[tuple[Any, str]]]]
+ClientFn = Callable[
+    [int, dict[str, np.ndarray], int, dict[str, Any]], tuple[dict[str, np.ndarray], float, list[tuple[Any, str]]]
+]
 
 
 def fl_round(strategy, rnd: int, current: dict[str, np.ndarray], grid: Grid, client_fn: ClientFn):
@@ -167,8 +180,12 @@ def fl_round(strategy, rnd: int, current: dict[str, np.ndarray], grid: Grid, cli
         received = {k: a.numpy() for k, a in msg.content["arrays"].items()}
         config = dict(msg.content["config"]) if "config" in msg.content else {}
         new, weight, events = client_fn(node - 101, received, rnd, config)
-        content = RecordDict({"arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}),
-                              "metrics": MetricRecord({"num-examples": float(weight)})})
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(np.asarray(v)) for k, v in new.items()}),
+                "metrics": MetricRecord({"num-examples": float(weight)}),
+            }
+        )
         for event, label in events:
             declare_release(content, event, label=label, neighboring_relation="replace_one")  # FM, LDP-FL
         replies.append(Message(content, reply_to=msg))
@@ -183,20 +200,37 @@ def make_ledger():
 
 
 def strategy_kwargs(n: int) -> dict[str, Any]:
-    return dict(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                ledger=make_ledger())
+    return dict(
+        fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n, ledger=make_ledger()
+    )
 
 
 # ----------------------------------------------------------------------------- DELM
-def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log: Callable[[str], None],
-             overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_delm(
+    variant: str,
+    cfg_name: str,
+    scen: str,
+    rounds: int,
+    seed: int,
+    log: Callable[[str], None],
+    overrides: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
     from dp_accounting.dp_event import NoOpDpEvent, NonPrivateDpEvent
 
     from flwr_dp_strategies import AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, ShuffleAmplifiedFedAvg
-    from flwr_dp_strategies.privacy.covariance import (num_components_for, private_second_moment, second_moment,
-                                                       top_eigenvectors)
-    from flwr_dp_strategies.privacy.functional_mechanism import (descend, fm_noise_std, functional_mechanism,
-                                                                 quadratic_statistics, repaired)
+    from flwr_dp_strategies.privacy.covariance import (
+        num_components_for,
+        private_second_moment,
+        second_moment,
+        top_eigenvectors,
+    )
+    from flwr_dp_strategies.privacy.functional_mechanism import (
+        descend,
+        fm_noise_std,
+        functional_mechanism,
+        quadratic_statistics,
+        repaired,
+    )
     from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 
     no_pca = variant.startswith("nopca")
@@ -228,9 +262,12 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
         fpca_events = [NonPrivateDpEvent()] * n_clients
         fpca_label = "local-pca/exact-covariance (non-private)"
     else:
-        releases = [private_second_moment(f, epsilon=eps1, delta=DELTA, noise="analyze-gauss",
-                                          neighboring_relation=RELATION, rng=client_rngs[i])
-                    for i, f in enumerate(feats)]
+        releases = [
+            private_second_moment(
+                f, epsilon=eps1, delta=DELTA, noise="analyze-gauss", neighboring_relation=RELATION, rng=client_rngs[i]
+            )
+            for i, f in enumerate(feats)
+        ]
         fpca_events = [r.event for r in releases]
         fpca_label = "fpca/analyze-gauss"
         if variant == "ldp-pca":
@@ -245,8 +282,9 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     noisy_stats, raw_stats, fm_events, step_sizes = [], [], [], []
     for i in range(n_clients):
         stats = quadratic_statistics(feats[i] @ bases[i], labels[i], num_classes=c)
-        rel = functional_mechanism(stats, epsilon=eps2, neighboring_relation=RELATION, noise=cfg["fm_noise"],
-                                   delta=DELTA, rng=client_rngs[i])
+        rel = functional_mechanism(
+            stats, epsilon=eps2, neighboring_relation=RELATION, noise=cfg["fm_noise"], delta=DELTA, rng=client_rngs[i]
+        )
         raw_stats.append(rel.value)
         noisy = repaired(rel.value, cfg["psd_floor"])
         # Step size from the noisy curvature (post-processing): gradient Lipschitz constant of the /n objective.
@@ -262,16 +300,22 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
     elif variant == "shuffle":
         strategy = ShuffleAmplifiedFedAvg(**strategy_kwargs(n), reports_are_ldp=False)
     elif variant in ("enhanced", "nopca-enhanced"):
-        strategy = MinDivergenceExpSampling(**strategy_kwargs(n), num_selected=min(cfg["num_selected"], max(1, n // 2)),
-                                            epsilon=cfg["selection_epsilon"], rng=seed)
+        strategy = MinDivergenceExpSampling(
+            **strategy_kwargs(n),
+            num_selected=min(cfg["num_selected"], max(1, n // 2)),
+            epsilon=cfg["selection_epsilon"],
+            rng=seed,
+        )
     elif variant == "nopca-sum":
         sigma = fm_noise_std(q, c, epsilon=eps2, noise=cfg["fm_noise"], delta=DELTA, neighboring_relation=RELATION)
         cfg["ridge_fraction"] = SUM_RIDGE_FRACTION
-        strategy = NoisyObjectiveSum(num_classes=c, client_noise_std=sigma, ridge_fraction=SUM_RIDGE_FRACTION,
-                                     **strategy_kwargs(n))
+        strategy = NoisyObjectiveSum(
+            num_classes=c, client_noise_std=sigma, ridge_fraction=SUM_RIDGE_FRACTION, **strategy_kwargs(n)
+        )
     elif variant == "enhanced-nosampling":
-        strategy = MinDivergenceExpSampling(**strategy_kwargs(n), num_selected=min(cfg["num_selected"], max(1, n // 2)),
-                                            epsilon=None, rng=seed)
+        strategy = MinDivergenceExpSampling(
+            **strategy_kwargs(n), num_selected=min(cfg["num_selected"], max(1, n // 2)), epsilon=None, rng=seed
+        )
     else:
         raise ValueError(f"unknown DELM variant {variant!r}")
     for i in range(n):
@@ -283,8 +327,15 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
         if variant == "nopca-sum":  # the noisy objective itself (FunctionalMechanismTrainer, upload="objective")
             w = {LINEAR_KEY: raw_stats[i].linear, QUADRATIC_KEY: raw_stats[i].quadratic}
         else:
-            w = {"head.weight": descend(noisy_stats[i], received["head.weight"], steps=cfg["local_steps"],
-                                        learning_rate=step_sizes[i], ridge=cfg["ridge"])}
+            w = {
+                "head.weight": descend(
+                    noisy_stats[i],
+                    received["head.weight"],
+                    steps=cfg["local_steps"],
+                    learning_rate=step_sizes[i],
+                    ridge=cfg["ridge"],
+                )
+            }
         if i in trained:
             events = [(NoOpDpEvent(), "fm/reuse (post-processing)")]
         else:
@@ -310,14 +361,25 @@ def run_delm(variant: str, cfg_name: str, scen: str, rounds: int, seed: int, log
         if rnd % 25 == 0 or rnd == rounds:
             log(f"  round {rnd}: acc {acc[-1]:.4f} ({time.time() - t0:.0f}s)")
     result = dict(
-        config={**cfg, "q": q, "input_dim": z_dim_in, "pool": pool, "epsilon_total": eps_total, "epsilon1": eps1,
-                "epsilon2": eps2, "fpca_noise": "analyze-gauss", "accuracy_eval_bases": len(eval_bases)},
+        config={
+            **cfg,
+            "q": q,
+            "input_dim": z_dim_in,
+            "pool": pool,
+            "epsilon_total": eps_total,
+            "epsilon1": eps1,
+            "epsilon2": eps2,
+            "fpca_noise": "analyze-gauss",
+            "accuracy_eval_bases": len(eval_bases),
+        },
         accuracy=acc,
         ledger_epsilon=float(strategy.ledger.epsilon()),
-        ledger_epsilon_per_client=sorted({round(float(strategy.ledger.epsilon(cl)), 9)
-                                          for cl in strategy.ledger.clients}),
-        selection_epsilon=(float(strategy.selection_ledger.epsilon())
-                           if hasattr(strategy, "selection_ledger") else None),
+        ledger_epsilon_per_client=sorted(
+            {round(float(strategy.ledger.epsilon(cl)), 9) for cl in strategy.ledger.clients}
+        ),
+        selection_epsilon=(
+            float(strategy.selection_ledger.epsilon()) if hasattr(strategy, "selection_ledger") else None
+        ),
         selection_epsilon_per_round=sel_eps or None,
         ledger_events_client0=[(r, type(e).__name__, lbl) for r, e, lbl in strategy.ledger.events("101")][:3],
         ledger_event_counts_client0=len(strategy.ledger.events("101")),
@@ -377,18 +439,30 @@ def run_mlp(method: str, scen: str, rounds: int, seed: int, log: Callable[[str],
     elif method == "ldp-fl-total":
         eps_round = ldp_fl_round_epsilon_for_total(eps_total, rounds)
     rngs = [np.random.default_rng([seed, i]) for i in range(n)]
-    strategy = (AccountedFedProx(proximal_mu=mu, **strategy_kwargs(n)) if method == "fedprox"
-                else AccountedFedAvg(**strategy_kwargs(n)))
+    strategy = (
+        AccountedFedProx(proximal_mu=mu, **strategy_kwargs(n))
+        if method == "fedprox"
+        else AccountedFedAvg(**strategy_kwargs(n))
+    )
 
     def client_fn(i: int, received: dict[str, np.ndarray], rnd: int, config: dict[str, Any]):
         glob_params = [received[k] for k in keys]
         x, y = clients[i]
-        new = local_sgd(glob_params, x, y, epochs=MLP["epochs"], lr=MLP["lr"], batch_size=MLP["batch_size"],
-                        proximal_mu=float(config.get("proximal-mu", 0.0)), seed=seed * 100003 + rnd * 1009 + i)
+        new = local_sgd(
+            glob_params,
+            x,
+            y,
+            epochs=MLP["epochs"],
+            lr=MLP["lr"],
+            batch_size=MLP["batch_size"],
+            proximal_mu=float(config.get("proximal-mu", 0.0)),
+            seed=seed * 100003 + rnd * 1009 + i,
+        )
         events = []
         if eps_round is not None:
-            new, event = ldp_fl_update(glob_params, new, clip=MLP["ldp_clip"], epsilon=eps_round, delta=DELTA,
-                                       rng=rngs[i])
+            new, event = ldp_fl_update(
+                glob_params, new, clip=MLP["ldp_clip"], epsilon=eps_round, delta=DELTA, rng=rngs[i]
+            )
             events = [(event, "ldp-fl/gaussian-update")]
         return dict(zip(keys, new)), float(len(y)), events  # no declaration -> booked non-private (ε = inf)
 
@@ -400,16 +474,33 @@ def run_mlp(method: str, scen: str, rounds: int, seed: int, log: Callable[[str],
         acc.append(float(evaluate([current[k] for k in keys], x_te, y_te)))
         if rnd % 10 == 0 or rnd == rounds:
             log(f"  round {rnd}: acc {acc[-1]:.4f} ({time.time() - t0:.0f}s)")
-    cfg = dict(MLP, fedprox_mu=mu, epsilon_total=eps_total, epsilon_per_round=eps_round,
-               ldp_sigma=(ldp_fl_sigma(MLP["ldp_clip"], eps_round, DELTA) if eps_round else None))
-    return dict(config=cfg, accuracy=acc, ledger_epsilon=float(strategy.ledger.epsilon()),
-                ledger_epsilon_per_client=None, selection_epsilon=None,
-                ledger_event_counts_client0=len(strategy.ledger.events("101")))
+    cfg = dict(
+        MLP,
+        fedprox_mu=mu,
+        epsilon_total=eps_total,
+        epsilon_per_round=eps_round,
+        ldp_sigma=(ldp_fl_sigma(MLP["ldp_clip"], eps_round, DELTA) if eps_round else None),
+    )
+    return dict(
+        config=cfg,
+        accuracy=acc,
+        ledger_epsilon=float(strategy.ledger.epsilon()),
+        ledger_epsilon_per_client=None,
+        selection_epsilon=None,
+        ledger_event_counts_client0=len(strategy.ledger.events("101")),
+    )
 
 
 # ----------------------------------------------------------------------------- runner
-def run_one(method: str, scen: str, rounds: int, seed: int, results_dir: str, log=print,
-            overrides: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_one(
+    method: str,
+    scen: str,
+    rounds: int,
+    seed: int,
+    results_dir: str,
+    log=print,
+    overrides: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
     set_task_identity()
     t0 = time.time()
     log(f"[{scen}] {method}: {rounds} rounds")
@@ -422,15 +513,25 @@ def run_one(method: str, scen: str, rounds: int, seed: int, results_dir: str, lo
     else:
         raise ValueError(f"unknown method {method!r}; known: {method_names()}")
     acc = out["accuracy"]
-    out.update(method=method, scenario=scen, scenario_spec=SCENARIOS[scen], rounds=rounds, seed=seed,
-               final_accuracy=float(np.mean(acc[-5:])), neighboring_relation=RELATION, delta=DELTA,
-               wall_time_s=time.time() - t0)
+    out.update(
+        method=method,
+        scenario=scen,
+        scenario_spec=SCENARIOS[scen],
+        rounds=rounds,
+        seed=seed,
+        final_accuracy=float(np.mean(acc[-5:])),
+        neighboring_relation=RELATION,
+        delta=DELTA,
+        wall_time_s=time.time() - t0,
+    )
     if results_dir:
         os.makedirs(results_dir, exist_ok=True)
         with open(os.path.join(results_dir, f"{scen}__{method}.json"), "w") as fh:
             json.dump(out, fh, indent=1, default=str)
-    log(f"[{scen}] {method}: final {out['final_accuracy']:.4f}, ledger ε {out['ledger_epsilon']:.4g}, "
-        f"selection ε {out['selection_epsilon']}, {out['wall_time_s']:.0f}s")
+    log(
+        f"[{scen}] {method}: final {out['final_accuracy']:.4f}, ledger ε {out['ledger_epsilon']:.4g}, "
+        f"selection ε {out['selection_epsilon']}, {out['wall_time_s']:.0f}s"
+    )
     return out
 
 
@@ -439,30 +540,63 @@ def run_one(method: str, scen: str, rounds: int, seed: int, results_dir: str, lo
 PAPER: list[tuple[str, str, float, list[str]]] = [
     ("iid-mnist", "FedAvg", 0.973, ["fedavg"]),
     ("iid-mnist", "LDP-FL", 0.927, ["ldp-fl-round", "ldp-fl-total"]),
-    ("iid-mnist", "DELM basic (p=0.5)", 0.962, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-nopca-sum",
-                                                 "delm-nopca-hog", "delm-nopca-sum-hog", "delm-shuffle"]),
+    (
+        "iid-mnist",
+        "DELM basic (p=0.5)",
+        0.962,
+        [
+            "delm-basic-paper-p0.5",
+            "delm-basic",
+            "delm-nopca",
+            "delm-nopca-sum",
+            "delm-nopca-hog",
+            "delm-nopca-sum-hog",
+            "delm-shuffle",
+        ],
+    ),
     ("iid-mnist", "DELM basic (p=0.8)", None, ["delm-basic-paper-p0.8"]),
     ("iid-mnist", "LDP-PCA variant", 0.911, ["delm-ldp-pca-paper-p0.5", "delm-ldp-pca"]),
     ("iid-mnist", "local-PCA variant", 0.871, ["delm-local-pca-paper-p0.5", "delm-local-pca"]),
     ("iid-mnist", "DELM enhanced", None, ["delm-enhanced", "delm-enhanced-nosampling", "delm-nopca-enhanced"]),
     ("iid-mnist-eps0.1", "LDP-FL", 0.826, ["ldp-fl-round", "ldp-fl-total"]),
     ("iid-mnist-eps0.1", "DELM (p=0.8)", 0.913, ["delm-basic-paper-p0.8"]),
-    ("iid-mnist-eps0.1", "DELM (p=0.5)", 0.922, ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca",
-                                                  "delm-nopca-sum", "delm-nopca-hog", "delm-nopca-sum-hog"]),
+    (
+        "iid-mnist-eps0.1",
+        "DELM (p=0.5)",
+        0.922,
+        ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-nopca-sum", "delm-nopca-hog", "delm-nopca-sum-hog"],
+    ),
 ]
-for _scen, _vals in (("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
-                     ("2-class-mnist", (0.874, 0.847, 0.896, 0.871, 0.927)),
-                     ("lq-0.5-emnist", (0.670, 0.603, 0.714, 0.658, 0.765)),
-                     ("lq-0.3-emnist", (0.716, 0.657, 0.756, 0.702, 0.782))):
+for _scen, _vals in (
+    ("1-class-mnist", (0.792, 0.756, 0.826, 0.829, 0.912)),
+    ("2-class-mnist", (0.874, 0.847, 0.896, 0.871, 0.927)),
+    ("lq-0.5-emnist", (0.670, 0.603, 0.714, 0.658, 0.765)),
+    ("lq-0.3-emnist", (0.716, 0.657, 0.756, 0.702, 0.782)),
+):
     _third = ("SecProbe", []) if "emnist" in _scen else ("FedProx", ["fedprox"])
     PAPER += [
         (_scen, "FedAvg", _vals[0], ["fedavg"]),
         (_scen, "LDP-FL", _vals[1], ["ldp-fl-round", "ldp-fl-total"]),
         (_scen, _third[0], _vals[2], _third[1]),
-        (_scen, "DELM basic", _vals[3], ["delm-basic-paper-p0.5", "delm-basic", "delm-nopca", "delm-nopca-sum",
-                                         "delm-nopca-hog", "delm-nopca-sum-hog"]),
-        (_scen, "DELM enhanced", _vals[4], ["delm-enhanced-paper-p0.5", "delm-enhanced",
-                                             "delm-enhanced-nosampling", "delm-nopca-enhanced"]),
+        (
+            _scen,
+            "DELM basic",
+            _vals[3],
+            [
+                "delm-basic-paper-p0.5",
+                "delm-basic",
+                "delm-nopca",
+                "delm-nopca-sum",
+                "delm-nopca-hog",
+                "delm-nopca-sum-hog",
+            ],
+        ),
+        (
+            _scen,
+            "DELM enhanced",
+            _vals[4],
+            ["delm-enhanced-paper-p0.5", "delm-enhanced", "delm-enhanced-nosampling", "delm-nopca-enhanced"],
+        ),
     ]
 
 
@@ -471,15 +605,15 @@ def describe(res: dict[str, Any]) -> str:
     m = res["method"]
     if m.startswith("delm-"):
         name = res.get("delm_config", "rec")
-        kind = ("paper protocol" if name.startswith("paper") else "recommended" if name == "rec"
-                else f"config {name}")
+        kind = "paper protocol" if name.startswith("paper") else "recommended" if name == "rec" else f"config {name}"
         if cfg.get("features") == "hog":
             kind = "HOG features"
         fm = cfg["fm_noise"]
-        solve = (f", server solve (ridge {cfg['ridge_fraction']:g} of the noise edge)"
-                 if "ridge_fraction" in cfg else "")
-        return (f"{kind}: d={cfg['input_dim']}, q={cfg['q']}, FM {fm}, ε1={cfg['epsilon1']:.3g}, "
-                f"ε2={cfg['epsilon2']:.3g}{solve}")
+        solve = f", server solve (ridge {cfg['ridge_fraction']:g} of the noise edge)" if "ridge_fraction" in cfg else ""
+        return (
+            f"{kind}: d={cfg['input_dim']}, q={cfg['q']}, FM {fm}, ε1={cfg['epsilon1']:.3g}, "
+            f"ε2={cfg['epsilon2']:.3g}{solve}"
+        )
     if m.startswith("ldp-fl"):
         return f"MLP, C={cfg['ldp_clip']}, ε/round={cfg['epsilon_per_round']:.3g}, σ={cfg['ldp_sigma']:.3g}"
     return "MLP 784-64-c" + (f", μ={cfg['fedprox_mu']}" if m == "fedprox" else "")
@@ -514,14 +648,21 @@ def seed_table(results_dir: str, runs: dict[tuple[str, str], dict[str, Any]]) ->
     multi = {k: v for k, v in by_key.items() if len(v) > 1}
     if not multi:
         return []
-    lines = ["", f"Across seeds ({', '.join(map(str, sorted(seeds)))}; seed 0 is the table above, the others are in "
-             "`seeds/seed<k>/`, same commands with `--seed k --results-dir .../seeds/seed<k>`; for DELM the seed "
-             "draws the clients' noise, the partition is the scenario's):", "",
-             "| scenario | method | runs | mean acc. | sd | min | max |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Across seeds ({', '.join(map(str, sorted(seeds)))}; seed 0 is the table above, the others are in "
+        "`seeds/seed<k>/`, same commands with `--seed k --results-dir .../seeds/seed<k>`; for DELM the seed "
+        "draws the clients' noise, the partition is the scenario's):",
+        "",
+        "| scenario | method | runs | mean acc. | sd | min | max |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for (scen, method), values in sorted(multi.items()):
         arr = np.asarray(values)
-        lines.append(f"| {scen} | `{method}` | {arr.size} | {arr.mean():.3f} | {arr.std(ddof=1):.3f} | "
-                     f"{arr.min():.3f} | {arr.max():.3f} |")
+        lines.append(
+            f"| {scen} | `{method}` | {arr.size} | {arr.mean():.3f} | {arr.std(ddof=1):.3f} | "
+            f"{arr.min():.3f} | {arr.max():.3f} |"
+        )
     return lines
 
 
@@ -536,15 +677,19 @@ def build_report(results_dir: str) -> None:
         with open(path) as fh:
             res = json.load(fh)
         runs[(res["scenario"], res["method"])] = res
-    lines = ["# DELM reproduction: results", "",
-             "Generated by `python examples/delm/run_experiments.py --report` from the JSON files in this folder.",
-             "Accuracy = mean test accuracy of the last 5 rounds. ε = what the privacy ledger reports at δ = 1e-5 "
-             "for the worst client (all clients are equal here), composition over everything the client released. "
-             "Selection ε = the enhanced scheme's separate server-side selection ledger (user-level, replace one "
-             "client's update; ∞ for the non-sampling variant). See README.md for what differs from the paper.", "",
-             "| scenario | paper method | paper acc. | our method | configuration | rounds | our acc. | ledger ε "
-             "| selection ε | neighbouring relation |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# DELM reproduction: results",
+        "",
+        "Generated by `python examples/delm/run_experiments.py --report` from the JSON files in this folder.",
+        "Accuracy = mean test accuracy of the last 5 rounds. ε = what the privacy ledger reports at δ = 1e-5 "
+        "for the worst client (all clients are equal here), composition over everything the client released. "
+        "Selection ε = the enhanced scheme's separate server-side selection ledger (user-level, replace one "
+        "client's update; ∞ for the non-sampling variant). See README.md for what differs from the paper.",
+        "",
+        "| scenario | paper method | paper acc. | our method | configuration | rounds | our acc. | ledger ε "
+        "| selection ε | neighbouring relation |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     used = set()
     for scen, label, paper, ours in PAPER:
         rows = [(m, runs[(scen, m)]) for m in ours if (scen, m) in runs]
@@ -555,20 +700,32 @@ def build_report(results_dir: str) -> None:
             continue
         for m, res in rows:
             used.add((scen, m))
-            lines.append(f"| {scen} | {label} | {paper_s} | `{m}` | {describe(res)} | {res['rounds']} | "
-                         f"{res['final_accuracy']:.3f} | {fmt_eps(res['ledger_epsilon'])} | "
-                         f"{fmt_eps(res['selection_epsilon'])} | {relation_of(res)} |")
+            lines.append(
+                f"| {scen} | {label} | {paper_s} | `{m}` | {describe(res)} | {res['rounds']} | "
+                f"{res['final_accuracy']:.3f} | {fmt_eps(res['ledger_epsilon'])} | "
+                f"{fmt_eps(res['selection_epsilon'])} | {relation_of(res)} |"
+            )
     extra = [k for k in runs if k not in used]
     if extra:
-        lines += ["", "Other runs:", "", "| scenario | method | configuration | rounds | acc. | ledger ε | selection ε |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Other runs:",
+            "",
+            "| scenario | method | configuration | rounds | acc. | ledger ε | selection ε |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for k in sorted(extra):
             res = runs[k]
-            lines.append(f"| {k[0]} | `{k[1]}` | {describe(res)} | {res['rounds']} | {res['final_accuracy']:.3f} | "
-                         f"{fmt_eps(res['ledger_epsilon'])} | {fmt_eps(res['selection_epsilon'])} |")
+            lines.append(
+                f"| {k[0]} | `{k[1]}` | {describe(res)} | {res['rounds']} | {res['final_accuracy']:.3f} | "
+                f"{fmt_eps(res['ledger_epsilon'])} | {fmt_eps(res['selection_epsilon'])} |"
+            )
     lines += seed_table(results_dir, runs)
-    lines += ["", "Wall time per run (s): " + ", ".join(f"{s}/{m} {r['wall_time_s']:.0f}"
-                                                      for (s, m), r in sorted(runs.items())), ""]
+    lines += [
+        "",
+        "Wall time per run (s): " + ", ".join(f"{s}/{m} {r['wall_time_s']:.0f}" for (s, m), r in sorted(runs.items())),
+        "",
+    ]
     notes_path = os.path.join(HERE, "results_notes.md")
     if os.path.exists(notes_path):
         with open(notes_path) as fh:
@@ -579,8 +736,12 @@ def build_report(results_dir: str) -> None:
         fig, ax = plt.subplots(figsize=(8, 5))
         for (s, m), res in sorted(runs.items()):
             if s == scen:
-                ax.plot(range(1, len(res["accuracy"]) + 1), res["accuracy"], label=m,
-                        linestyle="--" if not m.startswith("delm") else "-")
+                ax.plot(
+                    range(1, len(res["accuracy"]) + 1),
+                    res["accuracy"],
+                    label=m,
+                    linestyle="--" if not m.startswith("delm") else "-",
+                )
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy")
         ax.set_title(f"{scen} (ε total {SCENARIOS[scen]['epsilon']})")

@@ -46,22 +46,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", type=int, default=None, help="MLP hidden units (default 32 digits, 64 MNIST)")
     parser.add_argument("--noise-seed", type=int, default=-1, help=">= 0 only for reproducible runs")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
-    parser.add_argument("--client-cpus", type=int, default=1,
-                        help="CPUs per simulated client (Ray actor); 2 on a 2-core machine means one actor")
+    parser.add_argument(
+        "--client-cpus",
+        type=int,
+        default=1,
+        help="CPUs per simulated client (Ray actor); 2 on a 2-core machine means one actor",
+    )
     return parser.parse_args(argv)
 
 
 def settings_from(args: argparse.Namespace) -> dict[str, Any]:
     """Run-config overrides for the apps."""
     return {
-        "num-server-rounds": args.rounds, "num-partitions": args.num_clients,
-        "noise-multiplier": args.noise_multiplier, "target-epsilon": args.target_epsilon,
-        "max-grad-norm": args.max_grad_norm, "clipping": args.clipping, "local-epochs": args.local_epochs,
-        "batch-size": args.batch_size, "max-physical-batch-size": args.max_physical_batch_size,
-        "grad-sample-mode": args.grad_sample_mode, "lr": args.lr, "dataset": args.dataset,
+        "num-server-rounds": args.rounds,
+        "num-partitions": args.num_clients,
+        "noise-multiplier": args.noise_multiplier,
+        "target-epsilon": args.target_epsilon,
+        "max-grad-norm": args.max_grad_norm,
+        "clipping": args.clipping,
+        "local-epochs": args.local_epochs,
+        "batch-size": args.batch_size,
+        "max-physical-batch-size": args.max_physical_batch_size,
+        "grad-sample-mode": args.grad_sample_mode,
+        "lr": args.lr,
+        "dataset": args.dataset,
         "data-dir": os.path.abspath(args.data_dir) if args.data_dir else "",
         "hidden": args.hidden if args.hidden is not None else (64 if args.dataset == "mnist" else 32),
-        "noise-seed": args.noise_seed, "results-dir": os.path.abspath(args.results_dir),
+        "noise-seed": args.noise_seed,
+        "results-dir": os.path.abspath(args.results_dir),
     }
 
 
@@ -70,8 +82,14 @@ def simulate(settings: dict[str, Any], client_cpus: int = 1) -> dict[str, Any]:
     from flwr_dp_experiments.results import RESULTS_JSON
     from flwr_dp_experiments.simulation import run_app
 
-    return run_app(HERE, settings, num_supernodes=int(settings["num-partitions"]), num_cpus=client_cpus,
-                   echo=APP_LINES, results_path=os.path.join(settings["results-dir"], RESULTS_JSON))
+    return run_app(
+        HERE,
+        settings,
+        num_supernodes=int(settings["num-partitions"]),
+        num_cpus=client_cpus,
+        echo=APP_LINES,
+        results_path=os.path.join(settings["results-dir"], RESULTS_JSON),
+    )
 
 
 def _fmt(value: float | None) -> str:
@@ -80,15 +98,21 @@ def _fmt(value: float | None) -> str:
 
 def format_table(results: dict[str, Any]) -> str:
     """Round | accuracy | ledger ε | Opacus cumulative ε | Flower-example per-round ε."""
-    lines = [f"initial accuracy: {results['initial_accuracy']:.3f}",
-             f"{'round':>5}  {'accuracy':>8}  {'ledger eps':>10}  {'Opacus eps':>10}  {'Flower-example eps':>18}"]
+    lines = [
+        f"initial accuracy: {results['initial_accuracy']:.3f}",
+        f"{'round':>5}  {'accuracy':>8}  {'ledger eps':>10}  {'Opacus eps':>10}  {'Flower-example eps':>18}",
+    ]
     for row in results["rounds"]:
-        lines.append(f"{row['round']:>5}  {row['accuracy']:>8.3f}  {_fmt(row['epsilon_ledger']):>10}  "
-                     f"{_fmt(row.get('epsilon_opacus_max')):>10}  {_fmt(row.get('epsilon_flower_example')):>18}")
+        lines.append(
+            f"{row['round']:>5}  {row['accuracy']:>8.3f}  {_fmt(row['epsilon_ledger']):>10}  "
+            f"{_fmt(row.get('epsilon_opacus_max')):>10}  {_fmt(row.get('epsilon_flower_example')):>18}"
+        )
     privacy = results["privacy"]
-    lines.append(f"epsilon: record level ({privacy['neighboring_relation']}, one example of a client), "
-                 f"delta={privacy['delta']:g}; ledger = {privacy['method']} of RDP/PLD over the declared events; "
-                 "Opacus = its RDP accountant over all rounds (worst client); Flower's example = one round only")
+    lines.append(
+        f"epsilon: record level ({privacy['neighboring_relation']}, one example of a client), "
+        f"delta={privacy['delta']:g}; ledger = {privacy['method']} of RDP/PLD over the declared events; "
+        "Opacus = its RDP accountant over all rounds (worst client); Flower's example = one round only"
+    )
     return "\n".join(lines)
 
 

@@ -36,6 +36,7 @@ APP_LINES = r"^(experiment \d|round \d|label eps|sweep of)"
 RESULTS_JSON = "results.json"
 RESULTS_PNG = "accuracy_vs_eps.png"
 
+
 def parse_eps(text: str) -> float:
     """A label ε in (0, inf]; ``inf`` = no label DP."""
     value = float(text)
@@ -47,8 +48,13 @@ def parse_eps(text: str) -> float:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--eps", type=parse_eps, nargs="+", default=[0.5, 1.0, 2.0, 4.0, 8.0, math.inf],
-                        help="label epsilons to run (inf: no label DP)")
+    parser.add_argument(
+        "--eps",
+        type=parse_eps,
+        nargs="+",
+        default=[0.5, 1.0, 2.0, 4.0, 8.0, math.inf],
+        help="label epsilons to run (inf: no label DP)",
+    )
     parser.add_argument("--repeats", type=int, default=2, help="runs per epsilon (model seeds seed, seed+1, ...)")
     parser.add_argument("--rounds", type=int, default=80, help="train steps per run")
     parser.add_argument("--eval-every", type=int, default=20, help="test accuracy every this many rounds")
@@ -56,8 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rr-seed", type=int, default=-1, help="label randomisation seed (-1: OS entropy)")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    parser.add_argument("--plot-only", action="store_true",
-                        help="only redraw the PNG from <results-dir>/results.json (no simulation)")
+    parser.add_argument(
+        "--plot-only", action="store_true", help="only redraw the PNG from <results-dir>/results.json (no simulation)"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.rounds < 1:
         parser.error("--repeats and --rounds must be >= 1")
@@ -66,9 +73,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def experiments(args: argparse.Namespace) -> list[dict[str, Any]]:
     """One run-config override per (ε, repeat)."""
-    return [{"label-epsilon": eps, "seed": args.seed + r, "num-server-rounds": args.rounds,
-             "eval-every": args.eval_every, "rr-seed": args.rr_seed}
-            for eps in args.eps for r in range(args.repeats)]
+    return [
+        {
+            "label-epsilon": eps,
+            "seed": args.seed + r,
+            "num-server-rounds": args.rounds,
+            "eval-every": args.eval_every,
+            "rr-seed": args.rr_seed,
+        }
+        for eps in args.eps
+        for r in range(args.repeats)
+    ]
 
 
 def simulate(runs: list[dict[str, Any]], results_dir: str) -> list[dict[str, Any]]:
@@ -81,9 +96,13 @@ def simulate(runs: list[dict[str, Any]], results_dir: str) -> list[dict[str, Any
     with open(sweep_file, "w") as handle:
         json.dump(runs, handle)  # label-epsilon inf is written as Infinity, which json reads back
     out = os.path.join(results_dir, "sweep-results.json")
-    results = run_app(HERE, {"sweep-file": sweep_file, "results-file": out, "results-dir": results_dir},
-                      num_supernodes=int(app_config(HERE)["num-parties"]),  # one SuperNode per feature party
-                      results_path=out, echo=APP_LINES)
+    results = run_app(
+        HERE,
+        {"sweep-file": sweep_file, "results-file": out, "results-dir": results_dir},
+        num_supernodes=int(app_config(HERE)["num-parties"]),  # one SuperNode per feature party
+        results_path=out,
+        echo=APP_LINES,
+    )
     if len(results) != len(runs):
         raise RuntimeError(f"only {len(results)} of {len(runs)} runs finished; see {results_dir}/flower.log")
     for path in (sweep_file, out):  # results.json (written by main) holds every run
@@ -96,11 +115,17 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     for run in runs:
         key = str(run["label_epsilon"])
-        row = table.setdefault(key, {"label_epsilon": run["label_epsilon"], "accuracies": [],
-                                     "ledger_epsilon": run["privacy"]["ledger_epsilon"],
-                                     "ledger_events": len(run["privacy"]["events"]),
-                                     "changed_fraction": [],
-                                     "expected_changed_fraction": run["privacy"]["expected_changed_fraction"]})
+        row = table.setdefault(
+            key,
+            {
+                "label_epsilon": run["label_epsilon"],
+                "accuracies": [],
+                "ledger_epsilon": run["privacy"]["ledger_epsilon"],
+                "ledger_events": len(run["privacy"]["events"]),
+                "changed_fraction": [],
+                "expected_changed_fraction": run["privacy"]["expected_changed_fraction"],
+            },
+        )
         row["accuracies"].append(run["final_accuracy"])
         row["changed_fraction"].append(run["privacy"]["changed_fraction"])
     for row in table.values():
@@ -111,15 +136,19 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def format_table(summary: list[dict[str, Any]]) -> str:
     """Markdown table: ε | test accuracy mean (min-max) | labels changed | ledger ε."""
-    lines = ["| label ε | test accuracy, mean (min–max) | labels changed: measured / expected | ledger ε |",
-             "|---|---|---|---|"]
+    lines = [
+        "| label ε | test accuracy, mean (min–max) | labels changed: measured / expected | ledger ε |",
+        "|---|---|---|---|",
+    ]
     for row in summary:
         eps = row["label_epsilon"]
         changed = sum(row["changed_fraction"]) / len(row["changed_fraction"])
         ledger = "–" if row["ledger_epsilon"] is None else f"{row['ledger_epsilon']:.3f}"
         name = "∞ (no label DP)" if eps == "inf" else f"{eps:g}"
-        lines.append(f"| {name} | {row['mean_accuracy']:.3f} ({row['min_accuracy']:.3f}–{row['max_accuracy']:.3f}) "
-                     f"| {changed:.3f} / {row['expected_changed_fraction']:.3f} | {ledger} |")
+        lines.append(
+            f"| {name} | {row['mean_accuracy']:.3f} ({row['min_accuracy']:.3f}–{row['max_accuracy']:.3f}) "
+            f"| {changed:.3f} / {row['expected_changed_fraction']:.3f} | {ledger} |"
+        )
     return "\n".join(lines)
 
 
@@ -133,10 +162,17 @@ def plot(summary: list[dict[str, Any]], path: str) -> None:
     finite = [row for row in summary if row["label_epsilon"] != "inf"]
     fig, ax = plt.subplots(figsize=(6, 4))
     eps = [row["label_epsilon"] for row in finite]
-    ax.errorbar(eps, [row["mean_accuracy"] for row in finite],
-                yerr=[[row["mean_accuracy"] - row["min_accuracy"] for row in finite],
-                      [row["max_accuracy"] - row["mean_accuracy"] for row in finite]],
-                marker="o", capsize=3, label="label DP (randomized response)")
+    ax.errorbar(
+        eps,
+        [row["mean_accuracy"] for row in finite],
+        yerr=[
+            [row["mean_accuracy"] - row["min_accuracy"] for row in finite],
+            [row["max_accuracy"] - row["mean_accuracy"] for row in finite],
+        ],
+        marker="o",
+        capsize=3,
+        label="label DP (randomized response)",
+    )
     for row in summary:
         if row["label_epsilon"] == "inf":
             ax.axhline(row["mean_accuracy"], linestyle="--", color="gray", label="no label DP")
@@ -168,8 +204,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     runs = simulate(experiments(args), args.results_dir)
     summary = summarise(runs)
     wall = time.perf_counter() - start
-    results = {"summary": summary, "runs": runs, "repeats": args.repeats, "rounds": args.rounds,
-               "wall_s": wall, "num_parties": runs[0]["config"]["num-parties"]}
+    results = {
+        "summary": summary,
+        "runs": runs,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "wall_s": wall,
+        "num_parties": runs[0]["config"]["num-parties"],
+    }
     os.makedirs(args.results_dir, exist_ok=True)
     with open(os.path.join(args.results_dir, RESULTS_JSON), "w") as handle:
         json.dump(results, handle, indent=2)

@@ -52,9 +52,11 @@ EPSILONS = (460520.0, 230260.0, 1e3, 1e2, 10.0, 1.0)
 #: Noise seeds of the offline drift table: numpy default_rng([NOISE_SEED, repetition]).
 NOISE_SEED = 2024
 SCORES = ("silhouette", "calinski-harabasz", "davies-bouldin")
-SCORE_TITLES = {"silhouette": "silhouette (higher = better)",
-                "calinski-harabasz": "Calinski-Harabasz (higher = better)",
-                "davies-bouldin": "Davies-Bouldin (lower = better)"}
+SCORE_TITLES = {
+    "silhouette": "silhouette (higher = better)",
+    "calinski-harabasz": "Calinski-Harabasz (higher = better)",
+    "davies-bouldin": "Davies-Bouldin (lower = better)",
+}
 
 
 def _make_importable() -> None:
@@ -69,11 +71,19 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="server rounds of each simulation")
     parser.add_argument("--num-clients", type=int, default=50, help="simulated SuperNodes (all train and evaluate)")
-    parser.add_argument("--laplace-eps", type=float, default=230260.0,
-                        help="true LDP epsilon of the LAPLACE simulation (per vector and round)")
+    parser.add_argument(
+        "--laplace-eps",
+        type=float,
+        default=230260.0,
+        help="true LDP epsilon of the LAPLACE simulation (per vector and round)",
+    )
     parser.add_argument("--repetitions", type=int, default=20, help="noise draws per epsilon in the drift table")
-    parser.add_argument("--dataset", choices=("digits", "mnist"), default="digits",
-                        help="sklearn digits (embedded) or MNIST from the gzip'ed IDX files in --data-dir")
+    parser.add_argument(
+        "--dataset",
+        choices=("digits", "mnist"),
+        default="digits",
+        help="sklearn digits (embedded) or MNIST from the gzip'ed IDX files in --data-dir",
+    )
     parser.add_argument("--data-dir", default="", help="folder of MNIST's *-idx?-ubyte.gz files (dataset mnist)")
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     return parser.parse_args(argv)
@@ -83,8 +93,7 @@ def simulate(settings: dict[str, Any], num_supernodes: int) -> dict[str, Any]:
     """Run the app once with ``flwr run`` and return the JSON run log its ServerApp wrote."""
     from flwr_dp_experiments.simulation import run_app
 
-    return run_app(HERE, settings, num_supernodes=num_supernodes, echo=APP_LINES,
-                   results_path=settings["results-file"])
+    return run_app(HERE, settings, num_supernodes=num_supernodes, echo=APP_LINES, results_path=settings["results-file"])
 
 
 def trajectories(run: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -144,8 +153,12 @@ def _eps(value: float) -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     """The tables of results.md."""
-    setup, comp, clean, noisy = (results["setup"], results["flower_runs"], results["runs"]["not_encrypt"],
-                                 results["runs"]["laplace"])
+    setup, comp, clean, noisy = (
+        results["setup"],
+        results["flower_runs"],
+        results["runs"]["not_encrypt"],
+        results["runs"]["laplace"],
+    )
     lines = [
         "# Laplace-protected inference results vs clean: cluster scores over training",
         "",
@@ -170,7 +183,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"{_fmt(row_n['silhouette'], '.4f')} | {_fmt(row_c['calinski-harabasz'], '.2f')} / "
             f"{_fmt(row_n['calinski-harabasz'], '.2f')} | {_fmt(row_c['davies-bouldin'], '.4f')} / "
             f"{_fmt(row_n['davies-bouldin'], '.4f')} | {row_c['labels']} / {row_n['labels']} | "
-            f"{_fmt(row_n['epsilon'], '.6g')} |")
+            f"{_fmt(row_n['epsilon'], '.6g')} |"
+        )
     lines += [
         "",
         "| score | Spearman ρ (clean vs LAPLACE trajectory) | mean abs difference |",
@@ -194,8 +208,10 @@ def markdown(results: dict[str, Any]) -> str:
         drift, med, rho = row["mean_abs_drift"], row["median_abs_drift"], row["spearman"]
         drifts = " / ".join(f"{drift[name]:.3g} ({med[name]:.2g})" for name in SCORES)
         rhos = " / ".join(_fmt(rho[name], ".2f") for name in SCORES)
-        lines.append(f"| {_eps(row['epsilon'])} | {_eps(row['mindspore_laplace_eval_eps'])} | "
-                     f"{row['noise_scale']:.3g} | {drifts} | {rhos} | {row['label_agreement']:.4f} |")
+        lines.append(
+            f"| {_eps(row['epsilon'])} | {_eps(row['mindspore_laplace_eval_eps'])} | "
+            f"{row['noise_scale']:.3g} | {drifts} | {rhos} | {row['label_agreement']:.4f} |"
+        )
     lines += [
         "",
         "Mean and median are over all (round, draw) pairs. At ε ≥ 230 260 the mean is dominated by rare argmax "
@@ -223,11 +239,22 @@ def plot(results: dict[str, Any], path: str) -> None:
     colors = plt.cm.viridis(np.linspace(0.0, 0.9, len(results["drift"])))
     for ax, name in zip(axes[:3], SCORES):
         for color, row in zip(colors, results["drift"]):
-            ax.plot(rounds, row["noisy_mean_trajectory"][name], color=color, lw=1.2,
-                    label=f"noisy ε={_eps(row['epsilon'])} (MS {_eps(row['mindspore_laplace_eval_eps'])})")
+            ax.plot(
+                rounds,
+                row["noisy_mean_trajectory"][name],
+                color=color,
+                lw=1.2,
+                label=f"noisy ε={_eps(row['epsilon'])} (MS {_eps(row['mindspore_laplace_eval_eps'])})",
+            )
         ax.plot(rounds, clean[name], color="black", lw=2.2, label="clean (NOT_ENCRYPT run)")
-        ax.plot(rounds, noisy[name], "r+", ms=10, mew=2,
-                label=f"LAPLACE run, ε={_eps(results['flower_runs']['laplace_eval_eps'])}")
+        ax.plot(
+            rounds,
+            noisy[name],
+            "r+",
+            ms=10,
+            mew=2,
+            label=f"LAPLACE run, ε={_eps(results['flower_runs']['laplace_eval_eps'])}",
+        )
         if name == "calinski-harabasz":
             ax.set_yscale("log")
         ax.set(xlabel="round", title=SCORE_TITLES[name])
@@ -236,8 +263,11 @@ def plot(results: dict[str, Any], path: str) -> None:
     axes[3].plot(rounds, clean["labels"] / 10, marker="s", label="distinct argmax labels / 10 classes")
     axes[3].set(xlabel="round", title="training progress", ylim=(0, 1.05))
     axes[3].legend(fontsize=8)
-    fig.suptitle("Cluster scores of client mean-softmax vectors: clean vs Laplace-protected "
-                 "(ε = true LDP ε per round, sensitivity 2; MS = MindSpore laplace_eval_eps)", fontsize=10)
+    fig.suptitle(
+        "Cluster scores of client mean-softmax vectors: clean vs Laplace-protected "
+        "(ε = true LDP ε per round, sensitivity 2; MS = MindSpore laplace_eval_eps)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -252,14 +282,31 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     results_dir = os.path.abspath(args.results_dir)
     os.makedirs(results_dir, exist_ok=True)
-    common = {"num-server-rounds": args.rounds, "num-partitions": args.num_clients, "dataset": args.dataset,
-              "data-dir": os.path.abspath(args.data_dir) if args.data_dir else ""}
+    common = {
+        "num-server-rounds": args.rounds,
+        "num-partitions": args.num_clients,
+        "dataset": args.dataset,
+        "data-dir": os.path.abspath(args.data_dir) if args.data_dir else "",
+    }
     start = time.perf_counter()
     runs = {
-        "not_encrypt": simulate({**common, "privacy-eval-type": "NOT_ENCRYPT",
-                                 "results-file": os.path.join(results_dir, "run-not-encrypt.json")}, args.num_clients),
-        "laplace": simulate({**common, "privacy-eval-type": "LAPLACE", "laplace-eval-eps": args.laplace_eps,
-                             "results-file": os.path.join(results_dir, "run-laplace.json")}, args.num_clients),
+        "not_encrypt": simulate(
+            {
+                **common,
+                "privacy-eval-type": "NOT_ENCRYPT",
+                "results-file": os.path.join(results_dir, "run-not-encrypt.json"),
+            },
+            args.num_clients,
+        ),
+        "laplace": simulate(
+            {
+                **common,
+                "privacy-eval-type": "LAPLACE",
+                "laplace-eval-eps": args.laplace_eps,
+                "results-file": os.path.join(results_dir, "run-laplace.json"),
+            },
+            args.num_clients,
+        ),
     }
     simulations_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -267,12 +314,19 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     drift = drift_table(points, EPSILONS, args.repetitions, NOISE_SEED)
     drift_s = time.perf_counter() - start
     results = {
-        "setup": {"dataset": args.dataset, "num_clients": args.num_clients, "rounds": args.rounds, "repetitions": args.repetitions,
-                  "noise_seed": NOISE_SEED, "partitioner": f"{DEFAULTS['partitioner']}, "
-                  f"{DEFAULTS['classes-per-partition']} class(es) per client", "model": DEFAULTS["model"],
-                  "sensitivity": 2.0, "epsilon_meaning": "true LDP epsilon of one client's vector per evaluate "
-                  "round (L1 sensitivity 2, Laplace scale 2/epsilon); MindSpore's laplace_eval_eps for the same "
-                  "noise is epsilon/2"},
+        "setup": {
+            "dataset": args.dataset,
+            "num_clients": args.num_clients,
+            "rounds": args.rounds,
+            "repetitions": args.repetitions,
+            "noise_seed": NOISE_SEED,
+            "partitioner": f"{DEFAULTS['partitioner']}, {DEFAULTS['classes-per-partition']} class(es) per client",
+            "model": DEFAULTS["model"],
+            "sensitivity": 2.0,
+            "epsilon_meaning": "true LDP epsilon of one client's vector per evaluate "
+            "round (L1 sensitivity 2, Laplace scale 2/epsilon); MindSpore's laplace_eval_eps for the same "
+            "noise is epsilon/2",
+        },
         "flower_runs": compare_runs(runs["not_encrypt"], runs["laplace"]),
         "drift": drift,
         "offline_replay_max_error": check_offline_scoring(runs["not_encrypt"], points),
@@ -280,8 +334,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "runs": runs,
     }
     summary = {key: value for key, value in results.items() if key != "runs"}
-    summary["runs"] = {name: {**run, "rounds": [{k: v for k, v in row.items() if k not in ("inference", "metrics")}
-                                                for row in run["rounds"]]} for name, run in runs.items()}
+    summary["runs"] = {
+        name: {
+            **run,
+            "rounds": [{k: v for k, v in row.items() if k not in ("inference", "metrics")} for row in run["rounds"]],
+        }
+        for name, run in runs.items()
+    }
     with open(os.path.join(results_dir, "results.json"), "w") as handle:
         json.dump(summary, handle, indent=1)
     table = markdown(results)

@@ -60,16 +60,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--noise-multiplier", type=float, default=0.5, help="z; noise std on the mean is z*C/clients")
     parser.add_argument("--clipping-norm", type=float, default=1.0, help="C, L2 bound on each client update")
     parser.add_argument("--max-epsilon", type=float, default=0.0, help="privacy budget (0: none)")
-    parser.add_argument("--mechanism", "--mechanisms", dest="mechanisms", nargs="+", choices=MECHANISMS,
-                        default=list(MECHANISMS), help="one or more; all five by default")
+    parser.add_argument(
+        "--mechanism",
+        "--mechanisms",
+        dest="mechanisms",
+        nargs="+",
+        choices=MECHANISMS,
+        default=list(MECHANISMS),
+        help="one or more; all five by default",
+    )
     parser.add_argument("--clients-per-round", type=int, default=5, help="central-dp-poisson: expected m")
     parser.add_argument("--local-noise-multiplier", type=float, default=0.05, help="local-dp: z (std z*2C)")
     parser.add_argument("--dp-sgd-noise-multiplier", type=float, default=1.0, help="dp-sgd: z (std z*C per batch)")
-    parser.add_argument("--client-gpus", type=float, default=0.0,
-                        help="GPUs per simulated client (Ray client resources; e.g. 0.1 puts 10 clients on one GPU)")
+    parser.add_argument(
+        "--client-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs per simulated client (Ray client resources; e.g. 0.1 puts 10 clients on one GPU)",
+    )
     parser.add_argument("--results-dir", default=os.path.join(HERE, "results"))
-    parser.add_argument("--verbose", action="store_true",
-                        help="print Flower's and Ray's logs too (they always go to DIR/flower.log)")
+    parser.add_argument(
+        "--verbose", action="store_true", help="print Flower's and Ray's logs too (they always go to DIR/flower.log)"
+    )
     return parser.parse_args(argv)
 
 
@@ -89,8 +101,13 @@ def settings_from(args: argparse.Namespace, mechanism: str, results_dir: str) ->
     }
 
 
-def simulate(sim: Any, settings: dict[str, Any], mechanisms: list[str], num_gpus: float = 0.0,
-             on_line: Optional[Callable[[str], None]] = None) -> dict[str, dict[str, Any]]:
+def simulate(
+    sim: Any,
+    settings: dict[str, Any],
+    mechanisms: list[str],
+    num_gpus: float = 0.0,
+    on_line: Optional[Callable[[str], None]] = None,
+) -> dict[str, dict[str, Any]]:
     """Run the app once with ``flwr run`` on the started LocalSimulation ``sim``; return each mechanism's results.
 
     One mechanism: ``settings["mechanism"]``, results in ``settings["results-dir"]``; several: the
@@ -107,8 +124,15 @@ def simulate(sim: Any, settings: dict[str, Any], mechanisms: list[str], num_gpus
     settings = {**settings, "mechanism": mechanisms[0]}
     if len(mechanisms) > 1:
         settings["mechanisms"] = ",".join(mechanisms)
-    run_app(HERE, settings, num_supernodes=int(settings["num-partitions"]), simulation=sim, num_gpus=num_gpus,
-            on_line=on_line, results_path=os.path.join(folders[mechanisms[-1]], RESULTS_JSON))
+    run_app(
+        HERE,
+        settings,
+        num_supernodes=int(settings["num-partitions"]),
+        simulation=sim,
+        num_gpus=num_gpus,
+        on_line=on_line,
+        results_path=os.path.join(folders[mechanisms[-1]], RESULTS_JSON),
+    )
     results = {}
     for mechanism, folder in folders.items():
         path = os.path.join(folder, RESULTS_JSON)
@@ -124,14 +148,17 @@ def summary_rows(all_results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]
     rows = []
     for mechanism, results in all_results.items():
         privacy = results["privacy"]
-        rows.append({
-            "mechanism": mechanism, "method": TITLES[mechanism],
-            "accuracy": results["rounds"][-1]["accuracy"] if results["rounds"] else results["initial_accuracy"],
-            "epsilon": None if privacy is None else privacy["epsilon"],
-            "delta": None if privacy is None else privacy["delta"],
-            "protects": "nothing" if privacy is None else privacy["unit"].split(" (")[0],
-            "rounds": len(results["rounds"]),
-        })
+        rows.append(
+            {
+                "mechanism": mechanism,
+                "method": TITLES[mechanism],
+                "accuracy": results["rounds"][-1]["accuracy"] if results["rounds"] else results["initial_accuracy"],
+                "epsilon": None if privacy is None else privacy["epsilon"],
+                "delta": None if privacy is None else privacy["delta"],
+                "protects": "nothing" if privacy is None else privacy["unit"].split(" (")[0],
+                "rounds": len(results["rounds"]),
+            }
+        )
     return rows
 
 
@@ -161,8 +188,13 @@ def plot_summary(all_results: dict[str, dict[str, Any]], path: str) -> None:
             continue
         eps = [row["epsilon"] for row in results["rounds"]]
         ax.plot(eps, accuracy, marker="o", label=f"{TITLES[mechanism]} ({results['privacy']['unit'].split(' (')[0]})")
-    ax.set(xscale="log", xlabel="epsilon spent (log; delta=1e-5)", ylabel="central test accuracy", ylim=(0, 1),
-           title="quickstart (digits): accuracy against privacy spent, per round")
+    ax.set(
+        xscale="log",
+        xlabel="epsilon spent (log; delta=1e-5)",
+        ylabel="central test accuracy",
+        ylim=(0, 1),
+        title="quickstart (digits): accuracy against privacy spent, per round",
+    )
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -188,9 +220,16 @@ def progress_bars(mechanisms: list[str], rounds: int) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     width = max(len(TITLES[m]) for m in mechanisms)
-    progress = Progress(TextColumn(f"{{task.description:<{width}}}"), BarColumn(bar_width=20),
-                        TextColumn("round"), MofNCompleteColumn(), TextColumn("{task.fields[status]}"),
-                        TimeElapsedColumn(), console=Console(highlight=False), redirect_stderr=False)
+    progress = Progress(
+        TextColumn(f"{{task.description:<{width}}}"),
+        BarColumn(bar_width=20),
+        TextColumn("round"),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        console=Console(highlight=False),
+        redirect_stderr=False,
+    )
     tasks = {m: progress.add_task(TITLES[m], total=rounds, start=False, status="waiting") for m in mechanisms}
     return progress, tasks
 
@@ -212,8 +251,10 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     if os.path.exists(log_file):
         os.remove(log_file)
     start = time.perf_counter()
-    print(f"quickstart: {len(mechanisms)} method{'s' * (len(mechanisms) > 1)}, {args.num_clients} clients, "
-          f"{args.rounds} rounds on sklearn digits (Flower simulation: local SuperLink + flwr run)")
+    print(
+        f"quickstart: {len(mechanisms)} method{'s' * (len(mechanisms) > 1)}, {args.num_clients} clients, "
+        f"{args.rounds} rounds on sklearn digits (Flower simulation: local SuperLink + flwr run)"
+    )
     print(f"Flower and Ray logs: {log_file}" + ("" if args.verbose else " (--verbose prints them)"), flush=True)
     progress, tasks = progress_bars(mechanisms, args.rounds)
     current: list[Any] = []  # the task of the mechanism running now
@@ -231,17 +272,22 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         if (match := MECHANISM_LINE.match(line)) and match.group(1) in tasks:
             switch(match.group(1))
         elif (match := ROUND_LINE.match(line)) and current:
-            progress.update(current[0], completed=int(match.group(1)),
-                            status=status(float(match.group(2)), float(match.group(3))))
+            progress.update(
+                current[0], completed=int(match.group(1)), status=status(float(match.group(2)), float(match.group(3)))
+            )
 
     with LocalSimulation(log_file, verbose=args.verbose) as sim, progress:
         switch(mechanisms[0])
-        all_results = simulate(sim, settings_from(args, mechanisms[0], results_dir), mechanisms, args.client_gpus,
-                               on_line)
+        all_results = simulate(
+            sim, settings_from(args, mechanisms[0], results_dir), mechanisms, args.client_gpus, on_line
+        )
         for mechanism, results in all_results.items():
             rows = results["rounds"]
-            final = status(rows[-1]["accuracy"], math.inf if rows[-1]["epsilon"] is None else rows[-1]["epsilon"]) \
-                if rows else "no rounds"
+            final = (
+                status(rows[-1]["accuracy"], math.inf if rows[-1]["epsilon"] is None else rows[-1]["epsilon"])
+                if rows
+                else "no rounds"
+            )
             progress.update(tasks[mechanism], completed=len(rows), status=final)
         progress.stop_task(current[0])
     print(f"\n{args.num_clients} clients, {args.rounds} rounds, digits; final round:")

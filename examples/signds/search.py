@@ -57,8 +57,11 @@ def emulate(setting: dict[str, Any], *, log_every: int = 0) -> dict[str, Any]:
     _, _, x_te, y_te = task.load_data(dataset, s.get("data-dir", ""))
     weights = np.array([len(y) for _, y in shards], dtype=np.float64)
     signds = s["strategy"] == "signds"
-    magrr = MagRRConfig(rr_epsilon=float(s.get("rr-eps", 5.0)), initial_r_est=float(s.get("initial-r-est", 1e-5)),
-                        step_ratio=float(s.get("step-ratio", 3.0)))
+    magrr = MagRRConfig(
+        rr_epsilon=float(s.get("rr-eps", 5.0)),
+        initial_r_est=float(s.get("initial-r-est", 1e-5)),
+        step_ratio=float(s.get("step-ratio", 3.0)),
+    )
     state = MagRRState(r_est=magrr.initial_r_est)
     rng = np.random.default_rng(int(s.get("noise-seed", 0)))
     accs, r_ests, phases, hs, elapsed = [], [], [], [], []
@@ -68,17 +71,31 @@ def emulate(setting: dict[str, Any], *, log_every: int = 0) -> dict[str, Any]:
         ones, sizes = 0, []
         for p, (x, y) in enumerate(shards):
             vector_to_parameters(w.clone(), model.parameters())
-            task.train(model, x, y, epochs=int(s["local-epochs"]), lr=float(s["lr"]),
-                       batch_size=int(s.get("batch-size", 32)), seed=local_seed(int(s.get("seed", 42)), rnd, p))
+            task.train(
+                model,
+                x,
+                y,
+                epochs=int(s["local-epochs"]),
+                lr=float(s["lr"]),
+                batch_size=int(s.get("batch-size", 32)),
+                seed=local_seed(int(s.get("seed", 42)), rnd, p),
+            )
             trained = parameters_to_vector(model.parameters()).detach()
             if not signds:
                 total += weights[p] * trained.double()
                 continue
-            upload = encode_update((trained.double() - w.double()).numpy(), sign_k=float(s["sign-k"]),
-                                   sign_eps=float(s["sign-eps"]), sign_thr_ratio=float(s.get("sign-thr-ratio", 0.6)),
-                                   sign_dim_out=int(s.get("sign-dim-out", 0)), r_est=state.r_est,
-                                   is_reached=state.is_reached, rng=rng,
-                                   max_dim_out=int(s.get("max-dim-out", 100)), magrr=magrr)
+            upload = encode_update(
+                (trained.double() - w.double()).numpy(),
+                sign_k=float(s["sign-k"]),
+                sign_eps=float(s["sign-eps"]),
+                sign_thr_ratio=float(s.get("sign-thr-ratio", 0.6)),
+                sign_dim_out=int(s.get("sign-dim-out", 0)),
+                r_est=state.r_est,
+                is_reached=state.is_reached,
+                rng=rng,
+                max_dim_out=int(s.get("max-dim-out", 100)),
+                magrr=magrr,
+            )
             total[torch.from_numpy(upload.indices)] += weights[p] * upload.sign
             ones += upload.b_hat
             sizes.append(upload.indices.size)
@@ -96,12 +113,23 @@ def emulate(setting: dict[str, Any], *, log_every: int = 0) -> dict[str, Any]:
         elapsed.append(time.perf_counter() - start)
         if log_every and rnd % log_every == 0:
             print(f"{s.get('label', '')} round {rnd} acc {accs[-1]:.3f} r_est {state.r_est:.3g}", flush=True)
-    return {"setting": setting, "accuracy": accs, "r_est": r_ests, "is_reached": phases, "h": hs,
-            "final": accs[-1], "best": max(accs), "last5": float(np.mean(accs[-5:])), "wall_s": elapsed[-1]}
+    return {
+        "setting": setting,
+        "accuracy": accs,
+        "r_est": r_ests,
+        "is_reached": phases,
+        "h": hs,
+        "final": accs[-1],
+        "best": max(accs),
+        "last5": float(np.mean(accs[-5:])),
+        "wall_s": elapsed[-1],
+    }
 
 
-BASE = {"digits": {"dataset": "digits", "num-partitions": 100, "batch-size": 32, "seed": 42},
-        "mnist": {"dataset": "mnist", "num-partitions": 100, "batch-size": 32, "seed": 42}}
+BASE = {
+    "digits": {"dataset": "digits", "num-partitions": 100, "batch-size": 32, "seed": 42},
+    "mnist": {"dataset": "mnist", "num-partitions": 100, "batch-size": 32, "seed": 42},
+}
 
 #: Named grids: lists of overrides (cartesian products of the value lists).
 GRIDS: dict[str, list[dict[str, list[Any]]]] = {
@@ -137,9 +165,12 @@ def main(argv: Optional[list[str]] = None) -> list[dict[str, Any]]:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for res in pool.map(emulate, settings):
             results.append(res)
-            print(f"{res['setting']['label']:<90} final {res['final']:.3f} best {res['best']:.3f} "
-                  f"last5 {res['last5']:.3f} h {np.mean(res['h']) if res['h'] else 0:.1f} "
-                  f"({res['wall_s']:.0f}s)", flush=True)
+            print(
+                f"{res['setting']['label']:<90} final {res['final']:.3f} best {res['best']:.3f} "
+                f"last5 {res['last5']:.3f} h {np.mean(res['h']) if res['h'] else 0:.1f} "
+                f"({res['wall_s']:.0f}s)",
+                flush=True,
+            )
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(results, handle)

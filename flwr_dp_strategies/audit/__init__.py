@@ -5,8 +5,22 @@ estimates, from that one run, the ε of a worst-case client; the statistics live
 :mod:`flwr_dp_strategies.privacy.audit` (Flower-free).
 """
 
-from .canaries import (CANARY_ID_BASE, AuditReport, CanaryAudit, CanaryGrid, canary_client_app, flatten_arrays,
-                       plot_audit)
+from .canaries import (
+    CANARY_ID_BASE,
+    AuditReport,
+    CanaryAudit,
+    CanaryGrid,
+    canary_client_app,
+    flatten_arrays,
+    plot_audit,
+)
 
-__all__ = ["AuditReport", "CANARY_ID_BASE", "CanaryAudit", "CanaryGrid", "canary_client_app", "flatten_arrays",
-           "plot_audit"]
+__all__ = [
+    "AuditReport",
+    "CANARY_ID_BASE",
+    "CanaryAudit",
+    "CanaryGrid",
+    "canary_client_app",
+    "flatten_arrays",
+    "plot_audit",
+]

@@ -83,7 +83,7 @@ def add_direction(arrays: ArrayRecord, vector: np.ndarray, scale: float) -> Arra
     out, offset = {}, 0
     for key, arr in arrays.items():
         values = arr.numpy()
-        part = vector[offset:offset + values.size].reshape(values.shape)
+        part = vector[offset : offset + values.size].reshape(values.shape)
         out[key] = Array((values.astype(np.float64) + scale * part).astype(values.dtype))
         offset += values.size
     if offset != vector.size:
@@ -91,8 +91,9 @@ def add_direction(arrays: ArrayRecord, vector: np.ndarray, scale: float) -> Arra
     return ArrayRecord(out)
 
 
-def canary_client_app(direction: Direction, canary_norm: float, *, mods: Sequence[Any] = (),
-                      weighted_by_key: str = "num-examples") -> ClientApp:
+def canary_client_app(
+    direction: Direction, canary_norm: float, *, mods: Sequence[Any] = (), weighted_by_key: str = "num-examples"
+) -> ClientApp:
     """The ClientApp every canary node runs, behind ``mods`` (the real clients' mods, e.g. ``distributed_dp_mod``).
 
     Train: replies with the received arrays + ``canary_norm · direction(node_id, d)`` (d = the model's size) and a
@@ -109,8 +110,9 @@ def canary_client_app(direction: Direction, canary_norm: float, *, mods: Sequenc
         arrays = records[0]
         dim = sum(int(np.prod(arr.shape)) for arr in arrays.values())
         vector = direction(int(context.node_id), dim)
-        content = RecordDict({"arrays": add_direction(arrays, vector, canary_norm),
-                              "metrics": MetricRecord({weighted_by_key: 1})})
+        content = RecordDict(
+            {"arrays": add_direction(arrays, vector, canary_norm), "metrics": MetricRecord({weighted_by_key: 1})}
+        )
         return Message(content, reply_to=msg)
 
     @app.evaluate()
@@ -141,8 +143,10 @@ class CanaryGrid(Grid):
         self.canary_ids = [int(n) for n in canary_ids]
         self._canaries = set(self.canary_ids)
         self.app = app
-        self.contexts = {n: Context(run_id=run_id, node_id=n, node_config={}, state=RecordDict(), run_config={})
-                         for n in self.canary_ids}
+        self.contexts = {
+            n: Context(run_id=run_id, node_id=n, node_config={}, state=RecordDict(), run_config={})
+            for n in self.canary_ids
+        }
         self.models: dict[str, np.ndarray] = {}
         self.canary_participation: dict[str, set[int]] = {}
         self.canary_errors: list[str] = []
@@ -158,8 +162,9 @@ class CanaryGrid(Grid):
     def run(self) -> Any:
         return self.grid.run
 
-    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
-                       ttl: Optional[float] = None) -> Message:
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: Optional[float] = None
+    ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> list[int]:
@@ -268,14 +273,16 @@ class AuditReport:
 
     def metric_record(self) -> MetricRecord:
         """The figures as a MetricRecord (floats; ``audit/alarm`` is 1.0 or 0.0)."""
-        return MetricRecord({
-            "audit/epsilon-estimate/final": float(self.epsilon_estimate_final),
-            "audit/epsilon-estimate/all-iterates": float(self.epsilon_estimate_all_iterates),
-            "audit/epsilon-lower-bound/final": float(self.epsilon_lower_bound_final),
-            "audit/epsilon-lower-bound/all-iterates": float(self.epsilon_lower_bound_all_iterates),
-            "audit/ledger-epsilon": float(self.ledger_epsilon),
-            "audit/alarm": 1.0 if self.alarm else 0.0,
-        })
+        return MetricRecord(
+            {
+                "audit/epsilon-estimate/final": float(self.epsilon_estimate_final),
+                "audit/epsilon-estimate/all-iterates": float(self.epsilon_estimate_all_iterates),
+                "audit/epsilon-lower-bound/final": float(self.epsilon_lower_bound_final),
+                "audit/epsilon-lower-bound/all-iterates": float(self.epsilon_lower_bound_all_iterates),
+                "audit/ledger-epsilon": float(self.ledger_epsilon),
+                "audit/alarm": 1.0 if self.alarm else 0.0,
+            }
+        )
 
 
 class CanaryAudit:
@@ -296,9 +303,17 @@ class CanaryAudit:
         delta: δ of every ε reported (default ``strategy.ledger.target_delta``).
     """
 
-    def __init__(self, strategy: Any, *, num_canaries: int, canary_norm: Optional[float] = None,
-                 canary_mods: Sequence[Any] = (), seed: Optional[int] = None, confidence: float = 0.95,
-                 delta: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        strategy: Any,
+        *,
+        num_canaries: int,
+        canary_norm: Optional[float] = None,
+        canary_mods: Sequence[Any] = (),
+        seed: Optional[int] = None,
+        confidence: float = 0.95,
+        delta: Optional[float] = None,
+    ) -> None:
         from flwr.serverapp.strategy import Strategy
 
         if not isinstance(strategy, Strategy):
@@ -310,11 +325,16 @@ class CanaryAudit:
         if canary_norm is None:
             clipping_norm = getattr(strategy, "clipping_norm", None)
             if clipping_norm is None:
-                raise ValueError(f"canary_norm is required: {type(strategy).__name__} has no clipping_norm to "
-                                 "derive it from")
+                raise ValueError(
+                    f"canary_norm is required: {type(strategy).__name__} has no clipping_norm to derive it from"
+                )
             canary_norm = DEFAULT_CANARY_NORM_FACTOR * float(clipping_norm)
-        if isinstance(canary_norm, bool) or not isinstance(canary_norm, (int, float)) \
-                or not math.isfinite(canary_norm) or canary_norm <= 0:
+        if (
+            isinstance(canary_norm, bool)
+            or not isinstance(canary_norm, (int, float))
+            or not math.isfinite(canary_norm)
+            or canary_norm <= 0
+        ):
             raise ValueError(f"canary_norm must be a finite number > 0, got {canary_norm!r}")
         if seed is None:
             seed = secrets.randbits(63)
@@ -361,8 +381,9 @@ class CanaryAudit:
         return CanaryGrid(grid, self.inserted_ids, app, run_id=run_id)
 
     # ------------------------------------------------------------------ the run
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              **kwargs: Any) -> tuple[Any, AuditReport]:
+    def start(
+        self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600, **kwargs: Any
+    ) -> tuple[Any, AuditReport]:
         """``strategy.start(CanaryGrid(grid, ...), initial_arrays, num_rounds, timeout, **kwargs)`` (``train_config``,
         ``evaluate_config``, ``evaluate_fn`` pass through), then the audit; returns ``(result, report)`` (the report
         is also :attr:`report`; :meth:`AuditReport.metric_record` gives it as a MetricRecord). The result's round
@@ -370,8 +391,7 @@ class CanaryAudit:
         self.grid = self.make_grid(grid)
         result = self.strategy.start(self.grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, **kwargs)
         final = result.arrays if len(result.arrays) else initial_arrays
-        self.report = self.audit(flatten_arrays(initial_arrays), self.iterates(initial_arrays),
-                                 flatten_arrays(final))
+        self.report = self.audit(flatten_arrays(initial_arrays), self.iterates(initial_arrays), flatten_arrays(final))
         log_report(self.report)
         return result, self.report
 
@@ -392,11 +412,11 @@ class CanaryAudit:
         dim = deltas[0].size
         out = np.zeros((len(deltas), len(canary_ids)))
         for start in range(0, len(canary_ids), CHUNK):
-            chunk = canary_ids[start:start + CHUNK]
+            chunk = canary_ids[start : start + CHUNK]
             vectors = self.vectors(chunk, dim)
             for t, delta in enumerate(deltas):
                 if np.linalg.norm(delta) > 0:
-                    out[t, start:start + len(chunk)] = np.asarray(canary_cosines(delta, vectors), dtype=np.float64)
+                    out[t, start : start + len(chunk)] = np.asarray(canary_cosines(delta, vectors), dtype=np.float64)
         return out
 
     def audit(self, initial: np.ndarray, iterates: Sequence[np.ndarray], final: np.ndarray) -> AuditReport:
@@ -416,28 +436,62 @@ class CanaryAudit:
         bound_final = epsilon_lower_bound(inserted_final, null_final, self.delta, confidence=self.confidence).epsilon
         bound_all = epsilon_lower_bound(inserted_all, null_all, self.delta, confidence=self.confidence).epsilon
         alarm = max(bound_final, bound_all) > ledger_epsilon
-        return AuditReport(float(estimate_final), float(estimate_all), float(bound_final), float(bound_all),
-                           self.confidence, self.delta, ledger_epsilon, self.num_canaries, self.seed, alarm,
-                           inserted_final, null_final, inserted_all, null_all)
+        return AuditReport(
+            float(estimate_final),
+            float(estimate_all),
+            float(bound_final),
+            float(bound_all),
+            self.confidence,
+            self.delta,
+            ledger_epsilon,
+            self.num_canaries,
+            self.seed,
+            alarm,
+            inserted_final,
+            null_final,
+            inserted_all,
+            null_all,
+        )
 
 
 def log_report(report: AuditReport) -> None:
     """The summary block (INFO), and the WARNING when a lower bound exceeds the ledger's ε."""
     pct = f"{100 * report.confidence:g}%"
-    log(INFO, "Canary audit (Andrew et al. 2024), %d canaries, seed %d, delta=%g:", report.num_canaries, report.seed,
-        report.delta)
+    log(
+        INFO,
+        "Canary audit (Andrew et al. 2024), %d canaries, seed %d, delta=%g:",
+        report.num_canaries,
+        report.seed,
+        report.delta,
+    )
     log(INFO, "\t├──> ledger epsilon: %.4f", report.ledger_epsilon)
-    log(INFO, "\t├──> epsilon estimate: final model %.4f, all iterates %.4f", report.epsilon_estimate_final,
-        report.epsilon_estimate_all_iterates)
-    log(INFO, "\t├──> epsilon lower bound (%s confidence): final model %.4f, all iterates %.4f", pct,
-        report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates)
-    log(INFO, "\t└──> the audit gives an estimate and a lower bound for a worst-case canary client in this run, "
-        "never a replacement for the ledger's epsilon")
+    log(
+        INFO,
+        "\t├──> epsilon estimate: final model %.4f, all iterates %.4f",
+        report.epsilon_estimate_final,
+        report.epsilon_estimate_all_iterates,
+    )
+    log(
+        INFO,
+        "\t├──> epsilon lower bound (%s confidence): final model %.4f, all iterates %.4f",
+        pct,
+        report.epsilon_lower_bound_final,
+        report.epsilon_lower_bound_all_iterates,
+    )
+    log(
+        INFO,
+        "\t└──> the audit gives an estimate and a lower bound for a worst-case canary client in this run, "
+        "never a replacement for the ledger's epsilon",
+    )
     if report.alarm:
-        log(WARNING, "Canary audit: a lower bound on epsilon (%.4f) exceeds the ledger's epsilon (%.4f): the release "
+        log(
+            WARNING,
+            "Canary audit: a lower bound on epsilon (%.4f) exceeds the ledger's epsilon (%.4f): the release "
             "leaks more than booked; a bug or misconfiguration is likely (a client without its mod, a noise "
-            "multiplier set wrong)", max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates),
-            report.ledger_epsilon)
+            "multiplier set wrong)",
+            max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates),
+            report.ledger_epsilon,
+        )
 
 
 def plot_audit(report: AuditReport, path: Any) -> None:
@@ -449,10 +503,18 @@ def plot_audit(report: AuditReport, path: Any) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, (name, inserted, null, estimate) in zip(axes, [
+    for ax, (name, inserted, null, estimate) in zip(
+        axes,
+        [
             ("final model", report.inserted_final, report.null_final, report.epsilon_estimate_final),
-            ("all iterates (max over rounds)", report.inserted_all_iterates, report.null_all_iterates,
-             report.epsilon_estimate_all_iterates)]):
+            (
+                "all iterates (max over rounds)",
+                report.inserted_all_iterates,
+                report.null_all_iterates,
+                report.epsilon_estimate_all_iterates,
+            ),
+        ],
+    ):
         values = np.concatenate([inserted, null]) if inserted.size + null.size else np.zeros(1)
         bins = np.linspace(values.min(), values.max() + 1e-12, 30)
         ax.hist(null, bins=bins, alpha=0.6, label="unseen (null)")
@@ -460,12 +522,24 @@ def plot_audit(report: AuditReport, path: Any) -> None:
         ax.set_title(f"{name}: ε estimate {estimate:.3g}")
         ax.set_xlabel("cosine with model delta")
         ax.legend()
-    fig.suptitle(f"Canary audit: ledger ε {report.ledger_epsilon:.3g}, δ={report.delta:g}, "
-                 f"{report.num_canaries} canaries" + (" — ALARM" if report.alarm else ""))
+    fig.suptitle(
+        f"Canary audit: ledger ε {report.ledger_epsilon:.3g}, δ={report.delta:g}, "
+        f"{report.num_canaries} canaries" + (" — ALARM" if report.alarm else "")
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
-__all__ = ["AuditReport", "CANARY_ID_BASE", "CanaryAudit", "CanaryGrid", "DEFAULT_CANARY_NORM_FACTOR",
-           "add_direction", "canary_client_app", "flatten_arrays", "log_report", "plot_audit"]
+__all__ = [
+    "AuditReport",
+    "CANARY_ID_BASE",
+    "CanaryAudit",
+    "CanaryGrid",
+    "DEFAULT_CANARY_NORM_FACTOR",
+    "add_direction",
+    "canary_client_app",
+    "flatten_arrays",
+    "log_report",
+    "plot_audit",
+]

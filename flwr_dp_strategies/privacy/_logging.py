@@ -28,9 +28,15 @@ from contextlib import contextmanager
 from typing import Any
 
 ABSL_LOGGER = "absl"
-_ABSL_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-                "warn": logging.WARNING, "error": logging.ERROR, "fatal": logging.CRITICAL,
-                "exception": logging.ERROR}
+_ABSL_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+    "exception": logging.ERROR,
+}
 # dp-accounting modules known to log through absl (imported here so they are routed before first use)
 _DP_ACCOUNTING_MODULES = ("dp_accounting.rdp.rdp_privacy_accountant",)
 
@@ -82,8 +88,9 @@ def route_absl_warnings() -> None:
         except ImportError:  # a dp-accounting version without this module
             continue
     for name, module in list(sys.modules.items()):
-        if (name == "dp_accounting" or name.startswith("dp_accounting.")) \
-                and getattr(module, "logging", None) is absl_logging:
+        if (name == "dp_accounting" or name.startswith("dp_accounting.")) and getattr(
+            module, "logging", None
+        ) is absl_logging:
             module.logging = _AbslWithoutRootHandler(absl_logging)  # type: ignore[attr-defined]
 
 

@@ -42,7 +42,6 @@ from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
 from .skellam import SkellamDpEvent, skellam_rdp
 
 
-
 def pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
     """ε of an event known only as pure ε-DP (EM, Pure, discrete Laplace), else None."""
     if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent)):
@@ -132,10 +131,13 @@ class LedgerPldAccountant(pld_privacy_accountant.PLDAccountant):
                 if event.noise_multiplier == 0:
                     self._contains_non_dp_event = True
                 else:
-                    self._pld = self._pld.compose(pld_lib.from_gaussian_mechanism(
-                        standard_deviation=float(event.noise_multiplier) / np.sqrt(count),
-                        value_discretization_interval=self._value_discretization_interval,
-                        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE))
+                    self._pld = self._pld.compose(
+                        pld_lib.from_gaussian_mechanism(
+                            standard_deviation=float(event.noise_multiplier) / np.sqrt(count),
+                            value_discretization_interval=self._value_discretization_interval,
+                            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+                        )
+                    )
             return None
         if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent)):
             if do_compose:

@@ -389,8 +389,15 @@ def epsilon_lower_bound(
     if not bounds[best] > 0.0:
         return ThresholdAuditBound(0.0, None, 0, n_in, 0, n_null, 0.0, 1.0, conf)
     return ThresholdAuditBound(
-        float(bounds[best]), float(thresholds[best]), int(tp[best]), n_in, int(fp[best]), n_null,
-        float(tpr_lo[best]), float(fpr_hi[best]), conf,
+        float(bounds[best]),
+        float(thresholds[best]),
+        int(tp[best]),
+        n_in,
+        int(fp[best]),
+        n_null,
+        float(tpr_lo[best]),
+        float(fpr_hi[best]),
+        conf,
     )
 
 

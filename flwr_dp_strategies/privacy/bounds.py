@@ -92,9 +92,9 @@ def textbook_bounds(events: Sequence[tuple[dp_event.DpEvent, int]], delta: float
     total = sum(count for _, count in flat)
     if total == 0:
         return {"basic": (0.0, 0.0), "strong": (0.0, 0.0)}
-    basic = basic_composition([
-        (eps * c, dlt * c) for ev, c in flat for eps, dlt in [event_epsilon_delta(ev, delta / total)]
-    ])
+    basic = basic_composition(
+        [(eps * c, dlt * c) for ev, c in flat for eps, dlt in [event_epsilon_delta(ev, delta / total)]]
+    )
     per = [event_epsilon_delta(ev, delta / (2 * total)) for ev, _ in flat]
     eps_max = max(e for e, _ in per)
     dlt_max = max(d for _, d in per)

@@ -94,9 +94,16 @@ def _check_square(matrix: object) -> np.ndarray:
     return m
 
 
-def analyze_gauss(matrix: object, *, epsilon: float, delta: float, neighboring_relation: str = "replace_one",
-                  rng: RngLike = None, secure: bool = False,
-                  value_bound: Optional[float] = None) -> Release[np.ndarray]:
+def analyze_gauss(
+    matrix: object,
+    *,
+    epsilon: float,
+    delta: float,
+    neighboring_relation: str = "replace_one",
+    rng: RngLike = None,
+    secure: bool = False,
+    value_bound: Optional[float] = None,
+) -> Release[np.ndarray]:
     """C + E, E symmetric with i.i.d. N(0, σ²) upper triangle, σ = analytic-Gaussian σ(ε, δ, Δ₂).
 
     ``secure=True``: the upper triangle gets discrete Gaussian noise on a data-independent grid
@@ -110,8 +117,9 @@ def analyze_gauss(matrix: object, *, epsilon: float, delta: float, neighboring_r
         if value_bound is None:
             raise ValueError("value_bound must be given (a public bound in (0, inf) on |C_jk|) when secure=True")
         rows, cols = np.triu_indices(m.shape[0])
-        release = secure_gaussian_mechanism(m[rows, cols], noise_multiplier=sigma / sens, sensitivity=sens,
-                                            value_bound=value_bound, rng=rng)
+        release = secure_gaussian_mechanism(
+            m[rows, cols], noise_multiplier=sigma / sens, sensitivity=sens, value_bound=value_bound, rng=rng
+        )
         noisy = np.zeros_like(m)
         noisy[rows, cols] = release.value
         noisy[cols, rows] = release.value
@@ -128,8 +136,15 @@ def paper_wishart_noise(matrix: object, *, epsilon: float, rng: RngLike = None) 
     return Release(m + z @ z.T, dp_event.NonPrivateDpEvent())
 
 
-def private_second_moment(features: object, *, epsilon: float, delta: float = 1e-5, noise: str = "analyze-gauss",
-                          neighboring_relation: str = "replace_one", rng: RngLike = None) -> Release[np.ndarray]:
+def private_second_moment(
+    features: object,
+    *,
+    epsilon: float,
+    delta: float = 1e-5,
+    noise: str = "analyze-gauss",
+    neighboring_relation: str = "replace_one",
+    rng: RngLike = None,
+) -> Release[np.ndarray]:
     """One client's release of Algorithm 2 (lines 2-5) with the chosen ``noise``."""
     if noise not in NOISES:
         raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")

@@ -86,7 +86,7 @@ def sample_discrete_gaussian(scale: float, size: int, rng: RngLike = None) -> np
         y = gen.geometric(p, size=want) - gen.geometric(p, size=want)
         accept = gen.random(want) < np.exp(-((np.abs(y) - s * s / t) ** 2) / (2.0 * s * s))
         kept = y[accept][: n - filled]
-        out[filled:filled + kept.size] = kept
+        out[filled : filled + kept.size] = kept
         filled += kept.size
     return out
 
@@ -120,8 +120,9 @@ def _discrete_laplace_exact(t: int, rnd: random.Random) -> int:
         return -magnitude if negative else magnitude
 
 
-def sample_discrete_gaussian_exact(scale: Fraction | float, size: int,
-                                   rnd: Optional[random.Random] = None) -> list[int]:
+def sample_discrete_gaussian_exact(
+    scale: Fraction | float, size: int, rnd: Optional[random.Random] = None
+) -> list[int]:
     """Exact :math:`\\mathcal N_{\\mathbb Z}(0, s^2)` draws (CKS Algorithm 3 in rational arithmetic).
 
     ``rnd`` defaults to :class:`random.SystemRandom` (OS entropy); pass ``random.Random(seed)`` in tests.
@@ -141,8 +142,9 @@ def sample_discrete_gaussian_exact(scale: Fraction | float, size: int,
     return out
 
 
-def secure_gaussian_mechanism(values: object, *, noise_multiplier: float, sensitivity: float = 1.0,
-                              value_bound: float, rng: RngLike = None) -> Release[np.ndarray]:
+def secure_gaussian_mechanism(
+    values: object, *, noise_multiplier: float, sensitivity: float = 1.0, value_bound: float, rng: RngLike = None
+) -> Release[np.ndarray]:
     """``values`` clamped to [−B, B], rounded to the grid γ, plus γ·N_Z(0, (σ/γ)²); σ = z·Δ₂.
 
     The event is ``ZCDpEvent(ρ)`` with ρ = (Δ₂/γ + √d)²γ²/(2σ²) (module docstring).
@@ -161,5 +163,4 @@ def secure_gaussian_mechanism(values: object, *, noise_multiplier: float, sensit
     return Release(noisy, dp_event.ZCDpEvent(rho=rho))
 
 
-__all__ = ["gaussian_grid", "sample_discrete_gaussian", "sample_discrete_gaussian_exact",
-           "secure_gaussian_mechanism"]
+__all__ = ["gaussian_grid", "sample_discrete_gaussian", "sample_discrete_gaussian_exact", "secure_gaussian_mechanism"]

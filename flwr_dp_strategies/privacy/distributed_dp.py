@@ -91,8 +91,8 @@ DEFAULT_BETA = math.exp(-0.5)
 #: Largest modulus exponent: sums are formed in uint64 arithmetic (wrapping mod 2^64, a multiple of 2^b).
 MAX_BITS = 62
 #: Scaled values must stay well inside float64's exact-integer range (2^53).
-_MAX_SCALED_NORM = 2.0 ** 50
-_MAX_DIM = 2 ** 40
+_MAX_SCALED_NORM = 2.0**50
+_MAX_DIM = 2**40
 
 
 def padded_dimension(dim: int) -> int:
@@ -110,7 +110,7 @@ def _rotation_signs(seed: int, size: int) -> np.ndarray:
 
 def _check_seed(seed: object) -> int:
     s = check_int("rotation_seed", seed, minimum=0)
-    if s >= 2 ** 128:
+    if s >= 2**128:
         raise ValueError(f"rotation_seed must be an integer in [0, 2**128), got {seed!r}")
     return s
 
@@ -137,7 +137,7 @@ def randomized_hadamard(x: object, rotation_seed: int) -> np.ndarray:
     seed = _check_seed(rotation_seed)
     size = padded_dimension(v.size)
     padded = np.zeros(size)
-    padded[:v.size] = v
+    padded[: v.size] = v
     return walsh_hadamard(padded * _rotation_signs(seed, size)) / math.sqrt(size)
 
 
@@ -147,8 +147,9 @@ def inverse_randomized_hadamard(y: object, dim: int, rotation_seed: int) -> np.n
     d = check_int("dim", dim, minimum=1)
     seed = _check_seed(rotation_seed)
     if v.ndim != 1 or v.size != padded_dimension(d):
-        raise ValueError(f"y must be a 1-D array of length padded_dimension(dim) = {padded_dimension(d)}, "
-                         f"got shape {v.shape}")
+        raise ValueError(
+            f"y must be a 1-D array of length padded_dimension(dim) = {padded_dimension(d)}, got shape {v.shape}"
+        )
     return (walsh_hadamard(v) * _rotation_signs(seed, v.size) / math.sqrt(v.size))[:d]
 
 
@@ -179,8 +180,9 @@ def _check_beta(beta: object) -> float:
     return b
 
 
-def conditional_randomized_round(x: object, norm_bound: float, rng: RngLike = None, *,
-                                 max_attempts: int = 10_000) -> np.ndarray:
+def conditional_randomized_round(
+    x: object, norm_bound: float, rng: RngLike = None, *, max_attempts: int = 10_000
+) -> np.ndarray:
     """Unbiased randomized rounding of each coordinate, re-drawn until ‖k‖₂ ≤ ``norm_bound`` (int64).
 
     Raises ``RuntimeError`` after ``max_attempts`` draws (the bound is then too tight
@@ -249,8 +251,9 @@ class DistributedDpParams:
         return rounded_l2_norm_bound(self.scale * self.clip_norm, self.padded_dim, self.beta)
 
 
-def client_integer_vector(update: object, params: DistributedDpParams, *, local_noise_variance: float = 0.0,
-                          rng: RngLike = None) -> np.ndarray:
+def client_integer_vector(
+    update: object, params: DistributedDpParams, *, local_noise_variance: float = 0.0, rng: RngLike = None
+) -> np.ndarray:
     """Steps (a)–(e): the client's integer vector k + Sk(local_noise_variance) (int64, length D).
 
     ``local_noise_variance`` ≥ 0 is the client's share μ/n (0: no noise, for tests and
@@ -281,8 +284,9 @@ def to_modular(k: object, bits: int) -> np.ndarray:
     return np.mod(arr.astype(np.int64), np.int64(1 << b)).astype(np.uint64)
 
 
-def encode_update(update: object, params: DistributedDpParams, *, local_noise_variance: float = 0.0,
-                  rng: RngLike = None) -> np.ndarray:
+def encode_update(
+    update: object, params: DistributedDpParams, *, local_noise_variance: float = 0.0, rng: RngLike = None
+) -> np.ndarray:
     """Steps (a)–(f): what a client hands to secure aggregation (uint64 in [0, 2^b), length D)."""
     k = client_integer_vector(update, params, local_noise_variance=local_noise_variance, rng=rng)
     return to_modular(k, params.bits)
@@ -295,8 +299,9 @@ def modular_sum(encoded: Iterable[object], params: DistributedDpParams) -> np.nd
     for index, vector in enumerate(encoded):
         v = np.asarray(vector)
         if v.dtype != np.uint64 or v.shape != (params.padded_dim,):
-            raise ValueError(f"encoded[{index}] must be a uint64 array of shape ({params.padded_dim},), "
-                             f"got {v.dtype} {v.shape}")
+            raise ValueError(
+                f"encoded[{index}] must be a uint64 array of shape ({params.padded_dim},), got {v.dtype} {v.shape}"
+            )
         if v.size and int(v.max()) >= params.modulus:
             raise ValueError(f"encoded[{index}] must hold values in [0, 2**{params.bits})")
         total += v  # uint64 arithmetic wraps mod 2^64, a multiple of 2^b
@@ -357,18 +362,33 @@ def calibrate_skellam(params: DistributedDpParams, *, noise_multiplier: float, n
     noise_std = math.sqrt(mu) / params.scale
     headroom = n * l2 + 8.0 * math.sqrt(mu)
     bits_needed = max(2, math.ceil(math.log2(2.0 * (math.floor(headroom) + 1))))
-    return SkellamCalibration(mu=mu, local_mu=mu / n, l2_sensitivity=l2, l1_sensitivity=float(event.l1_sensitivity),
-                              event=event, noise_std=noise_std, effective_noise_multiplier=noise_std / params.clip_norm,
-                              bits_needed=bits_needed)
+    return SkellamCalibration(
+        mu=mu,
+        local_mu=mu / n,
+        l2_sensitivity=l2,
+        l1_sensitivity=float(event.l1_sensitivity),
+        event=event,
+        noise_std=noise_std,
+        effective_noise_multiplier=noise_std / params.clip_norm,
+        bits_needed=bits_needed,
+    )
 
 
 DEFAULT_OVERFLOW_SIGMAS = 6.0
 _MAX_NOISE_STD = 0.5 * math.sqrt(MAX_POISSON_LAMBDA)  # μ ≤ λ_max/4: every client's share is one Poisson draw
 
 
-def sum_headroom(scale: float, *, clip_norm: float, padded_dim: int, n_clients: int, noise_multiplier: float,
-                 min_survivors: int, beta: float = DEFAULT_BETA,
-                 overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS) -> float:
+def sum_headroom(
+    scale: float,
+    *,
+    clip_norm: float,
+    padded_dim: int,
+    n_clients: int,
+    noise_multiplier: float,
+    min_survivors: int,
+    beta: float = DEFAULT_BETA,
+    overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
+) -> float:
     r"""The largest |coordinate| the integer sum is planned for, at scale s (see :func:`scale_for_bits`).
 
     .. math:: h(s) = k\sqrt{\frac{n^2 (sC)^2}{D} + \frac{n}{m}\bigl(z\tilde\Delta_2(s)\bigr)^2} + n
@@ -386,9 +406,17 @@ def sum_headroom(scale: float, *, clip_norm: float, padded_dim: int, n_clients: 
     return overflow_sigmas * math.sqrt(signal + noise) + n_clients
 
 
-def scale_for_bits(*, bits: int, clip_norm: float, dim: int, n_clients: int, noise_multiplier: float,
-                   min_survivors: int, beta: float = DEFAULT_BETA,
-                   overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS) -> float:
+def scale_for_bits(
+    *,
+    bits: int,
+    clip_norm: float,
+    dim: int,
+    n_clients: int,
+    noise_multiplier: float,
+    min_survivors: int,
+    beta: float = DEFAULT_BETA,
+    overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
+) -> float:
     r"""The largest scale s whose planned sum fits the centred range: :math:`h(s) \le 2^{b-1} - 1`.
 
     Choosing s is the utility trade-off of KLS21 §5: a large s makes the rounding
@@ -420,13 +448,26 @@ def scale_for_bits(*, bits: int, clip_norm: float, dim: int, n_clients: int, noi
     def fits(scale: float) -> bool:
         if noise_multiplier * rounded_l2_norm_bound(scale * c, d, beta) > _MAX_NOISE_STD:
             return False  # μ = (zΔ̃₂)² must stay where the Poisson sampler is accurate (skellam.MAX_POISSON_LAMBDA)
-        return sum_headroom(scale, clip_norm=c, padded_dim=d, n_clients=n, noise_multiplier=z, min_survivors=m,
-                            beta=beta, overflow_sigmas=k) <= limit
+        return (
+            sum_headroom(
+                scale,
+                clip_norm=c,
+                padded_dim=d,
+                n_clients=n,
+                noise_multiplier=z,
+                min_survivors=m,
+                beta=beta,
+                overflow_sigmas=k,
+            )
+            <= limit
+        )
 
     low, high = 0.0, _MAX_SCALED_NORM / c
     if not fits(high * 1e-20):
-        raise ValueError(f"bits must be larger: {b} bits cannot hold the sum of {n} rounded, noised vectors of "
-                         f"dimension {d} at noise multiplier {z} (got bits={bits!r})")
+        raise ValueError(
+            f"bits must be larger: {b} bits cannot hold the sum of {n} rounded, noised vectors of "
+            f"dimension {d} at noise multiplier {z} (got bits={bits!r})"
+        )
     if fits(high):
         return high
     for _ in range(200):

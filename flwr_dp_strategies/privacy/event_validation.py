@@ -85,12 +85,17 @@ def _validate(event: Any, path: str, depth: int, budget: list[int]) -> None:
     check(event, path, depth, budget)
 
 
-def _real(event: Any, field: str, path: str, *, low: float, low_open: bool, high: float = math.inf,
-          high_open: bool = True) -> float:
+def _real(
+    event: Any, field: str, path: str, *, low: float, low_open: bool, high: float = math.inf, high_open: bool = True
+) -> float:
     value = getattr(event, field)
     name = f"{path}.{field}"
-    domain = ("(" if low_open else "[") + f"{low:g}, " + ("inf" if math.isinf(high) else f"{high:g}") + \
-        (")" if high_open else "]")
+    domain = (
+        ("(" if low_open else "[")
+        + f"{low:g}, "
+        + ("inf" if math.isinf(high) else f"{high:g}")
+        + (")" if high_open else "]")
+    )
     if isinstance(value, bool) or not isinstance(value, Real):
         raise ValueError(f"{name} must be a real number in {domain}, got {value!r}")
     number = float(value)
@@ -193,15 +198,23 @@ def _refuse_sampled_skellam(event: Any, path: str) -> None:
         inner, where = stack.pop()
         seen += 1
         if isinstance(inner, SkellamDpEvent):
-            raise ValueError(f"{where}: SkellamDpEvent inside {type(event).__name__} is refused: no privacy "
-                             f"amplification by sampling is derived for the Skellam mechanism; book the "
-                             f"SkellamDpEvent itself (unamplified)")
+            raise ValueError(
+                f"{where}: SkellamDpEvent inside {type(event).__name__} is refused: no privacy "
+                f"amplification by sampling is derived for the Skellam mechanism; book the "
+                f"SkellamDpEvent itself (unamplified)"
+            )
         if isinstance(inner, dp_event.SelfComposedDpEvent):
             stack.append((inner.event, f"{where}.event"))
         elif isinstance(inner, dp_event.ComposedDpEvent) and isinstance(inner.events, (list, tuple)):
             stack.extend((e, f"{where}.events[{i}]") for i, e in enumerate(inner.events))
-        elif isinstance(inner, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent,
-                                dp_event.SampledWithReplacementDpEvent)):
+        elif isinstance(
+            inner,
+            (
+                dp_event.PoissonSampledDpEvent,
+                dp_event.SampledWithoutReplacementDpEvent,
+                dp_event.SampledWithReplacementDpEvent,
+            ),
+        ):
             stack.append((inner.event, f"{where}.event"))
 
 

@@ -88,8 +88,7 @@ _NATIVE = (
     dp_event.ZCDpEvent,
 )
 EVENT_CLASSES: dict[str, type[dp_event.DpEvent]] = {
-    cls.__name__: cls
-    for cls in (*_NATIVE, ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent, SkellamDpEvent)
+    cls.__name__: cls for cls in (*_NATIVE, ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent, SkellamDpEvent)
 }
 
 
@@ -126,8 +125,10 @@ def event_from_dict(data: dict[str, Any], _depth: int = 0) -> dp_event.DpEvent:
     unknown = set(data) - set(names) - {"type"}
     missing = set(names) - set(data)
     if unknown or missing:
-        raise ValueError(f"{data['type']} description must hold exactly the fields {names}; "
-                         f"unknown {sorted(unknown)}, missing {sorted(missing)}")
+        raise ValueError(
+            f"{data['type']} description must hold exactly the fields {names}; "
+            f"unknown {sorted(unknown)}, missing {sorted(missing)}"
+        )
     kwargs = {}
     for name in names:
         value = data[name]

@@ -140,8 +140,9 @@ def response_matrix(labels: object, num_classes: int, loss: str = "softmax") -> 
     return r
 
 
-def quadratic_statistics(features: object, labels: object, *, num_classes: int,
-                         loss: str = "softmax") -> QuadraticStatistics:
+def quadratic_statistics(
+    features: object, labels: object, *, num_classes: int, loss: str = "softmax"
+) -> QuadraticStatistics:
     """A = Σ x rᵀ and S = Σ x xᵀ of the rows clipped to unit L2 norm (two BLAS products)."""
     x = clip_rows(features)
     r = response_matrix(labels, num_classes, loss)
@@ -154,8 +155,14 @@ def _rho(num_classes: int, loss: str) -> float:
     return 0.5 if loss == "logistic" else 2.0 * (num_classes - 1) / num_classes
 
 
-def fm_sensitivity(dim: int, num_classes: int, *, loss: str = "softmax",
-                   neighboring_relation: str = "replace_one", calibration: str = "sound") -> float:
+def fm_sensitivity(
+    dim: int,
+    num_classes: int,
+    *,
+    loss: str = "softmax",
+    neighboring_relation: str = "replace_one",
+    calibration: str = "sound",
+) -> float:
     """L1 sensitivity of (A, triu S) for unit-norm rows (module docstring: derivation).
 
     ``calibration="paper"`` returns DELM's eq. 9 (logistic: d + d²/4) or eq. 13
@@ -190,8 +197,7 @@ def from_released_vector(vector: np.ndarray, like: QuadraticStatistics) -> Quadr
     return replace(like, linear=linear, quadratic=quadratic)
 
 
-def fm_l2_sensitivity(num_classes: int, *, loss: str = "softmax",
-                      neighboring_relation: str = "replace_one") -> float:
+def fm_l2_sensitivity(num_classes: int, *, loss: str = "softmax", neighboring_relation: str = "replace_one") -> float:
     """L2 sensitivity of (A, triu S) for unit-norm rows: dimension-free.
 
     ‖x rᵀ‖_F = ‖x‖‖r‖ with ‖r‖₂² = (c−1)/c (softmax) or ¼ (logistic), and
@@ -207,10 +213,17 @@ def fm_l2_sensitivity(num_classes: int, *, loss: str = "softmax",
     return math.sqrt(4.0 * r2 + 2.0)
 
 
-def functional_mechanism(stats: QuadraticStatistics, *, epsilon: float,
-                         neighboring_relation: str = "replace_one", calibration: str = "sound",
-                         noise: str = "laplace", delta: float = 1e-5,
-                         rng: RngLike = None, secure: bool = False) -> Release[QuadraticStatistics]:
+def functional_mechanism(
+    stats: QuadraticStatistics,
+    *,
+    epsilon: float,
+    neighboring_relation: str = "replace_one",
+    calibration: str = "sound",
+    noise: str = "laplace",
+    delta: float = 1e-5,
+    rng: RngLike = None,
+    secure: bool = False,
+) -> Release[QuadraticStatistics]:
     """Noise on every released coefficient of the Taylor objective.
 
     ``noise="laplace"`` (FM, pure ε-DP): Laplace(Δ₁/ε); the event records the true ε
@@ -226,8 +239,14 @@ def functional_mechanism(stats: QuadraticStatistics, *, epsilon: float,
         sens = fm_l2_sensitivity(stats.num_classes, loss=stats.loss, neighboring_relation=neighboring_relation)
         sigma = gaussian_sigma(eps, delta, sens)
         # secure: discrete Gaussian on a grid; |coefficients| ≤ n for unit rows (n public under replace-one)
-        noisy = gaussian_mechanism(released_vector(stats), noise_multiplier=sigma / sens, sensitivity=sens, rng=rng,
-                                   secure=secure, value_bound=float(max(stats.count, 1)))
+        noisy = gaussian_mechanism(
+            released_vector(stats),
+            noise_multiplier=sigma / sens,
+            sensitivity=sens,
+            rng=rng,
+            secure=secure,
+            value_bound=float(max(stats.count, 1)),
+        )
         return Release(from_released_vector(noisy.value, stats), noisy.event)
     kwargs = dict(loss=stats.loss, neighboring_relation=neighboring_relation)
     used = fm_sensitivity(stats.dim, stats.num_classes, calibration=calibration, **kwargs)
@@ -290,8 +309,9 @@ def smooth_step_size(stats: QuadraticStatistics, ridge: float = 0.0) -> float:
     return math.inf if lipschitz == 0.0 else 1.0 / lipschitz
 
 
-def descend(stats: QuadraticStatistics, weights: np.ndarray, *, steps: int, learning_rate: float,
-            ridge: float = 0.0) -> np.ndarray:
+def descend(
+    stats: QuadraticStatistics, weights: np.ndarray, *, steps: int, learning_rate: float, ridge: float = 0.0
+) -> np.ndarray:
     """``steps`` of gradient descent on (f̄(W) + ½·ridge·n·‖W‖²)/n from ``weights`` (a new array).
 
     Dividing by n (public under replace-one) makes ``learning_rate`` independent
@@ -345,12 +365,17 @@ def sum_statistics(parts: Iterable[QuadraticStatistics]) -> QuadraticStatistics:
     total: Optional[QuadraticStatistics] = None
     for part in parts:
         if total is None:
-            total = replace(part, linear=np.array(part.linear, dtype=np.float64),
-                            quadratic=np.array(part.quadratic, dtype=np.float64))
+            total = replace(
+                part,
+                linear=np.array(part.linear, dtype=np.float64),
+                quadratic=np.array(part.quadratic, dtype=np.float64),
+            )
             continue
         if part.linear.shape != total.linear.shape or part.quadratic.shape != total.quadratic.shape:
-            raise ValueError(f"statistics must share shapes {total.linear.shape} / {total.quadratic.shape}, "
-                             f"got {part.linear.shape} / {part.quadratic.shape}")
+            raise ValueError(
+                f"statistics must share shapes {total.linear.shape} / {total.quadratic.shape}, "
+                f"got {part.linear.shape} / {part.quadratic.shape}"
+            )
         np.add(total.linear, part.linear, out=total.linear)
         np.add(total.quadratic, part.quadratic, out=total.quadratic)
         total = replace(total, count=total.count + part.count)
@@ -359,8 +384,17 @@ def sum_statistics(parts: Iterable[QuadraticStatistics]) -> QuadraticStatistics:
     return total
 
 
-def fm_noise_std(dim: int, num_classes: int, *, epsilon: float, noise: str = "laplace", delta: float = 1e-5,
-                 loss: str = "softmax", neighboring_relation: str = "replace_one", calibration: str = "sound") -> float:
+def fm_noise_std(
+    dim: int,
+    num_classes: int,
+    *,
+    epsilon: float,
+    noise: str = "laplace",
+    delta: float = 1e-5,
+    loss: str = "softmax",
+    neighboring_relation: str = "replace_one",
+    calibration: str = "sound",
+) -> float:
     """Standard deviation of the noise :func:`functional_mechanism` adds to each coefficient.
 
     Gaussian: σ of the analytic Gaussian for :func:`fm_l2_sensitivity`; Laplace: √2·b with
@@ -369,14 +403,21 @@ def fm_noise_std(dim: int, num_classes: int, *, epsilon: float, noise: str = "la
     """
     eps = check_epsilon(epsilon)
     if _check_choice("noise", noise, FM_NOISES) == "gaussian":
-        return gaussian_sigma(eps, delta, fm_l2_sensitivity(num_classes, loss=loss,
-                                                            neighboring_relation=neighboring_relation))
-    return math.sqrt(2.0) * fm_sensitivity(dim, num_classes, loss=loss, neighboring_relation=neighboring_relation,
-                                           calibration=calibration) / eps
+        return gaussian_sigma(
+            eps, delta, fm_l2_sensitivity(num_classes, loss=loss, neighboring_relation=neighboring_relation)
+        )
+    return (
+        math.sqrt(2.0)
+        * fm_sensitivity(
+            dim, num_classes, loss=loss, neighboring_relation=neighboring_relation, calibration=calibration
+        )
+        / eps
+    )
 
 
-def noise_adapted_ridge(noise_std: float, *, dim: int, count: int, num_classes: int, loss: str = "softmax",
-                        fraction: float = 0.5) -> float:
+def noise_adapted_ridge(
+    noise_std: float, *, dim: int, count: int, num_classes: int, loss: str = "softmax", fraction: float = 0.5
+) -> float:
     r"""A ridge λ for :func:`solve_objective` on a sum of noisy FM objectives, from public quantities.
 
     The noise on a summed :math:`\tilde S` is a symmetric matrix of independent
@@ -398,9 +439,14 @@ def noise_adapted_ridge(noise_std: float, *, dim: int, count: int, num_classes: 
     return 2.0 * kappa * frac * 2.0 * std * math.sqrt(q) / n
 
 
-
-def solve_noisy_sum(total: QuadraticStatistics, *, ridge: float, noise_std: Optional[float] = None,
-                    ridge_fraction: float = 0.5, floor: float = 0.0) -> tuple[np.ndarray, float]:
+def solve_noisy_sum(
+    total: QuadraticStatistics,
+    *,
+    ridge: float,
+    noise_std: Optional[float] = None,
+    ridge_fraction: float = 0.5,
+    floor: float = 0.0,
+) -> tuple[np.ndarray, float]:
     """The head from a summed noisy objective, and the ridge used: ``ridge`` plus, when the summed
     per-coefficient noise std ``noise_std`` is given, :func:`noise_adapted_ridge` for it; one PSD repair
     and closed-form solve (:func:`solve_objective`). Post-processing of the noisy sum.
@@ -412,14 +458,21 @@ def solve_noisy_sum(total: QuadraticStatistics, *, ridge: float, noise_std: Opti
     return solve_objective(total, ridge=lam, floor=floor), lam
 
 
-def noisy_sum_ridge(total: QuadraticStatistics, *, ridge: float, noise_std: Optional[float] = None,
-                    ridge_fraction: float = 0.5) -> float:
+def noisy_sum_ridge(
+    total: QuadraticStatistics, *, ridge: float, noise_std: Optional[float] = None, ridge_fraction: float = 0.5
+) -> float:
     """The ridge :func:`solve_noisy_sum` uses: ``ridge`` + :func:`noise_adapted_ridge` (``noise_std``, if given)."""
     lam = check_nonnegative("ridge", ridge)
     if noise_std is None:
         return lam
-    return lam + noise_adapted_ridge(noise_std, dim=total.dim, count=max(total.count, 1),
-                                     num_classes=total.num_classes, loss=total.loss, fraction=ridge_fraction)
+    return lam + noise_adapted_ridge(
+        noise_std,
+        dim=total.dim,
+        count=max(total.count, 1),
+        num_classes=total.num_classes,
+        loss=total.loss,
+        fraction=ridge_fraction,
+    )
 
 
 __all__ = [

@@ -73,8 +73,9 @@ def gaussian_mechanism(
             raise ValueError("value_bound must be given (a public bound B in (0, inf) on |values|) when secure=True")
         from .discrete_gaussian import secure_gaussian_mechanism
 
-        return secure_gaussian_mechanism(values, noise_multiplier=noise_multiplier, sensitivity=sensitivity,
-                                         value_bound=value_bound, rng=rng)
+        return secure_gaussian_mechanism(
+            values, noise_multiplier=noise_multiplier, sensitivity=sensitivity, value_bound=value_bound, rng=rng
+        )
     x = as_finite_array("values", values)
     z = check_positive("noise_multiplier", noise_multiplier)
     sigma = z * check_sensitivity(sensitivity)

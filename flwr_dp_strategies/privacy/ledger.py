@@ -159,8 +159,15 @@ class PrivacyLedger:
         target = self._central if client is None else self._clients.setdefault(_client_id(client), {})
         target.setdefault(key, []).append(rnd)
 
-    def record_clients(self, event: dp_event.DpEvent, *, server_round: int, clients: Iterable[ClientId], label: str = "",
-                       neighboring_relation: Optional[str] = None) -> None:
+    def record_clients(
+        self,
+        event: dp_event.DpEvent,
+        *,
+        server_round: int,
+        clients: Iterable[ClientId],
+        label: str = "",
+        neighboring_relation: Optional[str] = None,
+    ) -> None:
         """Record the same event for every client in ``clients`` (one call per round, not per client)."""
         rnd = check_int("server_round", server_round, minimum=0)
         event, label = self._in_own_relation(event, neighboring_relation, None, label)
@@ -179,7 +186,9 @@ class PrivacyLedger:
         if replace_one_event is not None:
             validate_event(replace_one_event)
             if source != ADD_OR_REMOVE_ONE:
-                raise ValueError("replace_one_event is only meaningful for an event calibrated under 'add_or_remove_one'")
+                raise ValueError(
+                    "replace_one_event is only meaningful for an event calibrated under 'add_or_remove_one'"
+                )
             if self.neighboring_relation == REPLACE_ONE:
                 return replace_one_event, (f"{label} [replace-one form]" if label else label)
         if source == self.neighboring_relation:
@@ -242,8 +251,9 @@ class PrivacyLedger:
             raise ValueError(f"event {type(event).__name__} cannot be accounted: {err}") from err
         try:
             part = self._rdp_part(key)
-            if part is not None and (np.isnan(part[0]).any() or (part[0] < 0).any()
-                                     or not math.isfinite(part[1] + part[2])):
+            if part is not None and (
+                np.isnan(part[0]).any() or (part[0] < 0).any() or not math.isfinite(part[1] + part[2])
+            ):
                 raise ValueError("its RDP curve is not a non-negative number")
         except Exception as err:  # noqa: BLE001 - any failure means the event is unusable
             if not any(key in source for source in (self._central, *self._clients.values())):
@@ -337,8 +347,9 @@ class PrivacyLedger:
         """The PLD of one event at a discretisation interval (cached); None if PLD cannot account it."""
         cache_key = (key, interval)
         if cache_key not in self._pld_cache:
-            acc = LedgerPldAccountant(neighboring_relation=_RELATIONS[self.neighboring_relation],
-                                      value_discretization_interval=interval)
+            acc = LedgerPldAccountant(
+                neighboring_relation=_RELATIONS[self.neighboring_relation], value_discretization_interval=interval
+            )
             event = self._events[key]
             if not acc.supports(event):
                 self._pld_cache[cache_key] = None
@@ -348,7 +359,9 @@ class PrivacyLedger:
                 self._pld_cache[cache_key] = None if acc._contains_non_dp_event else acc._pld
         return self._pld_cache[cache_key]
 
-    def _evaluate(self, signature: Signature, method: str, delta: float, prune_below: float = -1.0) -> tuple[float, float]:
+    def _evaluate(
+        self, signature: Signature, method: str, delta: float, prune_below: float = -1.0
+    ) -> tuple[float, float]:
         """(ε_RDP, ε_PLD) of a composition; PLD skipped (inf) when not asked or when pruned."""
         if not signature:
             return 0.0, 0.0
@@ -382,8 +395,13 @@ class PrivacyLedger:
         """Shorthand for ``report(client, delta=delta).epsilon`` (worst client when ``client`` is None)."""
         return self.report(client, delta=delta, method=method).epsilon
 
-    def _worst(self, method: str, delta: float, extra: Optional[Mapping[str, Sequence[dp_event.DpEvent]]] = None,
-               extra_central: Sequence[dp_event.DpEvent] = ()) -> PrivacyReport:
+    def _worst(
+        self,
+        method: str,
+        delta: float,
+        extra: Optional[Mapping[str, Sequence[dp_event.DpEvent]]] = None,
+        extra_central: Sequence[dp_event.DpEvent] = (),
+    ) -> PrivacyReport:
         extra = extra or {}
         names = set(self._clients) | set(extra)
         by_signature: dict[Signature, Optional[str]] = {}
@@ -478,17 +496,19 @@ class PrivacyLedger:
     def to_json(self) -> str:
         """Serialise the whole ledger (configuration, events, clients, rounds) as canonical JSON
         (no whitespace, ASCII, no NaN): the body a ledger file checksums."""
-        return canonical_json({
-            "format": LEDGER_FORMAT,
-            "target_delta": self.target_delta,
-            "neighboring_relation": self.neighboring_relation,
-            "max_epsilon": self.max_epsilon,
-            "accounting": self.accounting,
-            "events": {k: event_to_dict(e) for k, e in self._events.items()},
-            "labels": self._labels,
-            "central": self._central,
-            "clients": self._clients,
-        })
+        return canonical_json(
+            {
+                "format": LEDGER_FORMAT,
+                "target_delta": self.target_delta,
+                "neighboring_relation": self.neighboring_relation,
+                "max_epsilon": self.max_epsilon,
+                "accounting": self.accounting,
+                "events": {k: event_to_dict(e) for k, e in self._events.items()},
+                "labels": self._labels,
+                "central": self._central,
+                "clients": self._clients,
+            }
+        )
 
     @classmethod
     def from_json(cls, text: Union[str, bytes]) -> "PrivacyLedger":
@@ -504,8 +524,12 @@ class PrivacyLedger:
         if data["format"] != LEDGER_FORMAT:
             raise ValueError(f"unsupported ledger format {data['format']!r}, expected {LEDGER_FORMAT}")
         try:
-            ledger = cls(data["target_delta"], neighboring_relation=data["neighboring_relation"],
-                         max_epsilon=data["max_epsilon"], accounting=data["accounting"])
+            ledger = cls(
+                data["target_delta"],
+                neighboring_relation=data["neighboring_relation"],
+                max_epsilon=data["max_epsilon"],
+                accounting=data["accounting"],
+            )
             keymap = {old: ledger._register(event_from_dict(ev)) for old, ev in data["events"].items()}
         except (TypeError, KeyError, AttributeError, RecursionError, OverflowError) as err:
             raise ValueError(f"invalid ledger content: {err}") from err
@@ -520,8 +544,9 @@ class PrivacyLedger:
                 target.setdefault(keymap[old], []).extend(rounds)
         return ledger
 
-    def save(self, path: Union[str, os.PathLike], *, key: Union[None, str, bytes] = None,
-             max_bytes: Optional[int] = None) -> None:
+    def save(
+        self, path: Union[str, os.PathLike], *, key: Union[None, str, bytes] = None, max_bytes: Optional[int] = None
+    ) -> None:
         """Write the ledger to ``path`` as the ledger file's ``main`` ledger (:mod:`.ledger_file`):
         checksummed, fsynced, atomic, under the file's lock.
 
@@ -534,8 +559,14 @@ class PrivacyLedger:
         store.save()
 
     @classmethod
-    def load(cls, path: Union[str, os.PathLike], *, name: str = "main", key: Union[None, str, bytes] = None,
-             max_bytes: Optional[int] = None) -> "PrivacyLedger":
+    def load(
+        cls,
+        path: Union[str, os.PathLike],
+        *,
+        name: str = "main",
+        key: Union[None, str, bytes] = None,
+        max_bytes: Optional[int] = None,
+    ) -> "PrivacyLedger":
         """Read ledger ``name`` (default ``main``) of a file written by :meth:`save` or a strategy.
 
         Every fault (nothing there, a dangling link, an empty, oversized, corrupted, edited or

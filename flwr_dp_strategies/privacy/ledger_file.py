@@ -163,8 +163,17 @@ def strict_loads(text: Union[str, bytes]) -> Any:
 
 
 # ---------------------------------------------------------------------- ledger body schema
-_BODY_FIELDS = ("accounting", "central", "clients", "events", "format", "labels", "max_epsilon",
-                "neighboring_relation", "target_delta")
+_BODY_FIELDS = (
+    "accounting",
+    "central",
+    "clients",
+    "events",
+    "format",
+    "labels",
+    "max_epsilon",
+    "neighboring_relation",
+    "target_delta",
+)
 
 
 def _rounds(value: Any, where: str) -> list[int]:
@@ -261,9 +270,15 @@ def _with_checksum(fields: list[tuple[str, str]], key: Optional[bytes]) -> bytes
     return (_signed_text([("checksum", canonical_json(checksum)), *fields]) + "\n").encode("ascii")
 
 
-def encode_file(bodies: Mapping[str, str], key: Optional[bytes], *, run: Optional[str] = None,
-                path: Optional[str] = None, generation: int = 0,
-                state: Optional[Mapping[str, Any]] = None) -> bytes:
+def encode_file(
+    bodies: Mapping[str, str],
+    key: Optional[bytes],
+    *,
+    run: Optional[str] = None,
+    path: Optional[str] = None,
+    generation: int = 0,
+    state: Optional[Mapping[str, Any]] = None,
+) -> bytes:
     """The file's bytes for canonical ledger bodies by name (built without re-parsing them).
 
     With ``run`` (and then ``path`` and ``generation`` >= 1): format 2, binding the ledgers
@@ -273,9 +288,17 @@ def encode_file(bodies: Mapping[str, str], key: Optional[bytes], *, run: Optiona
     ledgers = "{" + ",".join(f"{canonical_json(n)}:{bodies[n]}" for n in sorted(bodies)) + "}"
     if run is None:
         return _with_checksum([("format", canonical_json(FILE_FORMAT_1)), ("ledgers", ledgers)], key)
-    return _with_checksum([("format", canonical_json(FILE_FORMAT)), ("generation", canonical_json(generation)),
-                           ("ledgers", ledgers), ("path", canonical_json(path)), ("run", canonical_json(run)),
-                           ("state", canonical_json(dict(state or {})))], key)
+    return _with_checksum(
+        [
+            ("format", canonical_json(FILE_FORMAT)),
+            ("generation", canonical_json(generation)),
+            ("ledgers", ledgers),
+            ("path", canonical_json(path)),
+            ("run", canonical_json(run)),
+            ("state", canonical_json(dict(state or {}))),
+        ],
+        key,
+    )
 
 
 _V1_FIELDS = ["checksum", "format", "ledgers"]
@@ -296,8 +319,9 @@ def _check_binding(envelope: Mapping[str, Any], path: str) -> None:
     if not isinstance(where, str) or not os.path.isabs(where) or len(where) > _MAX_PATH or "\x00" in where:
         raise LedgerFileError(path, "'path' must be the absolute path the file was written to")
     state = envelope["state"]
-    if not isinstance(state, dict) or not all(isinstance(n, str) and _NAME.match(n) and isinstance(v, dict)
-                                              for n, v in state.items()):
+    if not isinstance(state, dict) or not all(
+        isinstance(n, str) and _NAME.match(n) and isinstance(v, dict) for n, v in state.items()
+    ):
         raise LedgerFileError(path, "'state' must map names to objects")
 
 
@@ -313,9 +337,12 @@ def decode_envelope(data: bytes, path: str, key: Optional[bytes]) -> Envelope:
         raise LedgerFileError(path, f"is not valid ledger JSON ({err})") from err
     if not isinstance(envelope, dict) or "checksum" not in envelope or "ledgers" not in envelope:
         if isinstance(envelope, dict) and "format" in envelope and "events" in envelope:
-            raise LedgerFileError(path, "was written without a checksum (an older version of this package); it "
-                                  "cannot be trusted as is: re-save it deliberately with PrivacyLedger.save after "
-                                  "checking its content")
+            raise LedgerFileError(
+                path,
+                "was written without a checksum (an older version of this package); it "
+                "cannot be trusted as is: re-save it deliberately with PrivacyLedger.save after "
+                "checking its content",
+            )
         raise LedgerFileError(path, "is not a ledger file (expected the fields checksum, format, ledgers, ...)")
     fmt = envelope.get("format")
     if fmt not in (FILE_FORMAT, FILE_FORMAT_1):
@@ -338,22 +365,33 @@ def decode_envelope(data: bytes, path: str, key: Optional[bytes]) -> Envelope:
     except (TypeError, ValueError) as err:
         raise LedgerFileError(path, f"cannot be re-serialised ({err})") from err
     _verify(checksum, canonical, data, path, key)
-    return Envelope(bodies, checksum, fmt, run=binding.get("run"), path=binding.get("path"),
-                    generation=binding.get("generation", 0), state=binding.get("state", {}))
+    return Envelope(
+        bodies,
+        checksum,
+        fmt,
+        run=binding.get("run"),
+        path=binding.get("path"),
+        generation=binding.get("generation", 0),
+        state=binding.get("state", {}),
+    )
 
 
 def _verify(checksum: str, canonical: bytes, data: bytes, path: str, key: Optional[bytes]) -> None:
     """``checksum`` is the one of ``canonical`` under ``key``, and ``data`` is ``canonical``."""
     if checksum.startswith("hmac-") != (key is not None):
-        problem = ("is authenticated with a key (HMAC); set the key (FLWR_DP_LEDGER_KEY) to load it"
-                   if key is None else "is not authenticated with the configured key (FLWR_DP_LEDGER_KEY): "
-                   "refused, it may have been forged")
+        problem = (
+            "is authenticated with a key (HMAC); set the key (FLWR_DP_LEDGER_KEY) to load it"
+            if key is None
+            else "is not authenticated with the configured key (FLWR_DP_LEDGER_KEY): refused, it may have been forged"
+        )
         raise LedgerFileError(path, problem)
     expected = _HEADER.match(canonical)
     assert expected is not None
     if not hmac.compare_digest(checksum.encode("ascii", "replace"), expected.group(1)):
-        raise LedgerFileError(path, "checksum mismatch: the file was changed after it was written "
-                              "(corruption or an edit); refusing to load it")
+        raise LedgerFileError(
+            path,
+            "checksum mismatch: the file was changed after it was written (corruption or an edit); refusing to load it",
+        )
     if canonical != data:
         raise LedgerFileError(path, "is not in canonical form: it was edited after it was written")
 
@@ -376,10 +414,16 @@ class HighWaterMark(NamedTuple):
 
 def encode_high_water(mark: HighWaterMark, key: Optional[bytes]) -> bytes:
     """The high-water record's bytes (one line of canonical JSON, checksummed like the ledger file)."""
-    return _with_checksum([("format", canonical_json(HIGH_WATER_FORMAT)),
-                           ("generation", canonical_json(mark.generation)),
-                           ("ledger", canonical_json(mark.ledger_checksum)), ("path", canonical_json(mark.path)),
-                           ("run", canonical_json(mark.run))], key)
+    return _with_checksum(
+        [
+            ("format", canonical_json(HIGH_WATER_FORMAT)),
+            ("generation", canonical_json(mark.generation)),
+            ("ledger", canonical_json(mark.ledger_checksum)),
+            ("path", canonical_json(mark.path)),
+            ("run", canonical_json(mark.run)),
+        ],
+        key,
+    )
 
 
 def decode_high_water(data: bytes, path: str, key: Optional[bytes]) -> HighWaterMark:
@@ -389,12 +433,16 @@ def decode_high_water(data: bytes, path: str, key: Optional[bytes]) -> HighWater
     except (UnicodeDecodeError, ValueError) as err:
         raise LedgerFileError(path, f"is not a valid high-water record ({err})") from err
     if not isinstance(record, dict) or sorted(record) != ["checksum", "format", "generation", "ledger", "path", "run"]:
-        raise LedgerFileError(path, "is not a high-water record (expected checksum, format, generation, ledger, "
-                              "path, run)")
+        raise LedgerFileError(
+            path, "is not a high-water record (expected checksum, format, generation, ledger, path, run)"
+        )
     if record["format"] != HIGH_WATER_FORMAT:
         raise LedgerFileError(path, f"has format {record['format']!r}, expected {HIGH_WATER_FORMAT!r}")
-    if not isinstance(record["checksum"], str) or not isinstance(record["ledger"], str) \
-            or not _CHECKSUM.match(record["ledger"]):
+    if (
+        not isinstance(record["checksum"], str)
+        or not isinstance(record["ledger"], str)
+        or not _CHECKSUM.match(record["ledger"])
+    ):
         raise LedgerFileError(path, "'checksum' and 'ledger' must be checksums")
     _check_binding({**record, "state": {}}, path)
     mark = HighWaterMark(record["run"], record["path"], record["generation"], record["ledger"])
@@ -411,20 +459,35 @@ def check_high_water(path: str, envelope: Envelope, mark_path: str, mark: HighWa
     if mark.path != envelope.path:
         raise LedgerFileError(mark_path, f"is the high-water mark of {mark.path!r}, not of {envelope.path!r}")
     if mark.run != envelope.run:
-        raise LedgerFileError(path, f"belongs to run {envelope.run}, but the high-water mark {mark_path!r} "
-                              f"records run {mark.run}: the ledger of another run is refused")
-    if envelope.generation < mark.generation or (envelope.generation == mark.generation
-                                                 and envelope.checksum != mark.ledger_checksum):
-        raise LedgerFileError(path, f"is generation {envelope.generation} of run {envelope.run}, but generation "
-                              f"{mark.generation} was saved (high-water mark {mark_path!r}): an older or "
-                              "substituted snapshot (a rollback); refusing it")
+        raise LedgerFileError(
+            path,
+            f"belongs to run {envelope.run}, but the high-water mark {mark_path!r} "
+            f"records run {mark.run}: the ledger of another run is refused",
+        )
+    if envelope.generation < mark.generation or (
+        envelope.generation == mark.generation and envelope.checksum != mark.ledger_checksum
+    ):
+        raise LedgerFileError(
+            path,
+            f"is generation {envelope.generation} of run {envelope.run}, but generation "
+            f"{mark.generation} was saved (high-water mark {mark_path!r}): an older or "
+            "substituted snapshot (a rollback); refusing it",
+        )
     if envelope.generation > mark.generation + 1:
-        raise LedgerFileError(path, f"is generation {envelope.generation}, more than one save ahead of its "
-                              f"high-water mark ({mark.generation}, {mark_path!r}); refusing it")
+        raise LedgerFileError(
+            path,
+            f"is generation {envelope.generation}, more than one save ahead of its "
+            f"high-water mark ({mark.generation}, {mark_path!r}); refusing it",
+        )
     if envelope.generation == mark.generation + 1:
-        _LOG.warning("Privacy ledger file %s: generation %d, its high-water mark %s still at %d (the last save "
-                     "was interrupted before the mark was written); continuing from the file", path,
-                     envelope.generation, mark_path, mark.generation)
+        _LOG.warning(
+            "Privacy ledger file %s: generation %d, its high-water mark %s still at %d (the last save "
+            "was interrupted before the mark was written); continuing from the file",
+            path,
+            envelope.generation,
+            mark_path,
+            mark.generation,
+        )
 
 
 # ---------------------------------------------------------------------- reading
@@ -437,8 +500,11 @@ def _reject_dangling(path: str) -> bool:
     except OSError as err:
         raise LedgerFileError(path, f"cannot be inspected ({err.strerror or err})") from err
     if stat.S_ISLNK(st.st_mode) and not os.path.exists(path):
-        raise LedgerFileError(path, f"is a dangling symbolic link (to {os.readlink(path)!r}): the ledger it "
-                              "pointed to is missing; refusing to start from epsilon = 0")
+        raise LedgerFileError(
+            path,
+            f"is a dangling symbolic link (to {os.readlink(path)!r}): the ledger it "
+            "pointed to is missing; refusing to start from epsilon = 0",
+        )
     return True
 
 
@@ -484,16 +550,18 @@ def read_bytes(path: str, max_bytes: Optional[int] = None) -> Optional[bytes]:
         os.close(fd)
 
 
-def read_file(path: PathLike, *, key: Union[None, str, bytes] = None,
-              max_bytes: Optional[int] = None) -> Optional[tuple[dict[str, str], str]]:
+def read_file(
+    path: PathLike, *, key: Union[None, str, bytes] = None, max_bytes: Optional[int] = None
+) -> Optional[tuple[dict[str, str], str]]:
     """(canonical body text by name, checksum), or None if nothing is at ``path``."""
     path = os.fspath(path)
     data = read_bytes(path, max_bytes)
     return None if data is None else decode_file(data, path, _key_bytes(key))
 
 
-def read_envelope(path: PathLike, *, key: Union[None, str, bytes] = None,
-                  max_bytes: Optional[int] = None) -> Optional[Envelope]:
+def read_envelope(
+    path: PathLike, *, key: Union[None, str, bytes] = None, max_bytes: Optional[int] = None
+) -> Optional[Envelope]:
     """The verified :class:`Envelope` of the file at ``path``, or None if nothing is there."""
     path = os.fspath(path)
     data = read_bytes(path, max_bytes)
@@ -541,7 +609,7 @@ def write_atomic(path: str, data: bytes) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -583,15 +651,20 @@ class _FileLock:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
         except OSError as err:
-            raise LedgerFileError(path, f"its lock file {lock_path!r} cannot be opened ({err.strerror or err})") from err
+            raise LedgerFileError(
+                path, f"its lock file {lock_path!r} cannot be opened ({err.strerror or err})"
+            ) from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
             os.close(fd)
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise LedgerFileError(path, f"is in use by another process (pid {holder}, lock {lock_path!r}): "
-                                      "two writers would lose each other's events") from err
+                raise LedgerFileError(
+                    path,
+                    f"is in use by another process (pid {holder}, lock {lock_path!r}): "
+                    "two writers would lose each other's events",
+                ) from err
             raise LedgerFileError(path, f"cannot be locked ({err.strerror or err})") from err
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
@@ -705,9 +778,15 @@ class LedgerStore:
     :meth:`set_state` keep strategies' public state (a learnt clipping norm) in the same file.
     """
 
-    def __init__(self, path: Optional[PathLike] = None, *, key: Union[None, str, bytes] = None,
-                 max_bytes: Optional[int] = None, resume: Optional[bool] = None,
-                 high_water_path: Optional[PathLike] = None) -> None:
+    def __init__(
+        self,
+        path: Optional[PathLike] = None,
+        *,
+        key: Union[None, str, bytes] = None,
+        max_bytes: Optional[int] = None,
+        resume: Optional[bool] = None,
+        high_water_path: Optional[PathLike] = None,
+    ) -> None:
         self.max_bytes = _cap(max_bytes)
         self._key = _key_bytes(key)
         self.path: Optional[str] = None
@@ -717,7 +796,7 @@ class LedgerStore:
         self.restored = False  # True once bound to a path that held a ledger file
         self._lock: Optional[_FileLock] = None
         self._checksum: Optional[str] = None
-        self._stored: dict[str, str] = {}      # bodies in the file that no one has claimed yet
+        self._stored: dict[str, str] = {}  # bodies in the file that no one has claimed yet
         self._ledgers: dict[str, "StoredLedger"] = {}
         self._explicit: set[str] = set()
         self._state: dict[str, dict[str, Any]] = {}
@@ -731,8 +810,9 @@ class LedgerStore:
         """Names of the ledgers this store holds (claimed or only restored)."""
         return sorted(set(self._ledgers) | set(self._stored))
 
-    def bind(self, path: PathLike, *, resume: Optional[bool] = None,
-             high_water_path: Optional[PathLike] = None) -> None:
+    def bind(
+        self, path: PathLike, *, resume: Optional[bool] = None, high_water_path: Optional[PathLike] = None
+    ) -> None:
         """Persist to ``path`` from now on: lock it, check it (``resume``, the high-water mark, see
         the class docstring), restore what it holds into the claimed ledgers."""
         if resume not in (None, True, False):
@@ -753,8 +833,11 @@ class LedgerStore:
             mark = None if mark_data is None else decode_high_water(mark_data, mark_path, self._key)
         self._check_fresh(real, mark_path, envelope, mark, resume, beside=high_water_path is None)
         bodies, checksum = (envelope.bodies, envelope.checksum) if envelope is not None else ({}, None)
-        restored = {name: self._rebuild(real, name, body, type(self._ledgers[name]))
-                    for name, body in bodies.items() if name in self._ledgers}
+        restored = {
+            name: self._rebuild(real, name, body, type(self._ledgers[name]))
+            for name, body in bodies.items()
+            if name in self._ledgers
+        }
         for name, ledger in restored.items():  # check all before changing any
             self._check_compatible(real, name, self._ledgers[name], ledger, checksum)
         for name, ledger in restored.items():
@@ -772,43 +855,73 @@ class LedgerStore:
         if envelope is None:
             _LOG.info("Privacy ledger file %s: new run %s (high-water mark %s)", real, self.run_id, mark_path)
 
-    def _check_fresh(self, real: str, mark_path: str, envelope: Optional[Envelope], mark: Optional[HighWaterMark],
-                     resume: Optional[bool], *, beside: bool) -> None:
+    def _check_fresh(
+        self,
+        real: str,
+        mark_path: str,
+        envelope: Optional[Envelope],
+        mark: Optional[HighWaterMark],
+        resume: Optional[bool],
+        *,
+        beside: bool,
+    ) -> None:
         """Refuse what ``resume`` does not allow, a file bound to another run or path, and a rollback."""
         if envelope is None:
             if mark is not None:
-                raise LedgerFileError(real, f"is missing, but its high-water mark {mark_path!r} records run "
-                                      f"{mark.run} at generation {mark.generation}: the ledger was deleted or moved; "
-                                      "refusing to start from epsilon = 0 (remove the high-water mark deliberately "
-                                      "to start a new run there)")
+                raise LedgerFileError(
+                    real,
+                    f"is missing, but its high-water mark {mark_path!r} records run "
+                    f"{mark.run} at generation {mark.generation}: the ledger was deleted or moved; "
+                    "refusing to start from epsilon = 0 (remove the high-water mark deliberately "
+                    "to start a new run there)",
+                )
             if resume:
-                raise LedgerFileError(real, "does not exist, but resume=True: the ledger of the run to resume is "
-                                      "missing; refusing to start from epsilon = 0 (resume=False starts a new run)")
+                raise LedgerFileError(
+                    real,
+                    "does not exist, but resume=True: the ledger of the run to resume is "
+                    "missing; refusing to start from epsilon = 0 (resume=False starts a new run)",
+                )
             return
         continuing = any(_ORIGIN.get(held) == (real, envelope.checksum) for held in self._ledgers.values())
         if resume is False and not continuing:
-            raise LedgerFileError(real, f"already holds a ledger (run {envelope.run}, generation "
-                                  f"{envelope.generation}): pass resume=True to continue it, or another path for a "
-                                  "new run; refusing to overwrite it")
+            raise LedgerFileError(
+                real,
+                f"already holds a ledger (run {envelope.run}, generation "
+                f"{envelope.generation}): pass resume=True to continue it, or another path for a "
+                "new run; refusing to overwrite it",
+            )
         if envelope.run is None:
             if resume:
-                raise LedgerFileError(real, f"has format {envelope.format!r}, without the run, path and generation "
-                                      "binding: its freshness cannot be checked; refusing to resume from it (load "
-                                      "it with PrivacyLedger.load and start a new run with ledger=)")
+                raise LedgerFileError(
+                    real,
+                    f"has format {envelope.format!r}, without the run, path and generation "
+                    "binding: its freshness cannot be checked; refusing to resume from it (load "
+                    "it with PrivacyLedger.load and start a new run with ledger=)",
+                )
             return
         if envelope.path != real:
-            raise LedgerFileError(real, f"was written to {envelope.path!r}, not to this path: a ledger file copied "
-                                  "from elsewhere is refused")
+            raise LedgerFileError(
+                real,
+                f"was written to {envelope.path!r}, not to this path: a ledger file copied from elsewhere is refused",
+            )
         if mark is None:
             if resume:
-                raise LedgerFileError(real, f"has no high-water mark at {mark_path!r}: whether it is the latest "
-                                      "save of its run cannot be checked (a rolled-back or substituted file would "
-                                      "load); refusing to resume")
+                raise LedgerFileError(
+                    real,
+                    f"has no high-water mark at {mark_path!r}: whether it is the latest "
+                    "save of its run cannot be checked (a rolled-back or substituted file would "
+                    "load); refusing to resume",
+                )
             return
         check_high_water(real, envelope, mark_path, mark)
-        _LOG.info("Privacy ledger file %s: resuming run %s at generation %d (high-water mark %s checked%s)", real,
-                  envelope.run, envelope.generation, mark_path,
-                  "; it lies beside the file: a rollback of both files together is not detected" if beside else "")
+        _LOG.info(
+            "Privacy ledger file %s: resuming run %s at generation %d (high-water mark %s checked%s)",
+            real,
+            envelope.run,
+            envelope.generation,
+            mark_path,
+            "; it lies beside the file: a rollback of both files together is not detected" if beside else "",
+        )
 
     def get_state(self, name: str) -> Optional[dict[str, Any]]:
         """A copy of the public state saved under ``name`` (None if none); validate it before use."""
@@ -840,40 +953,65 @@ class LedgerStore:
             raise LedgerFileError(path, f"ledger {name!r} is not a valid ledger: {err}") from err
         return ledger
 
-    def _check_compatible(self, path: str, name: str, held: "StoredLedger", restored: "StoredLedger",
-                          checksum: Optional[str]) -> None:
+    def _check_compatible(
+        self, path: str, name: str, held: "StoredLedger", restored: "StoredLedger", checksum: Optional[str]
+    ) -> None:
         if _ORIGIN.get(held) == (path, checksum or ""):
             return  # ``held`` is the continuation of exactly this file
         if name not in self._explicit:
             if not _is_empty(held):
-                raise LedgerFileError(path, f"holds ledger {name!r}, and the one in memory already holds other "
-                                      "events: refusing to choose or merge")
+                raise LedgerFileError(
+                    path,
+                    f"holds ledger {name!r}, and the one in memory already holds other "
+                    "events: refusing to choose or merge",
+                )
             return
         for field in ("target_delta", "neighboring_relation"):
             mine, theirs = getattr(held, field), getattr(restored, field)
             if mine != theirs:
-                raise LedgerFileError(path, f"holds ledger {name!r} with {field}={theirs!r}, but the ledger passed "
-                                      f"has {field}={mine!r}: pass a matching ledger, or none to continue the file's")
+                raise LedgerFileError(
+                    path,
+                    f"holds ledger {name!r} with {field}={theirs!r}, but the ledger passed "
+                    f"has {field}={mine!r}: pass a matching ledger, or none to continue the file's",
+                )
         if not _is_empty(held):
-            raise LedgerFileError(path, f"holds ledger {name!r} with events, and the ledger passed holds events "
-                                  "of its own: refusing to choose or merge (pass an empty ledger or none)")
+            raise LedgerFileError(
+                path,
+                f"holds ledger {name!r} with events, and the ledger passed holds events "
+                "of its own: refusing to choose or merge (pass an empty ledger or none)",
+            )
 
-    def _adopt(self, path: str, name: str, held: "StoredLedger", restored: "StoredLedger",
-               checksum: Optional[str]) -> None:
+    def _adopt(
+        self, path: str, name: str, held: "StoredLedger", restored: "StoredLedger", checksum: Optional[str]
+    ) -> None:
         if _ORIGIN.get(held) == (path, checksum or ""):
             return
         budget, accounting = held.max_epsilon, held.accounting
         _transplant(held, restored)
         if name in self._explicit:  # the caller's budget and accounting method apply from now on
             if (budget, accounting) != (restored.max_epsilon, restored.accounting):
-                _LOG.warning("Ledger %r restored from %s: max_epsilon %s -> %s and accounting %r -> %r as passed",
-                             name, path, restored.max_epsilon, budget, restored.accounting, accounting)
+                _LOG.warning(
+                    "Ledger %r restored from %s: max_epsilon %s -> %s and accounting %r -> %r as passed",
+                    name,
+                    path,
+                    restored.max_epsilon,
+                    budget,
+                    restored.accounting,
+                    accounting,
+                )
             held.max_epsilon, held.accounting = budget, accounting
-        _LOG.info("Privacy ledger %r restored from %s: epsilon=%.4f at delta=%g, %d clients", name, path,
-                  held.epsilon(), held.target_delta, len(held.clients))
+        _LOG.info(
+            "Privacy ledger %r restored from %s: epsilon=%.4f at delta=%g, %d clients",
+            name,
+            path,
+            held.epsilon(),
+            held.target_delta,
+            len(held.clients),
+        )
 
-    def claim(self, name: str, ledger: Optional["StoredLedger"],
-              default: Callable[[], "StoredLedger"]) -> "StoredLedger":
+    def claim(
+        self, name: str, ledger: Optional["StoredLedger"], default: Callable[[], "StoredLedger"]
+    ) -> "StoredLedger":
         """The live ledger called ``name``: restored from the file (into ``ledger`` if one is passed,
         which must then be empty with the same δ and relation), else ``ledger``, else ``default()``.
 
@@ -885,8 +1023,10 @@ class LedgerStore:
         if name in self._ledgers:
             held = self._ledgers[name]
             if ledger is not None and ledger is not held:
-                raise ValueError(f"two different ledgers were given for {name!r} of the same strategy (a wrapper "
-                                 "shares the wrapped strategy's ledger: pass it to one of them only)")
+                raise ValueError(
+                    f"two different ledgers were given for {name!r} of the same strategy (a wrapper "
+                    "shares the wrapped strategy's ledger: pass it to one of them only)"
+                )
             return held
         held = ledger if ledger is not None else default()
         if ledger is not None:
@@ -902,8 +1042,14 @@ class LedgerStore:
                 raise
             if ledger is None:
                 held = self._ledgers[name] = restored
-                _LOG.info("Privacy ledger %r restored from %s: epsilon=%.4f at delta=%g, %d clients", name,
-                          self.path, held.epsilon(), held.target_delta, len(held.clients))
+                _LOG.info(
+                    "Privacy ledger %r restored from %s: epsilon=%.4f at delta=%g, %d clients",
+                    name,
+                    self.path,
+                    held.epsilon(),
+                    held.target_delta,
+                    len(held.clients),
+                )
             else:
                 self._adopt(self.path, name, held, restored, self._checksum)
             del self._stored[name]
@@ -927,17 +1073,24 @@ class LedgerStore:
         with self._lock.mutex:
             current = _current_checksum(self.path)
             if current != self._checksum:
-                raise LedgerFileError(self.path, f"was changed by another writer since this process last read or "
-                                      f"wrote it (expected {self._checksum}, found {current}); refusing to "
-                                      "overwrite its events")
+                raise LedgerFileError(
+                    self.path,
+                    f"was changed by another writer since this process last read or "
+                    f"wrote it (expected {self._checksum}, found {current}); refusing to "
+                    "overwrite its events",
+                )
             bodies = dict(self._stored)
             bodies.update({name: ledger.to_json() for name, ledger in self._ledgers.items()})
             generation = self.generation + 1
-            data = encode_file(bodies, self._key, run=self.run_id, path=self.path, generation=generation,
-                               state=self._state)
+            data = encode_file(
+                bodies, self._key, run=self.run_id, path=self.path, generation=generation, state=self._state
+            )
             if len(data) > self.max_bytes:
-                raise LedgerFileError(self.path, f"would be {len(data)} bytes, above the size cap of "
-                                      f"{self.max_bytes} (max_bytes); nothing was written")
+                raise LedgerFileError(
+                    self.path,
+                    f"would be {len(data)} bytes, above the size cap of "
+                    f"{self.max_bytes} (max_bytes); nothing was written",
+                )
             try:
                 write_atomic(self.path, data)
             except OSError as err:
@@ -951,8 +1104,10 @@ class LedgerStore:
             try:
                 write_atomic(self.high_water_path, encode_high_water(mark, self._key))
             except OSError as err:
-                raise LedgerFileError(self.high_water_path, f"(the high-water mark) could not be written "
-                                      f"({err.strerror or err}); the ledger itself was saved") from err
+                raise LedgerFileError(
+                    self.high_water_path,
+                    f"(the high-water mark) could not be written ({err.strerror or err}); the ledger itself was saved",
+                ) from err
 
     def close(self) -> None:
         """Stop persisting (the lock is released once no store of this process holds the path)."""

@@ -83,7 +83,8 @@ def convert_event(event: dp_event.DpEvent, source: str, target: str) -> dp_event
         raise ValueError(
             f"an event calibrated under 'replace_one' cannot be booked in an 'add_or_remove_one' ledger: "
             f"a replace-one sensitivity does not bound adding or removing a record ({type(event).__name__}); "
-            f"calibrate it under add/remove or use a replace_one ledger")
+            f"calibrate it under add/remove or use a replace_one ledger"
+        )
     return _add_remove_to_replace(event)
 
 
@@ -129,8 +130,10 @@ def _add_remove_to_replace(event: dp_event.DpEvent) -> dp_event.DpEvent:
         if isinstance(event.event, dp_event.GaussianDpEvent):
             return event
         return dp_event.PoissonSampledDpEvent(event.sampling_probability, _add_remove_to_replace(event.event))
-    raise ValueError(f"{type(event).__name__} declared under 'add_or_remove_one' has no sound conversion to "
-                     f"'replace_one' (randomized response is only defined under replacement)")
+    raise ValueError(
+        f"{type(event).__name__} declared under 'add_or_remove_one' has no sound conversion to "
+        f"'replace_one' (randomized response is only defined under replacement)"
+    )
 
 
 __all__ = ["ADD_OR_REMOVE_ONE", "RELATIONS", "REPLACE_ONE", "check_relation", "convert_event"]

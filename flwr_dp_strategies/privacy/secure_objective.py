@@ -99,8 +99,15 @@ from typing import Iterable, Optional
 import numpy as np
 
 from .distributed_dp import MAX_BITS
-from .functional_mechanism import (LOSSES, QuadraticStatistics, clip_rows, fm_l2_sensitivity,
-                                   from_released_vector, released_vector, response_matrix)
+from .functional_mechanism import (
+    LOSSES,
+    QuadraticStatistics,
+    clip_rows,
+    fm_l2_sensitivity,
+    from_released_vector,
+    released_vector,
+    response_matrix,
+)
 from .rng import RngLike, resolve_rng
 from .skellam import MAX_MU, SkellamDpEvent, sample_skellam, skellam_event
 from .validation import as_finite_array, check_delta, check_epsilon, check_int, check_nonnegative, check_positive
@@ -109,7 +116,7 @@ RELATIONS: tuple[str, ...] = ("add_or_remove_one", "replace_one")
 DEFAULT_BITS = 32
 DEFAULT_OVERFLOW_SIGMAS = 6.0
 #: Scaled values must stay well inside float64's exact-integer range (2^53).
-_MAX_SCALED = 2.0 ** 50
+_MAX_SCALED = 2.0**50
 
 
 def _check_loss(loss: str) -> str:
@@ -149,8 +156,9 @@ def record_l2_bound(num_classes: int, loss: str = "softmax") -> float:
     return math.sqrt(_response_norm_sq(c, loss) + 2.0)
 
 
-def coefficient_l2_sensitivity(num_classes: int, *, loss: str = "softmax",
-                               neighboring_relation: str = "add_or_remove_one") -> float:
+def coefficient_l2_sensitivity(
+    num_classes: int, *, loss: str = "softmax", neighboring_relation: str = "add_or_remove_one"
+) -> float:
     """Δ of Σᵢ cᵢ for one record: B (add/remove) or √(4‖r‖² + 2) (replace one; the count is unchanged)."""
     if _check_relation(neighboring_relation) == "add_or_remove_one":
         return record_l2_bound(num_classes, loss)
@@ -231,14 +239,17 @@ class SecureObjectiveParams:
         return 1 << self.bits
 
 
-def client_integer_objective(stats: QuadraticStatistics, params: SecureObjectiveParams, *,
-                             local_noise_variance: float = 0.0, rng: RngLike = None) -> np.ndarray:
+def client_integer_objective(
+    stats: QuadraticStatistics, params: SecureObjectiveParams, *, local_noise_variance: float = 0.0, rng: RngLike = None
+) -> np.ndarray:
     """round(s·cᵢ) + Sk(local_noise_variance) per coordinate (int64, length D), before the wrap."""
     if not isinstance(params, SecureObjectiveParams):
         raise ValueError(f"params must be a SecureObjectiveParams, got {type(params).__name__}")
     if (stats.dim, stats.num_classes, stats.loss) != (params.dim, params.num_classes, params.loss):
-        raise ValueError(f"stats must have dim={params.dim}, num_classes={params.num_classes}, loss={params.loss!r}, "
-                         f"got {stats.dim}, {stats.num_classes}, {stats.loss!r}")
+        raise ValueError(
+            f"stats must have dim={params.dim}, num_classes={params.num_classes}, loss={params.loss!r}, "
+            f"got {stats.dim}, {stats.num_classes}, {stats.loss!r}"
+        )
     share = check_nonnegative("local_noise_variance", local_noise_variance)
     gen = resolve_rng(rng)
     k = randomized_round(objective_vector(stats) * params.scale, gen)
@@ -247,8 +258,9 @@ def client_integer_objective(stats: QuadraticStatistics, params: SecureObjective
     return k
 
 
-def encode_objective(stats: QuadraticStatistics, params: SecureObjectiveParams, *, local_noise_variance: float = 0.0,
-                     rng: RngLike = None) -> np.ndarray:
+def encode_objective(
+    stats: QuadraticStatistics, params: SecureObjectiveParams, *, local_noise_variance: float = 0.0, rng: RngLike = None
+) -> np.ndarray:
     """What a client hands to secure aggregation: :func:`client_integer_objective` mod 2^b (uint64)."""
     k = client_integer_objective(stats, params, local_noise_variance=local_noise_variance, rng=rng)
     return np.mod(k, np.int64(params.modulus)).astype(np.uint64)
@@ -262,15 +274,16 @@ def decode_objective(summed: object, params: SecureObjectiveParams) -> Quadratic
     m = np.uint64(params.modulus)
     wrapped = (v.astype(np.uint64) % m).astype(np.int64)
     centred = np.where(wrapped >= params.modulus // 2, wrapped - np.int64(params.modulus), wrapped)
-    return objective_from_vector(centred.astype(np.float64) / params.scale, dim=params.dim,
-                                 num_classes=params.num_classes, loss=params.loss)
+    return objective_from_vector(
+        centred.astype(np.float64) / params.scale, dim=params.dim, num_classes=params.num_classes, loss=params.loss
+    )
 
 
-def objective_event(params: SecureObjectiveParams, mu: float, *,
-                    neighboring_relation: str = "add_or_remove_one") -> SkellamDpEvent:
+def objective_event(
+    params: SecureObjectiveParams, mu: float, *, neighboring_relation: str = "add_or_remove_one"
+) -> SkellamDpEvent:
     """``SkellamDpEvent(Δ₁, Δ₂, μ)`` of the released sum, Δ₂ = s·Δ + √D under ``neighboring_relation``."""
-    delta = coefficient_l2_sensitivity(params.num_classes, loss=params.loss,
-                                       neighboring_relation=neighboring_relation)
+    delta = coefficient_l2_sensitivity(params.num_classes, loss=params.loss, neighboring_relation=neighboring_relation)
     return skellam_event(integer_l2_sensitivity(params.scale, params.length, delta), mu, params.length)
 
 
@@ -309,18 +322,35 @@ class SecureObjectiveCalibration:
     rounding_inflation: float
 
 
-def planned_magnitude(scale: float, mu: float, *, max_records: int, n_clients: int, min_survivors: int,
-                      overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS) -> float:
+def planned_magnitude(
+    scale: float,
+    mu: float,
+    *,
+    max_records: int,
+    n_clients: int,
+    min_survivors: int,
+    overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
+) -> float:
     """s·N + n + k·√(nμ/m): the largest |coordinate| of the integer sum the range is planned for."""
     return scale * max_records + n_clients + overflow_sigmas * math.sqrt(n_clients * mu / min_survivors)
 
 
 # pylint: disable=too-many-arguments,too-many-locals
-def calibrate_secure_objective(*, dim: int, num_classes: int, max_records: int, n_clients: int, min_survivors: int,
-                               epsilon: Optional[float] = None, noise_multiplier: Optional[float] = None,
-                               delta: float = 1e-5, loss: str = "softmax",
-                               neighboring_relation: str = "add_or_remove_one", bits: int = DEFAULT_BITS,
-                               overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS) -> SecureObjectiveCalibration:
+def calibrate_secure_objective(
+    *,
+    dim: int,
+    num_classes: int,
+    max_records: int,
+    n_clients: int,
+    min_survivors: int,
+    epsilon: Optional[float] = None,
+    noise_multiplier: Optional[float] = None,
+    delta: float = 1e-5,
+    loss: str = "softmax",
+    neighboring_relation: str = "add_or_remove_one",
+    bits: int = DEFAULT_BITS,
+    overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
+) -> SecureObjectiveCalibration:
     """The scale s and noise μ of a secure objective sum (module docstring: **Calibration**).
 
     Exactly one of ``epsilon`` (target ε at ``delta``) or ``noise_multiplier`` (z = √μ/Δ₂).
@@ -382,22 +412,38 @@ def calibrate_secure_objective(*, dim: int, num_classes: int, max_records: int, 
         if needed <= ratio:
             break  # s was planned for at least this much noise: the sum fits
         ratio = needed * (1.0 + 1e-4)
-    if not scale > 0.0 or mu > MAX_MU or planned_magnitude(scale, mu, max_records=big_n, n_clients=n,
-                                                          min_survivors=m, overflow_sigmas=k) > limit:
-        raise ValueError(f"bits must be larger: {b} bits cannot hold the sum of {big_n} records' objectives "
-                         f"(D = {length}) from {n} clients plus the noise (got bits={bits!r})")
+    if (
+        not scale > 0.0
+        or mu > MAX_MU
+        or planned_magnitude(scale, mu, max_records=big_n, n_clients=n, min_survivors=m, overflow_sigmas=k) > limit
+    ):
+        raise ValueError(
+            f"bits must be larger: {b} bits cannot hold the sum of {big_n} records' objectives "
+            f"(D = {length}) from {n} clients plus the noise (got bits={bits!r})"
+        )
     if scale * sens < math.sqrt(length):
-        raise ValueError(f"bits must be larger: at {b} bits the scale s = {scale:.4g} leaves the rounding "
-                         f"(sqrt(D) = {math.sqrt(length):.4g}) above the records' sensitivity s*Delta = "
-                         f"{scale * sens:.4g}, more than doubling the noise (got bits={bits!r})")
+        raise ValueError(
+            f"bits must be larger: at {b} bits the scale s = {scale:.4g} leaves the rounding "
+            f"(sqrt(D) = {math.sqrt(length):.4g}) above the records' sensitivity s*Delta = "
+            f"{scale * sens:.4g}, more than doubling the noise (got bits={bits!r})"
+        )
     params = SecureObjectiveParams(q, c, loss, scale, b)
     events = {rel: objective_event(params, mu, neighboring_relation=rel) for rel in RELATIONS}
     l2 = integer_l2_sensitivity(scale, length, sens)
     return SecureObjectiveCalibration(
-        params=params, mu=mu, local_mu=mu / m, neighboring_relation=relation, event=events[relation],
-        add_remove_event=events["add_or_remove_one"], replace_one_event=events["replace_one"],
-        epsilon=event_epsilon(events[relation], dlt, relation), delta=dlt, noise_std=math.sqrt(mu) / scale,
-        noise_multiplier=math.sqrt(mu) / l2, rounding_inflation=l2 / (scale * sens))
+        params=params,
+        mu=mu,
+        local_mu=mu / m,
+        neighboring_relation=relation,
+        event=events[relation],
+        add_remove_event=events["add_or_remove_one"],
+        replace_one_event=events["replace_one"],
+        epsilon=event_epsilon(events[relation], dlt, relation),
+        delta=dlt,
+        noise_std=math.sqrt(mu) / scale,
+        noise_multiplier=math.sqrt(mu) / l2,
+        rounding_inflation=l2 / (scale * sens),
+    )
 
 
 def sum_integer_objectives(vectors: Iterable[np.ndarray], params: SecureObjectiveParams) -> np.ndarray:

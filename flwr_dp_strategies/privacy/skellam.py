@@ -122,8 +122,11 @@ def sample_skellam(mu: float, size: int | tuple[int, ...], rng: RngLike = None) 
     m = check_positive("mu", mu)
     if m > MAX_MU:
         raise ValueError(f"mu must be in (0, {MAX_MU:g}], got {mu!r}")
-    shape = (check_int("size", size, minimum=0),) if not isinstance(size, tuple) else \
-        tuple(check_int("size", s, minimum=0) for s in size)
+    shape = (
+        (check_int("size", size, minimum=0),)
+        if not isinstance(size, tuple)
+        else tuple(check_int("size", s, minimum=0) for s in size)
+    )
     gen = resolve_rng(rng)
     pieces = max(1, math.ceil(m / 2.0 / MAX_POISSON_LAMBDA))
     lam = m / 2.0 / pieces
@@ -136,8 +139,9 @@ def sample_skellam(mu: float, size: int | tuple[int, ...], rng: RngLike = None) 
 
 def _integer_order_bound(a: np.ndarray, l1: float, l2: float, m: float) -> np.ndarray:
     """Thm 3.5 at integer orders ``a`` (> 1)."""
-    return a * l2 * l2 / (2.0 * m) + np.minimum(((2.0 * a - 1.0) * l2 * l2 + 6.0 * l1) / (4.0 * m * m),
-                                                 3.0 * l1 / (2.0 * m))
+    return a * l2 * l2 / (2.0 * m) + np.minimum(
+        ((2.0 * a - 1.0) * l2 * l2 + 6.0 * l1) / (4.0 * m * m), 3.0 * l1 / (2.0 * m)
+    )
 
 
 def skellam_rdp(orders: object, l1_sensitivity: float, l2_sensitivity: float, mu: float) -> np.ndarray:
@@ -156,10 +160,15 @@ def skellam_rdp(orders: object, l1_sensitivity: float, l2_sensitivity: float, mu
     low = np.maximum(np.floor(alpha), 2.0)
     high = np.maximum(np.ceil(alpha), 2.0)
     weight = alpha - np.floor(alpha)
-    chord = ((1.0 - weight) * (low - 1.0) * _integer_order_bound(low, l1, l2, m)
-             + weight * (high - 1.0) * _integer_order_bound(high, l1, l2, m)) / (alpha - 1.0)
-    return np.where(alpha < 2.0, _integer_order_bound(np.full_like(alpha, 2.0), l1, l2, m),
-                    np.where(weight == 0.0, _integer_order_bound(high, l1, l2, m), chord))
+    chord = (
+        (1.0 - weight) * (low - 1.0) * _integer_order_bound(low, l1, l2, m)
+        + weight * (high - 1.0) * _integer_order_bound(high, l1, l2, m)
+    ) / (alpha - 1.0)
+    return np.where(
+        alpha < 2.0,
+        _integer_order_bound(np.full_like(alpha, 2.0), l1, l2, m),
+        np.where(weight == 0.0, _integer_order_bound(high, l1, l2, m), chord),
+    )
 
 
 def skellam_event(l2_sensitivity: float, mu: float, dim: int) -> SkellamDpEvent:
@@ -172,4 +181,12 @@ def skellam_event(l2_sensitivity: float, mu: float, dim: int) -> SkellamDpEvent:
     return SkellamDpEvent(l1_sensitivity=l1, l2_sensitivity=l2, mu=mu)
 
 
-__all__ = ["MAX_MU", "MAX_POISSON_LAMBDA", "SkellamDpEvent", "check_skellam_parameters", "sample_skellam", "skellam_event", "skellam_rdp"]
+__all__ = [
+    "MAX_MU",
+    "MAX_POISSON_LAMBDA",
+    "SkellamDpEvent",
+    "check_skellam_parameters",
+    "sample_skellam",
+    "skellam_event",
+    "skellam_rdp",
+]

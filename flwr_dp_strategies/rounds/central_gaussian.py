@@ -53,8 +53,15 @@ from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngSource
 from ..privacy.validation import check_int, check_positive
-from .central_release import (NON_PRIVATE_METRICS_LABEL, fixed_denominator_release, log_budget_stop, poisson_sample,
-                              require_configured, sampled_train_instructions, secure_release_event)
+from .central_release import (
+    NON_PRIVATE_METRICS_LABEL,
+    fixed_denominator_release,
+    log_budget_stop,
+    poisson_sample,
+    require_configured,
+    sampled_train_instructions,
+    secure_release_event,
+)
 from .client_accounting import ContentCheck
 from .metrics import aggregate_reply_metrics
 from .reply_screening import array_spec, reply_arrays, screen_train_content
@@ -85,21 +92,24 @@ def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float
         raise ValueError(
             f"noise_multiplier must be < 2 * clipped_count_stddev (the count's noise multiplier, sensitivity 1/2), "
             f"got noise_multiplier={z!r} and clipped_count_stddev={sigma_b!r}; raise clipped_count_stddev "
-            f"(default num_sampled_clients/20) or lower noise_multiplier")
+            f"(default num_sampled_clients/20) or lower noise_multiplier"
+        )
     ratio = z / (2.0 * sigma_b)  # z_Δ = z / sqrt(1 - ratio²): the same number, no overflow for a tiny z
     return float(z / math.sqrt((1.0 - ratio) * (1.0 + ratio)))
 
 
-def noisy_unclipped_fraction(centred_count: float, stddev: float, denominator: int,
-                             generator: np.random.Generator) -> float:
+def noisy_unclipped_fraction(
+    centred_count: float, stddev: float, denominator: int, generator: np.random.Generator
+) -> float:
     r""":math:`\bar b = \operatorname{clip}_{[0,1]}\big((\sum_i (b_i - \frac12) + \mathcal N(0, \sigma_b^2))/m
     + \frac12\big)`, from the centred count :math:`\sum_i (b_i - \frac12)`."""
     noisy = (centred_count + float(generator.normal(0.0, stddev))) / denominator + 0.5
     return min(1.0, max(0.0, noisy))
 
 
-def geometric_update(clipping_norm: float, unclipped_fraction: float, target_unclipped_quantile: float,
-                     learning_rate: float) -> float:
+def geometric_update(
+    clipping_norm: float, unclipped_fraction: float, target_unclipped_quantile: float, learning_rate: float
+) -> float:
     r""":math:`C_{t+1} = C_t \exp(-\eta(\bar b - \gamma))`, kept in [MIN_CLIPPING_NORM, MAX_CLIPPING_NORM]."""
     updated = clipping_norm * math.exp(-learning_rate * (unclipped_fraction - target_unclipped_quantile))
     return min(MAX_CLIPPING_NORM, max(MIN_CLIPPING_NORM, updated))
@@ -111,9 +121,11 @@ def check_ledger_arguments(ledger: object, ledger_path: object, sampling: str) -
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise ValueError(f"ledger must be None or a PrivacyLedger, got {type(ledger).__name__}")
     if sampling == "poisson" and ledger is not None and ledger.neighboring_relation != ADD_OR_REMOVE_ONE:
-        raise ValueError("ledger must use neighboring_relation='add_or_remove_one' with Poisson sampling "
-                         f"(got {ledger.neighboring_relation!r}); sample a fixed number of clients for a replace_one "
-                         "ledger")
+        raise ValueError(
+            "ledger must use neighboring_relation='add_or_remove_one' with Poisson sampling "
+            f"(got {ledger.neighboring_relation!r}); sample a fixed number of clients for a replace_one "
+            "ledger"
+        )
     if ledger_path is not None and not isinstance(ledger_path, (str, os.PathLike)):
         raise ValueError(f"ledger_path must be None, a str or an os.PathLike, got {type(ledger_path).__name__}")
 
@@ -139,9 +151,18 @@ class CentralGaussianRound(AccountedRound):
     num_sampled_clients: int
     accountant: Any = None
 
-    def _init_central(self, *, sampling: str, clipping: str, num_clients: Optional[int], rng: Any,
-                      publish_client_metrics: bool, event_label: str, noise_sampler: str = "os-entropy",
-                      clipping_side: str = "server") -> None:
+    def _init_central(
+        self,
+        *,
+        sampling: str,
+        clipping: str,
+        num_clients: Optional[int],
+        rng: Any,
+        publish_client_metrics: bool,
+        event_label: str,
+        noise_sampler: str = "os-entropy",
+        clipping_side: str = "server",
+    ) -> None:
         """The configuration of the round (after the ledger is open: ``_init_accounting``)."""
         if sampling not in SAMPLING:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
@@ -151,8 +172,9 @@ class CentralGaussianRound(AccountedRound):
             raise ValueError(f"noise_sampler must be one of {NOISE_SAMPLERS}, got {noise_sampler!r}")
         self.sampling, self.clipping, self.clipping_side = sampling, clipping, clipping_side
         self.noise_sampler, self.event_label = noise_sampler, event_label
-        self.num_clients = None if num_clients is None else check_int("num_clients", num_clients,
-                                                                      minimum=self.num_sampled_clients)
+        self.num_clients = (
+            None if num_clients is None else check_int("num_clients", num_clients, minimum=self.num_sampled_clients)
+        )
         self.rng = RngSource(rng)
         self.publish_client_metrics = bool(publish_client_metrics)
         self.round_offset = max(self.ledger.rounds(), default=0)  # a restored ledger: round numbers continue
@@ -176,8 +198,9 @@ class CentralGaussianRound(AccountedRound):
         ``ZCDpEvent`` with ``noise_sampler="secure"``), Poisson(q)-sampled under Poisson sampling."""
         event: DpEvent = GaussianDpEvent(self.noise_multiplier)
         if self.noise_sampler == "secure":
-            event = secure_release_event(self.noise_multiplier, self.clipping_norm, self.num_sampled_clients,
-                                         self._dimension, self._secure_bound)
+            event = secure_release_event(
+                self.noise_multiplier, self.clipping_norm, self.num_sampled_clients, self._dimension, self._secure_bound
+            )
         if self.sampling == "poisson":
             event = PoissonSampledDpEvent(self.sampling_rate, event)
         return event
@@ -195,20 +218,27 @@ class CentralGaussianRound(AccountedRound):
             return None
         from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
 
-        return GaussianPrivacyEvent(noise_multiplier=self.noise_multiplier, sample_size=self.num_sampled_clients,
-                                    population_size=self.accountant.config.population_size)
+        return GaussianPrivacyEvent(
+            noise_multiplier=self.noise_multiplier,
+            sample_size=self.num_sampled_clients,
+            population_size=self.accountant.config.population_size,
+        )
 
     def _ledger_would_exceed(self) -> bool:
-        return self.ledger.would_exceed(central_events=[self.add_remove_event()],
-                                        neighboring_relation=ADD_OR_REMOVE_ONE)
+        return self.ledger.would_exceed(
+            central_events=[self.add_remove_event()], neighboring_relation=ADD_OR_REMOVE_ONE
+        )
 
     def _would_exceed(self) -> bool:
         """One more round would exceed the ledger's ``max_epsilon`` (or, Poisson, the Flower accountant's)."""
         if self._ledger_would_exceed():
             return True
         flower = self.flower_event()
-        return flower is not None and self.accountant.config.max_epsilon is not None \
+        return (
+            flower is not None
+            and self.accountant.config.max_epsilon is not None
             and self.accountant.would_exceed(flower)
+        )
 
     def _stop(self, server_round: int) -> None:
         """Mark the budget as exhausted from ``server_round`` on and say so (once)."""
@@ -216,8 +246,13 @@ class CentralGaussianRound(AccountedRound):
             if self._ledger_would_exceed():
                 log_budget_stop(server_round, self.ledger)
             else:
-                log(WARNING, "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "
-                    "no further training.", server_round, self.accountant.config.max_epsilon)
+                log(
+                    WARNING,
+                    "Privacy budget: round %d would exceed the Flower accountant's max_epsilon=%s; "
+                    "no further training.",
+                    server_round,
+                    self.accountant.config.max_epsilon,
+                )
         self.budget_exhausted = True
 
     # ------------------------------------------------------------------ configure
@@ -229,8 +264,9 @@ class CentralGaussianRound(AccountedRound):
             config[KEY_CLIPPING_NORM] = float(self.clipping_norm)
         return config
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """Sample the nodes and send them the wrapped strategy's instruction; nothing once one more round
         would exceed the budget, nor in a round the wrapped strategy configures no training (then nothing is
         released nor booked)."""
@@ -257,16 +293,22 @@ class CentralGaussianRound(AccountedRound):
         if messages is None:
             log(INFO, "configure_train: the wrapped strategy configures no training in round %d", server_round)
         elif self.sampling == "poisson":
-            log(INFO, "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)", len(messages),
-                self.sampling_rate, len(nodes))
+            log(
+                INFO,
+                "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)",
+                len(messages),
+                self.sampling_rate,
+                len(nodes),
+            )
         if self.clipping == "adaptive":
             log(INFO, "configure_train: clipping norm %.6g, %s sampling", self.clipping_norm, self.sampling)
         messages = messages or []
         self.remember_instructions("train", server_round, messages)
         return messages
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The wrapped strategy's evaluation; nothing once the budget is spent."""
         if self.budget_exhausted:
             return []
@@ -285,8 +327,9 @@ class CentralGaussianRound(AccountedRound):
     def train_check(self) -> ContentCheck:
         """Identity, structure and weight of a train reply (NaN/inf are found while its update is added)."""
         key = self.strategy.weighted_by_key
-        return lambda content: screen_train_content(content, self._spec, key, check_values=False,
-                                                    max_weight=self.max_weight)
+        return lambda content: screen_train_content(
+            content, self._spec, key, check_values=False, max_weight=self.max_weight
+        )
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         """Clip and add the updates, divide by m, add the noise; with adaptive clipping also the noisy
@@ -308,12 +351,15 @@ class CentralGaussianRound(AccountedRound):
         metrics: Optional[MetricRecord] = None
         if self.clipping == "adaptive":
             arrays = fixed_denominator_release(summed, m, self.update_noise_multiplier * clipping_norm / m, generator)
-            fraction = noisy_unclipped_fraction(unclipped - len(accepted) / 2.0, self.clipped_count_stddev, m,
-                                                generator)
-            self.clipping_norm = geometric_update(clipping_norm, fraction, self.target_unclipped_quantile,
-                                                  self.clip_norm_lr)
-            metrics = MetricRecord({CLIPPING_NORM_METRIC: float(clipping_norm),
-                                    UNCLIPPED_FRACTION_METRIC: float(fraction)})
+            fraction = noisy_unclipped_fraction(
+                unclipped - len(accepted) / 2.0, self.clipped_count_stddev, m, generator
+            )
+            self.clipping_norm = geometric_update(
+                clipping_norm, fraction, self.target_unclipped_quantile, self.clip_norm_lr
+            )
+            metrics = MetricRecord(
+                {CLIPPING_NORM_METRIC: float(clipping_norm), UNCLIPPED_FRACTION_METRIC: float(fraction)}
+            )
             if self.state_name is not None:
                 self.ledger_store.set_state(self.state_name, {"clipping_norm": float(self.clipping_norm)})
         else:
@@ -322,8 +368,13 @@ class CentralGaussianRound(AccountedRound):
         self._compose_release(flower_pending if flower_pending is not None else self.flower_event())
         if self.publish_client_metrics:
             bookings.append(Booking(NonPrivateDpEvent(), NON_PRIVATE_METRICS_LABEL))
-            published = aggregate_reply_metrics(self.strategy.train_metrics_aggr_fn, [r.content for r in accepted],
-                                                self.strategy.weighted_by_key) if accepted else MetricRecord()
+            published = (
+                aggregate_reply_metrics(
+                    self.strategy.train_metrics_aggr_fn, [r.content for r in accepted], self.strategy.weighted_by_key
+                )
+                if accepted
+                else MetricRecord()
+            )
             metrics = published if metrics is None else _merged(published, metrics)
         return Release(arrays, metrics, bookings)
 
@@ -373,6 +424,17 @@ def _merged(first: MetricRecord, second: MetricRecord) -> MetricRecord:
     return out
 
 
-__all__ = ["CLIPPING", "CLIPPING_NORM_METRIC", "CentralGaussianRound", "check_ledger_arguments", "MAX_CLIPPING_NORM", "MIN_CLIPPING_NORM",
-           "NOISE_SAMPLERS", "SAMPLING", "UNCLIPPED_FRACTION_METRIC", "geometric_update", "noisy_unclipped_fraction",
-           "update_noise_multiplier"]
+__all__ = [
+    "CLIPPING",
+    "CLIPPING_NORM_METRIC",
+    "CentralGaussianRound",
+    "check_ledger_arguments",
+    "MAX_CLIPPING_NORM",
+    "MIN_CLIPPING_NORM",
+    "NOISE_SAMPLERS",
+    "SAMPLING",
+    "UNCLIPPED_FRACTION_METRIC",
+    "geometric_update",
+    "noisy_unclipped_fraction",
+    "update_noise_multiplier",
+]

@@ -40,8 +40,13 @@ from .streaming_aggregation import ClippedSum, add_gaussian_noise, to_array
 NON_PRIVATE_METRICS_LABEL = "client train metrics (published un-noised: non-private)"
 
 
-def fixed_denominator_release(summed: ClippedSum, denominator: int, sigma: float,
-                              generator: np.random.Generator, secure_bound: float | None = None) -> ArrayRecord:
+def fixed_denominator_release(
+    summed: ClippedSum,
+    denominator: int,
+    sigma: float,
+    generator: np.random.Generator,
+    secure_bound: float | None = None,
+) -> ArrayRecord:
     r""":math:`w + S/m + \mathcal N(0, \sigma^2 I)` per key, in each array's dtype (consumes ``summed``).
 
     With ``secure_bound`` B: :math:`S/m` is clamped to [−B, B], rounded to the grid of
@@ -54,8 +59,9 @@ def fixed_denominator_release(summed: ClippedSum, denominator: int, sigma: float
         if secure_bound is None:
             add_gaussian_noise(total, sigma, generator)
         else:
-            noisy = secure_gaussian_mechanism(total, noise_multiplier=1.0, sensitivity=sigma,
-                                              value_bound=secure_bound, rng=generator).value
+            noisy = secure_gaussian_mechanism(
+                total, noise_multiplier=1.0, sensitivity=sigma, value_bound=secure_bound, rng=generator
+            ).value
             total[...] = noisy.reshape(total.shape)
         reference = summed.reference[key]
         np.add(total, reference, out=total, casting="same_kind")
@@ -63,8 +69,9 @@ def fixed_denominator_release(summed: ClippedSum, denominator: int, sigma: float
     return ArrayRecord(out)
 
 
-def secure_release_event(noise_multiplier: float, clipping_norm: float, denominator: int, dimension: int,
-                         secure_bound: float) -> dp_event.ZCDpEvent:
+def secure_release_event(
+    noise_multiplier: float, clipping_norm: float, denominator: int, dimension: int, secure_bound: float
+) -> dp_event.ZCDpEvent:
     r"""The zCDP event of the secure release (CKS 2020, Thm 14): neighbours' S/m differ by at most
     Δ = C/m in L2 and rounding to the grid γ moves each of the D coordinates by at most γ/2, so their
     grid images differ by at most :math:`\Delta/\gamma + \sqrt D` steps and
@@ -84,8 +91,9 @@ def poisson_sample(nodes: Iterable[int], rate: float, generator: np.random.Gener
     return [node for node, kept in zip(ordered, keep) if kept]
 
 
-def sampled_train_instructions(strategy: Strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                               grid: Grid, nodes: Iterable[int]) -> Optional[list[Message]]:
+def sampled_train_instructions(
+    strategy: Strategy, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid, nodes: Iterable[int]
+) -> Optional[list[Message]]:
     """The wrapped strategy's train instructions, sent to ``nodes`` (a sample drawn by the caller) instead of its own.
 
     ``strategy.configure_train(server_round, arrays, config, grid)`` is called as Flower's DP wrappers
@@ -111,24 +119,42 @@ def sampled_train_instructions(strategy: Strategy, server_round: int, arrays: Ar
             messages.append(own[node])
         elif uniform:
             meta = template.metadata
-            messages.append(Message(content=template.content, message_type=meta.message_type, dst_node_id=node,
-                                    ttl=meta.ttl, group_id=meta.group_id))
+            messages.append(
+                Message(
+                    content=template.content,
+                    message_type=meta.message_type,
+                    dst_node_id=node,
+                    ttl=meta.ttl,
+                    group_id=meta.group_id,
+                )
+            )
         else:
             raise ValueError(
                 f"{type(strategy).__name__}.configure_train sent different content to different nodes and did "
                 f"not address node {node}, which the sampling picked: have it address every node (e.g. "
-                "fraction_train=1.0) so that each sampled node gets its own instruction")
+                "fraction_train=1.0) so that each sampled node gets its own instruction"
+            )
     return messages
 
 
 def log_budget_stop(server_round: int, ledger: PrivacyLedger) -> None:
     """Say (once, the caller remembers) that training stops before ``server_round`` would exceed the budget."""
-    log(WARNING, "Privacy budget: round %d would exceed max_epsilon=%s; no further training.",
-        server_round, ledger.max_epsilon)
+    log(
+        WARNING,
+        "Privacy budget: round %d would exceed max_epsilon=%s; no further training.",
+        server_round,
+        ledger.max_epsilon,
+    )
 
 
-__all__ = ["NON_PRIVATE_METRICS_LABEL", "fixed_denominator_release", "log_budget_stop", "poisson_sample",
-           "sampled_train_instructions", "secure_release_event"]
+__all__ = [
+    "NON_PRIVATE_METRICS_LABEL",
+    "fixed_denominator_release",
+    "log_budget_stop",
+    "poisson_sample",
+    "sampled_train_instructions",
+    "secure_release_event",
+]
 
 
 def require_configured(strategy: object) -> None:
@@ -141,7 +167,8 @@ def require_configured(strategy: object) -> None:
     from flwr.serverapp.exception import AggregationError
 
     if getattr(strategy, "_spec", None) is None:
-        raise AggregationError(f"{type(strategy).__name__}.aggregate_train called before configure_train: the "
-                               "round's model and the sampling rate q = m/N are set there (Strategy.start calls "
-                               "configure_train first)")
-
+        raise AggregationError(
+            f"{type(strategy).__name__}.aggregate_train called before configure_train: the "
+            "round's model and the sampling rate q = m/N are set there (Strategy.start calls "
+            "configure_train first)"
+        )

@@ -93,6 +93,7 @@ def log_received(phase: Optional[str], replies: list[Message]) -> None:
     failures = sum(1 for reply in replies if reply.has_error())
     log(INFO, "%s: Received %s results and %s failures", f"aggregate_{phase}", len(replies) - failures, failures)
 
+
 ContentCheck = Callable[[RecordDict], Optional[str]]
 
 
@@ -133,26 +134,35 @@ class ClientAccountingMixin:
         self.ledger_path = None if ledger_path is None else os.fspath(ledger_path)
         self.ledger_resume = check_bool("resume", resume)
         self.high_water_path = high_water_path
-        self.ledger_store, self.ledger = open_ledgers(ledger, self.ledger_path, neighboring_relation, store=store,
-                                                      resume=self.ledger_resume, high_water_path=high_water_path)
+        self.ledger_store, self.ledger = open_ledgers(
+            ledger,
+            self.ledger_path,
+            neighboring_relation,
+            store=store,
+            resume=self.ledger_resume,
+            high_water_path=high_water_path,
+        )
         self.per_client_metrics = bool(per_client_metrics)
-        self.max_reply_bytes = None if max_reply_bytes is None else check_int(
-            "max_reply_bytes", max_reply_bytes, minimum=1)
+        self.max_reply_bytes = (
+            None if max_reply_bytes is None else check_int("max_reply_bytes", max_reply_bytes, minimum=1)
+        )
 
     def _init_screening(self, max_weight: float = DEFAULT_MAX_WEIGHT) -> None:
         """Set ``max_weight`` (validated): replies weighing more are rejected as ``weight``."""
         self.max_weight = check_max_weight(max_weight)
 
     # ------------------------------------------------------------------ identity
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The next class's ``configure_train``; its messages are remembered for the identity check."""
         messages = list(cast(Any, super()).configure_train(server_round, arrays, config, grid))  # the Flower strategy's
         self.remember_instructions("train", server_round, messages)
         return messages
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The next class's ``configure_evaluate``; its messages are remembered for the identity check."""
         messages = list(cast(Any, super()).configure_evaluate(server_round, arrays, config, grid))
         self.remember_instructions("evaluate", server_round, messages)
@@ -193,8 +203,13 @@ class ClientAccountingMixin:
 
     # ------------------------------------------------------------------ screening
     def screen_and_book(
-        self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None, *,
-        phase: Optional[str] = None, undeclared_label: Optional[str] = None,
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        check: Optional[ContentCheck] = None,
+        *,
+        phase: Optional[str] = None,
+        undeclared_label: Optional[str] = None,
         declared: Optional[dict[int, list[Declaration]]] = None,
     ) -> tuple[list[Message], Counter[str]]:
         """The replies to aggregate, and the count of rejected ones per reason.
@@ -251,23 +266,29 @@ class ClientAccountingMixin:
                 continue
             self._reject(server_round, reply, reason, rejected)
             if undeclared_label is not None and not declarations:
-                self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node,
-                                   label=undeclared_label)
+                self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node, label=undeclared_label)
                 booked = True
         if booked:
             self.save_ledger()
         return screened, rejected
 
-    def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
-                          phase: Optional[str]) -> None:
+    def book_declarations(
+        self, server_round: int, node: int, declarations: list[Declaration], phase: Optional[str]
+    ) -> None:
         """Book what ``node`` declared (each under its own relation); a subclass may book more, never less."""
         for declaration in declarations:
-            self.ledger.record(declaration.event, server_round=server_round, client=node, label=declaration.label,
-                               neighboring_relation=declaration.neighboring_relation,
-                               replace_one_event=declaration.replace_one_event)
+            self.ledger.record(
+                declaration.event,
+                server_round=server_round,
+                client=node,
+                label=declaration.label,
+                neighboring_relation=declaration.neighboring_relation,
+                replace_one_event=declaration.replace_one_event,
+            )
 
-    def drop_rejected(self, server_round: int, replies: list[Message], indices: Iterable[int], reason: str,
-                      rejected: Counter[str]) -> list[Message]:
+    def drop_rejected(
+        self, server_round: int, replies: list[Message], indices: Iterable[int], reason: str, rejected: Counter[str]
+    ) -> list[Message]:
         """``replies`` without those at ``indices``, each of which is rejected (logged, counted) for ``reason``."""
         bad = set(indices)
         for index in sorted(bad):
@@ -285,14 +306,22 @@ class ClientAccountingMixin:
         try:
             declarations = read_declarations(reply.content)
             for declaration in declarations:
-                self.ledger.check_accountable(declaration.event, neighboring_relation=declaration.neighboring_relation,
-                                              replace_one_event=declaration.replace_one_event)
+                self.ledger.check_accountable(
+                    declaration.event,
+                    neighboring_relation=declaration.neighboring_relation,
+                    replace_one_event=declaration.replace_one_event,
+                )
         except (MalformedDeclaration, ValueError) as err:
             if "neighboring_relation" in str(err):
-                log(ERROR, "Node %s declared a release this ledger cannot account under neighboring_relation=%r: "
+                log(
+                    ERROR,
+                    "Node %s declared a release this ledger cannot account under neighboring_relation=%r: "
                     "%s. Label DP / randomized response is accounted only by a ledger built with "
                     "PrivacyLedger(neighboring_relation='replace_one'); the reply is rejected.",
-                    reply.metadata.src_node_id, self.ledger.neighboring_relation, err)
+                    reply.metadata.src_node_id,
+                    self.ledger.neighboring_relation,
+                    err,
+                )
             else:
                 log(WARNING, "Privacy declaration of node %s rejected: %s", reply.metadata.src_node_id, err)
             return "declaration", []
@@ -314,8 +343,9 @@ class ClientAccountingMixin:
         """``{phase: {reason: count}}`` of the last aggregated round of each phase (see the class docstring)."""
         return self.__dict__.setdefault("_rejections", {})
 
-    def note_rejections(self, rejected: Counter[str], phase: Optional[str] = None,
-                        server_round: Optional[int] = None) -> None:
+    def note_rejections(
+        self, rejected: Counter[str], phase: Optional[str] = None, server_round: Optional[int] = None
+    ) -> None:
         """Keep the round's counts of failed and rejected replies in :attr:`rejections` and log them
         (one WARNING line when any); ``phase`` and ``server_round`` default to those of the last
         :meth:`screen_and_book`. The counts never reach the round's metrics (module docstring)."""
@@ -325,9 +355,15 @@ class ClientAccountingMixin:
         counts: Counter[str] = Counter({reason: int(n) for reason, n in rejected.items() if n})
         self.rejections[phase] = counts
         if counts:
-            log(WARNING, "Round %s, %s: %d replies failed or rejected (%s); these counts stay in the server log "
-                "(they can depend on the clients' data) and are not in the round's metrics", server_round, phase,
-                sum(counts.values()), ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())))
+            log(
+                WARNING,
+                "Round %s, %s: %d replies failed or rejected (%s); these counts stay in the server log "
+                "(they can depend on the clients' data) and are not in the round's metrics",
+                server_round,
+                phase,
+                sum(counts.values()),
+                ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())),
+            )
 
     def save_ledger(self) -> None:
         """Persist every ledger of the strategy (``self.ledger_store``) to ``ledger_path``, if configured:
@@ -338,8 +374,11 @@ class ClientAccountingMixin:
         """
         store = self.ledger_store
         if self.ledger_path is not None and store.path is None:
-            store.bind(self.ledger_path, resume=getattr(self, "ledger_resume", False),
-                       high_water_path=getattr(self, "high_water_path", None))
+            store.bind(
+                self.ledger_path,
+                resume=getattr(self, "ledger_resume", False),
+                high_water_path=getattr(self, "high_water_path", None),
+            )
         store.save()
 
 
@@ -388,17 +427,36 @@ def open_ledgers(
         store.bind(ledger_path, resume=resume, high_water_path=high_water_path)
     main = store.claim(MAIN, ledger, lambda: PrivacyLedger(1e-5, neighboring_relation=neighboring_relation))
     if ledger_path is not None and store.restored:
-        log(INFO, "Privacy ledger restored from %s (run %s, generation %d): epsilon=%.4f at delta=%g, %d clients "
-            "(ledgers: %s)", ledger_path, store.run_id, store.generation, main.epsilon(), main.target_delta,
-            len(main.clients), ", ".join(store.names))
+        log(
+            INFO,
+            "Privacy ledger restored from %s (run %s, generation %d): epsilon=%.4f at delta=%g, %d clients "
+            "(ledgers: %s)",
+            ledger_path,
+            store.run_id,
+            store.generation,
+            main.epsilon(),
+            main.target_delta,
+            len(main.clients),
+            ", ".join(store.names),
+        )
     elif ledger_path is not None:
-        log(INFO, "Privacy ledger: new run %s, saved to %s (high-water mark %s)", store.run_id, ledger_path,
-            store.high_water_path)
+        log(
+            INFO,
+            "Privacy ledger: new run %s, saved to %s (high-water mark %s)",
+            store.run_id,
+            ledger_path,
+            store.high_water_path,
+        )
     return store, main
 
 
-def resolve_ledger(ledger: Optional[PrivacyLedger], ledger_path: Optional[str],
-                   neighboring_relation: str = "replace_one", *, resume: bool = False) -> PrivacyLedger:
+def resolve_ledger(
+    ledger: Optional[PrivacyLedger],
+    ledger_path: Optional[str],
+    neighboring_relation: str = "replace_one",
+    *,
+    resume: bool = False,
+) -> PrivacyLedger:
     """The main ledger of :func:`open_ledgers` (without keeping its store: save it with
     ``ledger.save(ledger_path)``, which checks that no one else wrote the file meanwhile)."""
     return open_ledgers(ledger, ledger_path, neighboring_relation, resume=resume)[1]
@@ -416,5 +474,12 @@ def undeclared_replies(replies: Iterable[Message]) -> set[int]:
     return {id(r) for r in replies if not r.has_error() and not has_config_record(r.content, PRIVACY_RECORD)}
 
 
-__all__ = ["ClientAccountingMixin", "PHASES", "log_received", "open_ledgers", "replies_already_logged",
-           "resolve_ledger", "undeclared_replies"]
+__all__ = [
+    "ClientAccountingMixin",
+    "PHASES",
+    "log_received",
+    "open_ledgers",
+    "replies_already_logged",
+    "resolve_ledger",
+    "undeclared_replies",
+]

@@ -56,7 +56,9 @@ def with_privacy_metrics(metrics: MetricRecord | None, ledger: PrivacyLedger) ->
 MetricsAggregation = Callable[[list[RecordDict], str], MetricRecord]
 
 
-def aggregate_reply_metrics(fn: MetricsAggregation, contents: Sequence[RecordDict], weighted_by_key: str) -> MetricRecord:
+def aggregate_reply_metrics(
+    fn: MetricsAggregation, contents: Sequence[RecordDict], weighted_by_key: str
+) -> MetricRecord:
     r"""``fn(contents, weighted_by_key)``, a strategy's ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``.
 
     For Flower's default ``aggregate_metricrecords`` the weighted mean is computed
@@ -128,10 +130,21 @@ def log_failed_reply(server_round: int, reply: Message) -> None:
     so the reply's source is the SuperLink, not the lost node: the log names the
     message the error replies to instead of guessing the node.
     """
-    log(WARNING, "Round %d: a reply failed (error %s: %s; sent by node %s in reply to message %s); "
-        "not aggregated", server_round, reply.error.code, reply.error.reason,
-        reply.metadata.src_node_id, reply.metadata.reply_to_message_id)
+    log(
+        WARNING,
+        "Round %d: a reply failed (error %s: %s; sent by node %s in reply to message %s); not aggregated",
+        server_round,
+        reply.error.code,
+        reply.error.reason,
+        reply.metadata.src_node_id,
+        reply.metadata.reply_to_message_id,
+    )
 
 
-__all__ = ["aggregate_reply_metrics", "failed_replies", "log_failed_reply", "privacy_metric_record",
-           "with_privacy_metrics"]
+__all__ = [
+    "aggregate_reply_metrics",
+    "failed_replies",
+    "log_failed_reply",
+    "privacy_metric_record",
+    "with_privacy_metrics",
+]

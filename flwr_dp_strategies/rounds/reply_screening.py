@@ -70,8 +70,19 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from .streaming_aggregation import all_finite, npy_view
 
 REJECTION_REASONS: tuple[str, ...] = (
-    "error", "structure", "weight", "keys", "oversized", "shape", "non-finite", "declaration", "metrics",
-    "indices", "values", "identity", "secure-aggregation",
+    "error",
+    "structure",
+    "weight",
+    "keys",
+    "oversized",
+    "shape",
+    "non-finite",
+    "declaration",
+    "metrics",
+    "indices",
+    "values",
+    "identity",
+    "secure-aggregation",
 )
 DEFAULT_MAX_WEIGHT = 1e9
 """Default bound of a reply's weight (``num-examples``): see ``weight`` in the module docstring."""
@@ -129,8 +140,12 @@ def array_spec(arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str, int
 
 def check_max_weight(max_weight: float) -> float:
     """``max_weight`` as a float in (0, 1e300]; ValueError naming it otherwise."""
-    if isinstance(max_weight, bool) or not isinstance(max_weight, (int, float)) \
-            or not math.isfinite(max_weight) or not 0 < max_weight <= 1e300:
+    if (
+        isinstance(max_weight, bool)
+        or not isinstance(max_weight, (int, float))
+        or not math.isfinite(max_weight)
+        or not 0 < max_weight <= 1e300
+    ):
         raise ValueError(f"max_weight must be a finite number in (0, 1e300], got {max_weight!r}")
     return float(max_weight)
 
@@ -198,7 +213,9 @@ def screen_train_content(
     arrays = array_records[0]
     if spec is not None and set(arrays.keys()) != set(spec.keys()):
         return "keys"
-    if max_reply_bytes is not None and sum(len(arr.data) for arr in arrays.values()) > max_reply_bytes + 1024 * len(arrays):
+    if max_reply_bytes is not None and sum(len(arr.data) for arr in arrays.values()) > max_reply_bytes + 1024 * len(
+        arrays
+    ):
         return "oversized"  # even without headers too large: refused before anything is parsed
     payload = 0
     for key, arr in arrays.items():
@@ -245,6 +262,21 @@ def _check_array(
     return None
 
 
-__all__ = ["DEFAULT_MAX_WEIGHT", "MAX_INFERENCE_ABS", "REJECTION_REASONS", "array_spec", "check_max_weight",
-           "check_weight", "decode_real", "finite_metric", "has_config_record", "named_record", "records_of", "reply_arrays", "reply_weight",
-           "screen_evaluate_content", "screen_train_content", "valid_weight"]
+__all__ = [
+    "DEFAULT_MAX_WEIGHT",
+    "MAX_INFERENCE_ABS",
+    "REJECTION_REASONS",
+    "array_spec",
+    "check_max_weight",
+    "check_weight",
+    "decode_real",
+    "finite_metric",
+    "has_config_record",
+    "named_record",
+    "records_of",
+    "reply_arrays",
+    "reply_weight",
+    "screen_evaluate_content",
+    "screen_train_content",
+    "valid_weight",
+]

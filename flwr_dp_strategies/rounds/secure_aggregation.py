@@ -41,11 +41,17 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..privacy.validation import check_int, check_positive, check_probability
-from ..secure_aggregation.protocol import (MASKED_RECORD, RECORD, ProtocolError, choose_num_shares,
-                                           honest_shares_bound, lying_server_threshold, min_threshold,
-                                           neighbourhood_size)
-from ..secure_aggregation.server_protocol import (PROTOCOL_REJECTION, SecureAggregationAborted,
-                                                  SecureAggregationRound)
+from ..secure_aggregation.protocol import (
+    MASKED_RECORD,
+    RECORD,
+    ProtocolError,
+    choose_num_shares,
+    honest_shares_bound,
+    lying_server_threshold,
+    min_threshold,
+    neighbourhood_size,
+)
+from ..secure_aggregation.server_protocol import PROTOCOL_REJECTION, SecureAggregationAborted, SecureAggregationRound
 from .central_release import log_budget_stop, require_configured
 from .client_accounting import ContentCheck
 from .template import AccountedRound, Booking, Screened
@@ -105,8 +111,15 @@ def resolve_count(name: str, value: int | float, n: int) -> int:
 class _Startable(Protocol):
     """The strategy after the mixin in the MRO: Flower's ``Strategy.start``."""
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              *args: Any, **kwargs: Any) -> Any:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         """Flower's ``Strategy.start``."""
 
 
@@ -136,10 +149,17 @@ class SecureAggregationMixin(AccountedRound):
     budget_exhausted: bool
 
     # pylint: disable=too-many-arguments
-    def _init_secure_aggregation(self, num_shares: Optional[int | float],
-                                 reconstruction_threshold: Optional[int | float], min_survivors: int | float,
-                                 stage_timeout: Optional[float], *, max_colluding_clients: int = 0,
-                                 dropout_rate: float = 0.05, failure_probability: float = 1e-6) -> None:
+    def _init_secure_aggregation(
+        self,
+        num_shares: Optional[int | float],
+        reconstruction_threshold: Optional[int | float],
+        min_survivors: int | float,
+        stage_timeout: Optional[float],
+        *,
+        max_colluding_clients: int = 0,
+        dropout_rate: float = 0.05,
+        failure_probability: float = 1e-6,
+    ) -> None:
         self.max_colluding_clients = check_int("max_colluding_clients", max_colluding_clients, minimum=0)
         c = self.max_colluding_clients
         self.num_shares = None if num_shares is None else fraction_or_count("num_shares", num_shares, 2)
@@ -147,17 +167,21 @@ class SecureAggregationMixin(AccountedRound):
             self.reconstruction_threshold = None
         elif isinstance(reconstruction_threshold, float):
             if not 0.5 < reconstruction_threshold <= 1.0:
-                raise ValueError("reconstruction_threshold as a fraction of the neighbourhood must be in (0.5, 1]: "
-                                 f"at most half would let a server rebuild both secrets of a client, got "
-                                 f"{reconstruction_threshold!r}")
+                raise ValueError(
+                    "reconstruction_threshold as a fraction of the neighbourhood must be in (0.5, 1]: "
+                    f"at most half would let a server rebuild both secrets of a client, got "
+                    f"{reconstruction_threshold!r}"
+                )
             self.reconstruction_threshold = reconstruction_threshold
         else:
-            self.reconstruction_threshold = check_int("reconstruction_threshold", reconstruction_threshold,
-                                                      minimum=max(2, c + 1))
+            self.reconstruction_threshold = check_int(
+                "reconstruction_threshold", reconstruction_threshold, minimum=max(2, c + 1)
+            )
         self.min_survivors = fraction_or_count("min_survivors", min_survivors, c + 1)
         self.dropout_rate = check_probability("dropout_rate", dropout_rate, high_open=True)
-        self.failure_probability = check_probability("failure_probability", failure_probability, low_open=True,
-                                                     high_open=True)
+        self.failure_probability = check_probability(
+            "failure_probability", failure_probability, low_open=True, high_open=True
+        )
         self.stage_timeout = None if stage_timeout is None else check_positive("stage_timeout", stage_timeout)
         self._start_timeout: float = 3600.0  # Strategy.start's default, until start() says otherwise
         self._round: Optional[SecureAggregationRound] = None
@@ -166,8 +190,15 @@ class SecureAggregationMixin(AccountedRound):
         self._sizes: Optional[ProtocolSizes] = None
         self.budget_exhausted = False
 
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              *args: Any, **kwargs: Any) -> Any:
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
         """Flower's ``Strategy.start``; its ``timeout`` also bounds the extra stages unless
         ``stage_timeout`` was given."""
         self._start_timeout = check_positive("timeout", timeout)
@@ -181,8 +212,9 @@ class SecureAggregationMixin(AccountedRound):
         a server lying about dropouts meets the same m − c honest shares (:func:`lying_server_threshold`)."""
         c, n = self.max_colluding_clients, int(n_sampled)
         if self.num_shares is None:
-            k = choose_num_shares(n, colluders=c, dropout_rate=self.dropout_rate,
-                                  failure_probability=self.failure_probability)
+            k = choose_num_shares(
+                n, colluders=c, dropout_rate=self.dropout_rate, failure_probability=self.failure_probability
+            )
         else:
             k = resolve_count("num_shares", self.num_shares, n)
         k = max(2, min(k, n))
@@ -190,8 +222,10 @@ class SecureAggregationMixin(AccountedRound):
         least = min_threshold(h, c)
         m = min(resolve_count("min_survivors", self.min_survivors, n), n)
         if m <= c:
-            raise ValueError(f"min_survivors gives m = {m} for {n} sampled nodes, not above "
-                             f"max_colluding_clients = {c}: the colluders could hold every noise share")
+            raise ValueError(
+                f"min_survivors gives m = {m} for {n} sampled nodes, not above "
+                f"max_colluding_clients = {c}: the colluders could hold every noise share"
+            )
         if self.reconstruction_threshold is None:
             t = lying_server_threshold(h, c, m - c) if h >= n else least
         elif isinstance(self.reconstruction_threshold, float):
@@ -199,8 +233,10 @@ class SecureAggregationMixin(AccountedRound):
         else:
             t = self.reconstruction_threshold
         if not least <= t <= h:
-            raise ValueError(f"reconstruction_threshold gives t = {t} for neighbourhoods of {h} nodes and "
-                             f"max_colluding_clients = {c}: it must be in [{least}, {h}] (2t > h + c)")
+            raise ValueError(
+                f"reconstruction_threshold gives t = {t} for neighbourhoods of {h} nodes and "
+                f"max_colluding_clients = {c}: it must be in [{least}, {h}] (2t > h + c)"
+            )
         return ProtocolSizes(num_shares=k, neighbourhood=h, threshold=t, calibrated=m, colluders=c, n_sampled=n)
 
     def plan_sizes(self, server_round: int, n_sampled: int) -> Optional[ProtocolSizes]:
@@ -208,8 +244,14 @@ class SecureAggregationMixin(AccountedRound):
         try:
             sizes = self.protocol_sizes(n_sampled)
         except ValueError as err:
-            log(WARNING, "%s: round %d samples %d node(s), and %s; the round is skipped", type(self).__name__,
-                server_round, n_sampled, err)
+            log(
+                WARNING,
+                "%s: round %d samples %d node(s), and %s; the round is skipped",
+                type(self).__name__,
+                server_round,
+                n_sampled,
+                err,
+            )
             return None
         self._sizes = sizes
         return sizes
@@ -218,33 +260,57 @@ class SecureAggregationMixin(AccountedRound):
         """Secure aggregation needs two nodes or more (the round is skipped, with a WARNING, otherwise)."""
         if len(planned) >= 2:
             return True
-        log(WARNING, "%s: round %d samples %d node(s); secure aggregation needs 2 or more, the round is skipped",
-            type(self).__name__, server_round, len(planned))
+        log(
+            WARNING,
+            "%s: round %d samples %d node(s); secure aggregation needs 2 or more, the round is skipped",
+            type(self).__name__,
+            server_round,
+            len(planned),
+        )
         return False
 
     def begin_round(self, grid: Grid) -> None:
         """Forget the previous round's protocol state (first thing in ``configure_train``)."""
         self._round, self._grid, self._protocol_rejected = None, grid, Counter()
 
-    def open_secure_round(self, server_round: int, grid: Grid, planned: list[Message], *, sizes: ProtocolSizes,
-                          bits: int, length: int, event: dp_event.DpEvent,
-                          public: dict[str, Any], replace_one_event: Optional[dp_event.DpEvent] = None
-                          ) -> list[Message]:
+    def open_secure_round(
+        self,
+        server_round: int,
+        grid: Grid,
+        planned: list[Message],
+        *,
+        sizes: ProtocolSizes,
+        bits: int,
+        length: int,
+        event: dp_event.DpEvent,
+        public: dict[str, Any],
+        replace_one_event: Optional[dp_event.DpEvent] = None,
+    ) -> list[Message]:
         """Budget check for ``event`` (calibrated under add/remove; ``replace_one_event``: its tighter
         replace-one form, as it will be booked), setup and share-keys with the nodes of ``planned``, then their
         collect messages (their content + the protocol record + ``public``); [] if it cannot go on."""
         ledger = self.ledger
         tighter = replace_one_event is not None and ledger.neighboring_relation == "replace_one"
-        if ledger.would_exceed(central_events=[replace_one_event if tighter else event],
-                               neighboring_relation="replace_one" if tighter else "add_or_remove_one"):
+        if ledger.would_exceed(
+            central_events=[replace_one_event if tighter else event],
+            neighboring_relation="replace_one" if tighter else "add_or_remove_one",
+        ):
             log_budget_stop(server_round, self.ledger)
             self.budget_exhausted = True
             return []
         content = {int(msg.metadata.dst_node_id): msg.content for msg in planned}
         timeout = self.stage_timeout if self.stage_timeout is not None else self._start_timeout
-        secure = SecureAggregationRound(server_round, content, num_shares=sizes.num_shares,
-                                        threshold=sizes.threshold, min_survivors=sizes.min_survivors, bits=bits,
-                                        length=length, timeout=timeout, colluders=sizes.colluders)
+        secure = SecureAggregationRound(
+            server_round,
+            content,
+            num_shares=sizes.num_shares,
+            threshold=sizes.threshold,
+            min_survivors=sizes.min_survivors,
+            bits=bits,
+            length=length,
+            timeout=timeout,
+            colluders=sizes.colluders,
+        )
         try:
             secure.setup(grid)
             secure.share_keys(grid)
@@ -326,25 +392,36 @@ class SecureAggregationMixin(AccountedRound):
     def trust_lines(self) -> list[str]:
         """The trust model the protocol enforces, for the summary log (docs/distributed-dp.md has the table)."""
         c = self.max_colluding_clients
-        lines = [f"Trust model: an honest-but-curious server, with up to {c} colluding client(s), sees only sums "
-                 "of at least min_survivors clients; epsilon holds against it and for the released model, if every "
-                 "honest client adds its noise share"]
+        lines = [
+            f"Trust model: an honest-but-curious server, with up to {c} colluding client(s), sees only sums "
+            "of at least min_survivors clients; epsilon holds against it and for the released model, if every "
+            "honest client adds its noise share"
+        ]
         sizes = self._sizes
         if sizes is not None:
-            lines.append(f"Last round: k = {sizes.num_shares} (neighbourhood {sizes.neighbourhood} of "
-                         f"{sizes.n_sampled}), t = {sizes.threshold}, m = {sizes.min_survivors}: no server can "
-                         f"rebuild both secrets of a client (2t > h + c); a server lying about dropouts can "
-                         f"unmask sums holding {sizes.lying_server_honest} honest noise share(s) of the "
-                         f"{sizes.honest} calibrated for" + ("" if sizes.complete else " (sparse graph: no bound "
-                                                               "beyond the client's own share)"))
-        lines.append("Not covered: a server that substitutes public keys (no PKI) or fabricates clients; "
-                     "clients bound that with min_noise_multiplier in the mod")
+            lines.append(
+                f"Last round: k = {sizes.num_shares} (neighbourhood {sizes.neighbourhood} of "
+                f"{sizes.n_sampled}), t = {sizes.threshold}, m = {sizes.min_survivors}: no server can "
+                f"rebuild both secrets of a client (2t > h + c); a server lying about dropouts can "
+                f"unmask sums holding {sizes.lying_server_honest} honest noise share(s) of the "
+                f"{sizes.honest} calibrated for"
+                + ("" if sizes.complete else " (sparse graph: no bound beyond the client's own share)")
+            )
+        lines.append(
+            "Not covered: a server that substitutes public keys (no PKI) or fabricates clients; "
+            "clients bound that with min_noise_multiplier in the mod"
+        )
         return lines
 
     def _log_abort(self, err: Exception) -> None:
-        log(WARNING, "%s: secure aggregation aborted (%s); nothing revealed, nothing booked",
-            type(self).__name__, err)
+        log(WARNING, "%s: secure aggregation aborted (%s); nothing revealed, nothing booked", type(self).__name__, err)
 
 
-__all__ = ["ProtocolSizes", "Revealed", "SecureAggregationMixin", "UNMASKED_METRICS_LABEL", "fraction_or_count",
-           "resolve_count"]
+__all__ = [
+    "ProtocolSizes",
+    "Revealed",
+    "SecureAggregationMixin",
+    "UNMASKED_METRICS_LABEL",
+    "fraction_or_count",
+    "resolve_count",
+]

@@ -81,10 +81,12 @@ def blas_single_thread():
 
 def single_threaded_blas(method: Method) -> Method:
     """Run ``method`` inside :func:`blas_single_thread` (for the strategies' aggregation entry points)."""
+
     @functools.wraps(method)
     def wrapper(*args, **kwargs):
         with blas_single_thread():
             return method(*args, **kwargs)
+
     return wrapper  # type: ignore[return-value]
 
 
@@ -357,7 +359,9 @@ class ClippedSum:
         self.count = 0
         self.clipped = 0
 
-    def add(self, arrays: Sequence[ArrayLike], factor: float = 1.0, *, limit: Optional[float] = None) -> Optional[float]:
+    def add(
+        self, arrays: Sequence[ArrayLike], factor: float = 1.0, *, limit: Optional[float] = None
+    ) -> Optional[float]:
         """Clip ``x − w`` to norm C and add ``factor ·`` it; returns ‖x − w‖₂, or None (nothing added) if not finite.
 
         With ``limit``: a reply with ‖x − w‖₂ > ``limit`` is not added (its norm is returned, the
@@ -388,8 +392,7 @@ class ClippedSum:
         """:meth:`add` each record's arrays (looked up in the model's key order); the indices of
         the records not added because their update holds NaN/inf."""
         keys = list(self.reference)
-        return [index for index, record in enumerate(records)
-                if self.add([record[key] for key in keys]) is None]
+        return [index for index, record in enumerate(records) if self.add([record[key] for key in keys]) is None]
 
     def _squared_distance(self, key: str, x: np.ndarray) -> float:
         """‖x − w‖₂² of one key, from cache-sized blocks of the difference."""
@@ -404,17 +407,20 @@ class ClippedSum:
         block = self._scratch.get(dtype, (min(step, flat_x.size),))
         total = 0.0
         for start in range(0, flat_x.size, step):
-            part = block[:min(step, flat_x.size - start)]
-            np.subtract(flat_x[start:start + step], flat_ref[start:start + step], out=part, dtype=dtype,
-                        casting="same_kind")
+            part = block[: min(step, flat_x.size - start)]
+            np.subtract(
+                flat_x[start : start + step], flat_ref[start : start + step], out=part, dtype=dtype, casting="same_kind"
+            )
             total += squared_norm(part)
         return total
 
     def _exact_norm(self, values: list[np.ndarray]) -> Optional[float]:
         """The norm when the float dots overflowed; None if a difference holds NaN/inf."""
         with np.errstate(over="ignore", invalid="ignore"):
-            diffs = [np.subtract(x, ref, dtype=acc.dtype, casting="same_kind")
-                     for x, ref, acc in zip(values, self.reference.values(), self._sums.values())]
+            diffs = [
+                np.subtract(x, ref, dtype=acc.dtype, casting="same_kind")
+                for x, ref, acc in zip(values, self.reference.values(), self._sums.values())
+            ]
         if not all(bool(np.isfinite(d).all()) for d in diffs):
             return None
         scale = max(float(np.max(np.abs(d))) if d.size else 0.0 for d in diffs)
@@ -440,13 +446,25 @@ def add_gaussian_noise(values: np.ndarray, sigma: float, rng: np.random.Generato
     if not np.shares_memory(flat, values):
         raise ValueError("add_gaussian_noise needs a contiguous array")
     for start in range(0, flat.size, _NOISE_CHUNK):
-        part = flat[start:start + _NOISE_CHUNK]
+        part = flat[start : start + _NOISE_CHUNK]
         np.add(part, rng.normal(0.0, sigma, part.size), out=part, casting="same_kind")
 
 
 __all__ = [
-    "blas_single_thread", "single_threaded_blas",
-    "ClippedSum", "NonFiniteReplies", "WeightedMean", "accumulator_dtype", "add_gaussian_noise", "add_scaled",
-    "all_finite", "cast_mean", "mean_dtype", "mean_of_records", "non_finite_records", "npy_view", "squared_norm",
+    "blas_single_thread",
+    "single_threaded_blas",
+    "ClippedSum",
+    "NonFiniteReplies",
+    "WeightedMean",
+    "accumulator_dtype",
+    "add_gaussian_noise",
+    "add_scaled",
+    "all_finite",
+    "cast_mean",
+    "mean_dtype",
+    "mean_of_records",
+    "non_finite_records",
+    "npy_view",
+    "squared_norm",
     "to_array",
 ]

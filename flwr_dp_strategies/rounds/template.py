@@ -141,19 +141,36 @@ class AccountedRound(ClientAccountingMixin):
         super().__init_subclass__(**kwargs)
         for name in TEMPLATE_METHODS:
             if name in cls.__dict__:
-                raise TypeError(f"{cls.__name__} defines {name}: the accounted round owns it (screen → release → "
-                                "book → save → publish); implement release_train / release_evaluate instead")
+                raise TypeError(
+                    f"{cls.__name__} defines {name}: the accounted round owns it (screen → release → "
+                    "book → save → publish); implement release_train / release_evaluate instead"
+                )
 
-    def _init_round(self, *, ledger: Optional[PrivacyLedger] = None, ledger_path: Optional[str] = None,
-                    resume: bool = False, high_water_path: Optional[str] = None, per_client_metrics: bool = False,
-                    max_reply_bytes: Optional[int] = None, max_weight: float = DEFAULT_MAX_WEIGHT,
-                    neighboring_relation: str = "replace_one") -> None:
+    def _init_round(
+        self,
+        *,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional[str] = None,
+        resume: bool = False,
+        high_water_path: Optional[str] = None,
+        per_client_metrics: bool = False,
+        max_reply_bytes: Optional[int] = None,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
+        neighboring_relation: str = "replace_one",
+    ) -> None:
         """Open the strategy's ledger (restored from ``ledger_path``, see
         :func:`~.client_accounting.open_ledgers`) and set the screening limits; call it in ``__init__``
         after the Flower strategy's own constructor. ``neighboring_relation``: the default ledger's
         (``add_or_remove_one`` for central DP, ``replace_one`` for client-declared releases)."""
-        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes, neighboring_relation,
-                              resume=resume, high_water_path=high_water_path)
+        self._init_accounting(
+            ledger,
+            ledger_path,
+            per_client_metrics,
+            max_reply_bytes,
+            neighboring_relation,
+            resume=resume,
+            high_water_path=high_water_path,
+        )
         self._init_screening(max_weight)
 
     # ------------------------------------------------------------------ hooks
@@ -186,9 +203,11 @@ class AccountedRound(ClientAccountingMixin):
         if not screened.accepted:
             return Release()
         fedavg = self.fedavg
-        return Release(metrics=aggregate_reply_metrics(fedavg.evaluate_metrics_aggr_fn,
-                                                       [r.content for r in screened.accepted],
-                                                       fedavg.weighted_by_key))
+        return Release(
+            metrics=aggregate_reply_metrics(
+                fedavg.evaluate_metrics_aggr_fn, [r.content for r in screened.accepted], fedavg.weighted_by_key
+            )
+        )
 
     def booking_round(self, server_round: int) -> int:
         """The round number events of ``server_round`` are booked under."""
@@ -196,8 +215,9 @@ class AccountedRound(ClientAccountingMixin):
 
     # ------------------------------------------------------------------ template
     @single_threaded_blas
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]
-                        ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """Screen → release → book → save → publish (module docstring)."""
         if self.skip_train(server_round):
             return None, None
@@ -205,8 +225,11 @@ class AccountedRound(ClientAccountingMixin):
         release = self.release_train(server_round, screened)
         bookings = list(release.bookings)
         if self.undeclared_label is not None:
-            bookings += [Booking(NonPrivateDpEvent(), self.undeclared_label, client=int(r.metadata.src_node_id))
-                         for r in screened.passed if id(r) in screened.undeclared]
+            bookings += [
+                Booking(NonPrivateDpEvent(), self.undeclared_label, client=int(r.metadata.src_node_id))
+                for r in screened.passed
+                if id(r) in screened.undeclared
+            ]
         self._book(server_round, bookings)
         return release.arrays, self._publish(release, screened)
 
@@ -224,13 +247,20 @@ class AccountedRound(ClientAccountingMixin):
                 metrics[key] = float(value)
         return metrics
 
-    def _screen(self, server_round: int, replies: Iterable[Message], phase: str, check: Optional[ContentCheck],
-                undeclared_label: Optional[str]) -> Screened:
+    def _screen(
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        phase: str,
+        check: Optional[ContentCheck],
+        undeclared_label: Optional[str],
+    ) -> Screened:
         replies = list(replies)
         undeclared = undeclared_replies(replies)
         declarations: dict[int, list[Declaration]] = {}
-        accepted, rejected = self.screen_and_book(server_round, replies, check, phase=phase,
-                                                  undeclared_label=undeclared_label, declared=declarations)
+        accepted, rejected = self.screen_and_book(
+            server_round, replies, check, phase=phase, undeclared_label=undeclared_label, declared=declarations
+        )
         return Screened(int(server_round), replies, accepted, rejected, undeclared, declarations, self)
 
     def _book(self, server_round: int, bookings: list[Booking]) -> None:
@@ -240,9 +270,14 @@ class AccountedRound(ClientAccountingMixin):
         booked_round = self.booking_round(server_round)
         for booking in bookings:
             ledger = booking.ledger if booking.ledger is not None else self.ledger
-            ledger.record(booking.event, server_round=booked_round, client=booking.client, label=booking.label,
-                          neighboring_relation=booking.neighboring_relation,
-                          replace_one_event=booking.replace_one_event)
+            ledger.record(
+                booking.event,
+                server_round=booked_round,
+                client=booking.client,
+                label=booking.label,
+                neighboring_relation=booking.neighboring_relation,
+                replace_one_event=booking.replace_one_event,
+            )
         self.save_ledger()
 
 

@@ -11,5 +11,11 @@ from .masks import prg_mask
 from .protocol import ProtocolError, Stage
 from .server_protocol import PROTOCOL_REJECTION, SecureAggregationAborted, SecureAggregationRound
 
-__all__ = ["PROTOCOL_REJECTION", "ProtocolError", "SecureAggregationAborted", "SecureAggregationRound", "Stage",
-           "prg_mask"]
+__all__ = [
+    "PROTOCOL_REJECTION",
+    "ProtocolError",
+    "SecureAggregationAborted",
+    "SecureAggregationRound",
+    "Stage",
+    "prg_mask",
+]

@@ -42,22 +42,42 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.shamir import create_shares
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
-from flwr.common.secure_aggregation.secaggplus_utils import (share_keys_plaintext_concat,
-                                                             share_keys_plaintext_separate)
-from flwr.supercore.primitives.asymmetric import (bytes_to_private_key, bytes_to_public_key, generate_key_pairs,
-                                                  private_key_to_bytes, public_key_to_bytes)
+from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
+from flwr.supercore.primitives.asymmetric import (
+    bytes_to_private_key,
+    bytes_to_public_key,
+    generate_key_pairs,
+    private_key_to_bytes,
+    public_key_to_bytes,
+)
 
 from .masks import apply_mask, check_bits, pack_bits, pairwise_sign, prg_mask, reduce_mod
-from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, STATE_RECORD, ProtocolError, Stage, distinct,
-                       field, honest_shares_bound, list_field, min_threshold, ring_neighbours, stage_of, view_digest)
+from .protocol import (
+    MASKED_KEY,
+    MASKED_RECORD,
+    RECORD,
+    STAGE_KEY,
+    STATE_RECORD,
+    ProtocolError,
+    Stage,
+    distinct,
+    field,
+    honest_shares_bound,
+    list_field,
+    min_threshold,
+    ring_neighbours,
+    stage_of,
+    view_digest,
+)
 
 DIGEST_BYTES = 32
 
 
 def agreed_key(private_key: bytes, public_key: bytes) -> bytes:
     """The 32-byte key two nodes agree on (Flower's ECDH + HKDF; its base64 form decoded)."""
-    return base64.urlsafe_b64decode(generate_shared_key(bytes_to_private_key(private_key),
-                                                        bytes_to_public_key(public_key)))
+    return base64.urlsafe_b64decode(
+        generate_shared_key(bytes_to_private_key(private_key), bytes_to_public_key(public_key))
+    )
 
 
 def private_scalar(private_key: bytes) -> bytes:
@@ -96,8 +116,9 @@ class ClientRound:
         current = self.state.get("stage")
         previous = Stage.ORDER[Stage.ORDER.index(stage) - 1]
         if current != previous or self.state.get("round") != server_round:
-            raise ProtocolError(f"stage {stage!r} of round {server_round} after stage {current!r} "
-                                f"of round {self.state.get('round')!r}")
+            raise ProtocolError(
+                f"stage {stage!r} of round {server_round} after stage {current!r} of round {self.state.get('round')!r}"
+            )
         return server_round
 
     def _set(self, **values: Any) -> None:
@@ -125,15 +146,24 @@ class ClientRound:
             raise ProtocolError("field 'colluders' must be at least 0")
         colluders = max(declared, self.min_colluders)
         if threshold < 2 or threshold <= colluders:
-            raise ProtocolError(f"field 'threshold' must be at least 2 and exceed the {colluders} colluders, "
-                                f"got {threshold}")
+            raise ProtocolError(
+                f"field 'threshold' must be at least 2 and exceed the {colluders} colluders, got {threshold}"
+            )
         self.state.clear()
         sk1, pk1 = generate_key_pairs()
         sk2, pk2 = generate_key_pairs()
-        self._set(stage=Stage.SETUP, round=server_round, threshold=threshold, bits=bits, colluders=colluders,
-                  **{"declared-colluders": declared},
-                  sk1=private_key_to_bytes(sk1), pk1=public_key_to_bytes(pk1),
-                  sk2=private_key_to_bytes(sk2), pk2=public_key_to_bytes(pk2))
+        self._set(
+            stage=Stage.SETUP,
+            round=server_round,
+            threshold=threshold,
+            bits=bits,
+            colluders=colluders,
+            **{"declared-colluders": declared},
+            sk1=private_key_to_bytes(sk1),
+            pk1=public_key_to_bytes(pk1),
+            sk2=private_key_to_bytes(sk2),
+            pk2=public_key_to_bytes(pk2),
+        )
         return {"pk1": self.state["pk1"], "pk2": self.state["pk2"]}
 
     def share_keys(self, record: ConfigRecord) -> dict[str, Any]:
@@ -158,21 +188,33 @@ class ClientRound:
             raise ProtocolError("the neighbour list is not this node's neighbourhood in the public graph")
         threshold, colluders = int(self.state["threshold"]), int(self.state["colluders"])
         if threshold < min_threshold(len(nids), colluders):
-            raise ProtocolError(f"threshold {threshold} for {len(nids)} share holders and {colluders} colluders: "
-                                f"a server could rebuild both secrets of a client (needs 2t > h + c, "
-                                f"t >= {min_threshold(len(nids), colluders)})")
+            raise ProtocolError(
+                f"threshold {threshold} for {len(nids)} share holders and {colluders} colluders: "
+                f"a server could rebuild both secrets of a client (needs 2t > h + c, "
+                f"t >= {min_threshold(len(nids), colluders)})"
+            )
         own = nids.index(self.node_id)
         if pk1s[own] != self.state["pk1"] or pk2s[own] != self.state["pk2"]:
             raise ProtocolError("the neighbour list holds other public keys for this node")
-        digest = view_digest(server_round=server_round, threshold=threshold, bits=int(self.state["bits"]),
-                             colluders=int(self.state["declared-colluders"]), num_shares=num_shares,
-                             graph_seed=graph_seed, view=view)
+        digest = view_digest(
+            server_round=server_round,
+            threshold=threshold,
+            bits=int(self.state["bits"]),
+            colluders=int(self.state["declared-colluders"]),
+            num_shares=num_shares,
+            graph_seed=graph_seed,
+            view=view,
+        )
         bound = honest_shares_bound(len(view), threshold, colluders, complete=len(nids) == len(view))
         seed = os.urandom(32)
         seed_shares = create_shares(seed, threshold, len(nids))
         sk1_shares = create_shares(private_scalar(self.state["sk1"]), threshold, len(nids))
-        self._set(stage=Stage.SHARE_KEYS, seed=seed, digest=digest, **{
-            "peer-nids": nids, "peer-pk1s": pk1s, "peer-pk2s": pk2s, "honest-bound": bound})
+        self._set(
+            stage=Stage.SHARE_KEYS,
+            seed=seed,
+            digest=digest,
+            **{"peer-nids": nids, "peer-pk1s": pk1s, "peer-pk2s": pk2s, "honest-bound": bound},
+        )
         dsts, ciphertexts = [], []
         for index, nid in enumerate(nids):
             if nid == self.node_id:
@@ -198,17 +240,20 @@ class ClientRound:
             if src == self.node_id or src not in peers:
                 raise ProtocolError(f"a ciphertext from node {src}, not a neighbour")
             try:
-                plaintext = decrypt(fernet_key(self.state["sk2"], self.state["peer-pk2s"][peers.index(src)]),
-                                    ciphertext)
+                plaintext = decrypt(
+                    fernet_key(self.state["sk2"], self.state["peer-pk2s"][peers.index(src)]), ciphertext
+                )
             except Exception as err:  # noqa: BLE001 - Fernet's InvalidToken and malformed tokens alike
                 raise ProtocolError(f"the ciphertext from node {src} does not decrypt") from err
             if plaintext[:DIGEST_BYTES] != self.state["digest"]:
-                raise ProtocolError(f"node {src} shared its keys for another view of the round (parameters, "
-                                    "node set or graph)")
+                raise ProtocolError(
+                    f"node {src} shared its keys for another view of the round (parameters, node set or graph)"
+                )
             actual_src, dst, seed_share, sk1_share = share_keys_plaintext_separate(plaintext[DIGEST_BYTES:])
             if actual_src != src or dst != self.node_id:
-                raise ProtocolError(f"the ciphertext forwarded as from node {src} to this node is from "
-                                    f"{actual_src} to {dst}")
+                raise ProtocolError(
+                    f"the ciphertext forwarded as from node {src} to this node is from {actual_src} to {dst}"
+                )
             self._store_share("seed", src, seed_share)
             self._store_share("sk1", src, sk1_share)
         vector = np.array(encode(), dtype=np.uint64, copy=True)
@@ -255,15 +300,23 @@ def check_noise_floor(state: ConfigRecord, share: float, sensitivity: float, flo
     honest = int(state["honest-bound"])
     implied = math.sqrt(honest * share) / sensitivity
     if implied < floor:
-        raise ProtocolError(f"the server asks for noise shares whose smallest unmaskable sum ({honest} honest "
-                            f"client(s), threshold t = {state['threshold']}, {state['colluders']} colluders) has "
-                            f"noise multiplier {implied:.4g}, below this client's minimum {floor}")
+        raise ProtocolError(
+            f"the server asks for noise shares whose smallest unmaskable sum ({honest} honest "
+            f"client(s), threshold t = {state['threshold']}, {state['colluders']} colluders) has "
+            f"noise multiplier {implied:.4g}, below this client's minimum {floor}"
+        )
     return implied
 
 
-def handle(state: ConfigRecord, node_id: int, stage: str, record: ConfigRecord,
-           encode: Optional[Callable[[], np.ndarray]] = None, *, min_colluders: int = 0
-           ) -> tuple[dict[str, Any], Optional[np.ndarray]]:
+def handle(
+    state: ConfigRecord,
+    node_id: int,
+    stage: str,
+    record: ConfigRecord,
+    encode: Optional[Callable[[], np.ndarray]] = None,
+    *,
+    min_colluders: int = 0,
+) -> tuple[dict[str, Any], Optional[np.ndarray]]:
     """Run ``stage`` for this node: (the reply's protocol fields, the masked vector for ``collect``);
     ``min_colluders``: the colluders this client assumes whatever the server declares."""
     client = ClientRound(state, node_id, min_colluders=min_colluders)
@@ -280,9 +333,9 @@ def handle(state: ConfigRecord, node_id: int, stage: str, record: ConfigRecord,
     raise ProtocolError(f"unknown stage {stage!r}")
 
 
-
-def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord], np.ndarray], *,
-                   min_colluders: int = 0) -> Message:
+def answer_message(
+    msg: Message, ctxt: Context, encode: Callable[[ConfigRecord], np.ndarray], *, min_colluders: int = 0
+) -> Message:
     """The reply to one protocol message: state kept in ``ctxt.state``, the stage run by :func:`handle`,
     and at ``collect`` the masked ``encode(state)`` (uint64 in [0, 2^b); ``state`` holds ``bits``,
     ``threshold``, ``colluders`` and ``honest-bound``, the fewest honest clients in any sum a server
@@ -304,5 +357,14 @@ def answer_message(msg: Message, ctxt: Context, encode: Callable[[ConfigRecord],
     return Message(out, reply_to=msg)
 
 
-__all__ = ["DIGEST_BYTES", "ClientRound", "agreed_key", "answer_message", "check_noise_floor", "fernet_key", "handle", "private_key_from_scalar",
-           "private_scalar"]
+__all__ = [
+    "DIGEST_BYTES",
+    "ClientRound",
+    "agreed_key",
+    "answer_message",
+    "check_noise_floor",
+    "fernet_key",
+    "handle",
+    "private_key_from_scalar",
+    "private_scalar",
+]

@@ -107,4 +107,15 @@ def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
     return out
 
 
-__all__ = ["KEY_BYTES", "MAX_BITS", "apply_mask", "check_bits", "pack_bits", "packed_size", "pairwise_sign", "prg_mask", "reduce_mod", "unpack_bits"]
+__all__ = [
+    "KEY_BYTES",
+    "MAX_BITS",
+    "apply_mask",
+    "check_bits",
+    "pack_bits",
+    "packed_size",
+    "pairwise_sign",
+    "prg_mask",
+    "reduce_mod",
+    "unpack_bits",
+]

@@ -198,18 +198,46 @@ def choose_num_shares(n_nodes: int, *, colluders: int, dropout_rate: float, fail
     return n_nodes
 
 
-def view_digest(*, server_round: int, threshold: int, bits: int, colluders: int, num_shares: int, graph_seed: int,
-                view: Sequence[int]) -> bytes:
+def view_digest(
+    *,
+    server_round: int,
+    threshold: int,
+    bits: int,
+    colluders: int,
+    num_shares: int,
+    graph_seed: int,
+    view: Sequence[int],
+) -> bytes:
     """SHA-256 of what every client of one round must agree on: the round's parameters and U_1.
 
     Each encrypted share carries its sender's digest and the receiver checks it against its own, so
     two clients that exchange shares saw the same parameters, node set and graph (Fernet under their
     ECDH key: the server cannot rewrite it without substituting keys)."""
     text = f"secagg+|{server_round}|{threshold}|{bits}|{colluders}|{num_shares}|{graph_seed}|" + ",".join(
-        str(int(n)) for n in sorted(view))
+        str(int(n)) for n in sorted(view)
+    )
     return hashlib.sha256(text.encode()).digest()
 
 
-__all__ = ["MASKED_KEY", "MASKED_RECORD", "RECORD", "STAGE_KEY", "STATE_RECORD", "ProtocolError", "Stage",
-           "choose_num_shares", "distinct", "field", "graph_failure_bound", "honest_shares_bound", "lying_server_threshold", "list_field", "min_threshold", "neighbourhood_size",
-           "ring_neighbours", "stage_of", "stage_record", "view_digest"]
+__all__ = [
+    "MASKED_KEY",
+    "MASKED_RECORD",
+    "RECORD",
+    "STAGE_KEY",
+    "STATE_RECORD",
+    "ProtocolError",
+    "Stage",
+    "choose_num_shares",
+    "distinct",
+    "field",
+    "graph_failure_bound",
+    "honest_shares_bound",
+    "lying_server_threshold",
+    "list_field",
+    "min_threshold",
+    "neighbourhood_size",
+    "ring_neighbours",
+    "stage_of",
+    "stage_record",
+    "view_digest",
+]

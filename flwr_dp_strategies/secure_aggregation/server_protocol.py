@@ -56,8 +56,20 @@ from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_
 from ..npy_codec import npy_view
 from .client_protocol import agreed_key, private_key_from_scalar
 from .masks import apply_mask, check_bits, packed_size, pairwise_sign, prg_mask, reduce_mod, unpack_bits
-from .protocol import (MASKED_KEY, MASKED_RECORD, RECORD, STAGE_KEY, ProtocolError, Stage, distinct, list_field,
-                       min_threshold, neighbourhood_size, ring_neighbours, stage_record)
+from .protocol import (
+    MASKED_KEY,
+    MASKED_RECORD,
+    RECORD,
+    STAGE_KEY,
+    ProtocolError,
+    Stage,
+    distinct,
+    list_field,
+    min_threshold,
+    neighbourhood_size,
+    ring_neighbours,
+    stage_record,
+)
 
 PROTOCOL_REJECTION = "secure-aggregation"
 """The reason counted for a malformed protocol reply (its sender is dropped from the round)."""
@@ -109,9 +121,20 @@ class SecureAggregationRound:
     """
 
     # pylint: disable=too-many-arguments,too-many-instance-attributes
-    def __init__(self, server_round: int, node_ids: Iterable[int], *, num_shares: int, threshold: int,
-                 min_survivors: int, bits: int, length: int, timeout: Optional[float], colluders: int = 0,
-                 rng: Optional[random.Random] = None) -> None:
+    def __init__(
+        self,
+        server_round: int,
+        node_ids: Iterable[int],
+        *,
+        num_shares: int,
+        threshold: int,
+        min_survivors: int,
+        bits: int,
+        length: int,
+        timeout: Optional[float],
+        colluders: int = 0,
+        rng: Optional[random.Random] = None,
+    ) -> None:
         self.server_round = int(server_round)
         self.sampled = sorted(set(int(n) for n in node_ids))
         self.bits = check_bits(bits)
@@ -124,17 +147,19 @@ class SecureAggregationRound:
             raise ValueError(f"num_shares must be an integer >= 2, got {num_shares!r}")
         size = neighbourhood_size(len(self.sampled), self.num_shares)
         if not min_threshold(size, self.colluders) <= self.threshold <= size:
-            raise ValueError(f"threshold must be an integer in [{min_threshold(size, self.colluders)}, {size}] for "
-                             f"neighbourhoods of {size} nodes and {self.colluders} colluders, got {threshold!r}")
+            raise ValueError(
+                f"threshold must be an integer in [{min_threshold(size, self.colluders)}, {size}] for "
+                f"neighbourhoods of {size} nodes and {self.colluders} colluders, got {threshold!r}"
+            )
         self.timeout = timeout
-        self.graph_seed = (rng.getrandbits(62) if rng is not None else secrets.randbits(62))
+        self.graph_seed = rng.getrandbits(62) if rng is not None else secrets.randbits(62)
         self.neighbours: dict[int, set[int]] = {}
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
-        self.alive_keys: set[int] = set()   # U_1
+        self.alive_keys: set[int] = set()  # U_1
         self.forwarded: dict[int, list[tuple[int, bytes]]] = {}
         self.seed_hashes: dict[int, bytes] = {}
-        self.shared: set[int] = set()       # U_2
-        self.survivors: set[int] = set()    # U_3
+        self.shared: set[int] = set()  # U_2
+        self.survivors: set[int] = set()  # U_3
         self.masked_sum = np.zeros(self.length, dtype=np.uint64)
         self.rejected: Counter[str] = Counter()
         self.collect_sent: set[int] = set()
@@ -143,14 +168,17 @@ class SecureAggregationRound:
     def _message(self, node: int, record: dict[str, Any], content: Optional[RecordDict] = None) -> Message:
         content = RecordDict() if content is None else content
         content[RECORD] = ConfigRecord({STAGE_KEY: record.pop(STAGE_KEY), "round": self.server_round, **record})
-        return Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN,
-                       group_id=str(self.server_round))
+        return Message(
+            content=content, dst_node_id=node, message_type=MessageType.TRAIN, group_id=str(self.server_round)
+        )
 
-    def _exchange(self, grid: Any, messages: list[Message], stage: str,
-                  read: Callable[[int, ConfigRecord], None]) -> set[int]:
+    def _exchange(
+        self, grid: Any, messages: list[Message], stage: str, read: Callable[[int, ConfigRecord], None]
+    ) -> set[int]:
         """Send, then ``read`` each reply's protocol record; the nodes whose reply was read."""
         asked = {int(m.metadata.dst_node_id) for m in messages}
         replies = grid.send_and_receive(messages, timeout=self.timeout) if messages else []
+
         def read_reply(node: int, reply: Message) -> None:
             if set(reply.content.keys()) != {RECORD}:
                 raise ProtocolError(f"a {stage} reply must hold the protocol record only")
@@ -161,8 +189,9 @@ class SecureAggregationRound:
 
         return self._screen(replies, asked, read_reply, stage)
 
-    def _screen(self, replies: Iterable[Message], asked: set[int], read: Callable[[int, Message], None],
-                stage: str) -> set[int]:
+    def _screen(
+        self, replies: Iterable[Message], asked: set[int], read: Callable[[int, Message], None], stage: str
+    ) -> set[int]:
         good: set[int] = set()
         seen: set[int] = set()
         for reply in replies:
@@ -178,23 +207,35 @@ class SecureAggregationRound:
                 read(node, reply)
             except (ProtocolError, ValueError, TypeError, KeyError) as err:
                 self.rejected[PROTOCOL_REJECTION] += 1
-                log(WARNING, "Round %d, secure aggregation %s: reply from node %s rejected (%s)",
-                    self.server_round, stage, node, err)
+                log(
+                    WARNING,
+                    "Round %d, secure aggregation %s: reply from node %s rejected (%s)",
+                    self.server_round,
+                    stage,
+                    node,
+                    err,
+                )
                 continue
             good.add(node)
         return good
 
     def _require(self, nodes: set[int], stage: str) -> None:
         if len(nodes) < self.min_survivors:
-            raise SecureAggregationAborted(f"round {self.server_round}: {len(nodes)} nodes left after the "
-                                           f"{stage} stage, fewer than {self.min_survivors}")
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: {len(nodes)} nodes left after the "
+                f"{stage} stage, fewer than {self.min_survivors}"
+            )
 
     # ------------------------------------------------------------------ stages
     def setup(self, grid: Any) -> set[int]:
         """Stage 0: collect two public keys from every sampled node; U_1."""
         self._require(set(self.sampled), Stage.SETUP)
-        messages = [self._message(n, {STAGE_KEY: Stage.SETUP, "threshold": self.threshold, "bits": self.bits,
-                                      "colluders": self.colluders}) for n in self.sampled]
+        messages = [
+            self._message(
+                n, {STAGE_KEY: Stage.SETUP, "threshold": self.threshold, "bits": self.bits, "colluders": self.colluders}
+            )
+            for n in self.sampled
+        ]
 
         def read(node: int, record: ConfigRecord) -> None:
             pk1, pk2 = record["pk1"], record["pk2"]
@@ -224,10 +265,20 @@ class SecureAggregationRound:
         for node in view:
             peers = sorted(self.neighbours[node])
             expected[node] = set(peers) - {node}
-            messages.append(self._message(node, {
-                STAGE_KEY: Stage.SHARE_KEYS, "nids": peers, "view": view, "graph-seed": self.graph_seed,
-                "num-shares": self.num_shares,
-                "pk1s": [self.public_keys[p][0] for p in peers], "pk2s": [self.public_keys[p][1] for p in peers]}))
+            messages.append(
+                self._message(
+                    node,
+                    {
+                        STAGE_KEY: Stage.SHARE_KEYS,
+                        "nids": peers,
+                        "view": view,
+                        "graph-seed": self.graph_seed,
+                        "num-shares": self.num_shares,
+                        "pk1s": [self.public_keys[p][0] for p in peers],
+                        "pk2s": [self.public_keys[p][1] for p in peers],
+                    },
+                )
+            )
         outgoing: dict[int, list[tuple[int, bytes]]] = {}
 
         def read(node: int, record: ConfigRecord) -> None:
@@ -251,16 +302,20 @@ class SecureAggregationRound:
                     self.forwarded[dst].append((src, ciphertext))
         return self.shared
 
-    def collect_messages(self, content_for: Callable[[int], RecordDict],
-                         public: Optional[dict[str, Any]] = None) -> list[Message]:
+    def collect_messages(
+        self, content_for: Callable[[int], RecordDict], public: Optional[dict[str, Any]] = None
+    ) -> list[Message]:
         """Stage 2's messages: ``content_for(node)`` (e.g. the train content) plus the ciphertexts
         forwarded to the node and the ``public`` fields (same for every node)."""
         messages = []
         for node in sorted(self.shared):
             srcs = [src for src, _ in self.forwarded[node]]
             ctxts = [c for _, c in self.forwarded[node]]
-            messages.append(self._message(node, {STAGE_KEY: Stage.COLLECT, "srcs": srcs, "ctxts": ctxts,
-                                                 **(public or {})}, content_for(node)))
+            messages.append(
+                self._message(
+                    node, {STAGE_KEY: Stage.COLLECT, "srcs": srcs, "ctxts": ctxts, **(public or {})}, content_for(node)
+                )
+            )
         self.collect_sent = set(self.shared)
         return messages
 
@@ -279,8 +334,9 @@ class SecureAggregationRound:
             raise ProtocolError(f"ArrayRecord {MASKED_RECORD!r} must hold exactly {MASKED_KEY!r}")
         array = record[MASKED_KEY]
         if array.dtype != "uint8" or tuple(array.shape) != (expected,) or len(array.data) > expected + 256:
-            raise ProtocolError(f"the masked vector must be {expected} packed uint8 values, "
-                                f"got {array.dtype} {tuple(array.shape)}")
+            raise ProtocolError(
+                f"the masked vector must be {expected} packed uint8 values, got {array.dtype} {tuple(array.shape)}"
+            )
         try:
             return unpack_bits(npy_view(array), self.bits, self.length)
         except Exception as err:  # noqa: BLE001 - an undecodable payload is malformed
@@ -295,8 +351,12 @@ class SecureAggregationRound:
 
     def add_masked(self, replies: Iterable[Message]) -> set[int]:
         """Screen the collect replies (errors, identity, :meth:`masked_vector`) and add the accepted; U_3."""
-        self._screen(replies, self.collect_sent,
-                     lambda node, reply: self.add_vector(node, self.masked_vector(reply.content)), Stage.COLLECT)
+        self._screen(
+            replies,
+            self.collect_sent,
+            lambda node, reply: self.add_vector(node, self.masked_vector(reply.content)),
+            Stage.COLLECT,
+        )
         return self.survivors
 
     def unmask(self, grid: Any) -> np.ndarray:
@@ -307,7 +367,8 @@ class SecureAggregationRound:
             raise SecureAggregationAborted(
                 f"round {self.server_round}: the survivors' graph splits into parts of "
                 f"{sorted(len(p) for p in components(self.survivors, self.neighbours))} nodes; a part of fewer "
-                f"than {self.min_survivors} would be unmasked on its own (no share asked for)")
+                f"than {self.min_survivors} would be unmasked on its own (no share asked for)"
+            )
         dropped = self.shared - self.survivors
         holds = {node: {src for src, _ in self.forwarded[node]} for node in self.shared}
         messages, asked_for = [], {}
@@ -334,8 +395,10 @@ class SecureAggregationRound:
         for node in sorted(self.survivors):
             seed = self._rebuild(seed_shares.get(node, []), node, "its mask seed")
             if hashlib.sha256(seed).digest() != self.seed_hashes[node]:
-                raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s mask seed rebuilt "
-                                               "from its shares does not match its commitment (corrupt shares)")
+                raise SecureAggregationAborted(
+                    f"round {self.server_round}: node {node}'s mask seed rebuilt "
+                    "from its shares does not match its commitment (corrupt shares)"
+                )
             apply_mask(total, prg_mask(seed, self.length, self.bits), -1)
         for node in sorted(dropped):
             holders = [u for u in self.survivors if node in holds[u]]
@@ -345,19 +408,29 @@ class SecureAggregationRound:
             for survivor in holders:
                 key = agreed_key(sk1, self.public_keys[survivor][0])
                 apply_mask(total, prg_mask(key, self.length, self.bits), -pairwise_sign(survivor, node))
-        log(INFO, "Round %d, secure aggregation: sum of %d masked vectors revealed (%d sampled, %d dropped "
-            "after sharing keys)", self.server_round, len(self.survivors), len(self.sampled), len(dropped))
+        log(
+            INFO,
+            "Round %d, secure aggregation: sum of %d masked vectors revealed (%d sampled, %d dropped "
+            "after sharing keys)",
+            self.server_round,
+            len(self.survivors),
+            len(self.sampled),
+            len(dropped),
+        )
         return reduce_mod(total, self.bits)
 
     def _rebuild(self, shares: list[bytes], node: int, what: str) -> bytes:
         if len(shares) < self.threshold:
-            raise SecureAggregationAborted(f"round {self.server_round}: {len(shares)} shares of node {node}'s "
-                                           f"{what}, fewer than the threshold {self.threshold}")
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: {len(shares)} shares of node {node}'s "
+                f"{what}, fewer than the threshold {self.threshold}"
+            )
         try:  # any t shares determine the secret; more only cost time (Lagrange in pure Python)
-            return combine_shares(shares[:self.threshold])
+            return combine_shares(shares[: self.threshold])
         except Exception as err:  # noqa: BLE001 - malformed shares
-            raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s {what} cannot be "
-                                           f"rebuilt from its shares ({err})") from err
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: node {node}'s {what} cannot be rebuilt from its shares ({err})"
+            ) from err
 
     def _check_private_key(self, scalar: bytes, node: int) -> bytes:
         """The PEM key of a rebuilt secret scalar, checked against the node's registered pk1."""
@@ -365,13 +438,15 @@ class SecureAggregationRound:
             sk1 = private_key_from_scalar(scalar)
             public = public_key_to_bytes(bytes_to_private_key(sk1).public_key())
         except Exception as err:  # noqa: BLE001
-            raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s key rebuilt from its "
-                                           "shares does not parse (corrupt shares)") from err
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: node {node}'s key rebuilt from its shares does not parse (corrupt shares)"
+            ) from err
         if public != self.public_keys[node][0]:
-            raise SecureAggregationAborted(f"round {self.server_round}: node {node}'s key rebuilt from its "
-                                           "shares does not match its public key (corrupt shares)")
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: node {node}'s key rebuilt from its "
+                "shares does not match its public key (corrupt shares)"
+            )
         return sk1
 
 
-__all__ = ["PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound", "components",
-           "ring_neighbours"]
+__all__ = ["PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound", "components", "ring_neighbours"]

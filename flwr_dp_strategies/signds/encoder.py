@@ -28,8 +28,14 @@ from ..privacy.rng import RngLike, resolve_rng
 from ..privacy.validation import as_finite_float_array, check_int
 from .magrr import MagRRConfig, magnitude_bit
 from .params import SignDSParams
-from .selection import MAX_DIM_OUT, optimal_output_dim, optimal_threshold, overlap_log_probabilities, \
-    sample_overlap, topk_size
+from .selection import (
+    MAX_DIM_OUT,
+    optimal_output_dim,
+    optimal_threshold,
+    overlap_log_probabilities,
+    sample_overlap,
+    topk_size,
+)
 
 
 @dataclass(frozen=True)
@@ -53,12 +59,21 @@ def output_dim(d: int, params: SignDSParams, max_dim_out: int = MAX_DIM_OUT) -> 
     return optimal_output_dim(d, params.sign_k, params.sign_eps, params.sign_thr_ratio, max_dim_out)
 
 
-def encode_update(update: object, *, sign_k: float, sign_eps: float, sign_thr_ratio: float = 0.6,
-                  sign_dim_out: int = 0, r_est: float, is_reached: int, rng: RngLike = None,
-                  max_dim_out: int = MAX_DIM_OUT, magrr: MagRRConfig = MagRRConfig()) -> SignDSUpload:
+def encode_update(
+    update: object,
+    *,
+    sign_k: float,
+    sign_eps: float,
+    sign_thr_ratio: float = 0.6,
+    sign_dim_out: int = 0,
+    r_est: float,
+    is_reached: int,
+    rng: RngLike = None,
+    max_dim_out: int = MAX_DIM_OUT,
+    magrr: MagRRConfig = MagRRConfig(),
+) -> SignDSUpload:
     """Encode a flat update Δ (length d) into a SignDS upload. See the module docstring."""
-    params = SignDSParams(sign_k=sign_k, sign_eps=sign_eps, sign_thr_ratio=sign_thr_ratio,
-                          sign_dim_out=sign_dim_out)
+    params = SignDSParams(sign_k=sign_k, sign_eps=sign_eps, sign_thr_ratio=sign_thr_ratio, sign_dim_out=sign_dim_out)
     delta = as_finite_float_array("update", update).ravel()  # float32 stays float32: only ranked
     d = delta.size
     k_top = topk_size(d, params.sign_k)
@@ -81,7 +96,7 @@ def _signed_top_k(delta: np.ndarray, k_top: int, sign: int) -> np.ndarray:
     """Indices of the K largest entries of sign·Δ (one ``argpartition``, no negated copy)."""
     d = delta.size
     if sign > 0:
-        return np.argpartition(delta, d - k_top)[d - k_top:]
+        return np.argpartition(delta, d - k_top)[d - k_top :]
     return np.argpartition(delta, k_top - 1)[:k_top]
 
 

@@ -88,8 +88,9 @@ def debiased_ones(ones: int, total: int, keep_probability: float) -> float:
     return (ones - total + total * keep_probability) / (2.0 * keep_probability - 1.0)
 
 
-def update_state(state: MagRRState, ones: int, total: int, expected_participants: float,
-                 global_lr: float, config: MagRRConfig) -> tuple[MagRRState, dict[str, float]]:
+def update_state(
+    state: MagRRState, ones: int, total: int, expected_participants: float, global_lr: float, config: MagRRConfig
+) -> tuple[MagRRState, dict[str, float]]:
     """One end-of-round update from the received bits; returns the new state and what happened.
 
     What happened: ``fallback`` (1.0 when fewer than ``min_bit_ratio`` × the expected participants
@@ -121,5 +122,13 @@ def step_size(r_est: float, expected_participants: float, config: MagRRConfig) -
     return config.step_ratio * expected_participants * r_est
 
 
-__all__ = ["INITIAL_R_EST", "MagRRConfig", "MagRRState", "RR_EPSILON", "debiased_ones", "magnitude_bit",
-           "step_size", "update_state"]
+__all__ = [
+    "INITIAL_R_EST",
+    "MagRRConfig",
+    "MagRRState",
+    "RR_EPSILON",
+    "debiased_ones",
+    "magnitude_bit",
+    "step_size",
+    "update_state",
+]

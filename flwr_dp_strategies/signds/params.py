@@ -28,8 +28,11 @@ class SignDSParams:
         _check_range("sign_k", self.sign_k, 0.0, 0.25, low_open=True, high_open=False)
         _check_range("sign_eps", self.sign_eps, 0.0, 100.0, low_open=True, high_open=False)
         _check_range("sign_thr_ratio", self.sign_thr_ratio, 0.5, 1.0, low_open=False, high_open=False)
-        if isinstance(self.sign_dim_out, bool) or not isinstance(self.sign_dim_out, (int,)) \
-                or not 0 <= self.sign_dim_out <= 50:
+        if (
+            isinstance(self.sign_dim_out, bool)
+            or not isinstance(self.sign_dim_out, (int,))
+            or not 0 <= self.sign_dim_out <= 50
+        ):
             raise ValueError(f"sign_dim_out must be an integer in [0, 50], got {self.sign_dim_out!r}")
 
 

@@ -73,8 +73,8 @@ def expected_overlaps(log_w: np.ndarray, epsilon: float) -> np.ndarray:
     v = np.arange(h + 1)
     with np.errstate(divide="ignore"):
         log_vw = np.where(v > 0, np.log(np.maximum(v, 1)) + log_w, -np.inf)
-    lo_w = np.concatenate([[-np.inf], _logcumsumexp(log_w)[:-1]])          # Σ_{τ<t} ω
-    hi_w = _logcumsumexp(log_w[::-1])[::-1]                                   # Σ_{τ≥t} ω
+    lo_w = np.concatenate([[-np.inf], _logcumsumexp(log_w)[:-1]])  # Σ_{τ<t} ω
+    hi_w = _logcumsumexp(log_w[::-1])[::-1]  # Σ_{τ≥t} ω
     lo_vw = np.concatenate([[-np.inf], _logcumsumexp(log_vw)[:-1]])
     hi_vw = _logcumsumexp(log_vw[::-1])[::-1]
     t = np.arange(1, h + 1)
@@ -100,8 +100,9 @@ def optimal_threshold(d: int, k_top: int, h: int, epsilon: float) -> tuple[int, 
 
 
 @lru_cache(maxsize=256)
-def optimal_output_dim(d: int, sign_k: float, sign_eps: float, sign_thr_ratio: float,
-                       max_dim_out: int = MAX_DIM_OUT) -> int:
+def optimal_output_dim(
+    d: int, sign_k: float, sign_eps: float, sign_thr_ratio: float, max_dim_out: int = MAX_DIM_OUT
+) -> int:
     """h when ``sign_dim_out = 0``: the largest h with E_ν[v]/h ≥ ``sign_thr_ratio`` (≥ 1, ≤ ``max_dim_out``)."""
     d = check_int("d", d, minimum=1)
     check_probability("sign_thr_ratio", sign_thr_ratio)

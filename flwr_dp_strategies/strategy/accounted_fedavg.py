@@ -53,8 +53,14 @@ from flwr.serverapp.strategy import FedAvg
 from ..privacy import PrivacyLedger
 from ..rounds.client_accounting import ContentCheck
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, ArraySpec, array_spec, reply_arrays, reply_weight,
-                              screen_train_content)
+from ..rounds.reply_screening import (
+    DEFAULT_MAX_WEIGHT,
+    ArraySpec,
+    array_spec,
+    reply_arrays,
+    reply_weight,
+    screen_train_content,
+)
 from ..rounds.streaming_aggregation import mean_of_records
 from ..rounds.template import AccountedRound, Release, Screened
 
@@ -62,9 +68,18 @@ NON_PRIVATE_LABEL = "update/undeclared (non-private)"
 
 
 MetricsAggregationFn = Callable[[list[RecordDict], str], MetricRecord]
-FEDAVG_PARAMETERS = ("fraction_train", "fraction_evaluate", "min_train_nodes", "min_evaluate_nodes",
-                     "min_available_nodes", "weighted_by_key", "arrayrecord_key", "configrecord_key",
-                     "train_metrics_aggr_fn", "evaluate_metrics_aggr_fn")
+FEDAVG_PARAMETERS = (
+    "fraction_train",
+    "fraction_evaluate",
+    "min_train_nodes",
+    "min_evaluate_nodes",
+    "min_available_nodes",
+    "weighted_by_key",
+    "arrayrecord_key",
+    "configrecord_key",
+    "train_metrics_aggr_fn",
+    "evaluate_metrics_aggr_fn",
+)
 """FedAvg's constructor parameters (Flower 1.41), in order: every FedAvg of this package takes them
 first, positionally or by name, with FedAvg's meaning; its own parameters are keyword-only."""
 
@@ -129,8 +144,9 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         **kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_arguments(locals()), **kwargs)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, max_reply_bytes,
-                              resume=resume, high_water_path=high_water_path)
+        self._init_accounting(
+            ledger, ledger_path, per_client_metrics, max_reply_bytes, resume=resume, high_water_path=high_water_path
+        )
         self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None
 
@@ -144,8 +160,14 @@ class AccountedFedAvg(AccountedRound, FedAvg):
     def train_check(self) -> ContentCheck:
         """Identity and structure of a train reply (:func:`.reply_screening.screen_train_content`); NaN/inf
         are found by :meth:`release_train` while it aggregates, so a well-formed round reads every value once."""
-        return lambda content: screen_train_content(content, self._spec, self.weighted_by_key, self.max_reply_bytes,
-                                                    check_values=self.screens_values, max_weight=self.max_weight)
+        return lambda content: screen_train_content(
+            content,
+            self._spec,
+            self.weighted_by_key,
+            self.max_reply_bytes,
+            check_values=self.screens_values,
+            max_weight=self.max_weight,
+        )
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         """FedAvg's weighted mean of the accepted replies, streamed (replies found non-finite are rejected and
@@ -159,12 +181,14 @@ class AccountedFedAvg(AccountedRound, FedAvg):
     def weighted_mean(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """FedAvg's weighted mean of ``replies`` (non-empty) and Flower's train-metric aggregation; raises
         :class:`NonFiniteReplies` if some replies hold NaN/inf."""
-        arrays = mean_of_records([reply_arrays(r) for r in replies],
-                                 [reply_weight(r, self.weighted_by_key) for r in replies])
-        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
+        arrays = mean_of_records(
+            [reply_arrays(r) for r in replies], [reply_weight(r, self.weighted_by_key) for r in replies]
+        )
+        metrics = aggregate_reply_metrics(
+            self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key
+        )
         return arrays, metrics
 
 
 # reply_arrays and reply_weight live in .reply_screening; re-exported here, where they were public first
-__all__ = ["AccountedFedAvg", "FEDAVG_PARAMETERS", "fedavg_arguments", "reply_arrays",
-           "reply_weight"]
+__all__ = ["AccountedFedAvg", "FEDAVG_PARAMETERS", "fedavg_arguments", "reply_arrays", "reply_weight"]

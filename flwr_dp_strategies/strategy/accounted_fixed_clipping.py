@@ -138,15 +138,31 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
             raise ValueError(f"noise_sampler must be one of {NOISE_SAMPLERS}, got {noise_sampler!r}")
         _check_accountable(strategy)
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
-        self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path), per_client_metrics,
-                              max_reply_bytes, ADD_OR_REMOVE_ONE, resume=resume, high_water_path=high_water_path)
+        self._init_accounting(
+            ledger,
+            None if ledger_path is None else os.fspath(ledger_path),
+            per_client_metrics,
+            max_reply_bytes,
+            ADD_OR_REMOVE_ONE,
+            resume=resume,
+            high_water_path=high_water_path,
+        )
         self._init_screening(max_weight)
-        self._init_central(sampling="fixed", clipping="fixed", num_clients=None, rng=rng,
-                           publish_client_metrics=publish_client_metrics, event_label=EVENT_LABEL,
-                           noise_sampler=noise_sampler)
+        self._init_central(
+            sampling="fixed",
+            clipping="fixed",
+            num_clients=None,
+            rng=rng,
+            publish_client_metrics=publish_client_metrics,
+            event_label=EVENT_LABEL,
+            noise_sampler=noise_sampler,
+        )
         if noise_sampler == "flower":
-            log(WARNING, "noise_sampler='flower': central noise from NumPy's global generator (reproducible by "
-                "anyone who seeds it); use the default OS-entropy sampler for a real deployment.")
+            log(
+                WARNING,
+                "noise_sampler='flower': central noise from NumPy's global generator (reproducible by "
+                "anyone who seeds it); use the default OS-entropy sampler for a real deployment.",
+            )
 
     def __repr__(self) -> str:
         """Compute a string representation of the strategy."""
@@ -156,8 +172,14 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         """Log the privacy spent so far, then Flower's DP settings and the wrapped strategy's summary
         (whose ``└──>`` line closes the tree, as in Flower)."""
         report = self.ledger.report()
-        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d central releases",
-            report.epsilon, report.delta, report.method, len(self.ledger.rounds()))
+        log(
+            INFO,
+            "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d central releases",
+            report.epsilon,
+            report.delta,
+            report.method,
+            len(self.ledger.rounds()),
+        )
         super().summary()
 
 

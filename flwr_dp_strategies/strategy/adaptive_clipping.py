@@ -110,9 +110,18 @@ from ..privacy.ledger_file import LedgerFileError
 from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
-from ..rounds.central_gaussian import (CLIPPING_NORM_METRIC, MAX_CLIPPING_NORM, MIN_CLIPPING_NORM, SAMPLING,
-                                       UNCLIPPED_FRACTION_METRIC, CentralGaussianRound, check_ledger_arguments,
-                                       geometric_update, noisy_unclipped_fraction, update_noise_multiplier)
+from ..rounds.central_gaussian import (
+    CLIPPING_NORM_METRIC,
+    MAX_CLIPPING_NORM,
+    MIN_CLIPPING_NORM,
+    SAMPLING,
+    UNCLIPPED_FRACTION_METRIC,
+    CentralGaussianRound,
+    check_ledger_arguments,
+    geometric_update,
+    noisy_unclipped_fraction,
+    update_noise_multiplier,
+)
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 
 EVENT_LABEL = "central-gaussian/adaptive-clipping"
@@ -180,8 +189,9 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         initial = check_positive("initial_clipping_norm", initial_clipping_norm)
         clipped_target = check_probability("target_clipped_quantile", target_clipped_quantile)
         learning_rate = check_positive("clip_norm_lr", clip_norm_lr)
-        sigma_b = m / 20.0 if clipped_count_stddev is None else check_positive(
-            "clipped_count_stddev", clipped_count_stddev)
+        sigma_b = (
+            m / 20.0 if clipped_count_stddev is None else check_positive("clipped_count_stddev", clipped_count_stddev)
+        )
         z_update = update_noise_multiplier(z, sigma_b)
         if sampling not in SAMPLING:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
@@ -191,13 +201,25 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         self.clipped_count_stddev = sigma_b
         self.target_unclipped_quantile = 1.0 - clipped_target
         check_ledger_arguments(ledger, ledger_path, sampling)
-        self._init_accounting(ledger, None if ledger_path is None else os.fspath(ledger_path),
-                              check_bool("per_client_metrics", per_client_metrics), None, ADD_OR_REMOVE_ONE,
-                              resume=resume, high_water_path=high_water_path)
+        self._init_accounting(
+            ledger,
+            None if ledger_path is None else os.fspath(ledger_path),
+            check_bool("per_client_metrics", per_client_metrics),
+            None,
+            ADD_OR_REMOVE_ONE,
+            resume=resume,
+            high_water_path=high_water_path,
+        )
         self._init_screening(max_weight)
-        self._init_central(sampling=sampling, clipping="adaptive", num_clients=num_clients, rng=rng,
-                           publish_client_metrics=check_bool("publish_client_metrics", publish_client_metrics),
-                           event_label=self.event_label, clipping_side=self.clipping_side)
+        self._init_central(
+            sampling=sampling,
+            clipping="adaptive",
+            num_clients=num_clients,
+            rng=rng,
+            publish_client_metrics=check_bool("publish_client_metrics", publish_client_metrics),
+            event_label=self.event_label,
+            clipping_side=self.clipping_side,
+        )
         self._restore_clipping_norm()
 
     def _restore_clipping_norm(self) -> None:
@@ -207,20 +229,39 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         if state is None:
             return
         norm = state.get("clipping_norm")
-        if list(state) != ["clipping_norm"] or isinstance(norm, bool) or not isinstance(norm, (int, float)) \
-                or not MIN_CLIPPING_NORM <= norm <= MAX_CLIPPING_NORM:
-            raise LedgerFileError(self.ledger_store.path, f"state {STATE_NAME!r} must be {{'clipping_norm': C}} with C "
-                                  f"in [{MIN_CLIPPING_NORM}, {MAX_CLIPPING_NORM}], got {state!r}")
+        if (
+            list(state) != ["clipping_norm"]
+            or isinstance(norm, bool)
+            or not isinstance(norm, (int, float))
+            or not MIN_CLIPPING_NORM <= norm <= MAX_CLIPPING_NORM
+        ):
+            raise LedgerFileError(
+                self.ledger_store.path,
+                f"state {STATE_NAME!r} must be {{'clipping_norm': C}} with C "
+                f"in [{MIN_CLIPPING_NORM}, {MAX_CLIPPING_NORM}], got {state!r}",
+            )
         self.clipping_norm = float(norm)
-        log(INFO, "Adaptive clipping: clipping norm %.6g restored from %s (initial_clipping_norm applies to new runs)",
-            self.clipping_norm, self.ledger_store.path)
+        log(
+            INFO,
+            "Adaptive clipping: clipping norm %.6g restored from %s (initial_clipping_norm applies to new runs)",
+            self.clipping_norm,
+            self.ledger_store.path,
+        )
 
     def summary(self) -> None:
         """The split of z and the privacy spent, then Flower's DP settings and the wrapped strategy's
         summary (whose ``└──>`` line closes the tree, as in Flower)."""
-        log(INFO, "\t├──> z=%s split into z_update=%.4g and count std %.4g; target unclipped quantile %.3g; "
-            "epsilon=%.4f at delta=%g", self.noise_multiplier, self.update_noise_multiplier,
-            self.clipped_count_stddev, self.target_unclipped_quantile, self.ledger.epsilon(), self.ledger.target_delta)
+        log(
+            INFO,
+            "\t├──> z=%s split into z_update=%.4g and count std %.4g; target unclipped quantile %.3g; "
+            "epsilon=%.4f at delta=%g",
+            self.noise_multiplier,
+            self.update_noise_multiplier,
+            self.clipped_count_stddev,
+            self.target_unclipped_quantile,
+            self.ledger.epsilon(),
+            self.ledger.target_delta,
+        )
         cast(Any, super()).summary()
 
 
@@ -233,12 +274,22 @@ class AccountedAdaptiveClipping(AdaptiveClippingMixin, DifferentialPrivacyServer
     """
 
     def __repr__(self) -> str:
-        return (f"AccountedAdaptiveClipping(z={self.noise_multiplier}, C={self.clipping_norm:.6g}, "
-                f"m={self.num_sampled_clients}, gamma={self.target_unclipped_quantile}, sampling={self.sampling!r})")
+        return (
+            f"AccountedAdaptiveClipping(z={self.noise_multiplier}, C={self.clipping_norm:.6g}, "
+            f"m={self.num_sampled_clients}, gamma={self.target_unclipped_quantile}, sampling={self.sampling!r})"
+        )
 
 
 __all__ = [
-    "AccountedAdaptiveClipping", "AdaptiveClippingMixin", "CLIPPING_NORM_METRIC", "EVENT_LABEL", "MAX_CLIPPING_NORM",
-    "MIN_CLIPPING_NORM", "SAMPLING",
-    "UNCLIPPED_FRACTION_METRIC", "geometric_update", "noisy_unclipped_fraction", "update_noise_multiplier",
+    "AccountedAdaptiveClipping",
+    "AdaptiveClippingMixin",
+    "CLIPPING_NORM_METRIC",
+    "EVENT_LABEL",
+    "MAX_CLIPPING_NORM",
+    "MIN_CLIPPING_NORM",
+    "SAMPLING",
+    "UNCLIPPED_FRACTION_METRIC",
+    "geometric_update",
+    "noisy_unclipped_fraction",
+    "update_noise_multiplier",
 ]

@@ -76,6 +76,7 @@ def clipped_norm_limit(reference: Mapping[str, np.ndarray], clipping_norm: float
     log_d = math.ceil(math.log2(max(dim, 2)))
     return clipping_norm * (1.0 + NORM_TOLERANCE) + 2.0 * u * ((log_d + 5) * clipping_norm + w_norm)
 
+
 EVENT_LABEL = "central-gaussian/client-side-adaptive-clipping"
 
 
@@ -136,9 +137,17 @@ class AccountedClientSideAdaptiveClipping(AdaptiveClippingMixin, DifferentialPri
         return unclipped
 
     def __repr__(self) -> str:
-        return (f"AccountedClientSideAdaptiveClipping(z={self.noise_multiplier}, C={self.clipping_norm:.6g}, "
-                f"m={self.num_sampled_clients}, gamma={self.target_unclipped_quantile}, sampling={self.sampling!r})")
+        return (
+            f"AccountedClientSideAdaptiveClipping(z={self.noise_multiplier}, C={self.clipping_norm:.6g}, "
+            f"m={self.num_sampled_clients}, gamma={self.target_unclipped_quantile}, sampling={self.sampling!r})"
+        )
 
 
-__all__ = ["AccountedClientSideAdaptiveClipping", "EVENT_LABEL", "KEY_UNCLIPPED_BIT", "NORM_TOLERANCE",
-           "clipped_norm_limit", "read_unclipped_bit"]
+__all__ = [
+    "AccountedClientSideAdaptiveClipping",
+    "EVENT_LABEL",
+    "KEY_UNCLIPPED_BIT",
+    "NORM_TOLERANCE",
+    "clipped_norm_limit",
+    "read_unclipped_bit",
+]

@@ -97,8 +97,16 @@ from ..privacy.validation import check_epsilon, check_int
 from ..declarations import Declaration
 from ..rounds.client_accounting import ContentCheck, replies_already_logged
 from ..rounds.metrics import aggregate_reply_metrics, failed_replies
-from ..rounds.reply_screening import (DEFAULT_MAX_WEIGHT, MAX_INFERENCE_ABS, ArraySpec, array_spec,
-                              check_weight, decode_real, named_record, screen_train_content)
+from ..rounds.reply_screening import (
+    DEFAULT_MAX_WEIGHT,
+    MAX_INFERENCE_ABS,
+    ArraySpec,
+    array_spec,
+    check_weight,
+    decode_real,
+    named_record,
+    screen_train_content,
+)
 from ..rounds.template import AccountedRound, Booking, Release, Screened
 from ..wire import CONFIG_LAPLACE_EVAL_EPS, CONFIG_PRIVACY_EVAL_TYPE
 
@@ -169,21 +177,35 @@ class ClusterEvaluation(AccountedRound, Strategy):
         self.cluster_client_num = check_int("cluster_client_num", cluster_client_num, minimum=3)
         self.inference_key = inference_key
         # the wrapped strategy's ledgers and file are shared (one store), or its ledger if it has no store
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, wrapped=strategy, resume=resume,
-                              high_water_path=high_water_path)
-        self._init_screening(max_weight if max_weight is not None
-                             else getattr(strategy, "max_weight", DEFAULT_MAX_WEIGHT))
+        self._init_accounting(
+            ledger,
+            ledger_path,
+            per_client_metrics,
+            None,
+            wrapped=strategy,
+            resume=resume,
+            high_water_path=high_water_path,
+        )
+        self._init_screening(
+            max_weight if max_weight is not None else getattr(strategy, "max_weight", DEFAULT_MAX_WEIGHT)
+        )
         self.num_classes = None if num_classes is None else check_int("num_classes", num_classes, minimum=1)
         self.max_inference_abs = float(max_inference_abs)
-        if isinstance(max_inference_abs, bool) or not math.isfinite(self.max_inference_abs) \
-                or self.max_inference_abs <= 0:
+        if (
+            isinstance(max_inference_abs, bool)
+            or not math.isfinite(self.max_inference_abs)
+            or self.max_inference_abs <= 0
+        ):
             raise ValueError(f"max_inference_abs must be a finite number > 0, got {max_inference_abs!r}")
         self._unaccounted_training = getattr(strategy, "ledger", None) is None and bool(book_unaccounted_training)
         #: the template books a rejected (and an accepted) undeclared train reply of an unaccounted strategy
         self.undeclared_label = UNACCOUNTED_TRAIN_LABEL if self._unaccounted_training else None
         if getattr(strategy, "ledger", None) is None and not book_unaccounted_training:
-            log(WARNING, "ClusterEvaluation(book_unaccounted_training=False): the wrapped strategy's training "
-                "releases are not booked; privacy/epsilon covers the evaluate-phase releases only")
+            log(
+                WARNING,
+                "ClusterEvaluation(book_unaccounted_training=False): the wrapped strategy's training "
+                "releases are not booked; privacy/epsilon covers the evaluate-phase releases only",
+            )
         self._train_spec: Optional[ArraySpec] = None
         self._decoded: dict[int, np.ndarray] = {}  # id(content) -> inference point, decoded once while screening
         self._inner_counts_logged = False  # the train counts are the wrapped strategy's, logged by it
@@ -203,8 +225,9 @@ class ClusterEvaluation(AccountedRound, Strategy):
         try:
             return getattr(strategy, name)
         except AttributeError:
-            raise AttributeError(f"{type(self).__name__!r} object (wrapping {type(strategy).__name__}) "
-                                 f"has no attribute {name!r}") from None
+            raise AttributeError(
+                f"{type(self).__name__!r} object (wrapping {type(strategy).__name__}) has no attribute {name!r}"
+            ) from None
 
     @classmethod
     def from_run_config(cls, strategy: Strategy, run_config: Mapping[str, Any], **kwargs: Any) -> "ClusterEvaluation":
@@ -217,8 +240,9 @@ class ClusterEvaluation(AccountedRound, Strategy):
         return cls(strategy, **{**options, **kwargs})
 
     # ------------------------------------------------------------------ training: delegated
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The wrapped strategy's training configuration."""
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
         self.remember_instructions("train", server_round, messages)
@@ -229,17 +253,25 @@ class ClusterEvaluation(AccountedRound, Strategy):
         """Whether the wrapped strategy has a ledger: it screens and books its own train replies."""
         return getattr(self.strategy, "ledger", None) is not None
 
-    def screen_and_book(self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None,
-                        *, phase: Optional[str] = None, undeclared_label: Optional[str] = None,
-                        declared: Optional[dict[int, list[Declaration]]] = None) -> tuple[list[Message], Counter[str]]:
+    def screen_and_book(
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        check: Optional[ContentCheck] = None,
+        *,
+        phase: Optional[str] = None,
+        undeclared_label: Optional[str] = None,
+        declared: Optional[dict[int, list[Declaration]]] = None,
+    ) -> tuple[list[Message], Counter[str]]:
         """:meth:`ClientAccountingMixin.screen_and_book`, except for the train replies of a wrapped strategy
         with a ledger: they reach it unread (it screens, books and logs them in its own accounted round,
         with their declarations), so every reply is handed on and nothing is counted here."""
         if phase == "train" and self._accounts_training():
             self.__dict__["_screened"] = (int(server_round), phase)
             return list(replies), Counter()
-        return super().screen_and_book(server_round, replies, check, phase=phase,
-                                       undeclared_label=undeclared_label, declared=declared)
+        return super().screen_and_book(
+            server_round, replies, check, phase=phase, undeclared_label=undeclared_label, declared=declared
+        )
 
     def train_check(self) -> Optional[ContentCheck]:
         """For a wrapped strategy without a ledger: train screening against the arrays sent (identity,
@@ -267,13 +299,17 @@ class ClusterEvaluation(AccountedRound, Strategy):
             return Release(arrays, metrics)
         bookings = []
         if self._unaccounted_training:  # the declared ones: the template books the undeclared ones
-            bookings = [Booking(NonPrivateDpEvent(), UNACCOUNTED_TRAIN_LABEL, client=int(r.metadata.src_node_id))
-                        for r in screened.accepted if id(r) not in screened.undeclared]
+            bookings = [
+                Booking(NonPrivateDpEvent(), UNACCOUNTED_TRAIN_LABEL, client=int(r.metadata.src_node_id))
+                for r in screened.accepted
+                if id(r) not in screened.undeclared
+            ]
         arrays, metrics = self._wrapped_train(server_round, screened.accepted) if screened.accepted else (None, None)
         return Release(arrays, metrics, bookings)
 
-    def note_rejections(self, rejected: Counter[str], phase: Optional[str] = None,
-                        server_round: Optional[int] = None) -> None:
+    def note_rejections(
+        self, rejected: Counter[str], phase: Optional[str] = None, server_round: Optional[int] = None
+    ) -> None:
         """:meth:`ClientAccountingMixin.note_rejections`; counts a wrapped accounting strategy logged already
         are kept without a second log line."""
         if self._inner_counts_logged:
@@ -283,8 +319,9 @@ class ClusterEvaluation(AccountedRound, Strategy):
             return
         super().note_rejections(rejected, phase, server_round)
 
-    def _wrapped_train(self, server_round: int, accepted: list[Message]
-                       ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
+    def _wrapped_train(
+        self, server_round: int, accepted: list[Message]
+    ) -> tuple[Optional[ArrayRecord], Optional[MetricRecord]]:
         """The wrapped strategy's training aggregation of screened replies.
 
         Flower's own ``FedAvg.aggregate_train`` (not overridden) is computed with its own
@@ -295,14 +332,17 @@ class ClusterEvaluation(AccountedRound, Strategy):
         strategy = self.strategy
         if isinstance(strategy, FedAvg) and type(strategy).aggregate_train is FedAvg.aggregate_train:
             contents = [r.content for r in accepted]
-            return (aggregate_arrayrecords(contents, strategy.weighted_by_key),
-                    aggregate_reply_metrics(strategy.train_metrics_aggr_fn, contents, strategy.weighted_by_key))
+            return (
+                aggregate_arrayrecords(contents, strategy.weighted_by_key),
+                aggregate_reply_metrics(strategy.train_metrics_aggr_fn, contents, strategy.weighted_by_key),
+            )
         with replies_already_logged():  # logged by this strategy's screening
             return strategy.aggregate_train(server_round, accepted)
 
     # ------------------------------------------------------------------ evaluation
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """The wrapped strategy's evaluate messages, with the privacy mode in their config."""
         config = ConfigRecord(dict(config))
         config[CONFIG_PRIVACY_EVAL_TYPE] = self.privacy_eval_type
@@ -325,12 +365,18 @@ class ClusterEvaluation(AccountedRound, Strategy):
         decoded, accepted = self._decoded, screened.accepted
         with_points = [r for r in accepted if decoded.get(id(r.content)) is not None]
         if accepted and not with_points:
-            self._hint_once("inference", "ClusterEvaluation: none of the %d evaluate replies of round %d carries an "
-                            "ArrayRecord %r, so nothing is scored (cluster/* read 0.0). Each ClientApp's evaluate "
-                            "function must return its inference result (e.g. the mean softmax output) as "
-                            "ArrayRecord %r in the reply and add client_mods.LaplaceInferenceMod to its mods: "
-                            "@app.evaluate(mods=[LaplaceInferenceMod()])",
-                            len(accepted), server_round, self.inference_key, self.inference_key)
+            self._hint_once(
+                "inference",
+                "ClusterEvaluation: none of the %d evaluate replies of round %d carries an "
+                "ArrayRecord %r, so nothing is scored (cluster/* read 0.0). Each ClientApp's evaluate "
+                "function must return its inference result (e.g. the mean softmax output) as "
+                "ArrayRecord %r in the reply and add client_mods.LaplaceInferenceMod to its mods: "
+                "@app.evaluate(mods=[LaplaceInferenceMod()])",
+                len(accepted),
+                server_round,
+                self.inference_key,
+                self.inference_key,
+            )
         bookings = self._unprotected_bookings(server_round, [r for r in with_points if id(r) in screened.undeclared])
         missing = len(accepted) - len(with_points)
         mismatch = self._pin_length(with_points, decoded)
@@ -356,8 +402,9 @@ class ClusterEvaluation(AccountedRound, Strategy):
         """
         strategy = self.strategy
         if isinstance(strategy, FedAvg) and type(strategy).aggregate_evaluate is FedAvg.aggregate_evaluate:
-            return aggregate_reply_metrics(strategy.evaluate_metrics_aggr_fn, [r.content for r in accepted],
-                                           strategy.weighted_by_key)
+            return aggregate_reply_metrics(
+                strategy.evaluate_metrics_aggr_fn, [r.content for r in accepted], strategy.weighted_by_key
+            )
         with replies_already_logged():  # logged by this strategy's screening
             return strategy.aggregate_evaluate(server_round, accepted)
 
@@ -367,8 +414,12 @@ class ClusterEvaluation(AccountedRound, Strategy):
             return False
         lengths = {decoded[id(r.content)].size for r in with_points}
         if len(lengths) > 1:
-            log(WARNING, "ClusterEvaluation: inference vectors of lengths %s in one round; not scored until "
-                "they agree (pass num_classes to judge each reply alone)", sorted(lengths))
+            log(
+                WARNING,
+                "ClusterEvaluation: inference vectors of lengths %s in one round; not scored until "
+                "they agree (pass num_classes to judge each reply alone)",
+                sorted(lengths),
+            )
             return True
         self.num_classes = lengths.pop()
         return False
@@ -382,10 +433,15 @@ class ClusterEvaluation(AccountedRound, Strategy):
     def _unprotected_bookings(self, server_round: int, replies: list[Message]) -> list[Booking]:
         """An inference result sent without a declared release is not DP: a ``NonPrivateDpEvent`` (ε = inf)."""
         if replies and self.privacy_eval_type == "LAPLACE":
-            self._hint_once("laplace", "ClusterEvaluation: %d inference results of round %d arrived without a Laplace "
-                            "declaration and are booked as non-private (epsilon = inf). Add "
-                            "client_mods.LaplaceInferenceMod to each ClientApp's evaluate mods: "
-                            "@app.evaluate(mods=[LaplaceInferenceMod()])", len(replies), server_round)
+            self._hint_once(
+                "laplace",
+                "ClusterEvaluation: %d inference results of round %d arrived without a Laplace "
+                "declaration and are booked as non-private (epsilon = inf). Add "
+                "client_mods.LaplaceInferenceMod to each ClientApp's evaluate mods: "
+                "@app.evaluate(mods=[LaplaceInferenceMod()])",
+                len(replies),
+                server_round,
+            )
         return [Booking(NonPrivateDpEvent(), UNPROTECTED_LABEL, client=int(r.metadata.src_node_id)) for r in replies]
 
     def _point(self, content: RecordDict) -> tuple[Optional[np.ndarray], Optional[str]]:
@@ -436,8 +492,10 @@ class ClusterEvaluation(AccountedRound, Strategy):
         self.strategy.summary()
 
     def __repr__(self) -> str:
-        return (f"ClusterEvaluation({self.strategy!r}, eval_type={self.eval_type}, "
-                f"privacy_eval_type={self.privacy_eval_type}, laplace_eval_eps={self.laplace_eval_eps})")
+        return (
+            f"ClusterEvaluation({self.strategy!r}, eval_type={self.eval_type}, "
+            f"privacy_eval_type={self.privacy_eval_type}, laplace_eval_eps={self.laplace_eval_eps})"
+        )
 
 
 __all__ = ["ClusterEvaluation", "EVAL_TYPES", "PRIVACY_EVAL_TYPES", "RUN_CONFIG_KEYS"]

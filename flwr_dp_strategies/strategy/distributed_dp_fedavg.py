@@ -74,8 +74,15 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..npy_codec import npy_view, to_array
 from ..privacy import PrivacyLedger
-from ..privacy.distributed_dp import (DEFAULT_BETA, DEFAULT_OVERFLOW_SIGMAS, DistributedDpParams, SkellamCalibration,
-                                      calibrate_skellam, decode_sum, scale_for_bits)
+from ..privacy.distributed_dp import (
+    DEFAULT_BETA,
+    DEFAULT_OVERFLOW_SIGMAS,
+    DistributedDpParams,
+    SkellamCalibration,
+    calibrate_skellam,
+    decode_sum,
+    scale_for_bits,
+)
 from ..privacy.validation import check_int, check_positive
 from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
@@ -156,15 +163,29 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
         self.clipping_norm = check_positive("clipping_norm", clipping_norm)
         self.bits = check_bits(bits)
-        self.rotation_seed = secrets.randbits(62) if rotation_seed is None else check_int(
-            "rotation_seed", rotation_seed, minimum=0)
+        self.rotation_seed = (
+            secrets.randbits(62) if rotation_seed is None else check_int("rotation_seed", rotation_seed, minimum=0)
+        )
         self.beta = DistributedDpParams(1, 1.0, 1.0, 2, 0, beta).beta  # validated as the clients will
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
-        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout,
-                                      max_colluding_clients=max_colluding_clients, dropout_rate=dropout_rate,
-                                      failure_probability=failure_probability)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
-                              resume=resume, high_water_path=high_water_path)
+        self._init_secure_aggregation(
+            num_shares,
+            reconstruction_threshold,
+            min_survivors,
+            stage_timeout,
+            max_colluding_clients=max_colluding_clients,
+            dropout_rate=dropout_rate,
+            failure_probability=failure_probability,
+        )
+        self._init_accounting(
+            ledger,
+            ledger_path,
+            per_client_metrics,
+            None,
+            "add_or_remove_one",
+            resume=resume,
+            high_water_path=high_water_path,
+        )
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._spec: Optional[ArrayRecord] = None
@@ -172,20 +193,35 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         self._calibration: Optional[SkellamCalibration] = None
 
     # ------------------------------------------------------------------ calibration
-    def round_parameters(self, server_round: int, dim: int, sizes: ProtocolSizes
-                         ) -> tuple[DistributedDpParams, SkellamCalibration]:
+    def round_parameters(
+        self, server_round: int, dim: int, sizes: ProtocolSizes
+    ) -> tuple[DistributedDpParams, SkellamCalibration]:
         """(params, calibration) of a round of ``sizes`` and a model of ``dim`` values: the noise μ is
         split over the m − c honest survivors (:attr:`ProtocolSizes.honest`)."""
-        scale = scale_for_bits(bits=self.bits, clip_norm=self.clipping_norm, dim=dim, n_clients=sizes.n_sampled,
-                               noise_multiplier=self.noise_multiplier, min_survivors=sizes.honest, beta=self.beta,
-                               overflow_sigmas=self.overflow_sigmas)
-        params = DistributedDpParams(dim=dim, clip_norm=self.clipping_norm, scale=scale, bits=self.bits,
-                                     rotation_seed=(self.rotation_seed + server_round) % (1 << 62), beta=self.beta)
+        scale = scale_for_bits(
+            bits=self.bits,
+            clip_norm=self.clipping_norm,
+            dim=dim,
+            n_clients=sizes.n_sampled,
+            noise_multiplier=self.noise_multiplier,
+            min_survivors=sizes.honest,
+            beta=self.beta,
+            overflow_sigmas=self.overflow_sigmas,
+        )
+        params = DistributedDpParams(
+            dim=dim,
+            clip_norm=self.clipping_norm,
+            scale=scale,
+            bits=self.bits,
+            rotation_seed=(self.rotation_seed + server_round) % (1 << 62),
+            beta=self.beta,
+        )
         return params, calibrate_skellam(params, noise_multiplier=self.noise_multiplier, n_clients=sizes.honest)
 
     # ------------------------------------------------------------------ train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages (FedAvg's content +
         the protocol record + the public DP parameters)."""
         self.begin_round(grid)
@@ -200,11 +236,24 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             return []
         dim = int(sum(npy_view(a).size for a in arrays.values()))
         params, calibration = self.round_parameters(server_round, dim, sizes)
-        public = {"dp-dim": params.dim, "dp-clip-norm": params.clip_norm, "dp-scale": params.scale,
-                  "dp-rotation-seed": params.rotation_seed, "dp-beta": params.beta,
-                  "dp-noise-share": calibration.local_mu}
-        messages = self.open_secure_round(server_round, grid, planned, sizes=sizes, bits=self.bits,
-                                          length=params.padded_dim, event=calibration.event, public=public)
+        public = {
+            "dp-dim": params.dim,
+            "dp-clip-norm": params.clip_norm,
+            "dp-scale": params.scale,
+            "dp-rotation-seed": params.rotation_seed,
+            "dp-beta": params.beta,
+            "dp-noise-share": calibration.local_mu,
+        }
+        messages = self.open_secure_round(
+            server_round,
+            grid,
+            planned,
+            sizes=sizes,
+            bits=self.bits,
+            length=params.padded_dim,
+            event=calibration.event,
+            public=public,
+        )
         self._params, self._calibration = params, calibration
         return messages
 
@@ -219,22 +268,38 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         assert self._params is not None and self._calibration is not None
         peak = peak_fraction(total, self._params.bits)
         if peak > WRAP_WARNING:
-            log(WARNING, "Round %d, distributed DP: the revealed sum reaches %.0f%% of the range of %d bits; "
+            log(
+                WARNING,
+                "Round %d, distributed DP: the revealed sum reaches %.0f%% of the range of %d bits; "
                 "coordinates may have wrapped (the update would be wrong, not less private): raise bits",
-                server_round, 100 * peak, self._params.bits)
+                server_round,
+                100 * peak,
+                self._params.bits,
+            )
         mean = decode_sum(total, self._params) / len(secure.survivors)
         arrays = _add_update(self._current, mean)
-        metrics = MetricRecord({"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier),
-                                "secagg/peak-fraction": peak})
+        metrics = MetricRecord(
+            {"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier), "secagg/peak-fraction": peak}
+        )
         event = Booking(self._calibration.event, EVENT_LABEL, neighboring_relation="add_or_remove_one")
         return Release(arrays, metrics, [*revealed.bookings, event])
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""
         report = self.ledger.report()
-        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); distributed DP: z=%s, C=%s, %d bits, "
-            "min survivors %s, max colluding clients %d", report.epsilon, report.delta, report.method,
-            self.noise_multiplier, self.clipping_norm, self.bits, self.min_survivors, self.max_colluding_clients)
+        log(
+            INFO,
+            "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); distributed DP: z=%s, C=%s, %d bits, "
+            "min survivors %s, max colluding clients %d",
+            report.epsilon,
+            report.delta,
+            report.method,
+            self.noise_multiplier,
+            self.clipping_norm,
+            self.bits,
+            self.min_survivors,
+            self.max_colluding_clients,
+        )
         for line in self.trust_lines():
             log(INFO, "\t├──> %s", line)
         super().summary()
@@ -244,9 +309,11 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         return packed_size(DistributedDpParams(dim, 1.0, 1.0, self.bits, 0).padded_dim, self.bits)
 
     def __repr__(self) -> str:
-        return (f"DistributedDpFedAvg(z={self.noise_multiplier}, C={self.clipping_norm}, bits={self.bits}, "
-                f"num_shares={self.num_shares}, threshold={self.reconstruction_threshold}, "
-                f"min_survivors={self.min_survivors}, max_colluding_clients={self.max_colluding_clients})")
+        return (
+            f"DistributedDpFedAvg(z={self.noise_multiplier}, C={self.clipping_norm}, bits={self.bits}, "
+            f"num_shares={self.num_shares}, threshold={self.reconstruction_threshold}, "
+            f"min_survivors={self.min_survivors}, max_colluding_clients={self.max_colluding_clients})"
+        )
 
 
 WRAP_WARNING = 0.5
@@ -272,7 +339,7 @@ def _add_update(current: Optional[ArrayRecord], mean: np.ndarray) -> ArrayRecord
     out, offset = {}, 0
     for key, array in current.items():
         reference = npy_view(array)
-        part = mean[offset:offset + reference.size].reshape(reference.shape)
+        part = mean[offset : offset + reference.size].reshape(reference.shape)
         offset += reference.size
         out[key] = to_array((reference.astype(np.float64) + part).astype(reference.dtype))
     return ArrayRecord(out)

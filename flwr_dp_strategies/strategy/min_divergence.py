@@ -116,10 +116,10 @@ def finite_flip_count(global_negative: np.ndarray, reply: np.ndarray, scratch: n
     flat, negative = np.asarray(reply).reshape(-1), global_negative.reshape(-1)
     step, flips = scratch.size, 0
     for start in range(0, flat.size, step):
-        block = flat[start:start + step]
+        block = flat[start : start + step]
         if not all_finite(block):
             return None
-        flips += flip_count(negative[start:start + step], block, scratch[:block.size])
+        flips += flip_count(negative[start : start + step], block, scratch[: block.size])
     return flips
 
 
@@ -198,14 +198,22 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path, resume=resume,
-                         high_water_path=high_water_path,
-                         per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
+        super().__init__(
+            **fedavg_arguments(locals()),
+            ledger=ledger,
+            ledger_path=ledger_path,
+            resume=resume,
+            high_water_path=high_water_path,
+            per_client_metrics=per_client_metrics,
+            max_reply_bytes=max_reply_bytes,
+            max_weight=max_weight,
+        )
         self.num_selected = check_int("num_selected", num_selected, minimum=1)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon, "epsilon")
         self.layer_of = layer_of if layer_of is not None else default_layer_of
         self.selection_ledger = self.ledger_store.claim(  # persisted with the main ledger, in ledger_path
-            SELECTION_LABEL, selection_ledger, lambda: PrivacyLedger(1e-5, neighboring_relation="replace_one"))
+            SELECTION_LABEL, selection_ledger, lambda: PrivacyLedger(1e-5, neighboring_relation="replace_one")
+        )
         self._rng = RngSource(rng)
         self._layers: Layers = {}
         self._global_negative: dict[str, np.ndarray] = {}
@@ -229,20 +237,32 @@ class MinDivergenceExpSampling(AccountedFedAvg):
             return Release()
         arrays, metrics = result
         event = selection_event(self.epsilon, self.num_selected, len(self._layers))
-        return Release(arrays, metrics, [Booking(event, SELECTION_LABEL, ledger=self.selection_ledger)],
-                       ledger_figures=self._selection_epsilon)
+        return Release(
+            arrays,
+            metrics,
+            [Booking(event, SELECTION_LABEL, ledger=self.selection_ledger)],
+            ledger_figures=self._selection_epsilon,
+        )
 
     def _select(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         if self._global_meta is None:
             raise RuntimeError("MinDivergenceExpSampling: call configure_train before aggregate_train")
         dvg = self._divergences(replies)
-        selected = [select_low_divergence(dvg[:, j], self.num_selected, self.epsilon, self._rng())
-                    for j in range(dvg.shape[1])]
+        selected = [
+            select_low_divergence(dvg[:, j], self.num_selected, self.epsilon, self._rng()) for j in range(dvg.shape[1])
+        ]
         if len(replies) < self.num_selected:
-            log(WARNING, "Round %d: %d accepted replies < num_selected=%d; every layer uses all of them",
-                server_round, len(replies), self.num_selected)
+            log(
+                WARNING,
+                "Round %d: %d accepted replies < num_selected=%d; every layer uses all of them",
+                server_round,
+                len(replies),
+                self.num_selected,
+            )
         arrays = self._aggregate_layers(replies, selected)
-        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
+        metrics = aggregate_reply_metrics(
+            self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key
+        )
         for key, value in self._selection_metrics(dvg, selected).items():
             metrics[key] = value
         return arrays, metrics
@@ -296,7 +316,6 @@ class MinDivergenceExpSampling(AccountedFedAvg):
     def _selection_epsilon(self) -> dict[str, float]:
         """``selection/epsilon``: the selection ledger's ε, read once the round's selection is booked."""
         return {"selection/epsilon": float(self.selection_ledger.epsilon())}
-
 
 
 __all__ = [

@@ -122,16 +122,24 @@ class NoisyObjectiveSum(AccountedFedAvg):
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path, resume=resume,
-                         high_water_path=high_water_path,
-                         per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
+        super().__init__(
+            **fedavg_arguments(locals()),
+            ledger=ledger,
+            ledger_path=ledger_path,
+            resume=resume,
+            high_water_path=high_water_path,
+            per_client_metrics=per_client_metrics,
+            max_reply_bytes=max_reply_bytes,
+            max_weight=max_weight,
+        )
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got {loss!r}")
         self.loss = loss
         self.ridge = check_nonnegative("ridge", ridge)
-        self.client_noise_std = None if client_noise_std is None else check_positive("client_noise_std",
-                                                                                     client_noise_std)
+        self.client_noise_std = (
+            None if client_noise_std is None else check_positive("client_noise_std", client_noise_std)
+        )
         self.ridge_fraction = check_nonnegative("ridge_fraction", ridge_fraction)
         self.last_ridge: Optional[float] = None
         self.psd_floor = check_nonnegative("psd_floor", psd_floor)
@@ -146,8 +154,9 @@ class NoisyObjectiveSum(AccountedFedAvg):
         """Node ids whose objective is in the sum."""
         return frozenset(self._contributors)
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """FedAvg's messages carrying the head; replies are screened against the objective's arrays."""
         if list(arrays.keys()) != [self.weights_key]:
             raise ValueError(f"arrays must hold exactly the head {self.weights_key!r}, got keys {list(arrays.keys())}")
@@ -157,8 +166,9 @@ class NoisyObjectiveSum(AccountedFedAvg):
             raise ValueError(f"{self.weights_key} must be a (q, c) matrix, got shape {tuple(head.shape)}")
         q, width = (int(v) for v in head.shape)
         self._head_dtype = np.dtype(str(head.dtype))
-        self._spec = array_spec(ArrayRecord({LINEAR_KEY: Array(np.zeros((q, width))),
-                                             QUADRATIC_KEY: Array(np.zeros((q, q)))}))
+        self._spec = array_spec(
+            ArrayRecord({LINEAR_KEY: Array(np.zeros((q, width))), QUADRATIC_KEY: Array(np.zeros((q, q)))})
+        )
         return messages
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
@@ -190,11 +200,17 @@ class NoisyObjectiveSum(AccountedFedAvg):
             new += 1
         assert self._total is not None  # replies is non-empty and screened
         if new or self._head is None:  # the sum changed: solve again (one q×q eigendecomposition)
-            self._head, self.last_ridge = solve_noisy_sum(self._total, ridge=self.ridge, noise_std=self._summed_noise_std(),
-                                                          ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
+            self._head, self.last_ridge = solve_noisy_sum(
+                self._total,
+                ridge=self.ridge,
+                noise_std=self._summed_noise_std(),
+                ridge_fraction=self.ridge_fraction,
+                floor=self.psd_floor,
+            )
         head = self._head
-        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies],
-                                          self.weighted_by_key)
+        metrics = aggregate_reply_metrics(
+            self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key
+        )
         metrics["objective/clients"] = len(self._contributors)
         metrics["objective/new-clients"] = new
         metrics["objective/ridge"] = self.last_ridge
@@ -204,8 +220,9 @@ class NoisyObjectiveSum(AccountedFedAvg):
         """``ridge``, plus the noise-adapted ridge of the current sum when ``client_noise_std`` is set."""
         if self._total is None:
             return self.ridge
-        return noisy_sum_ridge(self._total, ridge=self.ridge, noise_std=self._summed_noise_std(),
-                               ridge_fraction=self.ridge_fraction)
+        return noisy_sum_ridge(
+            self._total, ridge=self.ridge, noise_std=self._summed_noise_std(), ridge_fraction=self.ridge_fraction
+        )
 
     def _summed_noise_std(self) -> Optional[float]:
         """σ√m of the m contributors' releases, or None without ``client_noise_std``."""
@@ -218,8 +235,13 @@ class NoisyObjectiveSum(AccountedFedAvg):
         weight = reply_weight(reply, self.weighted_by_key)
         linear, quadratic = npy_view(arrays[LINEAR_KEY]), npy_view(arrays[QUADRATIC_KEY])
         if self._total is None:
-            self._total = QuadraticStatistics(np.array(linear, dtype=np.float64), np.array(quadratic, dtype=np.float64),
-                                              0, self.loss, self.num_classes)
+            self._total = QuadraticStatistics(
+                np.array(linear, dtype=np.float64),
+                np.array(quadratic, dtype=np.float64),
+                0,
+                self.loss,
+                self.num_classes,
+            )
         else:
             np.add(self._total.linear, linear, out=self._total.linear)
             np.add(self._total.quadratic, quadratic, out=self._total.quadratic)
@@ -228,8 +250,9 @@ class NoisyObjectiveSum(AccountedFedAvg):
 
 def _bounded(arrays: ArrayRecord) -> bool:
     """Every coefficient of the reply's (finite, screened) arrays is within ±MAX_COEFFICIENT_ABS."""
-    return all(np.abs(npy_view(arrays[key])).max(initial=0.0) <= MAX_COEFFICIENT_ABS
-               for key in (LINEAR_KEY, QUADRATIC_KEY))
+    return all(
+        np.abs(npy_view(arrays[key])).max(initial=0.0) <= MAX_COEFFICIENT_ABS for key in (LINEAR_KEY, QUADRATIC_KEY)
+    )
 
 
 __all__ = ["LINEAR_KEY", "MAX_COEFFICIENT_ABS", "NoisyObjectiveSum", "QUADRATIC_KEY"]

@@ -126,23 +126,45 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
         if accountant is not None:
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, ADD_OR_REMOVE_ONE,
-                              resume=resume, high_water_path=high_water_path)
+        self._init_accounting(
+            ledger,
+            ledger_path,
+            per_client_metrics,
+            None,
+            ADD_OR_REMOVE_ONE,
+            resume=resume,
+            high_water_path=high_water_path,
+        )
         self._init_screening(max_weight)
-        self._init_central(sampling="poisson", clipping="fixed", num_clients=num_clients, rng=rng,
-                           publish_client_metrics=publish_client_metrics, event_label=EVENT_LABEL)
+        self._init_central(
+            sampling="poisson",
+            clipping="fixed",
+            num_clients=num_clients,
+            rng=rng,
+            publish_client_metrics=publish_client_metrics,
+            event_label=EVENT_LABEL,
+        )
 
     def summary(self) -> None:
         """Log the privacy spent so far, then Flower's DP settings and the wrapped FedAvg's summary."""
         report = self.ledger.report()
         rate = "m/N, N = the nodes at round 1" if self.sampling_rate is None else f"{self.sampling_rate:.4g}"
-        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d Poisson-sampled releases (q=%s)",
-            report.epsilon, report.delta, report.method, len(self.ledger.rounds()), rate)
+        log(
+            INFO,
+            "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s), %d Poisson-sampled releases (q=%s)",
+            report.epsilon,
+            report.delta,
+            report.method,
+            len(self.ledger.rounds()),
+            rate,
+        )
         super().summary()
 
     def __repr__(self) -> str:
-        return (f"AccountedPoissonFixedClipping(z={self.noise_multiplier}, C={self.clipping_norm}, "
-                f"m={self.num_sampled_clients}, q={self.sampling_rate})")
+        return (
+            f"AccountedPoissonFixedClipping(z={self.noise_multiplier}, C={self.clipping_norm}, "
+            f"m={self.num_sampled_clients}, q={self.sampling_rate})"
+        )
 
 
 def _check_poisson_accountant(accountant: PrivacyAccountant, num_clients: Optional[int]) -> int:
@@ -152,10 +174,13 @@ def _check_poisson_accountant(accountant: PrivacyAccountant, num_clients: Option
         raise ValueError(
             "AccountedPoissonFixedClipping samples clients by Poisson sampling: give it a Flower accountant "
             f"configured with sampling_method=SamplingMethod.POISSON (got {config.sampling_method.value!r}), "
-            "or use AccountedServerSideFixedClipping for Flower's fixed-size, no-amplification accounting")
+            "or use AccountedServerSideFixedClipping for Flower's fixed-size, no-amplification accounting"
+        )
     if num_clients is not None and num_clients != config.population_size:
-        raise ValueError(f"num_clients={num_clients} differs from the accountant's population_size="
-                         f"{config.population_size}: both are N, the population sampled with q = m/N")
+        raise ValueError(
+            f"num_clients={num_clients} differs from the accountant's population_size="
+            f"{config.population_size}: both are N, the population sampled with q = m/N"
+        )
     return int(config.population_size)
 
 

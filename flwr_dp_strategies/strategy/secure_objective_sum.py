@@ -52,8 +52,13 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..privacy import PrivacyLedger
 from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, solve_noisy_sum
-from ..privacy.secure_objective import (DEFAULT_BITS, DEFAULT_OVERFLOW_SIGMAS, SecureObjectiveCalibration,
-                                        calibrate_secure_objective, decode_objective)
+from ..privacy.secure_objective import (
+    DEFAULT_BITS,
+    DEFAULT_OVERFLOW_SIGMAS,
+    SecureObjectiveCalibration,
+    calibrate_secure_objective,
+    decode_objective,
+)
 from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
@@ -139,19 +144,33 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
         if (epsilon is None) == (noise_multiplier is None):
             raise ValueError("epsilon or noise_multiplier must be given, exactly one of them")
         self.epsilon = None if epsilon is None else check_epsilon(epsilon)
-        self.noise_multiplier = None if noise_multiplier is None else check_positive("noise_multiplier",
-                                                                                     noise_multiplier)
+        self.noise_multiplier = (
+            None if noise_multiplier is None else check_positive("noise_multiplier", noise_multiplier)
+        )
         self.ridge = check_nonnegative("ridge", ridge)
         self.ridge_fraction = check_nonnegative("ridge_fraction", ridge_fraction)
         self.psd_floor = check_nonnegative("psd_floor", psd_floor)
         self.weights_key = weights_key
         self.bits = check_bits(bits)
         self.overflow_sigmas = check_positive("overflow_sigmas", overflow_sigmas)
-        self._init_secure_aggregation(num_shares, reconstruction_threshold, min_survivors, stage_timeout,
-                                      max_colluding_clients=max_colluding_clients, dropout_rate=dropout_rate,
-                                      failure_probability=failure_probability)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None, "add_or_remove_one",
-                              resume=resume, high_water_path=high_water_path)
+        self._init_secure_aggregation(
+            num_shares,
+            reconstruction_threshold,
+            min_survivors,
+            stage_timeout,
+            max_colluding_clients=max_colluding_clients,
+            dropout_rate=dropout_rate,
+            failure_probability=failure_probability,
+        )
+        self._init_accounting(
+            ledger,
+            ledger_path,
+            per_client_metrics,
+            None,
+            "add_or_remove_one",
+            resume=resume,
+            high_water_path=high_water_path,
+        )
         self._init_screening(max_weight)
         self._spec: Optional[ArrayRecord] = None
         self._calibration: Optional[SecureObjectiveCalibration] = None
@@ -164,14 +183,24 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
     def round_parameters(self, dim: int, sizes: ProtocolSizes) -> SecureObjectiveCalibration:
         """The calibration of a round of ``sizes`` and q = ``dim`` features (noise split over m − c)."""
         return calibrate_secure_objective(
-            dim=dim, num_classes=self.num_classes, max_records=self.max_records, n_clients=sizes.n_sampled,
-            min_survivors=sizes.honest, epsilon=self.epsilon, noise_multiplier=self.noise_multiplier,
-            delta=self.ledger.target_delta, loss=self.loss, neighboring_relation=self.ledger.neighboring_relation,
-            bits=self.bits, overflow_sigmas=self.overflow_sigmas)
+            dim=dim,
+            num_classes=self.num_classes,
+            max_records=self.max_records,
+            n_clients=sizes.n_sampled,
+            min_survivors=sizes.honest,
+            epsilon=self.epsilon,
+            noise_multiplier=self.noise_multiplier,
+            delta=self.ledger.target_delta,
+            loss=self.loss,
+            neighboring_relation=self.ledger.neighboring_relation,
+            bits=self.bits,
+            overflow_sigmas=self.overflow_sigmas,
+        )
 
     # ------------------------------------------------------------------ train
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages with the public parameters."""
         self.begin_round(grid)
         self._spec = arrays
@@ -183,8 +212,11 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             raise ValueError(f"{self.weights_key} must be a (q, {width}) matrix, got shape {tuple(head.shape)}")
         self._head_dtype = np.dtype(str(head.dtype))
         if self.head is not None:
-            log(INFO, "SecureObjectiveSum: the objective was summed in an earlier round; round %d sends nothing",
-                server_round)
+            log(
+                INFO,
+                "SecureObjectiveSum: the objective was summed in an earlier round; round %d sends nothing",
+                server_round,
+            )
             return []
         if self.budget_exhausted:
             return []
@@ -196,12 +228,25 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             return []
         calibration = self.round_parameters(int(head.shape[0]), sizes)
         params = calibration.params
-        public = {"fm-dim": params.dim, "fm-num-classes": params.num_classes, "fm-loss": params.loss,
-                  "fm-scale": params.scale, "fm-noise-share": calibration.local_mu}
+        public = {
+            "fm-dim": params.dim,
+            "fm-num-classes": params.num_classes,
+            "fm-loss": params.loss,
+            "fm-scale": params.scale,
+            "fm-noise-share": calibration.local_mu,
+        }
         self._calibration = calibration
-        return self.open_secure_round(server_round, grid, planned, sizes=sizes, bits=self.bits,
-                                      length=params.length, event=calibration.add_remove_event, public=public,
-                                      replace_one_event=calibration.replace_one_event)
+        return self.open_secure_round(
+            server_round,
+            grid,
+            planned,
+            sizes=sizes,
+            bits=self.bits,
+            length=params.length,
+            event=calibration.add_remove_event,
+            public=public,
+            replace_one_event=calibration.replace_one_event,
+        )
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         """Add the masked vectors, unmask, decode, repair and solve once; the release's Skellam event (add/remove,
@@ -213,31 +258,55 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             return Release(bookings=revealed.bookings)
         calibration = self._calibration
         assert calibration is not None
-        event = Booking(calibration.add_remove_event, EVENT_LABEL, neighboring_relation="add_or_remove_one",
-                        replace_one_event=calibration.replace_one_event)
+        event = Booking(
+            calibration.add_remove_event,
+            EVENT_LABEL,
+            neighboring_relation="add_or_remove_one",
+            replace_one_event=calibration.replace_one_event,
+        )
         self.objective = decode_objective(total, calibration.params)
         noise_std = math.sqrt(len(secure.survivors) * calibration.local_mu) / calibration.params.scale
-        head, self.last_ridge = solve_noisy_sum(self.objective, ridge=self.ridge, noise_std=noise_std,
-                                                ridge_fraction=self.ridge_fraction, floor=self.psd_floor)
+        head, self.last_ridge = solve_noisy_sum(
+            self.objective,
+            ridge=self.ridge,
+            noise_std=noise_std,
+            ridge_fraction=self.ridge_fraction,
+            floor=self.psd_floor,
+        )
         self.head = head
-        metrics = MetricRecord({"objective/noise-std": float(noise_std), "objective/ridge": float(self.last_ridge),
-                                "objective/noisy-count": float(self.objective.count)})
-        return Release(ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics,
-                       [*revealed.bookings, event])
+        metrics = MetricRecord(
+            {
+                "objective/noise-std": float(noise_std),
+                "objective/ridge": float(self.last_ridge),
+                "objective/noisy-count": float(self.objective.count),
+            }
+        )
+        return Release(
+            ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics, [*revealed.bookings, event]
+        )
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""
         report = self.ledger.report()
-        log(INFO, "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); secure objective sum: %s bits, "
-            "min survivors %s", report.epsilon, report.delta, report.method, self.bits, self.min_survivors)
+        log(
+            INFO,
+            "\t├──> Privacy ledger: epsilon=%.4f at delta=%g (%s); secure objective sum: %s bits, min survivors %s",
+            report.epsilon,
+            report.delta,
+            report.method,
+            self.bits,
+            self.min_survivors,
+        )
         for line in self.trust_lines():
             log(INFO, "\t├──> %s", line)
         super().summary()
 
     def __repr__(self) -> str:
         target = f"epsilon={self.epsilon}" if self.epsilon is not None else f"z={self.noise_multiplier}"
-        return (f"SecureObjectiveSum({target}, c={self.num_classes}, max_records={self.max_records}, "
-                f"bits={self.bits}, min_survivors={self.min_survivors})")
+        return (
+            f"SecureObjectiveSum({target}, c={self.num_classes}, max_records={self.max_records}, "
+            f"bits={self.bits}, min_survivors={self.min_survivors})"
+        )
 
 
 __all__ = ["EVENT_LABEL", "SecureObjectiveSum"]

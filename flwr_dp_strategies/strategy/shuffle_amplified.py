@@ -149,17 +149,28 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
     ) -> None:
         if amplification not in AMPLIFICATIONS:
             raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
-        super().__init__(**fedavg_arguments(locals()), ledger=ledger, ledger_path=ledger_path, resume=resume,
-                         high_water_path=high_water_path,
-                         per_client_metrics=per_client_metrics, max_reply_bytes=max_reply_bytes, max_weight=max_weight)
+        super().__init__(
+            **fedavg_arguments(locals()),
+            ledger=ledger,
+            ledger_path=ledger_path,
+            resume=resume,
+            high_water_path=high_water_path,
+            per_client_metrics=per_client_metrics,
+            max_reply_bytes=max_reply_bytes,
+            max_weight=max_weight,
+        )
         self.shuffler = shuffler if shuffler is not None else LayerShuffler()
         self.layer_of = layer_of
         self.amplification = amplification
         self.reports_are_ldp = bool(reports_are_ldp)
-        self.shuffle_ledger = _shuffle_ledger(self.ledger_store.claim(  # persisted with the main ledger
-            "shuffle", shuffle_ledger, lambda: _shuffle_ledger(None)))
-        self._explicit_round_delta = (None if shuffle_round_delta is None
-                                      else _round_delta(shuffle_round_delta, self.shuffle_ledger))
+        self.shuffle_ledger = _shuffle_ledger(
+            self.ledger_store.claim(  # persisted with the main ledger
+                "shuffle", shuffle_ledger, lambda: _shuffle_ledger(None)
+            )
+        )
+        self._explicit_round_delta = (
+            None if shuffle_round_delta is None else _round_delta(shuffle_round_delta, self.shuffle_ledger)
+        )
         self.planned_rounds = None if planned_rounds is None else check_int("planned_rounds", planned_rounds, minimum=1)
         self._logged: set[str] = set()
         self._unamplified: Optional[str] = None
@@ -205,7 +216,9 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
             if bad:
                 raise NonFiniteReplies(bad)
         arrays = mean.result(keys)
-        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key)
+        metrics = aggregate_reply_metrics(
+            self.train_metrics_aggr_fn, [r.content for r in replies], self.weighted_by_key
+        )
         return arrays, metrics, weights, len(reports[0])
 
     def _shuffle_metrics(
@@ -228,9 +241,13 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         metrics = {"shuffle/reports": n, "shuffle/layers": m, "shuffle/epsilon0": eps0}
         if self.amplification == "paper":
             metrics["shuffle/epsilon-paper"] = eps0 / m
-            log(WARNING, "Round %d: shuffle/epsilon-paper = epsilon0/m = %.4g is the DELM paper's claim, NOT a "
+            log(
+                WARNING,
+                "Round %d: shuffle/epsilon-paper = epsilon0/m = %.4g is the DELM paper's claim, NOT a "
                 "differential-privacy bound (every layer still reaches the analyst); it is never booked.",
-                server_round, eps0 / m)
+                server_round,
+                eps0 / m,
+            )
         return metrics, bookings
 
     def _no_amplification_reason(
@@ -240,8 +257,10 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         if self.amplification != "fmt":
             return f"amplification={self.amplification!r}"
         if not self.reports_are_ldp:
-            return ("reports_are_ldp=False (record-level DP such as DP-SGD or the functional mechanism is "
-                    "not LDP w.r.t. a client's whole data, and shuffling does not amplify it)")
+            return (
+                "reports_are_ldp=False (record-level DP such as DP-SGD or the functional mechanism is "
+                "not LDP w.r.t. a client's whole data, and shuffling does not amplify it)"
+            )
         if self._unamplified is not None:
             return f"an earlier round was not amplified ({self._unamplified})"
         if not math.isfinite(eps0):
@@ -258,8 +277,11 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
             return {"shuffle/epsilon": self.ledger.epsilon(), "shuffle/delta": self.ledger.target_delta}
         eps = self.shuffle_ledger.epsilon()
         if not math.isfinite(eps):
-            self._log_once(WARNING, "the shuffle ledger's composed epsilon is infinite: the rounds' delta add up to "
-                           "its target delta; pass planned_rounds or a smaller shuffle_round_delta")
+            self._log_once(
+                WARNING,
+                "the shuffle ledger's composed epsilon is infinite: the rounds' delta add up to "
+                "its target delta; pass planned_rounds or a smaller shuffle_round_delta",
+            )
         return {"shuffle/epsilon": eps, "shuffle/delta": self.shuffle_ledger.target_delta}
 
     def _log_once(self, level: int, message: str) -> None:
@@ -337,8 +359,10 @@ def _shuffle_ledger(ledger: Optional[PrivacyLedger]) -> PrivacyLedger:
     if ledger is None:
         return PrivacyLedger(1e-5, neighboring_relation="replace_one")
     if ledger.neighboring_relation != "replace_one":
-        raise ValueError("shuffle_ledger must use neighboring_relation='replace_one': the FMT shuffle bound is "
-                         f"for replacing one client's data, got {ledger.neighboring_relation!r}")
+        raise ValueError(
+            "shuffle_ledger must use neighboring_relation='replace_one': the FMT shuffle bound is "
+            f"for replacing one client's data, got {ledger.neighboring_relation!r}"
+        )
     return ledger
 
 
@@ -347,8 +371,9 @@ def _round_delta(delta: Optional[float], ledger: PrivacyLedger) -> float:
         return ledger.target_delta
     value = check_delta(delta, "shuffle_round_delta")
     if value > ledger.target_delta:
-        raise ValueError(f"shuffle_round_delta={value:g} exceeds the shuffle ledger's target delta "
-                         f"{ledger.target_delta:g}")
+        raise ValueError(
+            f"shuffle_round_delta={value:g} exceeds the shuffle ledger's target delta {ledger.target_delta:g}"
+        )
     return value
 
 

@@ -139,16 +139,18 @@ class SignDS(AccountedRound, FedAvg):
         self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
         self.magrr = magrr
         self.state = MagRRState(r_est=magrr.initial_r_est)
-        self._init_accounting(ledger, ledger_path, per_client_metrics, None,
-                              resume=resume, high_water_path=high_water_path)
+        self._init_accounting(
+            ledger, ledger_path, per_client_metrics, None, resume=resume, high_water_path=high_water_path
+        )
         self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._asked = 0
         self._hinted = False  # the missing-client-mod WARNING, logged once
 
     # ------------------------------------------------------------------ configure
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         """FedAvg's messages with the SignDS parameters and the MagRR state in the config."""
         config = ConfigRecord(dict(config))
         config.update(self.client_config())
@@ -160,11 +162,16 @@ class SignDS(AccountedRound, FedAvg):
     def client_config(self) -> dict[str, Any]:
         """The train-config entries :func:`client_mods.signds_mod` reads."""
         values = {
-            "sign_k": float(self.params.sign_k), "sign_eps": float(self.params.sign_eps),
-            "sign_thr_ratio": float(self.params.sign_thr_ratio), "sign_dim_out": int(self.params.sign_dim_out),
-            "max_dim_out": int(self.max_dim_out), "r_est": float(self.state.r_est),
-            "is_reached": int(self.state.is_reached), "rr_epsilon": float(self.magrr.rr_epsilon),
-            "growth_margin": float(self.magrr.growth_margin), "shrink_margin": float(self.magrr.shrink_margin),
+            "sign_k": float(self.params.sign_k),
+            "sign_eps": float(self.params.sign_eps),
+            "sign_thr_ratio": float(self.params.sign_thr_ratio),
+            "sign_dim_out": int(self.params.sign_dim_out),
+            "max_dim_out": int(self.max_dim_out),
+            "r_est": float(self.state.r_est),
+            "is_reached": int(self.state.is_reached),
+            "rr_epsilon": float(self.magrr.rr_epsilon),
+            "growth_margin": float(self.magrr.growth_margin),
+            "shrink_margin": float(self.magrr.shrink_margin),
         }
         return {SIGNDS_CONFIG_KEYS[name]: value for name, value in values.items()}
 
@@ -193,11 +200,19 @@ class SignDS(AccountedRound, FedAvg):
         r_est_used = self.state.r_est
         step = step_size(r_est_used, max(self._asked, 1), self.magrr)
         arrays = self._rebuild(current, keys, accepted, step) if accepted else None
-        metrics = aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in accepted],
-                                          self.weighted_by_key) if accepted else MetricRecord()
+        metrics = (
+            aggregate_reply_metrics(self.train_metrics_aggr_fn, [r.content for r in accepted], self.weighted_by_key)
+            if accepted
+            else MetricRecord()
+        )
         info = self._magrr_round(accepted)
-        for key, value in {**info, "step": step, "r-est-used": r_est_used, "dense-values": float(d),
-                           **self._upload_sizes(accepted)}.items():
+        for key, value in {
+            **info,
+            "step": step,
+            "r-est-used": r_est_used,
+            "dense-values": float(d),
+            **self._upload_sizes(accepted),
+        }.items():
             metrics[f"signds/{key}"] = float(value)
         return Release(arrays, metrics, self._undeclared_bookings(screened))
 
@@ -205,25 +220,36 @@ class SignDS(AccountedRound, FedAvg):
         """Once: say that replies carrying the model's own arrays come from clients without ``signds_mod``."""
         if self._hinted:
             return
-        plain = [r for r in replies if not r.has_error()
-                 and any(set(record.keys()) == set(model_keys) for record in records_of(r.content, ArrayRecord))]
+        plain = [
+            r
+            for r in replies
+            if not r.has_error()
+            and any(set(record.keys()) == set(model_keys) for record in records_of(r.content, ArrayRecord))
+        ]
         if plain:
             self._hinted = True
-            log(WARNING, "SignDS: %d train replies of round %d carry the model's own arrays instead of the SignDS "
+            log(
+                WARNING,
+                "SignDS: %d train replies of round %d carry the model's own arrays instead of the SignDS "
                 "upload (%s), so they are rejected and the model is not updated: the ClientApps do not run "
                 "client_mods.signds_mod. Add it to the train function: @app.train(mods=[signds_mod])",
-                len(plain), server_round, ", ".join(UPLOAD_KEYS))
+                len(plain),
+                server_round,
+                ", ".join(UPLOAD_KEYS),
+            )
 
-    def book_declarations(self, server_round: int, node: int, declarations: list[Declaration],
-                          phase: Optional[str]) -> None:
+    def book_declarations(
+        self, server_round: int, node: int, declarations: list[Declaration], phase: Optional[str]
+    ) -> None:
         """Train phase: the configured round event, once, plus any declaration that differs from it (D7)."""
         if phase != "train":
             super().book_declarations(server_round, node, declarations, phase)
             return
         event = round_event(self.params.sign_eps, self.magrr.rr_epsilon)
         self.ledger.record(event, server_round=server_round, client=node, label=EVENT_LABEL)
-        if [event_key(d.event) for d in declarations] == [event_key(event)] \
-                and declarations[0].neighboring_relation == self.ledger.neighboring_relation:
+        if [event_key(d.event) for d in declarations] == [event_key(event)] and declarations[
+            0
+        ].neighboring_relation == self.ledger.neighboring_relation:
             return
         super().book_declarations(server_round, node, declarations, phase)
 
@@ -238,8 +264,9 @@ class SignDS(AccountedRound, FedAvg):
         record = array_records[0]
         if sorted(record.keys()) != sorted(UPLOAD_KEYS):
             return "keys"
-        if len(record["indices"].data) > 8 * self.max_dim_out + HEADER_ALLOWANCE \
-                or any(len(record[k].data) > 8 + HEADER_ALLOWANCE for k in ("sign", "b-hat")):
+        if len(record["indices"].data) > 8 * self.max_dim_out + HEADER_ALLOWANCE or any(
+            len(record[k].data) > 8 + HEADER_ALLOWANCE for k in ("sign", "b-hat")
+        ):
             return "oversized"
         try:
             idx, sign, bit = (npy_view(record[k]) for k in UPLOAD_KEYS)
@@ -265,8 +292,7 @@ class SignDS(AccountedRound, FedAvg):
                 bookings.append(Booking(NonPrivateDpEvent(), NON_PRIVATE_LABEL, client=node))
         return bookings
 
-    def _rebuild(self, current: list[np.ndarray], keys: list[str], accepted: list[Message],
-                 step: float) -> ArrayRecord:
+    def _rebuild(self, current: list[np.ndarray], keys: list[str], accepted: list[Message], step: float) -> ArrayRecord:
         """w + g·Σ n_i s_i 1_{J_i} / Σ n_i, accumulated sparsely into one flat buffer."""
         total = np.zeros(sum(a.size for a in current), dtype=np.float64)
         weight_sum = 0.0
@@ -277,7 +303,7 @@ class SignDS(AccountedRound, FedAvg):
         total *= step / weight_sum
         out, start = {}, 0
         for key, array in zip(keys, current):
-            part = total[start:start + array.size].reshape(array.shape)
+            part = total[start : start + array.size].reshape(array.shape)
             np.add(part, array, out=part)  # in place, in float64
             out[key] = to_array(part.astype(array.dtype, copy=False))
             start += array.size
@@ -286,9 +312,14 @@ class SignDS(AccountedRound, FedAvg):
     def _magrr_round(self, accepted: list[Message]) -> dict[str, float]:
         """Update r_est and the phase from this round's bits (for the next round)."""
         bits = [int(npy_view(reply_arrays(r)["b-hat"])[0]) for r in accepted]
-        self.state, info = update_state(self.state, ones=sum(bits), total=len(bits),
-                                        expected_participants=float(max(self._asked, 1)),
-                                        global_lr=self.sign_global_lr, config=self.magrr)
+        self.state, info = update_state(
+            self.state,
+            ones=sum(bits),
+            total=len(bits),
+            expected_participants=float(max(self._asked, 1)),
+            global_lr=self.sign_global_lr,
+            config=self.magrr,
+        )
         return {**info, "r-est": self.state.r_est, "is-reached": float(self.state.is_reached)}
 
     @staticmethod
@@ -299,8 +330,11 @@ class SignDS(AccountedRound, FedAvg):
         values = np.mean([sum(int(np.prod(a.shape)) for a in rec.values()) for rec in records])
         nbytes = np.mean([sum(len(a.data) for a in rec.values()) for rec in records])
         payload = np.mean([sum(npy_view(a).nbytes for a in rec.values()) for rec in records])
-        return {"values-per-client": float(values), "bytes-per-client": float(nbytes),
-                "payload-bytes-per-client": float(payload)}
+        return {
+            "values-per-client": float(values),
+            "bytes-per-client": float(nbytes),
+            "payload-bytes-per-client": float(payload),
+        }
 
 
 def check_upload(idx: np.ndarray, sign: np.ndarray, bit: np.ndarray, d: int, max_dim_out: int) -> Optional[str]:

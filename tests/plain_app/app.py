@@ -35,17 +35,25 @@ from flwr_dp_strategies import (
 from flwr_dp_experiments.datasets import iid_partition_indices, load_digits_split
 
 NODES = 4
-FEDAVG_ARGS = {"fraction_train": 1.0, "fraction_evaluate": 1.0, "min_train_nodes": NODES,
-               "min_evaluate_nodes": NODES, "min_available_nodes": NODES}
+FEDAVG_ARGS = {
+    "fraction_train": 1.0,
+    "fraction_evaluate": 1.0,
+    "min_train_nodes": NODES,
+    "min_evaluate_nodes": NODES,
+    "min_available_nodes": NODES,
+}
 
 DROP_IN = {
     "FedAvg": lambda: FedAvg(**FEDAVG_ARGS),
     "AccountedFedAvg": lambda: AccountedFedAvg(**FEDAVG_ARGS),
-    "AccountedServerSideFixedClipping": lambda: AccountedServerSideFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES),
+    "AccountedServerSideFixedClipping": lambda: AccountedServerSideFixedClipping(
+        FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES
+    ),
     "AccountedPoissonFixedClipping": lambda: AccountedPoissonFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, 2),
     "AccountedAdaptiveClipping": lambda: AccountedAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1, NODES),
-    "AccountedClientSideAdaptiveClipping": lambda: AccountedClientSideAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1,
-                                                                                       NODES),
+    "AccountedClientSideAdaptiveClipping": lambda: AccountedClientSideAdaptiveClipping(
+        FedAvg(**FEDAVG_ARGS), 0.1, NODES
+    ),
     "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
     "MinDivergenceExpSampling": lambda: MinDivergenceExpSampling(num_selected=NODES, epsilon=1.0, **FEDAVG_ARGS),
@@ -61,7 +69,8 @@ def make_strategy(name: str):
 def _partition(context: Context) -> tuple[np.ndarray, np.ndarray]:
     x, y, _, _ = load_digits_split()
     idx = iid_partition_indices(len(y), int(context.node_config["num-partitions"]))[
-        int(context.node_config["partition-id"])]
+        int(context.node_config["partition-id"])
+    ]
     return x[idx], y[idx]
 
 
@@ -101,16 +110,16 @@ def adaptive_clipping_when_asked(msg: Message, context: Context, call_next):
 def train(msg: Message, context: Context) -> Message:
     x, y = _partition(context)
     weights = _sgd(msg.content["arrays"].to_numpy_ndarrays(), x, y)
-    return Message(RecordDict({"arrays": ArrayRecord(weights),
-                               "metrics": MetricRecord({"num-examples": len(y)})}), reply_to=msg)
+    return Message(
+        RecordDict({"arrays": ArrayRecord(weights), "metrics": MetricRecord({"num-examples": len(y)})}), reply_to=msg
+    )
 
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     x, y = _partition(context)
     accuracy = float((_logits(msg.content["arrays"].to_numpy_ndarrays(), x).argmax(axis=1) == y).mean())
-    return Message(RecordDict({"metrics": MetricRecord({"accuracy": accuracy, "num-examples": len(y)})}),
-                   reply_to=msg)
+    return Message(RecordDict({"metrics": MetricRecord({"accuracy": accuracy, "num-examples": len(y)})}), reply_to=msg)
 
 
 server = ServerApp()
@@ -126,8 +135,10 @@ def main(grid: Grid, context: Context) -> None:
         result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=2, train_config=ConfigRecord())
         train = result.train_metrics_clientapp.get(2, {})
         evaluate = result.evaluate_metrics_clientapp.get(2, {})
-        out[name] = {"train": {k: float(v) for k, v in dict(train).items() if isinstance(v, (int, float))},
-                     "evaluate": {k: float(v) for k, v in dict(evaluate).items() if isinstance(v, (int, float))},
-                     "changed": bool(np.abs(result.arrays.to_numpy_ndarrays()[0]).sum() > 0)}
+        out[name] = {
+            "train": {k: float(v) for k, v in dict(train).items() if isinstance(v, (int, float))},
+            "evaluate": {k: float(v) for k, v in dict(evaluate).items() if isinstance(v, (int, float))},
+            "changed": bool(np.abs(result.arrays.to_numpy_ndarrays()[0]).sum() > 0),
+        }
     with open(str(context.run_config.get("out", "")) or os.environ["PLAIN_APP_OUT"], "w") as handle:
         json.dump(out, handle)

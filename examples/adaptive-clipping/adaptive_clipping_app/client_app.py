@@ -33,7 +33,14 @@ def train(msg: Message, context: Context) -> Message:
     partition_id, num_partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     x, y = task.partition(partition_id, num_partitions)
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
-    task.train_sgd(model, x, y, epochs=int(config["local-epochs"]), lr=float(config["lr"]),
-                   batch_size=int(config["batch-size"]), seed=seed)
+    task.train_sgd(
+        model,
+        x,
+        y,
+        epochs=int(config["local-epochs"]),
+        lr=float(config["lr"]),
+        batch_size=int(config["batch-size"]),
+        seed=seed,
+    )
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord({"num-examples": 1.0})})
     return Message(content=content, reply_to=msg)

@@ -39,9 +39,16 @@ def build_strategy(config: dict) -> AccountedAdaptiveClipping:
     max_epsilon = float(config["max-epsilon"])
     ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None)
     cls = AccountedAdaptiveClipping if config["clipping"] == "server" else AccountedClientSideAdaptiveClipping
-    return cls(fedavg, float(config["noise-multiplier"]), int(config["clients-per-round"]),
-               float(config["initial-clipping-norm"]), float(config["target-clipped-quantile"]),
-               float(config["clip-norm-lr"]), num_clients=n, ledger=ledger)
+    return cls(
+        fedavg,
+        float(config["noise-multiplier"]),
+        int(config["clients-per-round"]),
+        float(config["initial-clipping-norm"]),
+        float(config["target-clipped-quantile"]),
+        float(config["clip-norm-lr"]),
+        num_clients=n,
+        ledger=ledger,
+    )
 
 
 def server_accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -53,17 +60,25 @@ def server_accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
 
 def round_rows(result: Result) -> list[dict]:
     """Round, C, noisy unclipped fraction, ε and accuracy of every round that released a model."""
-    return [{"round": rnd, "clipping_norm": float(metrics["dp/clipping-norm"]),
-             "unclipped_fraction": float(metrics["dp/unclipped-fraction"]),
-             "epsilon": float(metrics["privacy/epsilon"]),
-             "accuracy": float(result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan))}
-            for rnd, metrics in sorted(result.train_metrics_clientapp.items())]
+    return [
+        {
+            "round": rnd,
+            "clipping_norm": float(metrics["dp/clipping-norm"]),
+            "unclipped_fraction": float(metrics["dp/unclipped-fraction"]),
+            "epsilon": float(metrics["privacy/epsilon"]),
+            "accuracy": float(result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan)),
+        }
+        for rnd, metrics in sorted(result.train_metrics_clientapp.items())
+    ]
 
 
 def round_lines(result: Result) -> list[str]:
     """``round r  C …  unclipped …  ε …  accuracy …`` for every round that released a model."""
-    return [f"round {row['round']:3d}  C {row['clipping_norm']:.3f}  unclipped {row['unclipped_fraction']:.2f}  "
-            f"epsilon {row['epsilon']:.3f}  accuracy {row['accuracy']:.3f}" for row in round_rows(result)]
+    return [
+        f"round {row['round']:3d}  C {row['clipping_norm']:.3f}  unclipped {row['unclipped_fraction']:.2f}  "
+        f"epsilon {row['epsilon']:.3f}  accuracy {row['accuracy']:.3f}"
+        for row in round_rows(result)
+    ]
 
 
 @app.main()
@@ -80,11 +95,18 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=server_accuracy,
     )
     print("\n".join(round_lines(result)), flush=True)
-    print(f"delta {strategy.ledger.target_delta:g}; user-level (one client's whole data), Poisson q = "
-          f"{strategy.sampling_rate:.3g}", flush=True)
+    print(
+        f"delta {strategy.ledger.target_delta:g}; user-level (one client's whole data), Poisson q = "
+        f"{strategy.sampling_rate:.3g}",
+        flush=True,
+    )
     if config["results-dir"]:
         path = write_run_results(
-            os.path.abspath(str(config["results-dir"])), f"adaptive clipping ({config['clipping']}-side)",
-            round_rows(result), delta=strategy.ledger.target_delta, extra={"config": config},
-            panels=[{"title": "clipping norm C", "ylabel": "C", "series": {"C used": "clipping_norm"}}])
+            os.path.abspath(str(config["results-dir"])),
+            f"adaptive clipping ({config['clipping']}-side)",
+            round_rows(result),
+            delta=strategy.ledger.target_delta,
+            extra={"config": config},
+            panels=[{"title": "clipping norm C", "ylabel": "C", "series": {"C used": "clipping_norm"}}],
+        )
         print(f"results written to {path}", flush=True)

@@ -68,26 +68,42 @@ def build_strategy(config: dict) -> AccountedServerSideFixedClipping:
 def build_audit(strategy: AccountedServerSideFixedClipping, config: dict) -> CanaryAudit:
     """k canaries of norm 10 C (the default: clipped to C by the release), seeded from ``audit-seed``."""
     seed = int(config["audit-seed"])
-    return CanaryAudit(strategy, num_canaries=int(config["num-canaries"]), seed=None if seed < 0 else seed,
-                       confidence=float(config["confidence"]), delta=float(config["target-delta"]))
+    return CanaryAudit(
+        strategy,
+        num_canaries=int(config["num-canaries"]),
+        seed=None if seed < 0 else seed,
+        confidence=float(config["confidence"]),
+        delta=float(config["target-delta"]),
+    )
 
 
 def server_accuracy(config: dict):
     """``evaluate_fn``: test accuracy of the global model (the server's held-out split)."""
+
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = task.build_model(int(config["hidden-units"]))
         model.load_state_dict(arrays.to_torch_state_dict())
         return MetricRecord({"accuracy": task.test_accuracy(model)})
+
     return evaluate
 
 
 def report_json(report: AuditReport, config: dict, dim: int) -> dict:
     """The report's figures, the setting they refer to, and the cosines (for re-plotting)."""
-    return {"method": "canary audit (Andrew et al. 2024)", "config": config, "model-dimension": dim,
-            "report": dict(report.metric_record()), "seed": report.seed, "delta": report.delta,
-            "confidence": report.confidence, "num-canaries": report.num_canaries,
-            "cosines": {name: np.asarray(getattr(report, name)).tolist() for name in
-                        ("inserted_final", "null_final", "inserted_all_iterates", "null_all_iterates")}}
+    return {
+        "method": "canary audit (Andrew et al. 2024)",
+        "config": config,
+        "model-dimension": dim,
+        "report": dict(report.metric_record()),
+        "seed": report.seed,
+        "delta": report.delta,
+        "confidence": report.confidence,
+        "num-canaries": report.num_canaries,
+        "cosines": {
+            name: np.asarray(getattr(report, name)).tolist()
+            for name in ("inserted_final", "null_final", "inserted_all_iterates", "null_all_iterates")
+        },
+    }
 
 
 @app.main()
@@ -99,12 +115,17 @@ def main(grid: Grid, context: Context) -> None:
     audit = build_audit(strategy, config)
     initial = ArrayRecord(task.build_model(int(config["hidden-units"])).state_dict())
     dim = sum(int(np.prod(a.shape)) for a in initial.values())
-    print(f"audit rehearsal: {config['num-partitions']} clients + {audit.num_canaries} canaries, model d = {dim}, "
-          f"z booked {strategy.noise_multiplier:g}" + (f", z released {strategy.release_noise_multiplier():.3g}"
-                                                       " (broken)" if config["broken"] else ""), flush=True)
+    print(
+        f"audit rehearsal: {config['num-partitions']} clients + {audit.num_canaries} canaries, model d = {dim}, "
+        f"z booked {strategy.noise_multiplier:g}"
+        + (f", z released {strategy.release_noise_multiplier():.3g} (broken)" if config["broken"] else ""),
+        flush=True,
+    )
     with threadpool_limits(limits=1):
         result, report = audit.start(
-            grid, initial, num_rounds=int(config["num-server-rounds"]),
+            grid,
+            initial,
+            num_rounds=int(config["num-server-rounds"]),
             train_config=ConfigRecord({key: config[key] for key in ("local-epochs", "lr", "batch-size", "seed")}),
             evaluate_fn=server_accuracy(config),
         )

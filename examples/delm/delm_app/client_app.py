@@ -30,8 +30,9 @@ RELATION = "replace_one"  # the paper's neighbouring relation; the server's ledg
 
 def _data(context: Context) -> tuple[dict, object, object]:
     config = resolve_run_config(context)
-    x, y = task.client_data(config, int(context.node_config["partition-id"]),
-                            int(context.node_config["num-partitions"]))
+    x, y = task.client_data(
+        config, int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    )
     return config, x, y
 
 
@@ -39,8 +40,14 @@ def _data(context: Context) -> tuple[dict, object, object]:
 def pca(msg: Message, context: Context) -> Message:
     """Reply with the noisy second moment of the local features (ε/3)."""
     config, x, _ = _data(context)
-    return covariance_reply(msg, context, x, epsilon=float(config["epsilon"]) / 3.0,
-                            delta=float(config["target-delta"]), neighboring_relation=RELATION)
+    return covariance_reply(
+        msg,
+        context,
+        x,
+        epsilon=float(config["epsilon"]) / 3.0,
+        delta=float(config["target-delta"]),
+        neighboring_relation=RELATION,
+    )
 
 
 @app.train("pca_projection")
@@ -56,9 +63,16 @@ def train(msg: Message, context: Context) -> Message:
     config, x, y = _data(context)
     features = project(x, projection_from_state(context)) if int(config["components"]) > 0 else x
     trainer = FunctionalMechanismTrainer(
-        fm_epsilon(config), num_classes=task.num_classes(config), noise=str(config["fm-noise"]),
-        delta=float(config["target-delta"]), neighboring_relation=RELATION,
-        calibration=str(config["fm-calibration"]), local_steps=int(config["local-steps"]), learning_rate=None,
-        max_learning_rate=float(config["max-lr"]), ridge=float(config["ridge"]),
-        upload="objective" if config["variant"] == "sum" else "head")
+        fm_epsilon(config),
+        num_classes=task.num_classes(config),
+        noise=str(config["fm-noise"]),
+        delta=float(config["target-delta"]),
+        neighboring_relation=RELATION,
+        calibration=str(config["fm-calibration"]),
+        local_steps=int(config["local-steps"]),
+        learning_rate=None,
+        max_learning_rate=float(config["max-lr"]),
+        ridge=float(config["ridge"]),
+        upload="objective" if config["variant"] == "sum" else "head",
+    )
     return trainer.train(msg, context, features, y)

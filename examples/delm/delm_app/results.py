@@ -15,6 +15,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger
 
 from . import task
 
+
 @dataclass
 class RoundLog:
     """``evaluate_fn`` for ``Strategy.start``: accuracy of (x V) W on the test split, and ε so far."""
@@ -32,25 +33,42 @@ class RoundLog:
         head = arrays["head.weight"].numpy()
         accuracy = task.accuracy(x_test, y_test, self.projection, head)
         if server_round > 0:
-            row = {"round": server_round, "accuracy": accuracy, "epsilon": _finite(self.ledger.epsilon()),
-                   "elapsed_s": time.perf_counter() - self.started}
+            row = {
+                "round": server_round,
+                "accuracy": accuracy,
+                "epsilon": _finite(self.ledger.epsilon()),
+                "elapsed_s": time.perf_counter() - self.started,
+            }
             self.rows.append(row)
-            print(f"round {server_round}/{self.num_rounds}  accuracy {accuracy:.3f}  epsilon "
-                  f"{row['epsilon'] if row['epsilon'] is None else round(row['epsilon'], 3)} "
-                  f"(record-level, delta {self.ledger.target_delta:g})  [{row['elapsed_s']:.0f} s]", flush=True)
+            print(
+                f"round {server_round}/{self.num_rounds}  accuracy {accuracy:.3f}  epsilon "
+                f"{row['epsilon'] if row['epsilon'] is None else round(row['epsilon'], 3)} "
+                f"(record-level, delta {self.ledger.target_delta:g})  [{row['elapsed_s']:.0f} s]",
+                flush=True,
+            )
         return MetricRecord({"accuracy": accuracy})
 
 
 def write_results(log: RoundLog, extra: dict[str, Any], results_dir: str) -> str:
     """results.json and results.png in ``results_dir`` (the shared writer); returns the JSON path."""
     report = log.ledger.report()
-    privacy = {"epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
-               "neighboring_relation": log.ledger.neighboring_relation,
-               "unit": "record-level (one example of one client; worst client)",
-               "clients": len(log.ledger.clients)}
+    privacy = {
+        "epsilon": _finite(report.epsilon),
+        "delta": report.delta,
+        "method": report.method,
+        "neighboring_relation": log.ledger.neighboring_relation,
+        "unit": "record-level (one example of one client; worst client)",
+        "clients": len(log.ledger.clients),
+    }
     config = log.config
-    return write_run_results(results_dir, f"DELM {config['variant']}", log.rows,
-                             extra={"config": config, "privacy": privacy, **extra}, delta=report.delta,
-                             title=f"DELM {config['variant']} ({config['dataset']}, {config['scheme']})",
-                             epsilon_label="epsilon (record-level, replace-one)",
-                             json_name=RESULTS_JSON, png_name=RESULTS_PNG)
+    return write_run_results(
+        results_dir,
+        f"DELM {config['variant']}",
+        log.rows,
+        extra={"config": config, "privacy": privacy, **extra},
+        delta=report.delta,
+        title=f"DELM {config['variant']} ({config['dataset']}, {config['scheme']})",
+        epsilon_label="epsilon (record-level, replace-one)",
+        json_name=RESULTS_JSON,
+        png_name=RESULTS_PNG,
+    )

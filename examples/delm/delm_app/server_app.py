@@ -29,8 +29,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
 
-from flwr_dp_strategies import (AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum,
-                                ShuffleAmplifiedFedAvg)
+from flwr_dp_strategies import AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, ShuffleAmplifiedFedAvg
 from flwr_dp_strategies.federated_pca import LdpFederatedPCA
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
@@ -55,19 +54,32 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float = 600.0) -> list[int]:
     return nodes
 
 
-def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int,
-                   head_shape: tuple[int, int]) -> Strategy:
+def build_strategy(
+    config: dict[str, Any], ledger: PrivacyLedger, clients: int, head_shape: tuple[int, int]
+) -> Strategy:
     """The strategy of ``config["variant"]`` over every connected client, booking into ``ledger``."""
-    nodes = {"fraction_train": 1.0, "fraction_evaluate": 0.0, "min_train_nodes": clients,
-             "min_available_nodes": clients, "ledger": ledger}
+    nodes = {
+        "fraction_train": 1.0,
+        "fraction_evaluate": 0.0,
+        "min_train_nodes": clients,
+        "min_available_nodes": clients,
+        "ledger": ledger,
+    }
     variant = config["variant"]
     if variant == "sum":
         q, classes = head_shape
-        noise_std = fm_noise_std(q, classes, epsilon=fm_epsilon(config), noise=str(config["fm-noise"]),
-                                 delta=float(config["target-delta"]), neighboring_relation=RELATION,
-                                 calibration=str(config["fm-calibration"]))
-        return NoisyObjectiveSum(**nodes, num_classes=classes, client_noise_std=noise_std,
-                                 ridge_fraction=SUM_RIDGE_FRACTION)
+        noise_std = fm_noise_std(
+            q,
+            classes,
+            epsilon=fm_epsilon(config),
+            noise=str(config["fm-noise"]),
+            delta=float(config["target-delta"]),
+            neighboring_relation=RELATION,
+            calibration=str(config["fm-calibration"]),
+        )
+        return NoisyObjectiveSum(
+            **nodes, num_classes=classes, client_noise_std=noise_std, ridge_fraction=SUM_RIDGE_FRACTION
+        )
     if variant == "basic":
         return AccountedFedAvg(**nodes)
     if variant == "shuffle":
@@ -77,8 +89,14 @@ def build_strategy(config: dict[str, Any], ledger: PrivacyLedger, clients: int,
     return MinDivergenceExpSampling(num_selected=selected, epsilon=epsilon, **nodes)
 
 
-def federated_projection(grid: Grid, config: dict[str, Any], dim: int, ledger: PrivacyLedger,
-                         ledger_path: Optional[str], resume: bool = False) -> tuple[np.ndarray, PrivacyLedger]:
+def federated_projection(
+    grid: Grid,
+    config: dict[str, Any],
+    dim: int,
+    ledger: PrivacyLedger,
+    ledger_path: Optional[str],
+    resume: bool = False,
+) -> tuple[np.ndarray, PrivacyLedger]:
     """LDP-FPCA's projection (d × q) and the ledger it booked into; the identity when ``components`` = 0."""
     components = min(int(config["components"]), dim)
     if components == 0:
@@ -87,8 +105,10 @@ def federated_projection(grid: Grid, config: dict[str, Any], dim: int, ledger: P
         return np.eye(dim), restored
     fpca = LdpFederatedPCA(dim, components, ledger=ledger, ledger_path=ledger_path, resume=resume)
     projection = fpca.run(grid)
-    print(f"LDP-FPCA: projection {dim} x {components} from {int(fpca.metrics['pca/accepted'])} clients; "
-          f"epsilon so far {fpca.ledger.epsilon():.3f}", flush=True)
+    print(
+        f"LDP-FPCA: projection {dim} x {components}; epsilon so far {fpca.ledger.epsilon():.3f}",
+        flush=True,
+    )
     return projection, fpca.ledger
 
 
@@ -107,10 +127,18 @@ def main(grid: Grid, context: Context) -> None:
     strategy.ledger_path = ledger_path  # the same ledger, saved after every round
     rounds = int(config["num-server-rounds"])
     log = RoundLog(config, projection, ledger, rounds)
-    result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"head.weight": Array(np.zeros((components, classes)))}),
-                            num_rounds=rounds, train_config=ConfigRecord(), evaluate_fn=log)
-    extra = {"selection_epsilon": (float(strategy.selection_ledger.epsilon())
-                                   if hasattr(strategy, "selection_ledger") else None),
-             "train_metrics": {str(r): dict(m) for r, m in result.train_metrics_clientapp.items()}}
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord({"head.weight": Array(np.zeros((components, classes)))}),
+        num_rounds=rounds,
+        train_config=ConfigRecord(),
+        evaluate_fn=log,
+    )
+    extra = {
+        "selection_epsilon": (
+            float(strategy.selection_ledger.epsilon()) if hasattr(strategy, "selection_ledger") else None
+        ),
+        "train_metrics": {str(r): dict(m) for r, m in result.train_metrics_clientapp.items()},
+    }
     path = write_results(log, extra, os.path.abspath(str(config["results-dir"])))
     print(f"results written to {path}", flush=True)

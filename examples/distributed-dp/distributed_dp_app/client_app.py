@@ -33,6 +33,13 @@ def train(msg: Message, context: Context) -> Message:
         time.sleep(float(context.run_config.get("straggler-seconds", 0.0)))
     x, y = task.partition(partition_id, num_partitions, str(config["dataset"]), str(config["data-dir"]))
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
-    arrays = task.train_sgd(task.from_record(msg.content["arrays"]), x, y, epochs=int(config["local-epochs"]),
-                            lr=float(config["lr"]), batch_size=int(config["batch-size"]), seed=seed)
+    arrays = task.train_sgd(
+        task.from_record(msg.content["arrays"]),
+        x,
+        y,
+        epochs=int(config["local-epochs"]),
+        lr=float(config["lr"]),
+        batch_size=int(config["batch-size"]),
+        seed=seed,
+    )
     return Message(content=RecordDict({"arrays": task.to_record(arrays)}), reply_to=msg)

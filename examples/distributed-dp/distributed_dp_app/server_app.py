@@ -48,12 +48,21 @@ def build_strategy(config: dict[str, Any]) -> DistributedDpFedAvg:
     """Every connected node trains (at least ``min-clients``); no client-side evaluation (it would be un-noised)."""
     n = min_clients(config)
     return DistributedDpFedAvg(
-        1.0, 0.0, n, 0, n,  # fraction_train, fraction_evaluate, min_train/evaluate/available_nodes (FedAvg's)
-        noise_multiplier=float(config["noise-multiplier"]), clipping_norm=float(config["clipping-norm"]),
-        bits=int(config["bits"]), num_shares=_fraction_or_count(config["num-shares"]),
+        1.0,
+        0.0,
+        n,
+        0,
+        n,  # fraction_train, fraction_evaluate, min_train/evaluate/available_nodes (FedAvg's)
+        noise_multiplier=float(config["noise-multiplier"]),
+        clipping_norm=float(config["clipping-norm"]),
+        bits=int(config["bits"]),
+        num_shares=_fraction_or_count(config["num-shares"]),
         reconstruction_threshold=_fraction_or_count(config["reconstruction-threshold"]),
-        min_survivors=_fraction_or_count(config["min-survivors"]), rotation_seed=int(config["rotation-seed"]),
-        stage_timeout=float(config["stage-timeout"]), ledger=PrivacyLedger(float(config["target-delta"])))
+        min_survivors=_fraction_or_count(config["min-survivors"]),
+        rotation_seed=int(config["rotation-seed"]),
+        stage_timeout=float(config["stage-timeout"]),
+        ledger=PrivacyLedger(float(config["target-delta"])),
+    )
 
 
 def round_rows(result: Result, num_rounds: int) -> list[dict[str, Any]]:
@@ -63,9 +72,15 @@ def round_rows(result: Result, num_rounds: int) -> list[dict[str, Any]]:
         metrics = result.train_metrics_clientapp.get(rnd, {})
         accuracy = result.evaluate_metrics_serverapp.get(rnd, {}).get("accuracy", math.nan)
         z = metrics.get("dp/noise-multiplier")
-        rows.append({"round": rnd, "noise_multiplier": None if z is None else float(z),
-                     "epsilon": float(metrics["privacy/epsilon"]) if "privacy/epsilon" in metrics else None,
-                     "accuracy": float(accuracy), "released": z is not None})
+        rows.append(
+            {
+                "round": rnd,
+                "noise_multiplier": None if z is None else float(z),
+                "epsilon": float(metrics["privacy/epsilon"]) if "privacy/epsilon" in metrics else None,
+                "accuracy": float(accuracy),
+                "released": z is not None,
+            }
+        )
     return rows
 
 
@@ -91,27 +106,46 @@ def main(grid: Grid, context: Context) -> None:
     def server_accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         return MetricRecord({"accuracy": task.accuracy(task.from_record(arrays), x_test, y_test)})
 
-    train_config = ConfigRecord({"dataset": dataset, "data-dir": str(config["data-dir"]),
-                                 **{key: config[key] for key in ("local-epochs", "lr", "batch-size", "seed")}})
+    train_config = ConfigRecord(
+        {
+            "dataset": dataset,
+            "data-dir": str(config["data-dir"]),
+            **{key: config[key] for key in ("local-epochs", "lr", "batch-size", "seed")},
+        }
+    )
     num_rounds = int(config["num-server-rounds"])
     initial = task.to_record(task.initial_arrays(task.num_features(dataset)))
-    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=num_rounds,
-                            timeout=float(config["round-timeout"]), train_config=train_config,
-                            evaluate_fn=server_accuracy)
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=initial,
+        num_rounds=num_rounds,
+        timeout=float(config["round-timeout"]),
+        train_config=train_config,
+        evaluate_fn=server_accuracy,
+    )
     rows = round_rows(result, num_rounds)
     print("\n".join(round_lines(rows)), flush=True)
     report = strategy.ledger.report()
-    print(f"epsilon {report.epsilon:.3f} at delta {report.delta:g} (add/remove one client's data; the server sees "
-          f"only the secure sum)", flush=True)
+    print(
+        f"epsilon {report.epsilon:.3f} at delta {report.delta:g} (add/remove one client's data; the server sees "
+        f"only the secure sum)",
+        flush=True,
+    )
     if config["results-dir"]:
         initial_accuracy = result.evaluate_metrics_serverapp.get(0, {}).get("accuracy")
         path = write_run_results(
-            os.path.abspath(str(config["results-dir"])), "distributed DP (SecAgg+ and Skellam)", rows,
+            os.path.abspath(str(config["results-dir"])),
+            "distributed DP (SecAgg+ and Skellam)",
+            rows,
             initial_accuracy=None if initial_accuracy is None else float(initial_accuracy),
-            delta=report.delta, extra={"config": {**config, "dataset": dataset},
-                                       "privacy": {"epsilon": report.epsilon, "delta": report.delta},
-                                       "train_metrics": {str(r): dict(m) for r, m in
-                                                         result.train_metrics_clientapp.items()}},
-            panels=[{"title": "distributed DP", "ylabel": "effective noise multiplier",
-                     "series": {"z": "noise_multiplier"}}])
+            delta=report.delta,
+            extra={
+                "config": {**config, "dataset": dataset},
+                "privacy": {"epsilon": report.epsilon, "delta": report.delta},
+                "train_metrics": {str(r): dict(m) for r, m in result.train_metrics_clientapp.items()},
+            },
+            panels=[
+                {"title": "distributed DP", "ylabel": "effective noise multiplier", "series": {"z": "noise_multiplier"}}
+            ],
+        )
         print(f"results written to {path}", flush=True)

@@ -51,12 +51,18 @@ def resolve_dataset(dataset: str, data_dir: str = "") -> str:
 def load_data(dataset: str, data_dir: str = "") -> Split:
     """(x_train, y_train, x_test, y_test) of ``dataset`` (``"digits"`` or ``"mnist"``), float32 features."""
     x_tr, y_tr, x_te, y_te = load_dataset(dataset, mnist_dir(data_dir) if dataset == "mnist" else "", SPLIT_SEED)
-    flat = (x_tr.reshape(len(x_tr), -1).astype(np.float32), y_tr.astype(np.int64),
-            x_te.reshape(len(x_te), -1).astype(np.float32), y_te.astype(np.int64))
+    flat = (
+        x_tr.reshape(len(x_tr), -1).astype(np.float32),
+        y_tr.astype(np.int64),
+        x_te.reshape(len(x_te), -1).astype(np.float32),
+        y_te.astype(np.int64),
+    )
     return flat
 
 
-def partition(partition_id: int, num_partitions: int, dataset: str, data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+def partition(
+    partition_id: int, num_partitions: int, dataset: str, data_dir: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """Client ``partition_id``'s IID shard of the train split."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id must be in [0, {num_partitions}), got {partition_id}")
@@ -89,8 +95,9 @@ def logits(arrays: Arrays, x: np.ndarray) -> np.ndarray:
     return x @ arrays["weight"] + arrays["bias"]
 
 
-def train_sgd(arrays: Arrays, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int,
-              seed: int) -> Arrays:
+def train_sgd(
+    arrays: Arrays, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int, seed: int
+) -> Arrays:
     """``epochs`` of minibatch SGD on the mean cross-entropy, from ``arrays``; new arrays, same dtypes."""
     weight, bias = arrays["weight"].astype(np.float64), arrays["bias"].astype(np.float64)
     rng = np.random.default_rng(seed)
@@ -98,7 +105,7 @@ def train_sgd(arrays: Arrays, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: 
     for _ in range(epochs):
         order = rng.permutation(len(y))
         for start in range(0, len(y), batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             z = x[rows] @ weight + bias
             z -= z.max(axis=1, keepdims=True)
             p = np.exp(z)
@@ -114,5 +121,15 @@ def accuracy(arrays: Arrays, x: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits(arrays, x), axis=1) == y))
 
 
-__all__ = ["NUM_CLASSES", "accuracy", "initial_arrays", "load_data", "num_features", "partition",
-           "resolve_dataset", "to_record", "from_record", "train_sgd"]
+__all__ = [
+    "NUM_CLASSES",
+    "accuracy",
+    "initial_arrays",
+    "load_data",
+    "num_features",
+    "partition",
+    "resolve_dataset",
+    "to_record",
+    "from_record",
+    "train_sgd",
+]

@@ -43,7 +43,8 @@ def build_trainer(config: ConfigRecord, partition_id: int) -> DpSgdTrainer:
     physical = int(config["max-physical-batch-size"])
     return DpSgdTrainer(
         lambda: task.build_model(features, hidden),
-        lr=float(config["lr"]), momentum=float(config["momentum"]),
+        lr=float(config["lr"]),
+        momentum=float(config["momentum"]),
         noise_multiplier=None if target > 0 else float(config["noise-multiplier"]),
         target_epsilon=target if target > 0 else None,
         target_delta=float(config["target-delta"]),

@@ -14,6 +14,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger
 
 from . import task
 
+
 @dataclass
 class RoundLog:
     """``evaluate_fn`` for ``Strategy.start``: central test accuracy and the ledger's ε, per round."""
@@ -35,13 +36,21 @@ class RoundLog:
             self.initial_accuracy = accuracy
         else:
             report = self.ledger.report()
-            self.rows.append({
-                "round": server_round, "accuracy": accuracy, "loss": loss,
-                "epsilon_ledger": _finite(report.epsilon), "epsilon_ledger_rdp": _finite(report.epsilon_rdp),
-                "epsilon_ledger_pld": _finite(report.epsilon_pld),
-            })
-            print(f"round {server_round}  accuracy {accuracy:.3f}  ledger epsilon {report.epsilon:.2f} "
-                  f"(delta {self.ledger.target_delta:g})", flush=True)
+            self.rows.append(
+                {
+                    "round": server_round,
+                    "accuracy": accuracy,
+                    "loss": loss,
+                    "epsilon_ledger": _finite(report.epsilon),
+                    "epsilon_ledger_rdp": _finite(report.epsilon_rdp),
+                    "epsilon_ledger_pld": _finite(report.epsilon_pld),
+                }
+            )
+            print(
+                f"round {server_round}  accuracy {accuracy:.3f}  ledger epsilon {report.epsilon:.2f} "
+                f"(delta {self.ledger.target_delta:g})",
+                flush=True,
+            )
         return MetricRecord({"accuracy": accuracy, "loss": loss})
 
     def add_client_metrics(self, train_metrics: dict[int, MetricRecord]) -> None:
@@ -61,8 +70,11 @@ def privacy_summary(ledger: PrivacyLedger) -> dict[str, Any]:
     """What the final ε means, for the results JSON."""
     report = ledger.report()
     return {
-        "epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
-        "epsilon_rdp": _finite(report.epsilon_rdp), "epsilon_pld": _finite(report.epsilon_pld),
+        "epsilon": _finite(report.epsilon),
+        "delta": report.delta,
+        "method": report.method,
+        "epsilon_rdp": _finite(report.epsilon_rdp),
+        "epsilon_pld": _finite(report.epsilon_pld),
         "neighboring_relation": ledger.neighboring_relation,
         "unit": "record (one training example of a client; the client's dataset size is public)",
         "per_client_epsilon": {c: _finite(ledger.epsilon(c)) for c in ledger.clients},
@@ -72,13 +84,22 @@ def privacy_summary(ledger: PrivacyLedger) -> dict[str, Any]:
 
 def write_results(log: RoundLog, config: dict[str, Any], results_dir: str) -> str:
     """Write results.json and results.png into ``results_dir`` (the shared writer); return the JSON path."""
-    curves = {"server ledger (declared events, min of RDP/PLD)": "epsilon_ledger",
-              "server ledger, RDP only": "epsilon_ledger_rdp",
-              "Opacus accountant, cumulative (max over clients)": "epsilon_opacus_max",
-              "Flower's Opacus example: fresh engine per round": "epsilon_flower_example"}
+    curves = {
+        "server ledger (declared events, min of RDP/PLD)": "epsilon_ledger",
+        "server ledger, RDP only": "epsilon_ledger_rdp",
+        "Opacus accountant, cumulative (max over clients)": "epsilon_opacus_max",
+        "Flower's Opacus example: fresh engine per round": "epsilon_flower_example",
+    }
     return write_run_results(
-        results_dir, "dp-sgd", log.rows, initial_accuracy=log.initial_accuracy,
-        extra={"config": config, "privacy": privacy_summary(log.ledger)}, title=f"DP-SGD on {config['dataset']}",
-        epsilon_label="epsilon (record level)", epsilon_series=curves,
+        results_dir,
+        "dp-sgd",
+        log.rows,
+        initial_accuracy=log.initial_accuracy,
+        extra={"config": config, "privacy": privacy_summary(log.ledger)},
+        title=f"DP-SGD on {config['dataset']}",
+        epsilon_label="epsilon (record level)",
+        epsilon_series=curves,
         epsilon_title=f"privacy spent per client (delta={config['target-delta']:g})",
-        json_name=RESULTS_JSON, png_name=RESULTS_PNG)
+        json_name=RESULTS_JSON,
+        png_name=RESULTS_PNG,
+    )

@@ -32,9 +32,23 @@ from .results import RoundLog, write_results
 
 app = ServerApp()
 
-CLIENT_KEYS = ("dataset", "data-dir", "hidden", "noise-multiplier", "target-epsilon", "target-delta",
-               "max-grad-norm", "clipping", "batch-size", "max-physical-batch-size", "grad-sample-mode",
-               "local-epochs", "lr", "momentum", "noise-seed")
+CLIENT_KEYS = (
+    "dataset",
+    "data-dir",
+    "hidden",
+    "noise-multiplier",
+    "target-epsilon",
+    "target-delta",
+    "max-grad-norm",
+    "clipping",
+    "batch-size",
+    "max-physical-batch-size",
+    "grad-sample-mode",
+    "local-epochs",
+    "lr",
+    "momentum",
+    "noise-seed",
+)
 
 
 def aggregate_train_metrics(records: list[RecordDict], weighting_key: str) -> MetricRecord:

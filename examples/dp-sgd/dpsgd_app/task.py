@@ -44,11 +44,17 @@ def load_data(dataset: str = "digits", data_dir: str = "") -> Split:
     return load_dataset(dataset, data_dir or (default_mnist_dir() if dataset == "mnist" else ""), SPLIT_SEED)
 
 
-def load_partition(partition_id: int, num_partitions: int, dataset: str = "digits",
-                   data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+def load_partition(
+    partition_id: int, num_partitions: int, dataset: str = "digits", data_dir: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """Client ``partition_id``'s IID shard of the train split."""
-    return iid_client_shard(partition_id, num_partitions, dataset,
-                            data_dir or (default_mnist_dir() if dataset == "mnist" else ""), SPLIT_SEED)
+    return iid_client_shard(
+        partition_id,
+        num_partitions,
+        dataset,
+        data_dir or (default_mnist_dir() if dataset == "mnist" else ""),
+        SPLIT_SEED,
+    )
 
 
 def build_model(num_features: int, hidden: int = 32) -> nn.Module:
@@ -61,5 +67,14 @@ def num_features(dataset: str) -> int:
     return {"digits": 64, "mnist": 784}[dataset]
 
 
-__all__ = ["DATASETS", "NUM_CLASSES", "SPLIT_SEED", "build_model", "default_mnist_dir", "load_data", "load_partition",
-           "num_features", "test"]
+__all__ = [
+    "DATASETS",
+    "NUM_CLASSES",
+    "SPLIT_SEED",
+    "build_model",
+    "default_mnist_dir",
+    "load_data",
+    "load_partition",
+    "num_features",
+    "test",
+]

@@ -47,8 +47,10 @@ def _check_parties(context: Context, config: ConfigRecord) -> None:
     """The federation must have exactly ``num-parties`` SuperNodes (one per feature party)."""
     num_parties = int(config["num-parties"])
     if _partition(context)[1] != num_parties:
-        raise ValueError(f"num-parties={num_parties} but this federation has {_partition(context)[1]} SuperNodes "
-                         "(num-partitions); run with num-supernodes equal to num-parties")
+        raise ValueError(
+            f"num-parties={num_parties} but this federation has {_partition(context)[1]} SuperNodes "
+            "(num-partitions); run with num-supernodes equal to num-parties"
+        )
 
 
 def _restore(context: Context, config: ConfigRecord, in_features: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -81,8 +83,9 @@ def _save(context: Context, model: nn.Module, optimizer: torch.optim.Optimizer) 
     context.state[OPTIM_KEY] = ConfigRecord({"adam": task.optimizer_to_bytes(optimizer)})
 
 
-def _apply_gradient(context: Context, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    x_train: np.ndarray, grad: np.ndarray) -> None:
+def _apply_gradient(
+    context: Context, model: nn.Module, optimizer: torch.optim.Optimizer, x_train: np.ndarray, grad: np.ndarray
+) -> None:
     """Backprop ``grad`` (d loss / d embeddings of the pending batch) into the bottom model; one Adam step."""
     if PENDING_KEY not in context.state.array_records:
         raise ValueError("received a gradient but no train batch is pending")
@@ -102,8 +105,14 @@ def _handle(msg: Message, context: Context, split: str) -> Message:
     config = msg.content[task.CONFIG]
     _check_parties(context, config)
     party_id, num_parties = _partition(context)
-    data = task.load_party_features(party_id, num_parties, float(config["test-fraction"]), int(config["split-seed"]),
-                                    str(config.get("dataset", "digits")), str(config.get("data-dir", "")))
+    data = task.load_party_features(
+        party_id,
+        num_parties,
+        float(config["test-fraction"]),
+        int(config["split-seed"]),
+        str(config.get("dataset", "digits")),
+        str(config.get("data-dir", "")),
+    )
     _start_experiment(context, config)
     model, optimizer = _restore(context, config, data["train"].shape[1])
     if task.GRAD in msg.content.array_records:
@@ -117,10 +126,12 @@ def _handle(msg: Message, context: Context, split: str) -> Message:
     with torch.no_grad():
         embeddings = model(torch.from_numpy(x)).numpy()
     _save(context, model, optimizer)
-    content = RecordDict({
-        task.EMBEDDINGS: ArrayRecord({"embeddings": Array(np.ascontiguousarray(embeddings))}),
-        task.PARTY: ConfigRecord({"party-id": party_id}),
-    })
+    content = RecordDict(
+        {
+            task.EMBEDDINGS: ArrayRecord({"embeddings": Array(np.ascontiguousarray(embeddings))}),
+            task.PARTY: ConfigRecord({"party-id": party_id}),
+        }
+    )
     return Message(content=content, reply_to=msg)
 
 

@@ -47,8 +47,16 @@ class LabelParty:
         seed: seed of the top model's initialisation and of the batch order.
     """
 
-    def __init__(self, noisy_labels: np.ndarray, *, num_parties: int, embedding_dim: int, lr: float,
-                 seed: int, num_classes: int = task.NUM_CLASSES) -> None:
+    def __init__(
+        self,
+        noisy_labels: np.ndarray,
+        *,
+        num_parties: int,
+        embedding_dim: int,
+        lr: float,
+        seed: int,
+        num_classes: int = task.NUM_CLASSES,
+    ) -> None:
         self._labels = torch.as_tensor(np.array(noisy_labels, dtype=np.int64, copy=True))
         torch.manual_seed(seed)
         self.top = task.build_top(num_parties, embedding_dim, num_classes)
@@ -101,14 +109,15 @@ class LabelParty:
 class LabelRelease:
     """What the label party released, for the results."""
 
-    epsilon: Optional[float]            # None: no label DP
+    epsilon: Optional[float]  # None: no label DP
     num_labels: int
-    changed_fraction: float             # measured once, at randomisation
-    expected_changed_fraction: float    # (k-1)/(e^eps + k - 1)
+    changed_fraction: float  # measured once, at randomisation
+    expected_changed_fraction: float  # (k-1)/(e^eps + k - 1)
 
 
-def make_label_party(context: Context, config: dict[str, Any], true_train_labels: np.ndarray,
-                     ledger: PrivacyLedger) -> tuple[LabelParty, LabelRelease]:
+def make_label_party(
+    context: Context, config: dict[str, Any], true_train_labels: np.ndarray, ledger: PrivacyLedger
+) -> tuple[LabelParty, LabelRelease]:
     """Randomise ``true_train_labels`` once, book the release, return a party holding only noisy labels.
 
     ``label-epsilon = inf`` trains on the true labels (no label DP, nothing booked).
@@ -125,6 +134,11 @@ def make_label_party(context: Context, config: dict[str, Any], true_train_labels
             ledger.record(label_release_event(context), server_round=0, client=LABEL_PARTY, label=LABEL_DP_DECLARATION)
         changed = float(np.mean(noisy != true_train_labels))
         expected = 1.0 - keep_probability(eps, k)
-    party = LabelParty(noisy, num_parties=int(config["num-parties"]), embedding_dim=int(config["embedding-dim"]),
-                       lr=float(config["lr"]), seed=int(config["seed"]))
+    party = LabelParty(
+        noisy,
+        num_parties=int(config["num-parties"]),
+        embedding_dim=int(config["embedding-dim"]),
+        lr=float(config["lr"]),
+        seed=int(config["seed"]),
+    )
     return party, LabelRelease(eps, int(noisy.shape[0]), changed, expected)

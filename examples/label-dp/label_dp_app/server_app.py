@@ -89,14 +89,21 @@ def party_config(config: dict[str, Any], server_round: int, experiment: str = ""
 
     ``experiment`` tags a run; a new tag makes the parties start fresh bottom models.
     """
-    return ConfigRecord({
-        "server-round": server_round, "experiment": experiment, "num-parties": int(config["num-parties"]),
-        "lr": float(config["lr"]),
-        "hidden-dim": int(config["hidden-dim"]), "embedding-dim": int(config["embedding-dim"]),
-        "seed": int(config["seed"]), "split-seed": int(config["split-seed"]),
-        "test-fraction": float(config["test-fraction"]), "dataset": str(config["dataset"]),
-        "data-dir": str(config["data-dir"]),
-    })
+    return ConfigRecord(
+        {
+            "server-round": server_round,
+            "experiment": experiment,
+            "num-parties": int(config["num-parties"]),
+            "lr": float(config["lr"]),
+            "hidden-dim": int(config["hidden-dim"]),
+            "embedding-dim": int(config["embedding-dim"]),
+            "seed": int(config["seed"]),
+            "split-seed": int(config["split-seed"]),
+            "test-fraction": float(config["test-fraction"]),
+            "dataset": str(config["dataset"]),
+            "data-dir": str(config["data-dir"]),
+        }
+    )
 
 
 class Exchanges:
@@ -109,8 +116,10 @@ class Exchanges:
 
     def request(self, server_round: int, message_type: str, indices: Optional[np.ndarray]) -> list[np.ndarray]:
         """Embeddings (party order) of train ``indices``, or of the test split when ``indices`` is None."""
-        messages = [Message(self._content(node, server_round, indices), dst_node_id=node, message_type=message_type)
-                    for node in self.nodes]
+        messages = [
+            Message(self._content(node, server_round, indices), dst_node_id=node, message_type=message_type)
+            for node in self.nodes
+        ]
         self.pending = None
         by_party = {}
         for reply in exchange(self.grid, messages):
@@ -141,8 +150,13 @@ def evaluate(party: LabelParty, exchanges: Exchanges, server_round: int, test_la
     return float(np.mean(party.predict(embeddings) == test_labels))
 
 
-def train(party: LabelParty, exchanges: Exchanges, config: dict[str, Any], test_labels: np.ndarray,
-          epsilon: Optional[float] = None) -> list[dict[str, Any]]:
+def train(
+    party: LabelParty,
+    exchanges: Exchanges,
+    config: dict[str, Any],
+    test_labels: np.ndarray,
+    epsilon: Optional[float] = None,
+) -> list[dict[str, Any]]:
     """The round loop; returns one row per evaluation (round, test accuracy, mean loss on noisy labels, ε so
     far, elapsed seconds) and prints one progress line per round.
 
@@ -162,8 +176,15 @@ def train(party: LabelParty, exchanges: Exchanges, config: dict[str, Any], test_
         line = f"round {server_round}/{num_rounds}  loss (noisy labels) {loss:.3f}"
         if server_round % every == 0 or server_round == num_rounds:
             accuracy = evaluate(party, exchanges, server_round, test_labels)
-            rows.append({"round": server_round, "accuracy": accuracy, "noisy_label_loss": float(np.mean(losses)),
-                         "epsilon": epsilon, "elapsed_s": time.perf_counter() - start})
+            rows.append(
+                {
+                    "round": server_round,
+                    "accuracy": accuracy,
+                    "noisy_label_loss": float(np.mean(losses)),
+                    "epsilon": epsilon,
+                    "elapsed_s": time.perf_counter() - start,
+                }
+            )
             line += f"  test accuracy {accuracy:.3f}"
             losses = []
         print(f"{line}  epsilon {eps_text}  [{time.perf_counter() - start:.0f} s]", flush=True)
@@ -176,8 +197,11 @@ def _finite(value: float) -> Optional[float]:
 
 def privacy_summary(ledger: PrivacyLedger, release: LabelRelease) -> dict[str, Any]:
     """The ledger's events and ε (label-level, replace_one), and the measured randomisation."""
-    events = [{"client": client, "round": rnd, "event": event_to_dict(event), "label": label}
-              for client in ledger.clients for rnd, event, label in ledger.events(client)]
+    events = [
+        {"client": client, "round": rnd, "event": event_to_dict(event), "label": label}
+        for client in ledger.clients
+        for rnd, event, label in ledger.events(client)
+    ]
     dp = release.epsilon is not None
     return {
         "label_epsilon": release.epsilon,
@@ -188,9 +212,13 @@ def privacy_summary(ledger: PrivacyLedger, release: LabelRelease) -> dict[str, A
         "num_labels": release.num_labels,
         "changed_fraction": release.changed_fraction,
         "expected_changed_fraction": release.expected_changed_fraction,
-        "guarantee": ("each training label is eps-label-DP against replacement of that label (randomized "
-                      "response, once; everything sent to the feature parties is post-processing); the "
-                      "features are not protected") if dp else "none (trained on the true labels)",
+        "guarantee": (
+            "each training label is eps-label-DP against replacement of that label (randomized "
+            "response, once; everything sent to the feature parties is post-processing); the "
+            "features are not protected"
+        )
+        if dp
+        else "none (trained on the true labels)",
     }
 
 
@@ -208,8 +236,9 @@ def run_vertical(grid: Grid, context: Context, config: dict[str, Any], experimen
     """
     start = time.perf_counter()
     ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation="replace_one")
-    true_train, true_test = task.load_labels(float(config["test-fraction"]), int(config["split-seed"]),
-                                             str(config["dataset"]), str(config["data-dir"]))
+    true_train, true_test = task.load_labels(
+        float(config["test-fraction"]), int(config["split-seed"]), str(config["dataset"]), str(config["data-dir"])
+    )
     party, release = make_label_party(context, config, true_train, ledger)
     del true_train  # from here on the label party only has the noisy train labels
     exchanges = Exchanges(grid, wait_for_parties(grid, int(config["num-parties"])), config, experiment)
@@ -258,11 +287,21 @@ def main(grid: Grid, context: Context) -> None:
     path = results_path(config)
     png = os.path.splitext(path)[0] + ".png"
     eps = results["label_epsilon"]
-    write_run_results(os.path.dirname(path), f"label eps {eps}", results["rounds"], extra=results,
-                      json_name=os.path.basename(path), png_name=os.path.basename(png),
-                      title=f"vertical FL on {config['dataset']}\nlabel eps {eps}",
-                      accuracy_label="test accuracy (true labels)",
-                      epsilon_label="epsilon (label-level, replace-one)", no_dp_text="no label DP: epsilon = inf",
-                      epsilon_title="privacy spent\n(one randomized-response release, round 0)")
-    print(f"label eps {results['label_epsilon']}: final test accuracy {results['final_accuracy']:.3f}; "
-          f"results written to {path}, plot to {png}", flush=True)
+    write_run_results(
+        os.path.dirname(path),
+        f"label eps {eps}",
+        results["rounds"],
+        extra=results,
+        json_name=os.path.basename(path),
+        png_name=os.path.basename(png),
+        title=f"vertical FL on {config['dataset']}\nlabel eps {eps}",
+        accuracy_label="test accuracy (true labels)",
+        epsilon_label="epsilon (label-level, replace-one)",
+        no_dp_text="no label DP: epsilon = inf",
+        epsilon_title="privacy spent\n(one randomized-response release, round 0)",
+    )
+    print(
+        f"label eps {results['label_epsilon']}: final test accuracy {results['final_accuracy']:.3f}; "
+        f"results written to {path}, plot to {png}",
+        flush=True,
+    )

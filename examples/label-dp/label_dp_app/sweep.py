@@ -35,9 +35,17 @@ def run_sweep(grid: Grid, context: Context, experiments: Sequence[dict[str, Any]
     results = []
     for number, overrides in enumerate(experiments):
         config = validate_config({**base, **overrides, "sweep-file": ""})
-        fresh = Context(run_id=context.run_id, node_id=context.node_id, node_config=dict(context.node_config),
-                        state=RecordDict(), run_config=dict(context.run_config))
-        print(f"experiment {number + 1}/{len(experiments)}: label-epsilon {config['label-epsilon']}, "
-              f"seed {config['seed']}", flush=True)
+        fresh = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config=dict(context.node_config),
+            state=RecordDict(),
+            run_config=dict(context.run_config),
+        )
+        print(
+            f"experiment {number + 1}/{len(experiments)}: label-epsilon {config['label-epsilon']}, "
+            f"seed {config['seed']}",
+            flush=True,
+        )
         results.append(run_vertical(grid, fresh, config, experiment=str(number)))
     return results

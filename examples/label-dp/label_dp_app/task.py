@@ -29,16 +29,16 @@ from torch import nn
 from flwr_dp_experiments.datasets import load_mnist
 
 NUM_CLASSES = 10
-IMAGE_SIDE = 8                               # digits
+IMAGE_SIDE = 8  # digits
 IMAGE_SIDES = {"digits": 8, "mnist": 28}
 DATASETS = tuple(IMAGE_SIDES)
 
 # Message layout (RecordDict keys).
-CONFIG = "config"            # ConfigRecord: server-round, hyperparameters, split seed
-BATCH = "batch"              # ArrayRecord {"indices": int64 train indices of the requested embeddings}
-GRAD = "grad"                # ArrayRecord {"grad": d loss / d embeddings of the previous train batch}
-EMBEDDINGS = "embeddings"    # ArrayRecord {"embeddings": float32 (batch, embedding-dim)}
-PARTY = "party"              # ConfigRecord {"party-id": int}
+CONFIG = "config"  # ConfigRecord: server-round, hyperparameters, split seed
+BATCH = "batch"  # ArrayRecord {"indices": int64 train indices of the requested embeddings}
+GRAD = "grad"  # ArrayRecord {"grad": d loss / d embeddings of the previous train batch}
+EMBEDDINGS = "embeddings"  # ArrayRecord {"embeddings": float32 (batch, embedding-dim)}
+PARTY = "party"  # ConfigRecord {"party-id": int}
 
 
 def split_indices(num_samples: int, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,8 +51,9 @@ def split_indices(num_samples: int, test_fraction: float, seed: int) -> tuple[np
 def party_columns(party_id: int, num_parties: int, side: int = IMAGE_SIDE) -> np.ndarray:
     """Flat pixel indices of party ``party_id``: a contiguous group of the (side x side) image's columns."""
     if not 0 <= party_id < num_parties <= side:
-        raise ValueError(f"party_id must be in [0, num_parties) with num_parties in [1, {side}], "
-                         f"got {party_id} of {num_parties}")
+        raise ValueError(
+            f"party_id must be in [0, num_parties) with num_parties in [1, {side}], got {party_id} of {num_parties}"
+        )
     groups = np.array_split(np.arange(side), num_parties)
     pixels = np.arange(side * side).reshape(side, side)
     return pixels[:, groups[party_id]].ravel()
@@ -76,16 +77,18 @@ def _split(dataset: str, data_dir: str, test_fraction: float, seed: int) -> tupl
 
 
 @lru_cache(maxsize=8)
-def load_party_features(party_id: int, num_parties: int, test_fraction: float, seed: int, dataset: str = "digits",
-                        data_dir: str = "") -> dict[str, np.ndarray]:
+def load_party_features(
+    party_id: int, num_parties: int, test_fraction: float, seed: int, dataset: str = "digits", data_dir: str = ""
+) -> dict[str, np.ndarray]:
     """A feature party's data: ``{"train": X_train[:, cols], "test": X_test[:, cols]}`` (no labels)."""
     x_train, _, x_test, _ = _split(dataset, data_dir, test_fraction, seed)
     cols = party_columns(party_id, num_parties, IMAGE_SIDES[dataset])
     return {"train": np.ascontiguousarray(x_train[:, cols]), "test": np.ascontiguousarray(x_test[:, cols])}
 
 
-def load_labels(test_fraction: float, seed: int, dataset: str = "digits",
-                data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+def load_labels(
+    test_fraction: float, seed: int, dataset: str = "digits", data_dir: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """The label party's data: (true train labels, true test labels). Fresh copies on each call."""
     _, y_train, _, y_test = _split(dataset, data_dir, test_fraction, seed)
     return y_train.copy(), y_test.copy()

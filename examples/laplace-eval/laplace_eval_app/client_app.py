@@ -52,8 +52,15 @@ def train(msg: Message, context: Context) -> Message:
     model, config = _load_model(msg)
     data = _partition(msg, context)
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + int(context.node_config["partition-id"])
-    loss = task.train(model, data["x_train"], data["y_train"], epochs=int(config["local-epochs"]),
-                      lr=float(config["lr"]), batch_size=int(config["batch-size"]), seed=seed)
+    loss = task.train(
+        model,
+        data["x_train"],
+        data["y_train"],
+        epochs=int(config["local-epochs"]),
+        lr=float(config["lr"]),
+        batch_size=int(config["batch-size"]),
+        seed=seed,
+    )
     metrics = MetricRecord({"train-loss": loss, "num-examples": len(data["y_train"])})
     return Message(content=RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics}), reply_to=msg)
 

@@ -65,8 +65,9 @@ def _mean(values: Sequence[Optional[float]]) -> Optional[float]:
     return float(np.mean(kept)) if kept else None
 
 
-def drift_row(clean: np.ndarray, epsilon: float, repetitions: int, seed: int,
-              clean_scores: Optional[dict[str, np.ndarray]] = None) -> dict[str, Any]:
+def drift_row(
+    clean: np.ndarray, epsilon: float, repetitions: int, seed: int, clean_scores: Optional[dict[str, np.ndarray]] = None
+) -> dict[str, Any]:
     """Drift of the scores at one ε (see module docstring); noise from ``default_rng([seed, rep])``."""
     clean = np.asarray(clean, dtype=np.float64)
     base = clean_scores if clean_scores is not None else score_trajectory(clean)

@@ -10,13 +10,17 @@ from __future__ import annotations
 import os
 from typing import Any
 
-SCORES = (("silhouette", "silhouette (higher = better)"), ("davies-bouldin", "Davies-Bouldin (lower = better)"),
-          ("calinski-harabasz", "Calinski-Harabasz (higher = better)"))
+SCORES = (
+    ("silhouette", "silhouette (higher = better)"),
+    ("davies-bouldin", "Davies-Bouldin (lower = better)"),
+    ("calinski-harabasz", "Calinski-Harabasz (higher = better)"),
+)
 
 
 def results_paths(config: dict[str, Any]) -> tuple[str, str]:
     """(JSON path, PNG path) of this run, absolute."""
     mode = str(config["privacy-eval-type"]).lower().replace("_", "-")
-    json_path = os.path.abspath(str(config["results-file"]) or
-                                os.path.join(str(config["results-dir"]), f"run-{mode}.json"))
+    json_path = os.path.abspath(
+        str(config["results-file"]) or os.path.join(str(config["results-dir"]), f"run-{mode}.json")
+    )
     return json_path, os.path.splitext(json_path)[0] + ".png"

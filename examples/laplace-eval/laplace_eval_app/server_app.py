@@ -75,8 +75,12 @@ class RecordingClusterEvaluation(ClusterEvaluation):
     def release_evaluate(self, server_round: int, screened: Screened) -> Release:
         """Record the inference vectors, then :meth:`ClusterEvaluation.release_evaluate`."""
         received = sorted(
-            (reply.metadata.src_node_id, np.concatenate([np.asarray(a.numpy(), np.float64).ravel()
-                                                          for a in reply.content[self.inference_key].values()]))
+            (
+                reply.metadata.src_node_id,
+                np.concatenate(
+                    [np.asarray(a.numpy(), np.float64).ravel() for a in reply.content[self.inference_key].values()]
+                ),
+            )
             for reply in screened.replies
             if not reply.has_error() and self.inference_key in reply.content.array_records
         )
@@ -115,11 +119,14 @@ class RoundLog:
         metrics = dict(self.strategy.last_metrics or {})
         protected = self.strategy.privacy_eval_type == "LAPLACE"
         row: dict[str, Any] = {
-            "round": server_round, "accuracy": accuracy, "loss": loss,
+            "round": server_round,
+            "accuracy": accuracy,
+            "loss": loss,
             "client_accuracy": _finite(metrics.get("eval-acc")),
             "unsupervised_eval": _finite(metrics.get("unsupervised-eval")),
             **{name: _finite(metrics.get(f"cluster/{name}")) for name in SCORE_KEYS},
-            "points": int(metrics.get("cluster/points", 0)), "labels": int(metrics.get("cluster/labels", 0)),
+            "points": int(metrics.get("cluster/points", 0)),
+            "labels": int(metrics.get("cluster/labels", 0)),
             "epsilon": _finite(metrics.get("privacy/epsilon")) if protected else None,
             "rejected": dict(getattr(self.strategy, "rejections", {}).get("evaluate", {})),  # server-side counts
             "metrics": {key: float(value) for key, value in metrics.items() if isinstance(value, (int, float))},
@@ -133,14 +140,17 @@ class RoundLog:
 
 def format_row(row: dict[str, Any], mode: str, num_rounds: int) -> str:
     """One line per round: ``round r/N``, accuracy, the three cluster scores, labels, ε and elapsed seconds."""
+
     def num(value: Optional[float], fmt: str) -> str:
         return "n/a" if value is None else format(value, fmt)
 
     eps = "inf (NOT_ENCRYPT: sent without noise)" if row["epsilon"] is None else f"{row['epsilon']:.4g} ({mode})"
-    return (f"round {row['round']}/{num_rounds}  accuracy {row['accuracy']:.3f} "
-            f"(clients {num(row['client_accuracy'], '.3f')})  silhouette {num(row['silhouette'], '.3f')}  "
-            f"CH {num(row['calinski-harabasz'], '.2f')}  DB {num(row['davies-bouldin'], '.3f')}  "
-            f"labels {row['labels']}/{row['points']}  epsilon {eps}  [{row['elapsed_s']:.0f} s]")
+    return (
+        f"round {row['round']}/{num_rounds}  accuracy {row['accuracy']:.3f} "
+        f"(clients {num(row['client_accuracy'], '.3f')})  silhouette {num(row['silhouette'], '.3f')}  "
+        f"CH {num(row['calinski-harabasz'], '.2f')}  DB {num(row['davies-bouldin'], '.3f')}  "
+        f"labels {row['labels']}/{row['points']}  epsilon {eps}  [{row['elapsed_s']:.0f} s]"
+    )
 
 
 def build_strategy(config: dict[str, Any]) -> RecordingClusterEvaluation:
@@ -148,15 +158,31 @@ def build_strategy(config: dict[str, Any]) -> RecordingClusterEvaluation:
     inference releases; the training updates are not private here and not in this ledger)."""
     clients = int(config["num-partitions"])
     ledger = PrivacyLedger(float(config["target-delta"]), neighboring_relation="replace_one")
-    fedavg = FedAvg(fraction_train=1.0, fraction_evaluate=1.0, min_train_nodes=clients,
-                    min_evaluate_nodes=clients, min_available_nodes=clients)
+    fedavg = FedAvg(
+        fraction_train=1.0,
+        fraction_evaluate=1.0,
+        min_train_nodes=clients,
+        min_evaluate_nodes=clients,
+        min_available_nodes=clients,
+    )
     # The ledger covers the inference releases only (the README says so); the training of the
     # wrapped FedAvg is not private, and we opt out of booking it as such explicitly.
     return RecordingClusterEvaluation.from_run_config(fedavg, config, ledger=ledger, book_unaccounted_training=False)
 
 
-CLIENT_KEYS = ("model", "local-epochs", "lr", "batch-size", "seed", "partitioner", "classes-per-partition",
-               "dirichlet-alpha", "eval-share", "dataset", "data-dir")
+CLIENT_KEYS = (
+    "model",
+    "local-epochs",
+    "lr",
+    "batch-size",
+    "seed",
+    "partitioner",
+    "classes-per-partition",
+    "dirichlet-alpha",
+    "eval-share",
+    "dataset",
+    "data-dir",
+)
 
 
 def client_config(config: dict[str, Any]) -> ConfigRecord:
@@ -164,33 +190,56 @@ def client_config(config: dict[str, Any]) -> ConfigRecord:
     return ConfigRecord({key: config[key] for key in CLIENT_KEYS})
 
 
-def write_log(path: str, log: RoundLog, strategy: RecordingClusterEvaluation, config: dict[str, Any],
-              png_path: Optional[str] = None) -> None:
+def write_log(
+    path: str,
+    log: RoundLog,
+    strategy: RecordingClusterEvaluation,
+    config: dict[str, Any],
+    png_path: Optional[str] = None,
+) -> None:
     """The run's JSON log: config, per-round rows (with the received vectors) and the privacy summary;
     with ``png_path``, also its plot (accuracy, cluster scores and ε against the round)."""
     report = strategy.ledger.report()
     data = {
-        "config": config, "privacy_eval_type": strategy.privacy_eval_type,
-        "laplace_eval_eps": strategy.laplace_eval_eps, "eval_type": strategy.eval_type,
-        "initial_accuracy": log.initial_accuracy, "rounds": log.rows,
-        "privacy": {"epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
-                    "neighboring_relation": strategy.ledger.neighboring_relation,
-                    "clients": report.num_clients,
-                    "releases": sum(len(strategy.ledger.events(c)) for c in strategy.ledger.clients),
-                    "unit": "one client's inference vector (local DP), composed over evaluate rounds"},
+        "config": config,
+        "privacy_eval_type": strategy.privacy_eval_type,
+        "laplace_eval_eps": strategy.laplace_eval_eps,
+        "eval_type": strategy.eval_type,
+        "initial_accuracy": log.initial_accuracy,
+        "rounds": log.rows,
+        "privacy": {
+            "epsilon": _finite(report.epsilon),
+            "delta": report.delta,
+            "method": report.method,
+            "neighboring_relation": strategy.ledger.neighboring_relation,
+            "clients": report.num_clients,
+            "releases": sum(len(strategy.ledger.events(c)) for c in strategy.ledger.clients),
+            "unit": "one client's inference vector (local DP), composed over evaluate rounds",
+        },
     }
     folder = os.path.dirname(os.path.abspath(path))
     mode = strategy.privacy_eval_type
     write_run_results(
-        folder, mode, log.rows, extra=data, initial_accuracy=log.initial_accuracy, json_indent=None,
-        json_name=os.path.basename(path), png_name=os.path.basename(png_path) if png_path else None,
-        title=f"{config['dataset']}: training progress", accuracy_label="accuracy",
+        folder,
+        mode,
+        log.rows,
+        extra=data,
+        initial_accuracy=log.initial_accuracy,
+        json_indent=None,
+        json_name=os.path.basename(path),
+        png_name=os.path.basename(png_path) if png_path else None,
+        title=f"{config['dataset']}: training progress",
+        accuracy_label="accuracy",
         accuracy_series={"central test": "accuracy", "clients (local eval)": "client_accuracy"},
         epsilon_label="epsilon per client (LDP, composed)",
         no_dp_text="NOT_ENCRYPT: sent without noise,\nepsilon = inf",
-        epsilon_title=(f"privacy spent (LAPLACE, {strategy.laplace_eval_eps:g} per round)" if mode == "LAPLACE"
-                       else "privacy spent"),
-        panels=[{"title": title, "series": {key: key}} for key, title in SCORES])
+        epsilon_title=(
+            f"privacy spent (LAPLACE, {strategy.laplace_eval_eps:g} per round)"
+            if mode == "LAPLACE"
+            else "privacy spent"
+        ),
+        panels=[{"title": title, "series": {key: key}} for key, title in SCORES],
+    )
 
 
 @app.main()
@@ -201,9 +250,14 @@ def main(grid: Grid, context: Context) -> None:
     torch.manual_seed(int(config["seed"]))
     model = task.build_model(str(config["model"]), task.num_features(str(config["dataset"])))
     log = RoundLog(strategy, config)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                   num_rounds=int(config["num-server-rounds"]), train_config=client_config(config),
-                   evaluate_config=client_config(config), evaluate_fn=log)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=int(config["num-server-rounds"]),
+        train_config=client_config(config),
+        evaluate_config=client_config(config),
+        evaluate_fn=log,
+    )
     json_path, png_path = results_paths(config)
     write_log(json_path, log, strategy, config, png_path)
     print(f"run log written to {json_path}, plot to {png_path}", flush=True)

@@ -62,18 +62,29 @@ def num_features(dataset: str = "digits") -> int:
 def _make_partitioner(kind: str, num_partitions: int, classes: int, alpha: float, seed: int) -> Partitioner:
     """A flwr-datasets partitioner by label: pathological (``classes`` per client) or Dirichlet(``alpha``)."""
     if kind == "pathological":
-        return PathologicalPartitioner(num_partitions=num_partitions, partition_by="label",
-                                       num_classes_per_partition=classes,
-                                       class_assignment_mode="first-deterministic", seed=seed)
+        return PathologicalPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            num_classes_per_partition=classes,
+            class_assignment_mode="first-deterministic",
+            seed=seed,
+        )
     if kind == "dirichlet":
-        return DirichletPartitioner(num_partitions=num_partitions, partition_by="label", alpha=alpha,
-                                    min_partition_size=2, self_balancing=False, seed=seed)
+        return DirichletPartitioner(
+            num_partitions=num_partitions,
+            partition_by="label",
+            alpha=alpha,
+            min_partition_size=2,
+            self_balancing=False,
+            seed=seed,
+        )
     raise ValueError(f"partitioner must be 'pathological' or 'dirichlet', got {kind!r}")
 
 
 @lru_cache(maxsize=4)
-def _partitioner(dataset: str, data_dir: str, kind: str, num_partitions: int, classes: int, alpha: float,
-                 seed: int) -> Partitioner:
+def _partitioner(
+    dataset: str, data_dir: str, kind: str, num_partitions: int, classes: int, alpha: float, seed: int
+) -> Partitioner:
     """The partitioner over the train split (cached per process: Ray actors reuse it)."""
     x_tr, y_tr, _, _ = load_data(dataset, data_dir)
     partitioner = _make_partitioner(kind, num_partitions, classes, alpha, seed)
@@ -84,9 +95,15 @@ def _partitioner(dataset: str, data_dir: str, kind: str, num_partitions: int, cl
 def load_partition(partition_id: int, num_partitions: int, config: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Client ``partition_id``'s local ``x_train, y_train, x_eval, y_eval`` (numpy)."""
     dataset, data_dir = str(config.get("dataset", "digits")), str(config.get("data-dir", ""))
-    partitioner = _partitioner(dataset, data_dir, str(config["partitioner"]), int(num_partitions),
-                               int(config["classes-per-partition"]), float(config["dirichlet-alpha"]),
-                               int(config["seed"]))
+    partitioner = _partitioner(
+        dataset,
+        data_dir,
+        str(config["partitioner"]),
+        int(num_partitions),
+        int(config["classes-per-partition"]),
+        float(config["dirichlet-alpha"]),
+        int(config["seed"]),
+    )
     indices = np.asarray(partitioner.load_partition(partition_id)["index"], dtype=np.int64)
     x_tr, y_tr, _, _ = load_data(dataset, data_dir)
     order = np.random.default_rng([int(config["seed"]), partition_id]).permutation(len(indices))
@@ -116,5 +133,14 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
     return loss, accuracy, mean_softmax / mean_softmax.sum()
 
 
-__all__ = ["DATASETS", "NUM_CLASSES", "SPLIT_SEED", "build_model", "evaluate", "load_data", "load_partition",
-           "num_features", "train"]
+__all__ = [
+    "DATASETS",
+    "NUM_CLASSES",
+    "SPLIT_SEED",
+    "build_model",
+    "evaluate",
+    "load_data",
+    "load_partition",
+    "num_features",
+    "train",
+]

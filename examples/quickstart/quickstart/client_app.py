@@ -55,9 +55,12 @@ def dp_sgd_trainer(config: ConfigRecord) -> DpSgdTrainer:
     """
     return DpSgdTrainer(
         lambda: task.build_model(str(config["model"])),
-        lr=float(config["lr"]), noise_multiplier=float(config["dp-sgd-noise-multiplier"]),
-        target_delta=float(config["target-delta"]), local_epochs=int(config["local-epochs"]),
-        max_grad_norm=float(config["clipping-norm"]), batch_size=int(config["batch-size"]),
+        lr=float(config["lr"]),
+        noise_multiplier=float(config["dp-sgd-noise-multiplier"]),
+        target_delta=float(config["target-delta"]),
+        local_epochs=int(config["local-epochs"]),
+        max_grad_norm=float(config["clipping-norm"]),
+        batch_size=int(config["batch-size"]),
     )  # device None: CUDA when the simulation gave this client a GPU
 
 
@@ -70,8 +73,15 @@ def train(msg: Message, context: Context) -> Message:
     if config.get("mechanism") == "dp-sgd":
         return dp_sgd_train_reply(msg, context, dp_sgd_trainer(config), (x, y))
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
-    loss = task.train(model, x, y, epochs=int(config["local-epochs"]), lr=float(config["lr"]),
-                      batch_size=int(config["batch-size"]), seed=seed)
+    loss = task.train(
+        model,
+        x,
+        y,
+        epochs=int(config["local-epochs"]),
+        lr=float(config["lr"]),
+        batch_size=int(config["batch-size"]),
+        seed=seed,
+    )
     metrics = MetricRecord({"train-loss": loss, "num-examples": len(y), "unit-weight": 1.0})
     content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics})
     return Message(content=content, reply_to=msg)

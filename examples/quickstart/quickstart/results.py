@@ -93,17 +93,29 @@ class ReplyLog:
         destination = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
         failed = [reply for reply in replies if reply.has_error()]
         row = {
-            "round": _server_round(messages[0]), "phase": messages[0].metadata.message_type,
-            "sent": len(messages), "replies": len(replies) - len(failed), "failed": len(failed),
+            "round": _server_round(messages[0]),
+            "phase": messages[0].metadata.message_type,
+            "sent": len(messages),
+            "replies": len(replies) - len(failed),
+            "failed": len(failed),
             "missing": len(messages) - len(replies),
-            "errors": [{"node": destination.get(r.metadata.reply_to_message_id), "code": int(r.error.code),
-                        "reason": str(r.error.reason)} for r in failed],
+            "errors": [
+                {
+                    "node": destination.get(r.metadata.reply_to_message_id),
+                    "code": int(r.error.code),
+                    "reason": str(r.error.reason),
+                }
+                for r in failed
+            ],
         }
         self.rows.append(row)
         if failed or row["missing"]:
             errors = "; ".join(f"node {e['node']}: {e['reason']}" for e in row["errors"])
-            print(f"round {row['round']}  {row['phase']}: {row['replies']} of {row['sent']} nodes replied, "
-                  f"{row['failed']} failed ({errors})", flush=True)
+            print(
+                f"round {row['round']}  {row['phase']}: {row['replies']} of {row['sent']} nodes replied, "
+                f"{row['failed']} failed ({errors})",
+                flush=True,
+            )
         return replies
 
 
@@ -137,7 +149,8 @@ def privacy_unit(mechanism: str) -> str:
 def noise_multiplier(config: dict[str, Any]) -> float:
     """The noise multiplier z the mechanism uses."""
     key = {"local-dp": "local-noise-multiplier", "dp-sgd": "dp-sgd-noise-multiplier"}.get(
-        str(config["mechanism"]), "noise-multiplier")
+        str(config["mechanism"]), "noise-multiplier"
+    )
     return float(config[key])
 
 
@@ -147,24 +160,33 @@ def privacy_summary(ledger: PrivacyLedger | None, config: dict[str, Any]) -> dic
         return None
     report = ledger.report()
     return {
-        "epsilon": _finite(report.epsilon), "delta": report.delta, "method": report.method,
-        "epsilon_rdp": _finite(report.epsilon_rdp), "epsilon_pld": _finite(report.epsilon_pld),
-        "neighboring_relation": ledger.neighboring_relation, "unit": privacy_unit(str(config["mechanism"])),
-        "noise_multiplier": noise_multiplier(config), "clipping_norm": float(config["clipping-norm"]),
+        "epsilon": _finite(report.epsilon),
+        "delta": report.delta,
+        "method": report.method,
+        "epsilon_rdp": _finite(report.epsilon_rdp),
+        "epsilon_pld": _finite(report.epsilon_pld),
+        "neighboring_relation": ledger.neighboring_relation,
+        "unit": privacy_unit(str(config["mechanism"])),
+        "noise_multiplier": noise_multiplier(config),
+        "clipping_norm": float(config["clipping-norm"]),
         "clients_per_round": int(config["num-partitions"]),
         "sampling_amplification": config["mechanism"] in ("central-dp-poisson", "dp-sgd"),
-        "max_epsilon": ledger.max_epsilon, "releases": len(ledger.events()),
+        "max_epsilon": ledger.max_epsilon,
+        "releases": len(ledger.events()),
     }
 
 
 def _metrics_by_round(history: dict[int, MetricRecord]) -> dict[str, dict[str, Any]]:
     """``{round: {key: value}}`` of a Result's per-round MetricRecords, JSON-safe."""
-    return {str(rnd): {key: (_finite(value) if isinstance(value, float) else value)
-                       for key, value in record.items()} for rnd, record in sorted(history.items())}
+    return {
+        str(rnd): {key: (_finite(value) if isinstance(value, float) else value) for key, value in record.items()}
+        for rnd, record in sorted(history.items())
+    }
 
 
-def write_results(log: RoundLog, config: dict[str, Any], results_dir: str, result: Any = None,
-                  replies: ReplyLog | None = None) -> str:
+def write_results(
+    log: RoundLog, config: dict[str, Any], results_dir: str, result: Any = None, replies: ReplyLog | None = None
+) -> str:
     """Write results.json and results.png into ``results_dir`` (the shared writer); return the JSON path.
 
     ``result`` (the strategy's ``Result``) adds the aggregated train and evaluate
@@ -178,6 +200,14 @@ def write_results(log: RoundLog, config: dict[str, Any], results_dir: str, resul
     if replies is not None:
         extra["replies"] = replies.rows
     level = PRIVACY_UNITS.get(mechanism, DEFAULT_UNIT)[0]
-    return write_run_results(results_dir, mechanism, log.rows, extra=extra, initial_accuracy=log.initial_accuracy,
-                             delta=float(config["target-delta"]), epsilon_label=f"epsilon ({level})",
-                             json_name=RESULTS_JSON, png_name=RESULTS_PNG)
+    return write_run_results(
+        results_dir,
+        mechanism,
+        log.rows,
+        extra=extra,
+        initial_accuracy=log.initial_accuracy,
+        delta=float(config["target-delta"]),
+        epsilon_label=f"epsilon ({level})",
+        json_name=RESULTS_JSON,
+        png_name=RESULTS_PNG,
+    )

@@ -69,28 +69,43 @@ def build_strategy(config: dict[str, Any]) -> Strategy:
     # The relation the mechanism's sensitivity is computed for: local DP bounds a replaced update
     # (Δ₂ = 2C); DP-SGD (Opacus) and the central strategies add or remove one record / client.
     relation = "replace_one" if mechanism == "local-dp" else "add_or_remove_one"
-    ledger = PrivacyLedger(float(config["target-delta"]), max_epsilon=max_epsilon if max_epsilon > 0 else None,
-                           neighboring_relation=relation)
+    ledger = PrivacyLedger(
+        float(config["target-delta"]),
+        max_epsilon=max_epsilon if max_epsilon > 0 else None,
+        neighboring_relation=relation,
+    )
     ledger_path = str(config["ledger-path"]) or None
     files = {"ledger_path": ledger_path, "resume": config["resume-ledger"]}  # resume: a bool, checked
     if mechanism in ("local-dp", "dp-sgd"):
         return AccountedFedAvg(**node_counts(config), ledger=ledger, **files)
     central = AccountedPoissonFixedClipping if mechanism == "central-dp-poisson" else AccountedServerSideFixedClipping
     clients = int(config["clients-per-round"] if mechanism == "central-dp-poisson" else config["num-partitions"])
-    return central(build_fedavg(config), float(config["noise-multiplier"]), float(config["clipping-norm"]),
-                   clients, ledger=ledger, **files)
+    return central(
+        build_fedavg(config),
+        float(config["noise-multiplier"]),
+        float(config["clipping-norm"]),
+        clients,
+        ledger=ledger,
+        **files,
+    )
 
 
 def client_config(config: dict[str, Any]) -> ConfigRecord:
     """Hyperparameters the ClientApp reads from each train/evaluate message."""
-    return ConfigRecord({
-        "model": str(config["model"]), "local-epochs": int(config["local-epochs"]), "lr": float(config["lr"]),
-        "batch-size": int(config["batch-size"]), "seed": int(config["seed"]),
-        "mechanism": str(config["mechanism"]), "clipping-norm": float(config["clipping-norm"]),
-        "local-noise-multiplier": float(config["local-noise-multiplier"]),
-        "dp-sgd-noise-multiplier": float(config["dp-sgd-noise-multiplier"]),
-        "target-delta": float(config["target-delta"]),
-    })
+    return ConfigRecord(
+        {
+            "model": str(config["model"]),
+            "local-epochs": int(config["local-epochs"]),
+            "lr": float(config["lr"]),
+            "batch-size": int(config["batch-size"]),
+            "seed": int(config["seed"]),
+            "mechanism": str(config["mechanism"]),
+            "clipping-norm": float(config["clipping-norm"]),
+            "local-noise-multiplier": float(config["local-noise-multiplier"]),
+            "dp-sgd-noise-multiplier": float(config["dp-sgd-noise-multiplier"]),
+            "target-delta": float(config["target-delta"]),
+        }
+    )
 
 
 @app.main()
@@ -107,8 +122,15 @@ def main(grid: Grid, context: Context) -> None:
         return
     for name in names:
         print(f"mechanism {name}", flush=True)
-        run_mechanism(grid, {**config, "mechanism": name, "mechanisms": "",
-                             "results-dir": os.path.join(str(config["results-dir"]), name)})
+        run_mechanism(
+            grid,
+            {
+                **config,
+                "mechanism": name,
+                "mechanisms": "",
+                "results-dir": os.path.join(str(config["results-dir"]), name),
+            },
+        )
 
 
 def run_mechanism(grid: Grid, config: dict[str, Any]) -> None:

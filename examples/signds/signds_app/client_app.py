@@ -49,13 +49,24 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
     dataset, hidden = str(config["dataset"]), int(config["hidden"])
     partition_id = int(context.node_config["partition-id"])
-    x, y = task.load_partition(partition_id, int(context.node_config["num-partitions"]), dataset,
-                               str(config["data-dir"]))
+    x, y = task.load_partition(
+        partition_id, int(context.node_config["num-partitions"]), dataset, str(config["data-dir"])
+    )
     model = task.build_model(dataset, hidden)
     model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    loss = task.train(model, x, y, epochs=int(config["local-epochs"]), lr=float(config["lr"]),
-                      batch_size=int(config["batch-size"]),
-                      seed=local_seed(int(config["seed"]), int(config["server-round"]), partition_id))
-    content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                          "metrics": MetricRecord({"num-examples": len(y), "train-loss": loss})})
+    loss = task.train(
+        model,
+        x,
+        y,
+        epochs=int(config["local-epochs"]),
+        lr=float(config["lr"]),
+        batch_size=int(config["batch-size"]),
+        seed=local_seed(int(config["seed"]), int(config["server-round"]), partition_id),
+    )
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord(model.state_dict()),
+            "metrics": MetricRecord({"num-examples": len(y), "train-loss": loss}),
+        }
+    )
     return Message(content=content, reply_to=msg)

@@ -61,8 +61,9 @@ class RoundLog:
             if hasattr(strategy, "state"):
                 self.state_used[server_round] = (float(strategy.state.r_est), int(strategy.state.is_reached))
             arrays, metrics = original(server_round, replies)
-            self.train_metrics[server_round] = {} if metrics is None else {
-                k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            self.train_metrics[server_round] = (
+                {} if metrics is None else {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            )
             # rejection counts stay on the server (never in the round's metrics): read from the strategy
             self.rejected[server_round] = dict(getattr(strategy, "rejections", {}).get("train", {}))
             return arrays, metrics
@@ -78,8 +79,9 @@ class RoundLog:
         if server_round == 0:
             self.initial_accuracy = accuracy
             self.started = time.perf_counter()
-            print(f"[{self.config['strategy']}/{self.dataset}] d = {self.d}, initial accuracy {accuracy:.3f}",
-                  flush=True)
+            print(
+                f"[{self.config['strategy']}/{self.dataset}] d = {self.d}, initial accuracy {accuracy:.3f}", flush=True
+            )
         else:
             row = self._row(server_round, accuracy, loss)
             self.rows.append(row)
@@ -88,25 +90,41 @@ class RoundLog:
 
     def _row(self, server_round: int, accuracy: float, loss: float) -> dict[str, Any]:
         metrics = self.train_metrics.get(server_round, {})
-        row: dict[str, Any] = {"round": server_round, "accuracy": accuracy, "loss": loss,
-                               "elapsed_s": time.perf_counter() - self.started,
-                               "train_loss": finite(metrics.get("train-loss")), "dense_values": self.d,
-                               "dense_payload_bytes": FLOAT32_BYTES * self.d,
-                               "dense_serialized_bytes": self.dense_serialized_bytes}
+        row: dict[str, Any] = {
+            "round": server_round,
+            "accuracy": accuracy,
+            "loss": loss,
+            "elapsed_s": time.perf_counter() - self.started,
+            "train_loss": finite(metrics.get("train-loss")),
+            "dense_values": self.d,
+            "dense_payload_bytes": FLOAT32_BYTES * self.d,
+            "dense_serialized_bytes": self.dense_serialized_bytes,
+        }
         if not self.signds:
-            row.update(values_per_client=self.d, payload_bytes_per_client=FLOAT32_BYTES * self.d,
-                       serialized_bytes_per_client=self.dense_serialized_bytes, epsilon=None, epsilon_round=None)
+            row.update(
+                values_per_client=self.d,
+                payload_bytes_per_client=FLOAT32_BYTES * self.d,
+                serialized_bytes_per_client=self.dense_serialized_bytes,
+                epsilon=None,
+                epsilon_round=None,
+            )
             return row
         r_est, phase = self.state_used.get(server_round, (float("nan"), -1))
         values = metrics.get("signds/values-per-client", float("nan"))
         row.update(
-            epsilon=finite(metrics.get("privacy/epsilon")), epsilon_rdp=finite(metrics.get("privacy/epsilon-rdp")),
+            epsilon=finite(metrics.get("privacy/epsilon")),
+            epsilon_rdp=finite(metrics.get("privacy/epsilon-rdp")),
             epsilon_pld=finite(metrics.get("privacy/epsilon-pld")),
             epsilon_round=float(self.config["sign-eps"]) + float(self.config["rr-eps"]),
-            r_est=r_est, is_reached=phase, r_est_next=finite(metrics.get("signds/r-est")),
-            is_reached_next=finite(metrics.get("signds/is-reached")), step=finite(metrics.get("signds/step")),
-            majority=finite(metrics.get("signds/majority")), debiased_ones=finite(metrics.get("signds/debiased-ones")),
-            fallback=finite(metrics.get("signds/fallback")), values_per_client=finite(values),
+            r_est=r_est,
+            is_reached=phase,
+            r_est_next=finite(metrics.get("signds/r-est")),
+            is_reached_next=finite(metrics.get("signds/is-reached")),
+            step=finite(metrics.get("signds/step")),
+            majority=finite(metrics.get("signds/majority")),
+            debiased_ones=finite(metrics.get("signds/debiased-ones")),
+            fallback=finite(metrics.get("signds/fallback")),
+            values_per_client=finite(values),
             indices_per_client=finite(values - 2.0),
             payload_bytes_per_client=finite(INT64_BYTES * values),
             serialized_bytes_per_client=finite(metrics.get("signds/bytes-per-client")),
@@ -116,10 +134,14 @@ class RoundLog:
 
     def format_row(self, row: dict[str, Any]) -> str:
         """One line per round: ``round r/N``, accuracy, ε, r_est, upload, elapsed seconds."""
-        head = (f"[{self.config['strategy']}/{self.dataset}] round {row['round']:>3}/{self.config['num-server-rounds']}"
-                f"  accuracy {row['accuracy']:.3f}")
-        upload = (f"upload/client {row['values_per_client']:g} values ({row['payload_bytes_per_client']:g} B) "
-                  f"vs dense {row['dense_values']} ({row['dense_payload_bytes']} B)  [{row['elapsed_s']:.0f} s]")
+        head = (
+            f"[{self.config['strategy']}/{self.dataset}] round {row['round']:>3}/{self.config['num-server-rounds']}"
+            f"  accuracy {row['accuracy']:.3f}"
+        )
+        upload = (
+            f"upload/client {row['values_per_client']:g} values ({row['payload_bytes_per_client']:g} B) "
+            f"vs dense {row['dense_values']} ({row['dense_payload_bytes']} B)  [{row['elapsed_s']:.0f} s]"
+        )
         if not self.signds:
             return f"{head}  eps inf (not private)  {upload}"
         phase = {0: "growth", 1: "shrink"}.get(row["is_reached"], "?")
@@ -133,19 +155,39 @@ def privacy_summary(strategy: Any) -> Optional[dict[str, Any]]:
     if ledger is None:
         return None
     report = ledger.report()
-    return {"epsilon": finite(report.epsilon), "epsilon_rdp": finite(report.epsilon_rdp),
-            "epsilon_pld": finite(report.epsilon_pld), "delta": report.delta, "method": report.method,
-            "neighboring_relation": ledger.neighboring_relation, "clients": len(ledger.clients),
-            "unit": "a client's whole update in one round (local DP: any two updates are neighbours)"}
+    return {
+        "epsilon": finite(report.epsilon),
+        "epsilon_rdp": finite(report.epsilon_rdp),
+        "epsilon_pld": finite(report.epsilon_pld),
+        "delta": report.delta,
+        "method": report.method,
+        "neighboring_relation": ledger.neighboring_relation,
+        "clients": len(ledger.clients),
+        "unit": "a client's whole update in one round (local DP: any two updates are neighbours)",
+    }
 
 
 def write_run(log: RoundLog, strategy: Any, results_dir: str, name: str) -> str:
     """Write ``run-<name>.json`` and its plot ``run-<name>.png`` into ``results_dir`` (the shared writer)."""
     privacy = privacy_summary(strategy)
-    extra = {"name": name, "config": log.config, "d": log.d, "hidden": log.hidden,
-             "wall_s": time.perf_counter() - log.started, "privacy": privacy}
+    extra = {
+        "name": name,
+        "config": log.config,
+        "d": log.d,
+        "hidden": log.hidden,
+        "wall_s": time.perf_counter() - log.started,
+        "privacy": privacy,
+    }
     return write_run_results(
-        results_dir, str(log.config["strategy"]), log.rows, extra=extra, initial_accuracy=log.initial_accuracy,
-        delta=1e-5, title=f"{log.config['strategy']} on {log.config['dataset']}",
-        epsilon_label="epsilon per client (LDP, cumulative)", no_dp_text="FedAvg: no DP, epsilon = inf",
-        json_name=f"run-{name}.json", png_name=f"run-{name}.png")
+        results_dir,
+        str(log.config["strategy"]),
+        log.rows,
+        extra=extra,
+        initial_accuracy=log.initial_accuracy,
+        delta=1e-5,
+        title=f"{log.config['strategy']} on {log.config['dataset']}",
+        epsilon_label="epsilon per client (LDP, cumulative)",
+        no_dp_text="FedAvg: no DP, epsilon = inf",
+        json_name=f"run-{name}.json",
+        png_name=f"run-{name}.png",
+    )

@@ -38,19 +38,30 @@ def build_strategy(config: dict[str, Any]) -> FedAvg:
     """FedAvg or SignDS over ``fraction-train`` of ``num-partitions`` clients, no federated evaluation."""
     clients = int(config["num-partitions"])
     sampled = max(1, int(clients * float(config["fraction-train"])))
-    common = {"fraction_train": float(config["fraction-train"]), "fraction_evaluate": 0.0,
-              "min_train_nodes": sampled, "min_available_nodes": clients, "weighted_by_key": "num-examples"}
+    common = {
+        "fraction_train": float(config["fraction-train"]),
+        "fraction_evaluate": 0.0,
+        "min_train_nodes": sampled,
+        "min_available_nodes": clients,
+        "weighted_by_key": "num-examples",
+    }
     if config["strategy"] == "fedavg":
         return FedAvg(**common)
     from flwr_dp_strategies import PrivacyLedger, SignDS
     from flwr_dp_strategies.signds import MagRRConfig
 
     return SignDS(
-        sign_k=float(config["sign-k"]), sign_eps=float(config["sign-eps"]),
-        sign_thr_ratio=float(config["sign-thr-ratio"]), sign_global_lr=float(config["sign-global-lr"]),
-        sign_dim_out=int(config["sign-dim-out"]), max_dim_out=int(config["max-dim-out"]),
-        magrr=MagRRConfig(rr_epsilon=float(config["rr-eps"]), initial_r_est=float(config["initial-r-est"]),
-                          step_ratio=float(config["step-ratio"])),
+        sign_k=float(config["sign-k"]),
+        sign_eps=float(config["sign-eps"]),
+        sign_thr_ratio=float(config["sign-thr-ratio"]),
+        sign_global_lr=float(config["sign-global-lr"]),
+        sign_dim_out=int(config["sign-dim-out"]),
+        max_dim_out=int(config["max-dim-out"]),
+        magrr=MagRRConfig(
+            rr_epsilon=float(config["rr-eps"]),
+            initial_r_est=float(config["initial-r-est"]),
+            step_ratio=float(config["step-ratio"]),
+        ),
         ledger=PrivacyLedger(1e-5, neighboring_relation="replace_one"),
         **common,
     )
@@ -69,8 +80,12 @@ def main(grid: Grid, context: Context) -> None:
     model = task.initial_model(str(config["dataset"]), int(config["hidden"]), int(config["seed"]))
     log = RoundLog(config)
     log.attach(strategy)
-    strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()),
-                   num_rounds=int(config["num-server-rounds"]), train_config=train_config(config),
-                   evaluate_fn=log)
+    strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=int(config["num-server-rounds"]),
+        train_config=train_config(config),
+        evaluate_fn=log,
+    )
     path = write_run(log, strategy, os.path.abspath(str(config["results-dir"])), run_name(config))
-    print(f"run log written to {path} (plot: {path[:-len('.json')]}.png)", flush=True)
+    print(f"run log written to {path} (plot: {path[: -len('.json')]}.png)", flush=True)

@@ -46,11 +46,17 @@ def load_data(dataset: str = "digits", data_dir: str = "") -> Split:
     return load_dataset(dataset, data_dir or (default_mnist_dir() if dataset == "mnist" else ""), SPLIT_SEED)
 
 
-def load_partition(partition_id: int, num_partitions: int, dataset: str = "digits",
-                   data_dir: str = "") -> tuple[np.ndarray, np.ndarray]:
+def load_partition(
+    partition_id: int, num_partitions: int, dataset: str = "digits", data_dir: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """Client ``partition_id``'s IID shard of the train split."""
-    return iid_client_shard(partition_id, num_partitions, dataset,
-                            data_dir or (default_mnist_dir() if dataset == "mnist" else ""), SPLIT_SEED)
+    return iid_client_shard(
+        partition_id,
+        num_partitions,
+        dataset,
+        data_dir or (default_mnist_dir() if dataset == "mnist" else ""),
+        SPLIT_SEED,
+    )
 
 
 def hidden_units(dataset: str, hidden: int = 0) -> int:
@@ -60,8 +66,11 @@ def hidden_units(dataset: str, hidden: int = 0) -> int:
 
 def build_model(dataset: str, hidden: int = 0) -> nn.Module:
     """MLP ``features -> hidden -> 10`` with ReLU."""
-    return nn.Sequential(nn.Linear(FEATURES[dataset], hidden_units(dataset, hidden)), nn.ReLU(),
-                         nn.Linear(hidden_units(dataset, hidden), NUM_CLASSES))
+    return nn.Sequential(
+        nn.Linear(FEATURES[dataset], hidden_units(dataset, hidden)),
+        nn.ReLU(),
+        nn.Linear(hidden_units(dataset, hidden), NUM_CLASSES),
+    )
 
 
 def initial_model(dataset: str, hidden: int, seed: int) -> nn.Module:
@@ -75,8 +84,9 @@ def num_parameters(dataset: str, hidden: int = 0) -> int:
     return sum(p.numel() for p in build_model(dataset, hidden).parameters())
 
 
-def train(model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int,
-          seed: int) -> float:
+def train(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, *, epochs: int, lr: float, batch_size: int, seed: int
+) -> float:
     """Plain local SGD (not private by itself: the privacy is the SignDS encoding of the update)."""
     return train_sgd(model, x, y, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
 
@@ -86,5 +96,16 @@ def test(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return evaluate_classifier(model, x, y)
 
 
-__all__ = ["DATASETS", "NUM_CLASSES", "build_model", "default_mnist_dir", "hidden_units", "initial_model",
-           "load_data", "load_partition", "num_parameters", "test", "train"]
+__all__ = [
+    "DATASETS",
+    "NUM_CLASSES",
+    "build_model",
+    "default_mnist_dir",
+    "hidden_units",
+    "initial_model",
+    "load_data",
+    "load_partition",
+    "num_parameters",
+    "test",
+    "train",
+]
