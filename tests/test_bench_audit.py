@@ -19,16 +19,35 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-pytestmark = pytest.mark.slow  # about 30 s on 2 cores (SecAgg+ rounds of DistributedDpFedAvg)
+pytestmark = pytest.mark.integration  # the rows come from the session's run.py --tiny (a Ray simulation among them)
 
 
 @pytest.fixture(scope="module")
-def tiny_audit(tmp_path_factory):
+def tiny_audit(tiny_benchmarks):
+    """bench_audit's tiny rows, as run.py --tiny ran them for the benchmark smoke tests (run once per session),
+    and the table bench_audit writes for them."""
     from flwr_dp_benchmarks import bench_audit
 
-    out = tmp_path_factory.mktemp("audit")
-    assert bench_audit.main(["--tiny", "--out", str(out)]) == 0
-    return out, json.loads((out / "results.json").read_text())
+    rows = [
+        r["audit"]
+        for r in json.loads((tiny_benchmarks / "results.json").read_text())["rows"]
+        if r["benchmark"] == bench_audit.NAME
+    ]
+    size = bench_audit.MODES["tiny"]
+    result = {
+        "mode": "tiny",
+        "size": size,
+        "rows": rows,
+        "max_lower_bound": bench_audit.max_lower_bound(size["canaries"]),
+    }
+    out = tiny_benchmarks / "audit"
+    out.mkdir(exist_ok=True)
+    (out / "results.md").write_text(
+        bench_audit.markdown(
+            {**result, "created": "", "machine": {"cpu_count": "?"}, "seconds": 0.0, "max_lower_bound_ddp": 0.0}
+        )
+    )
+    return out, result
 
 
 def test_every_configuration_has_a_row(tiny_audit):
