@@ -22,19 +22,11 @@ pytest.importorskip("opacus")
 pytest.importorskip("matplotlib")
 
 from flwr_dp_benchmarks import bench_dpsgd, bench_privacy_utility  # noqa: E402
-from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
 TOLERANCE = 0.01
 
 
 # ---------------------------------------------------------------------- DP-SGD step time
-@pytest.fixture(scope="module")
-def dpsgd_rows(tiny_benchmarks):
-    """The tiny run's DP-SGD rows (``run --tiny`` runs ``bench_dpsgd.run(**MODES["tiny"])``; not run twice)."""
-    rows = json.loads((tiny_benchmarks / "results.json").read_text())["rows"]
-    return [r for r in rows if r["benchmark"] == bench_dpsgd.NAME]
-
-
 def test_dpsgd_modes_are_run_kwargs():
     from flwr_dp_benchmarks import run as bench_run
 
@@ -42,31 +34,6 @@ def test_dpsgd_modes_are_run_kwargs():
     assert set(bench_dpsgd.MODES) == {"full", "quick", "tiny"}
     for kwargs in bench_dpsgd.MODES.values():
         assert set(kwargs) <= {"models", "batch_sizes", "num_examples", "repeats", "seed"}
-
-
-@pytest.mark.slow
-@pytest.mark.integration  # dpsgd_rows come from the session's tiny benchmark run, a Ray simulation among them
-def test_dpsgd_rows_are_well_formed(dpsgd_rows):
-    assert dpsgd_rows
-    models = {r["params"]["model"] for r in dpsgd_rows}
-    assert models == set(bench_dpsgd.MODES["tiny"]["models"])
-    for r in dpsgd_rows:
-        assert set(ROW_KEYS) <= set(r), r
-        assert r["benchmark"] == bench_dpsgd.NAME and r["metric"] == "time_s"
-        assert r["values"] and r["baseline_values"]
-        for v in (*r["values"], *r["baseline_values"], r["value"], r["baseline_value"], r["ratio"]):
-            assert math.isfinite(v) and v > 0, r
-        assert r["target"] in ("<= 1.05x", "report")
-        assert r["target_met"] in ((True, False) if r["target"] == "<= 1.05x" else (None,))
-    targeted = [r for r in dpsgd_rows if r["target"] == "<= 1.05x"]
-    assert len(targeted) == 2 * len(models) * len(bench_dpsgd.MODES["tiny"]["batch_sizes"])  # warm and cold
-
-
-@pytest.mark.slow
-@pytest.mark.integration
-def test_dpsgd_auto_mode_is_ghost_for_the_mlp_and_hooks_for_the_cnn(dpsgd_rows):
-    modes = {r["params"]["model"]: r["params"]["grad_sample_mode"] for r in dpsgd_rows if r["target"] != "report"}
-    assert modes == {"mlp": "ghost", "cnn": "hooks"}
 
 
 # ---------------------------------------------------------------------- privacy-utility

@@ -16,6 +16,7 @@ if str(ROOT) not in sys.path:
 pytest.importorskip("matplotlib")
 
 from flwr_dp_benchmarks import run as bench_run  # noqa: E402
+from flwr_dp_benchmarks import bench_dpsgd  # noqa: E402
 from flwr_dp_benchmarks._common import ROW_KEYS  # noqa: E402
 
 # Every benchmark, a Ray simulation among them (a Flower app end-to-end): about a minute on 2 cores.
@@ -98,3 +99,101 @@ def test_distributed_dp_benchmark_runs_and_its_secure_round_adds_exactly_the_cla
     for name in ("central DP", "secure, complete graph"):
         assert abs(rows[name]["noise_ratio"] - 1.0) < tolerance, (name, rows[name]["noise_ratio"])
     assert rows["secure, complete graph"]["upload_bytes_per_client"] < rows["FedAvg"]["upload_bytes_per_client"]
+
+
+# ---------------------------------------------------------------------- DP-SGD step time (bench_dpsgd)
+@pytest.fixture(scope="module")
+def dpsgd_rows(tiny_benchmarks):
+    """The tiny run's DP-SGD rows (``run --tiny`` runs ``bench_dpsgd.run(**MODES["tiny"])``; not run twice)."""
+    rows = json.loads((tiny_benchmarks / "results.json").read_text())["rows"]
+    return [r for r in rows if r["benchmark"] == bench_dpsgd.NAME]
+
+
+def test_dpsgd_rows_are_well_formed(dpsgd_rows):
+    assert dpsgd_rows
+    models = {r["params"]["model"] for r in dpsgd_rows}
+    assert models == set(bench_dpsgd.MODES["tiny"]["models"])
+    for r in dpsgd_rows:
+        assert set(ROW_KEYS) <= set(r), r
+        assert r["benchmark"] == bench_dpsgd.NAME and r["metric"] == "time_s"
+        assert r["values"] and r["baseline_values"]
+        for v in (*r["values"], *r["baseline_values"], r["value"], r["baseline_value"], r["ratio"]):
+            assert math.isfinite(v) and v > 0, r
+        assert r["target"] in ("<= 1.05x", "report")
+        assert r["target_met"] in ((True, False) if r["target"] == "<= 1.05x" else (None,))
+    targeted = [r for r in dpsgd_rows if r["target"] == "<= 1.05x"]
+    assert len(targeted) == 2 * len(models) * len(bench_dpsgd.MODES["tiny"]["batch_sizes"])  # warm and cold
+
+
+def test_dpsgd_auto_mode_is_ghost_for_the_mlp_and_hooks_for_the_cnn(dpsgd_rows):
+    modes = {r["params"]["model"]: r["params"]["grad_sample_mode"] for r in dpsgd_rows if r["target"] != "report"}
+    assert modes == {"mlp": "ghost", "cnn": "hooks"}
+
+
+# ---------------------------------------------------------------------- canary audit (bench_audit)
+# ``bench_audit --tiny`` (issue 28.4): every configuration is audited, and gross breaks raise the alarm.
+#
+# At the tiny size (k = 50 canaries, 3 rounds) the 95 % lower bound cannot exceed ≈ 1.8, so only a gross break can
+# be caught against a claimed ε = 1: the server that books z and adds z/100, and the client that declares Gaussian(z)
+# and sends its update un-noised. z/3 and the halved client noise are reported, not asserted (their true ε is below
+# what k canaries can certify; see the benchmark's docstring).
+@pytest.fixture(scope="module")
+def tiny_audit(tiny_benchmarks):
+    """bench_audit's tiny rows, as run.py --tiny ran them for the benchmark smoke tests (run once per session),
+    and the table bench_audit writes for them."""
+    from flwr_dp_benchmarks import bench_audit
+
+    rows = [
+        r["audit"]
+        for r in json.loads((tiny_benchmarks / "results.json").read_text())["rows"]
+        if r["benchmark"] == bench_audit.NAME
+    ]
+    size = bench_audit.MODES["tiny"]
+    result = {
+        "mode": "tiny",
+        "size": size,
+        "rows": rows,
+        "max_lower_bound": bench_audit.max_lower_bound(size["canaries"]),
+    }
+    out = tiny_benchmarks / "audit"
+    out.mkdir(exist_ok=True)
+    (out / "results.md").write_text(
+        bench_audit.markdown(
+            {**result, "created": "", "machine": {"cpu_count": "?"}, "seconds": 0.0, "max_lower_bound_ddp": 0.0}
+        )
+    )
+    return out, result
+
+
+def test_every_configuration_has_a_row(tiny_audit):
+    out, result = tiny_audit
+    rows = result["rows"]
+    pairs = {(r["kind"], r["broken"], r["target_epsilon"]) for r in rows}
+    for kind in ("poisson-fixed", "adaptive", "server-fixed", "ddp"):
+        assert {(kind, "", 1.0), (kind, "", 8.0)} <= pairs, kind
+    assert {
+        ("ddp", "client-half-noise", 1.0),
+        ("server-fixed", "server-z/3", 1.0),
+        ("server-fixed", "server-z/100", 1.0),
+        ("declared", "declared-unnoised", 1.0),
+    } <= pairs
+    for r in rows:
+        assert r["canary_errors"] == 0 and r["real_errors"] == 0, r
+        assert r["ledger_epsilon"] == pytest.approx(r["target_epsilon"], rel=0.02), r  # calibrated on the ledger
+        for key in ("lower_bound_final", "lower_bound_all_iterates"):
+            assert 0 <= r[key] <= result["max_lower_bound"] + 1e-9, (key, r)
+        assert not math.isnan(r["estimate_final"]) and not math.isnan(r["estimate_all_iterates"])
+        if r["kind"] in ("poisson-fixed", "adaptive"):
+            assert 0.2 < r["canary_participation_rate"] < 0.8  # Poisson, q = 0.5
+        else:
+            assert r["canary_participation_rate"] == 1.0
+    assert (out / "results.md").read_text().count("\n|") == len(rows) + 2
+
+
+def test_gross_breaks_raise_the_alarm_and_correct_runs_do_not(tiny_audit):
+    _, result = tiny_audit
+    rows = {(r["kind"], r["broken"], r["target_epsilon"]): r for r in result["rows"]}
+    server = rows[("server-fixed", "server-z/100", 1.0)]
+    assert server["alarm"] and max(server["lower_bound_final"], server["lower_bound_all_iterates"]) > 1.0
+    assert rows[("declared", "declared-unnoised", 1.0)]["alarm"]
+    assert not any(r["alarm"] for r in result["rows"] if not r["broken"])
