@@ -61,6 +61,8 @@ from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..rounds.streaming_aggregation import single_threaded_blas
+
 CANARY_ID_BASE = 2**62
 """Canary i has node id ``CANARY_ID_BASE + i`` (inserted: i < k; unseen: k ≤ i < 2k). Flower's node ids
 are random 63-bit integers drawn by the SuperLink; the audit refuses to run if a real node id falls in
@@ -419,6 +421,7 @@ class CanaryAudit:
                     out[t, start : start + len(chunk)] = np.asarray(canary_cosines(delta, vectors), dtype=np.float64)
         return out
 
+    @single_threaded_blas  # the ServerApp shares the cores with the clients: one BLAS thread (8x faster when busy)
     def audit(self, initial: np.ndarray, iterates: Sequence[np.ndarray], final: np.ndarray) -> AuditReport:
         """The report of a run with these models (``iterates``: initial, then every later round's model)."""
         from ..privacy.audit import epsilon_lower_bound, estimate_epsilon
