@@ -39,7 +39,7 @@ class NoisyClippedMean(AccountedRound, FedAvg):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self._init_round(
+        self.init_accounted_round(
             ledger=ledger, ledger_path=ledger_path, resume=resume, neighboring_relation="add_or_remove_one"
         )
         self.clipping_norm, self.noise_multiplier = float(clipping_norm), float(noise_multiplier)

@@ -146,7 +146,7 @@ class AccountedRound(ClientAccountingMixin):
                     "book → save → publish); implement release_train / release_evaluate instead"
                 )
 
-    def _init_round(
+    def init_accounted_round(
         self,
         *,
         ledger: Optional[PrivacyLedger] = None,
