@@ -26,6 +26,7 @@ skip screening or booking.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -150,9 +151,9 @@ class AccountedRound(ClientAccountingMixin):
         self,
         *,
         ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
+        ledger_path: Optional["os.PathLike[str] | str"] = None,
         resume: bool = False,
-        high_water_path: Optional[str] = None,
+        high_water_path: Optional["os.PathLike[str] | str"] = None,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,

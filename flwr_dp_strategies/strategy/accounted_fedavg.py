@@ -144,10 +144,15 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         **kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_arguments(locals()), **kwargs)
-        self._init_accounting(
-            ledger, ledger_path, per_client_metrics, max_reply_bytes, resume=resume, high_water_path=high_water_path
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=per_client_metrics,
+            max_reply_bytes=max_reply_bytes,
+            resume=resume,
+            high_water_path=high_water_path,
+            max_weight=max_weight,
         )
-        self._init_screening(max_weight)
         self._spec: Optional[ArraySpec] = None
 
     def configure_train(

@@ -138,16 +138,16 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
             raise ValueError(f"noise_sampler must be one of {NOISE_SAMPLERS}, got {noise_sampler!r}")
         _check_accountable(strategy)
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
-        self._init_accounting(
-            ledger,
-            None if ledger_path is None else os.fspath(ledger_path),
-            per_client_metrics,
-            max_reply_bytes,
-            ADD_OR_REMOVE_ONE,
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=per_client_metrics,
+            max_reply_bytes=max_reply_bytes,
+            neighboring_relation=ADD_OR_REMOVE_ONE,
             resume=resume,
             high_water_path=high_water_path,
+            max_weight=max_weight,
         )
-        self._init_screening(max_weight)
         self._init_central(
             sampling="fixed",
             clipping="fixed",

@@ -201,16 +201,15 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         self.clipped_count_stddev = sigma_b
         self.target_unclipped_quantile = 1.0 - clipped_target
         check_ledger_arguments(ledger, ledger_path, sampling)
-        self._init_accounting(
-            ledger,
-            None if ledger_path is None else os.fspath(ledger_path),
-            check_bool("per_client_metrics", per_client_metrics),
-            None,
-            ADD_OR_REMOVE_ONE,
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=check_bool('per_client_metrics', per_client_metrics),
+            neighboring_relation=ADD_OR_REMOVE_ONE,
             resume=resume,
             high_water_path=high_water_path,
+            max_weight=max_weight,
         )
-        self._init_screening(max_weight)
         self._init_central(
             sampling=sampling,
             clipping="adaptive",

@@ -126,16 +126,15 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
         if accountant is not None:
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
-        self._init_accounting(
-            ledger,
-            ledger_path,
-            per_client_metrics,
-            None,
-            ADD_OR_REMOVE_ONE,
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=per_client_metrics,
+            neighboring_relation=ADD_OR_REMOVE_ONE,
             resume=resume,
             high_water_path=high_water_path,
+            max_weight=max_weight,
         )
-        self._init_screening(max_weight)
         self._init_central(
             sampling="poisson",
             clipping="fixed",

@@ -162,16 +162,15 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             dropout_rate=dropout_rate,
             failure_probability=failure_probability,
         )
-        self._init_accounting(
-            ledger,
-            ledger_path,
-            per_client_metrics,
-            None,
-            "add_or_remove_one",
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=per_client_metrics,
+            neighboring_relation='add_or_remove_one',
             resume=resume,
             high_water_path=high_water_path,
+            max_weight=max_weight,
         )
-        self._init_screening(max_weight)
         self._spec: Optional[ArrayRecord] = None
         self._calibration: Optional[SecureObjectiveCalibration] = None
         self._head_dtype = np.dtype(np.float64)

@@ -139,10 +139,14 @@ class SignDS(AccountedRound, FedAvg):
         self.max_dim_out = check_int("max_dim_out", max_dim_out, minimum=1)
         self.magrr = magrr
         self.state = MagRRState(r_est=magrr.initial_r_est)
-        self._init_accounting(
-            ledger, ledger_path, per_client_metrics, None, resume=resume, high_water_path=high_water_path
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=per_client_metrics,
+            resume=resume,
+            high_water_path=high_water_path,
+            max_weight=max_weight,
         )
-        self._init_screening(max_weight)
         self._current: Optional[ArrayRecord] = None
         self._asked = 0
         self._hinted = False  # the missing-client-mod WARNING, logged once
