@@ -89,7 +89,7 @@ def test_the_app_audits_a_run_and_raises_the_alarm_when_broken(tmp_path):
         "Canary audit (Andrew et al. 2024), 500 canaries, seed 7, delta=1e-05:",
         "ledger epsilon: 1.9931",
         "epsilon estimate: final model",
-        "epsilon lower bound (95% confidence): final model",
+        "epsilon lower bounds (all four together at 95% confidence): counts (Clopper-Pearson) final model",
         "never a replacement for the ledger's epsilon",
         "audit figure written to",
     ):
@@ -97,6 +97,8 @@ def test_the_app_audits_a_run_and_raises_the_alarm_when_broken(tmp_path):
     assert text.count("exceeds the ledger's epsilon") == 1
     correct, broken = reports[False], reports[True]
     assert correct["audit/alarm"] == 0.0 and broken["audit/alarm"] == 1.0
-    assert correct["audit/epsilon-lower-bound/final"] <= correct["audit/ledger-epsilon"]
-    assert broken["audit/epsilon-lower-bound/final"] > broken["audit/ledger-epsilon"]
+    for key in ("audit/epsilon-lower-bound/final", "audit/epsilon-lower-bound-shift/final"):
+        assert correct[key] <= correct["audit/ledger-epsilon"], key
+    # half the noise: beyond what 500 canaries' counts can prove, proved by the shift model
+    assert broken["audit/epsilon-lower-bound-shift/final"] > broken["audit/ledger-epsilon"]
     assert broken["audit/epsilon-estimate/final"] > correct["audit/epsilon-estimate/final"]

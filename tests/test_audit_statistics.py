@@ -22,6 +22,7 @@ from flwr_dp_strategies.privacy.audit import (
     epsilon_from_gaussians,
     epsilon_lower_bound,
     estimate_epsilon,
+    shift_lower_bound,
     one_run_lower_bound,
 )
 
@@ -254,6 +255,114 @@ def test_clopper_pearson_bound_is_zero_without_signal():
     assert bound.epsilon == 0.0 and bound.threshold is None
 
 
+# -- the additive-shift bound -------------------------------------------------------------------------------------
+
+
+def _shifted(mu: float, n: int, dim: int, rng: np.random.Generator, exposure=None) -> np.ndarray:
+    """Inserted cosines under the additive-shift model, simulated exactly: the canary c is uniform, the release is
+    x·c + R with R ⟂-independent of c (here Gaussian noise of norm ~ 1), and x = μ·e_i·‖R‖/√dim (μ null sds)."""
+    e = np.ones(n) if exposure is None else np.asarray(exposure, dtype=np.float64)
+    c = rng.normal(size=(n, dim))
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    r = rng.normal(size=(n, dim)) / math.sqrt(dim)  # one independent "rest of the release" per canary
+    norm_r = np.linalg.norm(r, axis=1)
+    delta = (mu * e * norm_r / math.sqrt(dim))[:, None] * c + r
+    return np.einsum("ij,ij->i", c, delta) / np.linalg.norm(delta, axis=1)
+
+
+@pytest.mark.parametrize("mu,n", [(0.5, 300), (1.5, 300), (3.0, 500)])
+def test_shift_bound_covers_the_true_epsilon(mu, n):
+    """Gaussian mechanism (constant exposure, μ = 1/z): the bound is below the true ε(δ) in ≥ 95 % of audits (the
+    misses of 100 are Bin(100, ≤ 0.05): 12 or more has probability < 1.2 % for a valid bound)."""
+    dim, audits = 256, 100
+    true_eps = analytic_gaussian.get_epsilon_gaussian(1.0 / mu, DELTA)
+    rng = np.random.default_rng(int(mu * 10) + n)
+    bounds = np.array([shift_lower_bound(_shifted(mu, n, dim, rng), DELTA, dim=dim).epsilon for _ in range(audits)])
+    assert np.sum(bounds > true_eps) < 12
+    assert np.median(bounds) > 0.5 * true_eps  # informative at this size, not vacuous
+
+
+def test_shift_bound_misses_too_often_without_the_confidence_margin():
+    """The coverage test can fail: the same bound at confidence 0.5 (the plug-in mean) exceeds the true ε in about
+    half the audits."""
+    mu, n, dim, audits = 1.5, 300, 256, 100
+    true_eps = analytic_gaussian.get_epsilon_gaussian(1.0 / mu, DELTA)
+    rng = np.random.default_rng(3)
+    plug_in = [shift_lower_bound(_shifted(mu, n, dim, rng), DELTA, 0.5, dim=dim).epsilon for _ in range(audits)]
+    assert np.sum(np.array(plug_in) > true_eps) > 0.2 * audits  # a valid 95 % bound exceeds it in ≤ 5 %
+
+
+def test_shift_bound_approaches_the_true_epsilon_with_more_canaries():
+    """The gap to ε(δ) is the mean's margin, ∝ 1/√n."""
+    mu, dim = 1.0, 4096
+    true_eps = analytic_gaussian.get_epsilon_gaussian(1.0 / mu, DELTA)
+    rng = np.random.default_rng(11)
+    medians = []
+    for n in (100, 1000, 10_000):
+        x = [mu + rng.normal(size=n) for _ in range(20)]  # the shift model with a Gaussian null, in null sds
+        medians.append(np.median([shift_lower_bound(v / math.sqrt(dim), DELTA, dim=dim).epsilon for v in x]))
+    assert medians[0] < medians[1] < medians[2] < true_eps
+    assert true_eps - medians[2] < 0.5 * (true_eps - medians[1])
+
+
+def test_shift_bound_with_random_exposure_covers_the_subsampled_release():
+    """Poisson participation: canary i is in B_i ~ Bin(T, q) of T rounds, each adding the same shift a. The true ε
+    of the final-model test (a mixture of shifts against the null) is computed by dp-accounting's PLD of the
+    mixture as a privacy loss distribution; the bound, told the exposures B_i, covers it, and assuming every
+    canary exposed alike (the mean shift everywhere) is a different, wrong model that can overshoot."""
+    rounds, q, a, n, dim = 10, 0.3, 0.6, 300, 256
+    # true ε of the test statistic: P = Σ_b Bin(b; T, q) N(a·b, 1) against Q = N(0, 1), by numerical integration
+    x = np.linspace(-12, 12 + a * rounds, 40001)
+    p = sum(stats.binom.pmf(b, rounds, q) * stats.norm.pdf(x, a * b) for b in range(rounds + 1))
+    qd = stats.norm.pdf(x)
+    dx = x[1] - x[0]
+
+    def hockey(eps: float) -> float:
+        return float(np.sum(np.maximum(p - math.exp(eps) * qd, 0.0)) * dx)
+
+    lo, hi = 0.0, 50.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if hockey(mid) > DELTA else (lo, mid)
+    true_eps = hi
+    rng = np.random.default_rng(7)
+    misses = 0
+    for _ in range(40):
+        exposure = rng.binomial(rounds, q, n).astype(float)
+        cos = _shifted(a, n, dim, rng, exposure=exposure)
+        misses += shift_lower_bound(cos, DELTA, dim=dim, exposure=exposure).epsilon > true_eps
+    assert misses < 7  # Bin(40, ≤ 0.05) ≥ 7 has probability < 1.5 %
+
+
+def test_shift_bound_goes_past_the_count_bound_cap_and_refutes_eps_8():
+    """With 100 canaries Clopper–Pearson counts cannot exceed ≈ log(100) − 2.4 whatever the leak; the shift bound
+    is limited by the signal: a release with μ = 6 claimed at ε = 8 is refuted."""
+    n, dim = 100, 4096
+    rng = np.random.default_rng(6)
+    ins = (6.0 + rng.normal(size=n)) / math.sqrt(dim)
+    null = rng.normal(size=n) / math.sqrt(dim)
+    counts = epsilon_lower_bound(ins, null, DELTA).epsilon
+    bound = shift_lower_bound(ins, DELTA, dim=dim)
+    assert counts < math.log(n)
+    assert 8.0 < bound.epsilon <= analytic_gaussian.get_epsilon_gaussian(1.0 / 6.0, DELTA)
+    # the reported threshold attains the bound: with the shift at its lower limit r, the in-world cosine
+    # (r + u)/√(1 + 2ru + r²) is ≥ t exactly when u ≥ u* = −r(1 − t²) + t√(1 − r²(1 − t²))
+    r, t = bound.shift_lower, bound.threshold
+    u_star = -r * (1 - t * t) + t * math.sqrt(1 - r * r * (1 - t * t))
+    tpr = cosine_null_sf(u_star, dim)
+    assert bound.epsilon == pytest.approx(math.log((tpr - DELTA) / cosine_null_sf(t, dim)), rel=1e-6)  # tabulated
+    # r's lower limit reproduces the mean cosine's lower limit (to first order the mean cosine is r)
+    margin = stats.t.ppf(0.95, n - 1) * ins.std(ddof=1) / math.sqrt(n)
+    assert r == pytest.approx(ins.mean() - margin, rel=0.01)
+
+
+def test_shift_bound_is_zero_without_signal():
+    dim = 1000
+    rng = np.random.default_rng(9)
+    assert shift_lower_bound(_shifted(0.0, 500, dim, rng), DELTA, dim=dim).epsilon == 0.0
+    assert shift_lower_bound(np.full(50, -0.5), DELTA, dim=dim).threshold is None  # below the null: no leak
+
+
 # -- one training run (Steinke, Nasr, Jagielski 2023) -------------------------------------------------------------
 
 
@@ -348,6 +457,15 @@ def test_one_run_bound_coverage_on_randomized_response(delta):
         (lambda: epsilon_lower_bound([1.0], [[0.0]], DELTA), "null_scores"),
         (lambda: epsilon_lower_bound([1.0], [0.0], -0.1), "delta"),
         (lambda: epsilon_lower_bound([1.0], [0.0], DELTA, confidence=1.0), "confidence"),
+        (lambda: shift_lower_bound([0.1, 0.2], DELTA, dim=10), "inserted_cosines"),
+        (lambda: shift_lower_bound([0.1, 0.2, 1.5], DELTA, dim=10), "inserted_cosines"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], DELTA, dim=1), "dim"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], DELTA, dim=10, exposure=[1.0, 2.0]), "exposure"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], DELTA, dim=10, exposure=[1.0, -1.0, 0.0]), "exposure"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], DELTA, dim=10, exposure=[0.0, 0.0, 0.0]), "exposure"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], 1.0, dim=10), "delta"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], DELTA, 1.5, dim=10), "confidence"),
+        (lambda: shift_lower_bound([0.1, 0.2, 0.3], DELTA, dim=10, grid_points=5), "grid_points"),
         (lambda: one_run_lower_bound(5, 4, 10), "guesses_correct"),
         (lambda: one_run_lower_bound(4, 11, 10), "guesses_made"),
         (lambda: one_run_lower_bound(1, 1, 0), "num_canaries"),

@@ -173,6 +173,7 @@ def test_every_configuration_has_a_row(tiny_audit):
         assert {(kind, "", 1.0), (kind, "", 8.0)} <= pairs, kind
     assert {
         ("ddp", "client-half-noise", 1.0),
+        ("ddp", "client-half-noise", 8.0),
         ("server-fixed", "server-z/3", 1.0),
         ("server-fixed", "server-z/100", 1.0),
         ("declared", "declared-unnoised", 1.0),
@@ -182,6 +183,7 @@ def test_every_configuration_has_a_row(tiny_audit):
         assert r["ledger_epsilon"] == pytest.approx(r["target_epsilon"], rel=0.02), r  # calibrated on the ledger
         for key in ("lower_bound_final", "lower_bound_all_iterates"):
             assert 0 <= r[key] <= result["max_lower_bound"] + 1e-9, (key, r)
+        assert r["shift_bound_final"] >= 0 and r["shift_bound_all_iterates"] >= 0, r
         assert not math.isnan(r["estimate_final"]) and not math.isnan(r["estimate_all_iterates"])
         if r["kind"] in ("poisson-fixed", "adaptive"):
             assert 0.2 < r["canary_participation_rate"] < 0.8  # Poisson, q = 0.5

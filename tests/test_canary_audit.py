@@ -181,12 +181,14 @@ def test_strategy_must_be_an_accounted_flower_strategy():
 
 
 def test_report_metric_record():
-    report = AuditReport(1.0, 2.0, 0.5, 0.25, 0.95, 1e-5, 3.0, 10, 7, alarm=True)
+    report = AuditReport(1.0, 2.0, 0.5, 0.25, 0.95, 1e-5, 3.0, 10, 7, alarm=True, shift_lower_bound_final=1.5)
     assert dict(report.metric_record()) == {
         "audit/epsilon-estimate/final": 1.0,
         "audit/epsilon-estimate/all-iterates": 2.0,
         "audit/epsilon-lower-bound/final": 0.5,
         "audit/epsilon-lower-bound/all-iterates": 0.25,
+        "audit/epsilon-lower-bound-shift/final": 1.5,
+        "audit/epsilon-lower-bound-shift/all-iterates": 0.0,
         "audit/ledger-epsilon": 3.0,
         "audit/alarm": 1.0,
     }
@@ -207,8 +209,10 @@ class UnderNoised(AccountedServerSideFixedClipping):
             self.noise_multiplier = z
 
 
-def audited_run(cls, z: float, k: int, rounds: int, seed: int = 1):
+def audited_run(cls, z: float, k: int, rounds: int, seed: int = 1, fraction: float = 0.1):
     pytest.importorskip("flwr_dp_strategies.privacy.audit")
+    if issubclass(cls, UnderNoised):
+        cls = type(cls.__name__, (cls,), {"release_fraction": fraction})
     strategy = cls(FedAvg(fraction_evaluate=0.0), z, 1.0, len(REAL) + k, rng=seed)
     audit = CanaryAudit(strategy, num_canaries=k, seed=seed)
     result, report = audit.start(LoopbackGrid(real_app(), REAL), model(), num_rounds=rounds)
@@ -240,6 +244,26 @@ def test_under_noised_release_raises_the_alarm(task_identity, caplog):
     assert max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates) > report.ledger_epsilon
     assert report.alarm
     assert "misconfiguration" in caplog.text
+
+
+def test_server_adding_a_third_of_its_booked_noise_is_caught_by_the_shift_bound(task_identity):
+    """z/3 instead of z: ε is about 3× the ledger's here, out of reach of the count bound with 300 canaries
+    (≤ log 300 − 2.5 and far less in practice), within reach of the shift bound."""
+    strategy, _, _, report = audited_run(UnderNoised, 5.0, 300, 3, seed=5, fraction=1 / 3)
+    assert report.ledger_epsilon == pytest.approx(strategy.ledger.epsilon())
+    assert max(report.shift_lower_bound_final, report.shift_lower_bound_all_iterates) > report.ledger_epsilon
+    assert max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates) < report.ledger_epsilon
+    assert report.alarm
+
+
+@pytest.mark.slow
+def test_correctly_configured_runs_are_never_flagged_over_20_seeds(task_identity):
+    """The alarm's false-positive rate is ≤ 5 % per run (the four bounds hold together at 95 %); the central
+    Gaussian release at the booked z is the tightest case (the final model's ε equals the ledger's)."""
+    reports = [audited_run(AccountedServerSideFixedClipping, 4.0, 100, 2, seed=seed)[3] for seed in range(20)]
+    assert not any(r.alarm for r in reports)
+    # not vacuous: the shift bound sees the release in most runs
+    assert sum(r.shift_lower_bound_final > 0 for r in reports) >= 10
 
 
 def test_plot_audit(task_identity, tmp_path):

@@ -28,16 +28,20 @@ k/(Σ n_i + k)). To leave the real model untouched, run the audit as a separate 
 same configuration (same strategy settings, same mods, same number of rounds) on the real or a proxy
 federation, and train the real model without canaries.
 
-Statistics (:mod:`flwr_dp_strategies.privacy.audit`). Both statistics use the k unseen canaries'
-scores as the null. The estimate (:func:`~flwr_dp_strategies.privacy.audit.estimate_epsilon`) fits a
-Gaussian to each side and reports the ε at which the two Gaussians are (ε, δ)-indistinguishable; it is
-an estimate, neither a bound nor conservative. The lower bound
-(:func:`~flwr_dp_strategies.privacy.audit.epsilon_lower_bound`: Clopper-Pearson on the best threshold
-test, valid with probability ``confidence``) treats the k canaries' scores as independent trials,
-which the near-orthogonality of random directions makes approximately true (Andrew et al.'s argument),
-not exactly.
+Statistics (:mod:`flwr_dp_strategies.privacy.audit`). The estimate
+(:func:`~flwr_dp_strategies.privacy.audit.estimate_epsilon`) fits a Gaussian to the inserted canaries' scores
+and one to the k unseen canaries' scores and reports the ε at which the two Gaussians are
+(ε, δ)-indistinguishable; it is an estimate, neither a bound nor conservative. Two lower bounds, each for the
+final model and for all iterates, hold together with probability ``confidence``:
+:func:`~flwr_dp_strategies.privacy.audit.epsilon_lower_bound` (Clopper–Pearson counts on the best threshold
+test; no assumption on the scores' shape, but with k canaries it cannot exceed about log k − 2.5) and
+:func:`~flwr_dp_strategies.privacy.audit.shift_lower_bound` (the same test under the additive-shift model:
+an inserted canary's cosine is the exact null law shifted by its contribution, whatever the noise, so the
+false-positive rate is exact and the true-positive rate follows from a confidence limit on the mean shift; it
+is limited by the signal, not by k). Both treat the k canaries' scores as independent trials, which the
+near-orthogonality of random directions makes approximately true (Andrew et al.'s argument), not exactly.
 
-What it is not. Both numbers are about the canary client in this run only. Neither replaces the
+What it is not. The figures are about the canary client in this run only. None replaces the
 ledger's ε, an upper bound for every client under the accountant's model. A lower bound *above*
 the ledger's ε means the release is leakier than booked: a bug or a misconfiguration (a client
 without its mod, a noise multiplier set wrong); the audit then logs a WARNING and sets
@@ -255,8 +259,17 @@ class CanaryGrid(Grid):
 
 @dataclass
 class AuditReport:
-    """What :meth:`CanaryAudit.start` measured (ε at ``delta``; the estimates are Andrew et al. 2024's Gaussian fit,
-    the lower bounds hold with probability ``confidence``). ``alarm``: a lower bound exceeds ``ledger_epsilon``."""
+    """What :meth:`CanaryAudit.start` measured (ε at ``delta``; the estimates are Andrew et al. 2024's Gaussian fit).
+
+    Four lower bounds, which hold *together* with probability ≥ ``confidence`` (each is computed at error
+    (1 − confidence)/4, Bonferroni): ``epsilon_lower_bound_*`` (Clopper–Pearson counts, no assumption on the
+    scores' shape) and ``shift_lower_bound_*`` (the additive-shift model: the inserted cosine is the exact null
+    law shifted by the canary's contribution, whatever the noise). ``alarm``: one of them exceeds
+    ``ledger_epsilon``; for a correctly booked run that happens with probability ≤ 1 − confidence.
+    ``shift_lower_bound_all_iterates`` scores each canary against Σₜ Δₜ/‖Δₜ‖² (the matched filter of the
+    per-round deltas, :meth:`CanaryAudit.exposures`), whose null is exact too; the estimate and the count bound
+    use the max over rounds (Andrew et al.'s Algorithm 2).
+    """
 
     epsilon_estimate_final: float
     epsilon_estimate_all_iterates: float
@@ -268,6 +281,8 @@ class AuditReport:
     num_canaries: int
     seed: int
     alarm: bool = False
+    shift_lower_bound_final: float = 0.0
+    shift_lower_bound_all_iterates: float = 0.0
     inserted_final: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     null_final: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
     inserted_all_iterates: np.ndarray = field(default_factory=lambda: np.zeros(0), repr=False)
@@ -281,6 +296,8 @@ class AuditReport:
                 "audit/epsilon-estimate/all-iterates": float(self.epsilon_estimate_all_iterates),
                 "audit/epsilon-lower-bound/final": float(self.epsilon_lower_bound_final),
                 "audit/epsilon-lower-bound/all-iterates": float(self.epsilon_lower_bound_all_iterates),
+                "audit/epsilon-lower-bound-shift/final": float(self.shift_lower_bound_final),
+                "audit/epsilon-lower-bound-shift/all-iterates": float(self.shift_lower_bound_all_iterates),
                 "audit/ledger-epsilon": float(self.ledger_epsilon),
                 "audit/alarm": 1.0 if self.alarm else 0.0,
             }
@@ -421,10 +438,40 @@ class CanaryAudit:
                     out[t, start : start + len(chunk)] = np.asarray(canary_cosines(delta, vectors), dtype=np.float64)
         return out
 
+    def exposures(self, final: np.ndarray) -> Optional[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per training round (in the order the grid saw them): the release Δₜ (the next round's model, or the
+        final one, minus this round's) and the inserted canaries asked to train in it. Returns the number of
+        rounds with a release, the matched filter V = Σₜ Δₜ/‖Δₜ‖², and each inserted canary's exposure in the
+        final model (rounds taken part in) and in V (Σ over its rounds of 1/‖Δₜ‖²); None when a round's model
+        was not seen (a strategy that sends no ArrayRecord)."""
+        assert self.grid is not None
+        groups = list(self.grid.models)
+        if not groups:
+            return None
+        models = [self.grid.models[g] for g in groups] + [final]
+        if any(m.shape != final.shape for m in models):
+            return None
+        index = {cid: i for i, cid in enumerate(self.inserted_ids)}
+        matched = np.zeros_like(final)
+        expo_final = np.zeros(len(self.inserted_ids))
+        expo_matched = np.zeros(len(self.inserted_ids))
+        rounds = 0
+        for j, group in enumerate(groups):
+            step = models[j + 1] - models[j]
+            energy = float(step @ step)
+            if energy == 0.0:
+                continue  # no release between these models
+            rounds += 1
+            matched += step / energy
+            members = [index[c] for c in self.grid.canary_participation.get(group, ()) if c in index]
+            expo_final[members] += 1.0
+            expo_matched[members] += 1.0 / energy
+        return rounds, matched, expo_final, expo_matched
+
     @single_threaded_blas  # the ServerApp shares the cores with the clients: one BLAS thread (8x faster when busy)
     def audit(self, initial: np.ndarray, iterates: Sequence[np.ndarray], final: np.ndarray) -> AuditReport:
         """The report of a run with these models (``iterates``: initial, then every later round's model)."""
-        from ..privacy.audit import epsilon_lower_bound, estimate_epsilon
+        from ..privacy.audit import epsilon_lower_bound, estimate_epsilon, shift_lower_bound
 
         models = list(iterates) + [final]
         steps = [b - a for a, b in zip(models[:-1], models[1:])]
@@ -436,9 +483,21 @@ class CanaryAudit:
         ledger_epsilon = float(self.strategy.ledger.epsilon(delta=self.delta))
         estimate_final = estimate_epsilon(inserted_final, null_final, self.delta).epsilon
         estimate_all = estimate_epsilon(inserted_all, null_all, self.delta).epsilon
-        bound_final = epsilon_lower_bound(inserted_final, null_final, self.delta, confidence=self.confidence).epsilon
-        bound_all = epsilon_lower_bound(inserted_all, null_all, self.delta, confidence=self.confidence).epsilon
-        alarm = max(bound_final, bound_all) > ledger_epsilon
+        level = 1.0 - (1.0 - self.confidence) / 4.0  # four bounds, valid together at ``confidence``
+        bound_final = epsilon_lower_bound(inserted_final, null_final, self.delta, confidence=level).epsilon
+        bound_all = epsilon_lower_bound(inserted_all, null_all, self.delta, confidence=level).epsilon
+        shift_final = shift_all = 0.0
+        exposures = self.exposures(final)
+        if exposures is not None and self.num_canaries >= 3:
+            rounds, matched, expo_final, expo_matched = exposures
+            dim = int(initial.size)
+            if np.any(expo_final > 0):
+                shift_final = shift_lower_bound(inserted_final, self.delta, level, dim=dim, exposure=expo_final).epsilon
+                inserted_matched = self.scores([matched], self.inserted_ids)[0]
+                shift_all = shift_lower_bound(
+                    inserted_matched, self.delta, level, dim=dim, exposure=expo_matched
+                ).epsilon
+        alarm = max(bound_final, bound_all, shift_final, shift_all) > ledger_epsilon
         return AuditReport(
             float(estimate_final),
             float(estimate_all),
@@ -450,6 +509,8 @@ class CanaryAudit:
             self.num_canaries,
             self.seed,
             alarm,
+            float(shift_final),
+            float(shift_all),
             inserted_final,
             null_final,
             inserted_all,
@@ -476,10 +537,13 @@ def log_report(report: AuditReport) -> None:
     )
     log(
         INFO,
-        "\t├──> epsilon lower bound (%s confidence): final model %.4f, all iterates %.4f",
+        "\t├──> epsilon lower bounds (all four together at %s confidence): counts (Clopper-Pearson) final model "
+        "%.4f, all iterates %.4f; shift model final model %.4f, all iterates %.4f",
         pct,
         report.epsilon_lower_bound_final,
         report.epsilon_lower_bound_all_iterates,
+        report.shift_lower_bound_final,
+        report.shift_lower_bound_all_iterates,
     )
     log(
         INFO,
@@ -492,7 +556,12 @@ def log_report(report: AuditReport) -> None:
             "Canary audit: a lower bound on epsilon (%.4f) exceeds the ledger's epsilon (%.4f): the release "
             "leaks more than booked; a bug or misconfiguration is likely (a client without its mod, a noise "
             "multiplier set wrong)",
-            max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates),
+            max(
+                report.epsilon_lower_bound_final,
+                report.epsilon_lower_bound_all_iterates,
+                report.shift_lower_bound_final,
+                report.shift_lower_bound_all_iterates,
+            ),
             report.ledger_epsilon,
         )
 

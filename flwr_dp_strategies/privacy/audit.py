@@ -12,6 +12,11 @@ statistics turn those scores into privacy figures:
 * :func:`epsilon_lower_bound` — a threshold membership attack with Clopper–Pearson confidence bounds
   (Jagielski, Ullman, Oprea, "Auditing Differentially Private Machine Learning: How Private is Private
   SGD?", NeurIPS 2020): a high-confidence *lower bound* on ε when the scores are independent trials.
+* :func:`shift_lower_bound` — the same threshold attack under the additive-shift model of canary cosines
+  (the inserted cosine is the exact null law shifted by the canary's contribution, whatever the noise):
+  the false-positive rate is exact and the true-positive rate follows from a confidence limit on the mean
+  shift, so it needs far fewer canaries than Clopper–Pearson to reach a given ε (Clopper–Pearson cannot
+  exceed about log k with k canaries; this bound is limited by the signal).
 * :func:`one_run_lower_bound` — the lower bound of Steinke, Nasr, Jagielski, "Privacy Auditing with One
   (1) Training Run", NeurIPS 2023, valid for many canaries inserted at random into a single run.
 
@@ -28,12 +33,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 from .validation import as_finite_array, check_int, check_positive
 
 __all__ = [
     "EpsilonEstimate",
+    "ShiftAuditBound",
     "ThresholdAuditBound",
     "canary_cosines",
     "canary_vectors",
@@ -41,6 +47,7 @@ __all__ = [
     "epsilon_from_gaussians",
     "epsilon_lower_bound",
     "estimate_epsilon",
+    "shift_lower_bound",
     "one_run_lower_bound",
 ]
 
@@ -399,6 +406,178 @@ def epsilon_lower_bound(
         float(fpr_hi[best]),
         conf,
     )
+
+
+# -- the additive-shift bound --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ShiftAuditBound:
+    """A lower bound on ε from a threshold attack under the additive-shift model (:func:`shift_lower_bound`).
+
+    ``threshold`` is the cosine at which the bound is attained (None and ``epsilon`` = 0 when no threshold gives a
+    positive bound); ``shift_lower`` the lower confidence limit a_lo of the shift ratio r = x/‖R‖ of the most
+    exposed canary (a canary with exposure e has r = a_lo·e/max exposure).
+    """
+
+    epsilon: float
+    threshold: Optional[float]
+    shift_lower: float
+    num_inserted: int
+    confidence: float
+
+
+_MAX_LEVELS = 256  # distinct exposure levels kept by shift_lower_bound
+
+
+def _null_nodes(dim: int, points: int = 801) -> tuple[np.ndarray, np.ndarray]:
+    """Quadrature of the null cosine law: nodes over ±12 null sds (clipped to (−1, 1)) and their weights."""
+    sd = 1.0 / math.sqrt(dim)
+    u = np.linspace(max(-1.0 + 1e-12, -12.0 * sd), min(1.0 - 1e-12, 12.0 * sd), points)
+    a = (dim - 1) / 2.0
+    w = stats.beta.pdf((u + 1.0) / 2.0, a, a)
+    return u, w / w.sum()
+
+
+@functools.lru_cache(maxsize=8)
+def _null_sf_table(dim: int) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`cosine_null_sf` for many points at once. For dim ≥ 1 000: log-linear interpolation in a table of
+    40 001 exact values from −12 null sds up to where the tail falls below 1e-300 (relative error below 1e-5;
+    1 below the table, 0 above); for smaller dim the exact function."""
+    if dim < 1000:
+        return lambda u: np.asarray(cosine_null_sf(u, dim), dtype=np.float64)
+    sd = 1.0 / math.sqrt(dim)
+    a = (dim - 1) / 2.0
+    lo = max(-1.0, -12.0 * sd)
+    hi = 1.0
+    # the tail of (1 + u)/2 ~ Beta(a, a) reaches 1e-300 well before u = 1 for large dim: cut the table there
+    if stats.beta.sf(1.0 - 1e-12, a, a) < 1e-300:
+        hi = float(2.0 * stats.beta.isf(1e-300, a, a) - 1.0)
+    grid = np.linspace(lo, hi, 40001)
+    with np.errstate(divide="ignore"):
+        log_sf = np.log(stats.beta.sf((grid + 1.0) / 2.0, a, a))
+
+    def sf(u: np.ndarray) -> np.ndarray:
+        out = np.exp(np.interp(u, grid, log_sf, left=0.0, right=-np.inf))
+        return np.where(u < lo, 1.0, out)
+
+    return sf
+
+
+def _cosine_given_shift(r: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """cos(c, x·c + R) for r = x/‖R‖ and u = cos(c, R): (r + u)/√(1 + 2ru + r²)."""
+    return (r + u) / np.sqrt(1.0 + 2.0 * r * u + r * r)
+
+
+def _u_needed(t: np.ndarray, r: float) -> np.ndarray:
+    """The smallest u with cos(c, x·c + R) ≥ t (t in (−1, 1), r ≥ 0): the root of (r + u)² = t²(1 + 2ru + r²) on
+    r + u ≥ 0, u* = −r(1 − t²) + t·√(1 − r²(1 − t²)); below −1 for t ≤ −r/√(1 + r²)… clipped to [−1, 1]."""
+    one = 1.0 - t * t
+    root = np.sqrt(np.maximum(1.0 - r * r * one, 0.0))
+    return np.clip(-r * one + t * root, -1.0, 1.0)
+
+
+def shift_lower_bound(
+    inserted_cosines: object,
+    delta: float,
+    confidence: float = 0.95,
+    *,
+    dim: int,
+    exposure: object = None,
+    grid_points: int = 2001,
+) -> ShiftAuditBound:
+    """A lower bound on ε, valid with probability ≈ ``confidence`` under the additive-shift model of canary cosines.
+
+    **The model.** A canary c (uniform on the unit sphere of ℝ^dim, independent of everything else) enters the
+    release additively: with the canary the release is Δ = x·c + R, without it R, where x ≥ 0 is the canary's
+    (clipped, aggregated) contribution and R, the rest of the release (other clients, other canaries, the
+    noise of *any* distribution), does not depend on c. Then u = cos(c, R) has *exactly* the law of an unseen
+    canary's cosine (:func:`cosine_null_sf`) whatever R is, because c is uniform and independent of R; that is
+    the out-world's score. The in-world's score is cos(c, Δ) = (r + u)/√(1 + 2ru + r²) with r = x/‖R‖: a known
+    increasing function of u (for r < 1), so TPR(t) = P[u ≥ u*(t; r)] in closed form from the null law.
+    Neither the noise nor the scores need to be Gaussian. The canary's ratio is r_i = a·e_i for a known
+    exposure e_i ≥ 0 (the rounds it took part in, or a weighted sum of them — :class:`~flwr_dp_strategies.audit.
+    CanaryAudit` passes it) and an unknown scale a > 0 (the per-round contribution over ‖R‖, assumed the same in
+    every round: a fixed clipping norm and aggregation weight; under adaptive clipping it varies and the bound
+    is approximate), with ‖R‖ the same for every canary (one canary changes it by O(r²)).
+
+    **The bound.** The attack guesses "inserted" when the cosine is ≥ t. An (ε, δ)-DP release has
+    TPR(t) ≤ e^ε·FPR(t) + δ for every t, so ε ≥ log((TPR(t) − δ)/FPR(t)). FPR(t) is the exact null tail.
+    TPR(t) = mean_i P[u ≥ u*(t; a·e_i)] (averaging over the canaries' exposures, as the sampling draws them)
+    increases with a. The mean inserted cosine has expectation h(a) = mean_i E[cos(r = a·e_i)], increasing
+    in a (computed by quadrature over the null law); a_lo solves h(a_lo) = mean − t_{confidence, n−1}·sd/√n
+    (one-sided Student t; by the central limit theorem its level is ≈ ``confidence`` for a few dozen canaries
+    and more). With a ≥ a_lo every TPR_lo(t) holds at once, so the best t may be chosen from the data (a grid
+    of ``grid_points`` thresholds: a grid maximum only loses tightness). The bound is the maximum over t of
+    log((TPR_lo(t) − δ)/FPR(t)), floored at 0.
+
+    **Why.** With a constant exposure and a large dim, the threshold test is the Neyman–Pearson test of the
+    shift, so with a_lo = a the bound equals the (ε, δ) of a Gaussian mechanism with μ = r·√dim (Dong, Roth,
+    Su 2022); the only loss is the mean's confidence margin, ∝ 1/√n. Clopper–Pearson counts
+    (:func:`epsilon_lower_bound`) cannot exceed about log(n) − 2.4 with n canaries and need no model; read the
+    two together.
+
+    ``inserted_cosines``: finite 1-D array in [−1, 1], at least 3 values; ``delta``: in [0, 1); ``confidence``:
+    in (0, 1); ``dim``: integer ≥ 2; ``exposure``: None (every canary exposed alike) or a finite array of
+    the same length, ≥ 0, not all 0; ``grid_points``: integer ≥ 101.
+    """
+    ins = _scores("inserted_cosines", inserted_cosines, 3)
+    if np.any(np.abs(ins) > 1.0):
+        raise ValueError("inserted_cosines must lie in [-1, 1]")
+    dlt = _check_half_open_unit("delta", delta)
+    conf = _check_open_unit("confidence", confidence)
+    d = check_int("dim", dim, minimum=2)
+    points = check_int("grid_points", grid_points, minimum=101)
+    if exposure is None:
+        expo = np.ones(ins.size)
+    else:
+        expo = as_finite_array("exposure", exposure)
+        if expo.shape != ins.shape or np.any(expo < 0) or not np.any(expo > 0):
+            raise ValueError(f"exposure must be None or {ins.size} finite values >= 0, not all 0")
+    n = int(ins.size)
+    margin = float(stats.t.ppf(conf, n - 1)) * float(ins.std(ddof=1)) / math.sqrt(n)
+    mean_lo = float(ins.mean()) - margin
+    scaled = expo / float(expo.max())
+    if np.unique(scaled).size > _MAX_LEVELS:  # continuous exposures: bin them (each to its bin's mean)
+        edges = np.quantile(scaled, np.linspace(0.0, 1.0, _MAX_LEVELS + 1))
+        which = np.clip(np.searchsorted(edges, scaled, side="right") - 1, 0, _MAX_LEVELS - 1)
+        means = np.bincount(which, weights=scaled, minlength=_MAX_LEVELS) / np.maximum(
+            np.bincount(which, minlength=_MAX_LEVELS), 1
+        )
+        scaled = means[which]
+    levels, counts = np.unique(scaled, return_counts=True)
+    weights = counts / float(n)
+    nodes, node_w = _null_nodes(d)
+
+    def mean_cos(a: float) -> float:
+        r = a * levels[:, None]
+        return float(weights @ (_cosine_given_shift(r, nodes[None, :]) @ node_w))
+
+    if not mean_lo > mean_cos(0.0):
+        return ShiftAuditBound(0.0, None, 0.0, n, conf)
+    lo, hi = 0.0, 1.0  # a = 1 puts the most exposed canary at r = 1 (cos ≈ 0.7)
+    while mean_cos(hi) < mean_lo and hi < 1e6:
+        lo, hi = hi, 2.0 * hi
+    if mean_cos(hi) < mean_lo:  # cosines beyond every shift's mean (≈ 1): the release is the canary itself
+        a_lo = hi
+    else:
+        a_lo = float(optimize.brentq(lambda a: mean_cos(a) - mean_lo, lo, hi, xtol=1e-12, rtol=1e-10))
+    # thresholds over (0, 1): FPR(t) > 0 needs t < 1; past the largest shift's cosine plus the δ tail nothing helps
+    top = float(_cosine_given_shift(np.array(a_lo * levels.max()), np.array(0.0)))
+    sd0 = 1.0 / math.sqrt(d)
+    z_top = float(stats.norm.isf(max(dlt, 1e-300))) + 1.0
+    t = np.linspace(0.0, min(top + z_top * sd0, 1.0 - 1e-12), points)
+    null_sf = _null_sf_table(d)
+    tpr = np.zeros(points)
+    for lv, wt in zip(levels, weights):
+        tpr += wt * null_sf(_u_needed(t, a_lo * lv))
+    fpr = null_sf(t)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bounds = np.where((tpr > dlt) & (fpr > 0), np.log(np.maximum(tpr - dlt, 1e-300) / fpr), -np.inf)
+    best = int(np.argmax(bounds))
+    if not bounds[best] > 0.0:
+        return ShiftAuditBound(0.0, None, a_lo, n, conf)
+    return ShiftAuditBound(float(bounds[best]), float(t[best]), a_lo, n, conf)
 
 
 # -- one training run (Steinke, Nasr, Jagielski 2023) --------------------------------------------------------------

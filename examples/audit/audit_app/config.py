@@ -14,7 +14,7 @@ DEFAULTS: dict[str, Any] = {
     "noise-multiplier": 2.0,
     "clipping-norm": 1.0,
     "broken": False,
-    "broken-noise-fraction": 0.2,
+    "broken-noise-fraction": 0.5,
     "hidden-units": 320,
     "target-delta": 1e-5,
     "confidence": 0.95,

@@ -7,7 +7,7 @@ The strategy is the one a real run would use (user-level central DP, fixed clipp
 and :class:`~flwr_dp_strategies.audit.CanaryAudit` drives it with k canary clients next to the N real ones
 (Andrew et al., ICLR 2024). The run is a *rehearsal*: the same configuration as the real run, plus canaries; the real
 model is trained without them. ``broken = true`` swaps in :class:`UnderNoisedFixedClipping`, which books z but adds
-``broken-noise-fraction · z`` (a fifth by default): the misconfiguration the audit is there to catch.
+``broken-noise-fraction · z`` (half by default): the misconfiguration the audit is there to catch.
 
 The audit's work (the canaries' directions and cosines, d-sized vectors) runs with one BLAS thread: next to the
 simulation's workers, NumPy's default thread pool made it about eight times slower.
