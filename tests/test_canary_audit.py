@@ -288,24 +288,44 @@ def test_poisson_audit_samples_canaries_and_stays_within_the_ledger(task_identit
     assert not report.alarm and report.epsilon_lower_bound_final <= report.ledger_epsilon
 
 
-def test_distributed_dp_canaries_run_the_client_mod_and_secure_aggregation(task_identity):
-    """Canaries behind ``distributed_dp_mod`` join every secure-aggregation stage as real clients do."""
+def distributed_dp_audit(k: int, halved: bool):
     pytest.importorskip("flwr_dp_strategies.privacy.audit")
     from client_mods.distributed_dp_mod import make_distributed_dp_mod
+    from flwr_dp_benchmarks.bench_audit import halved_noise_mod
     from flwr_dp_strategies import DistributedDpFedAvg
     from secagg_harness import shifting_app
 
-    k = 20
     deltas = {n: np.random.default_rng(n).normal(size=DIM) * 1e-3 for n in REAL}
     real = LoopbackGrid(shifting_app(deltas, rng=1), REAL)
     strategy = DistributedDpFedAvg(
         fraction_evaluate=0.0, noise_multiplier=0.5, clipping_norm=1.0, bits=24, rotation_seed=3
     )
-    audit = CanaryAudit(strategy, num_canaries=k, seed=2, canary_mods=[make_distributed_dp_mod(rng=2)])
+    mod = make_distributed_dp_mod(rng=2)
+    audit = CanaryAudit(strategy, num_canaries=k, seed=2, canary_mods=[halved_noise_mod(mod) if halved else mod])
     result, report = audit.start(real, model(), num_rounds=2)
+    return strategy, audit, real, result, report
+
+
+def test_distributed_dp_canaries_run_the_client_mod_and_secure_aggregation(task_identity):
+    """Canaries behind ``distributed_dp_mod`` join every secure-aggregation stage as real clients do."""
+    k = 20
+    strategy, audit, real, result, report = distributed_dp_audit(k, halved=False)
     assert audit.canary_norm == 10.0
     assert not audit.grid.canary_errors and not real.errors
     assert list(audit.grid.canary_participation.values()) == [set(audit.inserted_ids)] * 2
     assert all(int(msg.metadata.dst_node_id) in REAL for msg in real.sent)
     assert len(audit.iterates(model())) == 2 and np.all(np.isfinite(flatten_arrays(result.arrays)))
     assert not report.alarm and report.ledger_epsilon == pytest.approx(strategy.ledger.epsilon())
+
+
+def test_client_mods_adding_half_their_noise_share_are_caught(task_identity, monkeypatch):
+    """The broken client configuration: every client's mod (the real clients' and the canaries') adds half the noise
+    std the server planned and booked."""
+    import secagg_harness
+    from flwr_dp_benchmarks.bench_audit import halved_noise_mod
+
+    real_factory = secagg_harness.make_distributed_dp_mod
+    monkeypatch.setattr(secagg_harness, "make_distributed_dp_mod", lambda **kw: halved_noise_mod(real_factory(**kw)))
+    _, _, _, _, report = distributed_dp_audit(20, halved=True)
+    assert max(report.shift_lower_bound_final, report.shift_lower_bound_all_iterates) > report.ledger_epsilon
+    assert report.alarm
