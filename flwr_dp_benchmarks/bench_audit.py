@@ -668,7 +668,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"give (perfect separation): "
         f"{result['max_lower_bound']:.2f} (k = {size['canaries']}), {result['max_lower_bound_ddp']:.2f} "
         f"(k = {size['ddp_canaries']}). Machine: {result['machine']['cpu_count']} CPUs; total "
-        f"{result['seconds']:.0f} s. `DpSgdTrainer` (record-level) is audited elsewhere.",
+        f"{result['seconds']:.0f} s."
+        + (" `DpSgdTrainer` (record level) is in the second table." if result.get("record_rows") else ""),
         "",
         "| configuration | target ε | z | ledger ε | ε̂ final | ε̂ all iterates | ε_lo final | ε_lo all iterates | "
         "ε_S final | ε_S all iterates | canary rate | alarm | s |",
