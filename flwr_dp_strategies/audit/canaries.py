@@ -568,7 +568,7 @@ def log_report(report: AuditReport) -> None:
 
 def plot_audit(report: AuditReport, path: Any) -> None:
     """Histograms of the inserted vs null (unseen) canary cosines, final model and all iterates, saved to ``path``;
-    the title holds the ledger's ε and the estimates."""
+    the titles hold the ledger's ε, the estimates and the largest lower bound of each kind."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -595,8 +595,12 @@ def plot_audit(report: AuditReport, path: Any) -> None:
         ax.set_xlabel("cosine with model delta")
         ax.legend()
     fig.suptitle(
-        f"Canary audit: ledger ε {report.ledger_epsilon:.3g}, δ={report.delta:g}, "
-        f"{report.num_canaries} canaries" + (" — ALARM" if report.alarm else "")
+        f"Canary audit: ledger ε {report.ledger_epsilon:.3g}, δ={report.delta:g}, {report.num_canaries} canaries; "
+        f"lower bounds ({100 * report.confidence:g}% together): shift "
+        f"{max(report.shift_lower_bound_final, report.shift_lower_bound_all_iterates):.3g}, counts "
+        f"{max(report.epsilon_lower_bound_final, report.epsilon_lower_bound_all_iterates):.3g}"
+        + (" — ALARM" if report.alarm else ""),
+        fontsize=10,
     )
     fig.tight_layout()
     fig.savefig(path)
