@@ -58,6 +58,36 @@ def prg_mask(key: bytes, length: int, bits: int) -> np.ndarray:
     return words
 
 
+_CHUNK_WORDS = 1 << 13  # 64 KiB of keystream at a time: stays in cache, one buffer per call
+_ZEROS = bytes(8 * _CHUNK_WORDS)
+
+
+def add_prg_mask(vector: np.ndarray, key: bytes, sign: int) -> None:
+    """``vector`` += sign·``prg_mask(key, len(vector), b)`` (mod 2^64, any b), streamed in place.
+
+    The keystream is written into one 64 KiB buffer at a time (``update_into``) and added to the
+    matching slice of ``vector``: no temporary of the vector's size, however many masks are applied.
+    The words are not reduced to b bits: 2^b divides 2^64, so :func:`reduce_mod` of the result
+    equals the sum with every mask reduced first (what :func:`prg_mask` returns)."""
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes")
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    if vector.dtype != np.uint64 or vector.ndim != 1:
+        raise ValueError("vector must be a 1-D uint64 array")
+    encryptor = Cipher(algorithms.ChaCha20(bytes(key), _NONCE), mode=None).encryptor()
+    buffer = bytearray(8 * _CHUNK_WORDS)
+    words = np.frombuffer(buffer, dtype="<u8")
+    for start in range(0, vector.size, _CHUNK_WORDS):
+        stop = min(start + _CHUNK_WORDS, vector.size)
+        count = stop - start
+        encryptor.update_into(_ZEROS[: 8 * count], buffer)
+        if sign == 1:
+            vector[start:stop] += words[:count]
+        else:
+            vector[start:stop] -= words[:count]
+
+
 def reduce_mod(vector: np.ndarray, bits: int) -> np.ndarray:
     """``vector`` (uint64, any wrap mod 2^64 allowed) reduced into [0, 2^bits), in place."""
     vector &= np.uint64((1 << check_bits(bits)) - 1)
@@ -109,6 +139,7 @@ def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
 
 __all__ = [
     "KEY_BYTES",
+    "add_prg_mask",
     "MAX_BITS",
     "apply_mask",
     "check_bits",

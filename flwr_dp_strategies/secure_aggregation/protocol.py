@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from flwr.app import ConfigRecord, RecordDict
 
@@ -105,14 +105,24 @@ def ring_neighbours(nodes: Iterable[int], num_shares: int, graph_seed: int) -> d
     number of nodes: SecAgg's complete graph). Public and deterministic: a client recomputes its own
     neighbourhood from the view and the seed and refuses any other (Bell et al. 2020 choose the graph
     at random; a server that picks it could surround a client with nodes of its choice)."""
+    return ring_neighbours_of(nodes, num_shares, graph_seed, None)
+
+
+def ring_neighbours_of(
+    nodes: Iterable[int], num_shares: int, graph_seed: int, which: Optional[Iterable[int]]
+) -> dict[int, set[int]]:
+    """:func:`ring_neighbours` for the nodes ``which`` only (all when None): O(n + |which|·k), what a
+    client needs (its own neighbourhood and its neighbours') without building the whole graph."""
     order = sorted(int(n) for n in nodes)
     random.Random(int(graph_seed)).shuffle(order)
     n = len(order)
+    wanted = order if which is None else [int(u) for u in which]
     if num_shares >= n:
         everyone = set(order)
-        return {u: set(everyone) for u in order}
+        return {u: set(everyone) for u in wanted}
+    position = {u: i for i, u in enumerate(order)}
     half = num_shares // 2
-    return {u: {order[(i + k) % n] for k in range(-half, half + 1)} for i, u in enumerate(order)}
+    return {u: {order[(position[u] + k) % n] for k in range(-half, half + 1)} for u in wanted}
 
 
 def neighbourhood_size(n_nodes: int, num_shares: int) -> int:
@@ -237,6 +247,7 @@ __all__ = [
     "min_threshold",
     "neighbourhood_size",
     "ring_neighbours",
+    "ring_neighbours_of",
     "stage_of",
     "stage_record",
     "view_digest",
