@@ -198,8 +198,27 @@ def graph_failure_bound(n_nodes: int, num_shares: int, threshold: int, dropout_r
 
 
 def choose_num_shares(n_nodes: int, *, colluders: int, dropout_rate: float, failure_probability: float) -> int:
-    """The smallest ring parameter k whose :func:`graph_failure_bound` (at t = :func:`min_threshold`) is at
-    most ``failure_probability``; ``n_nodes`` (the complete graph) when none smaller is."""
+    r"""The smallest ring parameter k whose :func:`graph_failure_bound` (at t = :func:`min_threshold`) is at
+    most ``failure_probability``; ``n_nodes`` (the complete graph) when none smaller is.
+
+    Derivation (Bell et al. 2020, §3-4: a random Harary graph, here the ring of a public random order,
+    with degree k, each node dropping independently with probability p). The round fails only if some
+    node's secret has fewer than t live holders among its h − 1 ≈ k neighbours, or the survivors' graph
+    splits; a union bound over the n nodes bounds the failure probability by
+
+    .. math:: n\,\bigl(\Pr[\mathrm{Bin}(k, 1-p) < t] + p^{k/2}\bigr) \le \eta,
+
+    with t ≈ k/2 + c/2 + 1 (:func:`min_threshold`: 2t > h + c, so no server gets both secrets of a node).
+    By Chernoff, :math:`\Pr[\mathrm{Bin}(k, 1-p) < k/2] \le e^{-k\,D(1/2\,\|\,1-p)}` (D the binary
+    relative entropy), so
+
+    .. math:: k \ge \frac{\ln n + \ln(2/\eta)}{\min\{D(\tfrac12 \| 1-p),\ \tfrac12\ln(1/p)\}}
+
+    suffices: the degree grows as O(log(n/η)) for a fixed dropout rate, as in Bell et al. (at p = 0.05,
+    η = 1e-6: k = 22 at n = 100 and 300, 24 at 1 000, 26 at 10 000, 30 at 100 000). This function does not
+    use the Chernoff form: it scans k with the exact binomial tail, which gives the smallest k the union
+    bound allows. Security against a server colluding with c clients rests on 2t > h + c (checked by
+    every client), not on the degree."""
     for k in range(2, n_nodes, 2):
         h = neighbourhood_size(n_nodes, k)
         t = min_threshold(h, colluders)
