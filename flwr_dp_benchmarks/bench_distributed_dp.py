@@ -827,7 +827,6 @@ def time_scale(
                     with _FlowerPrimitives() if primitives == "Flower" else contextlib.nullcontext():
                         t0 = time.perf_counter()
                         messages = list(strategy.configure_train(1, init, ConfigRecord(), grid))
-                        t1 = time.perf_counter()
                         replies = grid.send_and_receive(messages)
                         t2 = time.perf_counter()
                         arrays, _ = strategy.aggregate_train(1, replies)
