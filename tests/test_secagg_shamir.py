@@ -188,3 +188,29 @@ def test_a_share_at_another_holders_point_is_refused_at_collect():
         ClientRound(states[1], 1).collect(
             ConfigRecord({"round": 1, "srcs": srcs, "ctxts": ctxts}), lambda: np.zeros(8, dtype=np.uint64)
         )
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_an_unmask_reply_with_a_share_at_another_point_is_rejected_and_the_round_still_unmasks():
+    from test_secure_aggregation import integer_app, modular, run_round, vectors_for  # noqa: PLC0415
+
+    from flwr_dp_strategies.secure_aggregation.protocol import RECORD, STAGE_KEY  # noqa: PLC0415
+    from secagg_harness import LoopbackGrid  # noqa: PLC0415
+
+    nodes, bits, length = list(range(101, 109)), 16, 50
+    vectors = vectors_for(nodes, bits, length, seed=5)
+
+    def tamper(msg, reply):
+        if reply.has_error() or reply.content[RECORD].get(STAGE_KEY) != "unmask":
+            return reply
+        if int(msg.metadata.dst_node_id) == 103:  # claims other points: a share must sit at its holder's x
+            record = reply.content[RECORD]
+            record["shares"] = [(shamir.share_x(s) % 8 + 1).to_bytes(2, "big") + s[2:] for s in record["shares"]]
+        return reply
+
+    grid = LoopbackGrid(integer_app(vectors, bits), nodes, die={101: "collect"}, tamper=tamper)
+    secure, total = run_round(grid, nodes, bits=bits, length=length, num_shares=8, threshold=5)
+    assert secure.rejected["secure-aggregation"] == 1
+    survivors = sorted(secure.survivors)
+    assert 101 not in survivors
+    np.testing.assert_array_equal(total, modular([vectors[n] for n in survivors], bits))

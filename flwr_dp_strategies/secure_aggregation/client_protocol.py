@@ -87,8 +87,8 @@ def agreed_key(private_key: bytes, public_key: bytes) -> bytes:
 def private_scalar(private_key: bytes) -> bytes:
     """The 48-byte secret scalar of a SECP384R1 private key (PEM): what is Shamir-shared.
 
-    Sharing the scalar instead of the 306-byte PEM cuts Shamir's work (pycryptodome, pure Python,
-    one polynomial per 16-byte chunk) fivefold; :func:`private_key_from_scalar` rebuilds the key."""
+    The scalar (< 2^384) is one element of :mod:`.shamir`'s field, the 306-byte PEM would not be;
+    :func:`private_key_from_scalar` rebuilds the key."""
     key = bytes_to_private_key(private_key)
     return key.private_numbers().private_value.to_bytes(48, "big")
 
