@@ -776,7 +776,8 @@ def time_scale(
     dying at the collect stage (after sharing their keys: the case that costs the server most, their
     pairwise masks must be rebuilt), played serially on one ``LoopbackGrid``. Each size runs with our
     primitives and, up to ``baseline_max`` clients, with Flower's (:class:`_FlowerPrimitives`), the two
-    back to back (ours, Flower's) so that both see the same machine load.
+    back to back (ours, Flower's) so that both see the same machine load; one warm-up round of each at
+    20 clients first (imports, torch's first call; not kept).
 
     Reported: ``client_crypto_s`` = every ClientApp call minus local training and ``encode_update``, over
     the n sampled clients (the dropped ones did less); ``server_unmask_s`` = the unmask stage on the server
@@ -803,71 +804,75 @@ def time_scale(
     SecureAggregationRound.unmask = clock.wrap("server unmask stage", original_unmask)
     try:
         with _TaskIdentity(), _Probes(clock):
+            plan = [(min(20, min(clients)), "ours", False), (min(20, min(clients)), "Flower", False)]  # warm-up
             for n in clients:
+                plan += [(n, p, True) for p in (("ours", "Flower") if n <= baseline_max else ("ours",))]
+            for n, primitives, keep in plan:
                 nodes = list(range(101, 101 + n))
                 draw = random.Random(seed * 1000 + n)
                 die = {node: "collect" for node in draw.sample(nodes, round(dropout * n))}
-                for primitives in ("ours", "Flower") if n <= baseline_max else ("ours",):
-                    grid = LoopbackGrid(app, nodes, die=die)
-                    strategy = DistributedDpFedAvg(
-                        fraction_train=1.0,
-                        fraction_evaluate=0.0,
-                        min_train_nodes=n,
-                        min_available_nodes=n,
-                        noise_multiplier=z,
-                        clipping_norm=cfg["clip"],
-                        bits=cfg["timing_bits"],
-                        min_survivors=0.8,
-                        dropout_rate=dropout,
-                        rotation_seed=seed,
-                        stage_timeout=None,
-                    )
-                    clock.s.clear()
-                    updates.clear()
-                    with _FlowerPrimitives() if primitives == "Flower" else contextlib.nullcontext():
-                        t0 = time.perf_counter()
-                        messages = list(strategy.configure_train(1, init, ConfigRecord(), grid))
-                        replies = grid.send_and_receive(messages)
-                        t2 = time.perf_counter()
-                        arrays, _ = strategy.aggregate_train(1, replies)
-                        t3 = time.perf_counter()
-                    if arrays is None:
-                        raise RuntimeError(f"{primitives}, n = {n}: the round released nothing ({grid.errors[-3:]})")
-                    split = dict(clock.s)
-                    client_total = sum(v for k, v in split.items() if k.startswith("client app"))
-                    crypto = client_total - split.get("client train", 0.0) - split.get("client encode", 0.0)
-                    answers = split.get("client app: unmask", 0.0)
-                    upload = next(len(r.content[MASKED_RECORD][MASKED_KEY].data) for r in replies if not r.has_error())
-                    sizes = getattr(strategy, "_sizes", None)
-                    row = {
-                        "clients": n,
-                        "primitives": primitives,
-                        "dropped": len(die),
-                        "survivors": n - len(die),
-                        "num_shares": getattr(sizes, "num_shares", None),
-                        "neighbourhood": getattr(sizes, "neighbourhood", None),
-                        "threshold": getattr(sizes, "threshold", None),
-                        "round_s": t3 - t0,
-                        "server_s": (t3 - t0) - client_total,
-                        "server_unmask_s": split.get("server unmask stage", 0.0) - answers,
-                        "server_aggregate_s": (t3 - t2) - answers,
-                        "server_decode_s": split.get("server decode", 0.0),
-                        "client_crypto_s_total": crypto,
-                        "client_crypto_s_per_client": crypto / n,
-                        "client_train_s_total": split.get("client train", 0.0),
-                        "client_encode_s_total": split.get("client encode", 0.0),
-                        "upload_bytes": upload,
-                        "dense_float32_bytes": 4 * dim,
-                        "upload_ratio": upload / (4 * dim),
-                        "stages": split,
-                        "loadavg": os.getloadavg(),
-                    }
-                    rows.append(row)
-                    log(
-                        f"secagg n={n} {primitives}: round {row['round_s']:.1f} s, server unmask "
-                        f"{row['server_unmask_s']:.2f} s, client crypto {row['client_crypto_s_per_client']:.4f} "
-                        f"s/client (k={row['num_shares']}, t={row['threshold']}), load {row['loadavg'][0]:.1f}"
-                    )
+                grid = LoopbackGrid(app, nodes, die=die)
+                strategy = DistributedDpFedAvg(
+                    fraction_train=1.0,
+                    fraction_evaluate=0.0,
+                    min_train_nodes=n,
+                    min_available_nodes=n,
+                    noise_multiplier=z,
+                    clipping_norm=cfg["clip"],
+                    bits=cfg["timing_bits"],
+                    min_survivors=0.8,
+                    dropout_rate=dropout,
+                    rotation_seed=seed,
+                    stage_timeout=None,
+                )
+                clock.s.clear()
+                updates.clear()
+                with _FlowerPrimitives() if primitives == "Flower" else contextlib.nullcontext():
+                    t0 = time.perf_counter()
+                    messages = list(strategy.configure_train(1, init, ConfigRecord(), grid))
+                    replies = grid.send_and_receive(messages)
+                    t2 = time.perf_counter()
+                    arrays, _ = strategy.aggregate_train(1, replies)
+                    t3 = time.perf_counter()
+                if arrays is None:
+                    raise RuntimeError(f"{primitives}, n = {n}: the round released nothing ({grid.errors[-3:]})")
+                split = dict(clock.s)
+                client_total = sum(v for k, v in split.items() if k.startswith("client app"))
+                crypto = client_total - split.get("client train", 0.0) - split.get("client encode", 0.0)
+                answers = split.get("client app: unmask", 0.0)
+                upload = next(len(r.content[MASKED_RECORD][MASKED_KEY].data) for r in replies if not r.has_error())
+                sizes = getattr(strategy, "_sizes", None)
+                row = {
+                    "clients": n,
+                    "primitives": primitives,
+                    "dropped": len(die),
+                    "survivors": n - len(die),
+                    "num_shares": getattr(sizes, "num_shares", None),
+                    "neighbourhood": getattr(sizes, "neighbourhood", None),
+                    "threshold": getattr(sizes, "threshold", None),
+                    "round_s": t3 - t0,
+                    "server_s": (t3 - t0) - client_total,
+                    "server_unmask_s": split.get("server unmask stage", 0.0) - answers,
+                    "server_aggregate_s": (t3 - t2) - answers,
+                    "server_decode_s": split.get("server decode", 0.0),
+                    "client_crypto_s_total": crypto,
+                    "client_crypto_s_per_client": crypto / n,
+                    "client_train_s_total": split.get("client train", 0.0),
+                    "client_encode_s_total": split.get("client encode", 0.0),
+                    "upload_bytes": upload,
+                    "dense_float32_bytes": 4 * dim,
+                    "upload_ratio": upload / (4 * dim),
+                    "stages": split,
+                    "loadavg": os.getloadavg(),
+                }
+                if not keep:
+                    continue
+                rows.append(row)
+                log(
+                    f"secagg n={n} {primitives}: round {row['round_s']:.1f} s, server unmask "
+                    f"{row['server_unmask_s']:.2f} s, client crypto {row['client_crypto_s_per_client']:.4f} "
+                    f"s/client (k={row['num_shares']}, t={row['threshold']}), load {row['loadavg'][0]:.1f}"
+                )
     finally:
         SecureAggregationRound.unmask = original_unmask
         _restore_threads(threads)

@@ -214,3 +214,13 @@ def test_an_unmask_reply_with_a_share_at_another_point_is_rejected_and_the_round
     survivors = sorted(secure.survivors)
     assert 101 not in survivors
     np.testing.assert_array_equal(total, modular([vectors[n] for n in survivors], bits))
+
+
+@pytest.mark.parametrize("bits", [2, 7, 20, 57, 58, 62])
+def test_packing_round_trips_on_both_unpack_paths(bits):
+    from flwr_dp_strategies.secure_aggregation.masks import pack_bits, unpack_bits  # noqa: PLC0415
+
+    rng = np.random.default_rng(bits)
+    for length in (0, 1, 9, 4097):
+        v = rng.integers(0, 1 << bits, size=length, dtype=np.uint64)
+        np.testing.assert_array_equal(unpack_bits(pack_bits(v, bits), bits, length), v)

@@ -199,7 +199,10 @@ class ClientRound:
             raise ProtocolError("field 'num-shares' must be at least 2")
         if self.node_id not in view:
             raise ProtocolError("the view does not hold this node")
-        expected = sorted(ring_neighbours_of(view, num_shares, graph_seed, [self.node_id])[self.node_id])
+        members = set(view)
+        # one ring order for this node's neighbourhood and its neighbours' (their shares' points for it)
+        hoods = ring_neighbours_of(view, num_shares, graph_seed, [self.node_id, *(u for u in nids if u in members)])
+        expected = sorted(hoods[self.node_id])
         if sorted(nids) != expected:
             raise ProtocolError("the neighbour list is not this node's neighbourhood in the public graph")
         threshold, colluders = int(self.state["threshold"]), int(self.state["colluders"])
@@ -226,7 +229,6 @@ class ClientRound:
         # holder i of this node's (sorted) neighbourhood gets x = i + 1; the shares this node will receive
         # carry its position in each neighbour's neighbourhood, checked at collect
         shares = shamir.SCHEME.split([seed, private_scalar(self.state["sk1"])], threshold, len(nids))
-        hoods = ring_neighbours_of(view, num_shares, graph_seed, nids)
         my_xs = [sorted(hoods[nid]).index(self.node_id) + 1 for nid in nids]
         others = [index for index, nid in enumerate(nids) if nid != self.node_id]
         agreed = dict(zip(others, pairwise_keys(self.state["sk2"], [pk2s[i] for i in others])))

@@ -130,6 +130,17 @@ def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
     raw = np.asarray(data)
     if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size != packed_size(length, b):
         raise ValueError(f"packed data must be {packed_size(length, b)} uint8 values, got {raw.dtype} {raw.shape}")
+    if b <= 57:  # every value lies within 8 bytes from its first byte: gather 8 bytes, shift, mask
+        padded = np.zeros(raw.size + 8, dtype=np.uint8)
+        padded[: raw.size] = raw
+        start = np.arange(length, dtype=np.uint64) * np.uint64(b)
+        first = (start >> np.uint64(3)).astype(np.intp)
+        words = np.zeros(length, dtype=np.uint64)
+        for j in range(8):
+            words |= padded[first + j].astype(np.uint64) << np.uint64(8 * j)
+        words >>= start & np.uint64(7)
+        words &= np.uint64((1 << b) - 1)
+        return words
     planes = np.unpackbits(raw, bitorder="little", count=length * b).reshape(length, b)
     out = np.zeros(length, dtype=np.uint64)
     for bit in range(b):
