@@ -224,3 +224,20 @@ def test_packing_round_trips_on_both_unpack_paths(bits):
     for length in (0, 1, 9, 4097):
         v = rng.integers(0, 1 << bits, size=length, dtype=np.uint64)
         np.testing.assert_array_equal(unpack_bits(pack_bits(v, bits), bits, length), v)
+
+
+@pytest.mark.slow
+def test_the_scale_benchmark_runs_both_primitives_and_writes_its_table(tmp_path):
+    """``bench_distributed_dp --secagg-scale`` at toy sizes: both primitives reveal a round with dropouts,
+    ours unmask faster, and the table and json are written (the 1 000-client run is a benchmark)."""
+    import json  # noqa: PLC0415
+
+    from flwr_dp_benchmarks import bench_distributed_dp as bench  # noqa: PLC0415
+
+    assert bench.main(["--tiny", "--secagg-scale", "--secagg-clients", "20", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "secagg_scale.json").read_text())
+    rows = {r["primitives"]: r for r in result["scale"]["rows"]}
+    assert set(rows) == {"ours", "Flower"} and all(r["dropped"] == 1 for r in rows.values())
+    assert rows["ours"]["server_unmask_s"] < rows["Flower"]["server_unmask_s"]
+    assert rows["ours"]["upload_ratio"] < 1.0
+    assert "| 20 | ours |" in (tmp_path / "secagg_scale.md").read_text()
