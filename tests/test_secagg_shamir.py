@@ -3,8 +3,10 @@ one-node ring lookup and the logarithmic neighbourhood size (Bell et al. 2020)."
 
 from __future__ import annotations
 
+import logging
 import os
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -234,7 +236,13 @@ def test_the_scale_benchmark_runs_both_primitives_and_writes_its_table(tmp_path)
 
     from flwr_dp_benchmarks import bench_distributed_dp as bench  # noqa: PLC0415
 
-    assert bench.main(["--tiny", "--secagg-scale", "--secagg-clients", "20", "--out", str(tmp_path)]) == 0
+    flwr_logger = logging.getLogger("flwr")
+    level = flwr_logger.level
+    try:
+        with warnings.catch_warnings():  # the benchmark quiets flwr's logger and warnings: not for later tests
+            assert bench.main(["--tiny", "--secagg-scale", "--secagg-clients", "20", "--out", str(tmp_path)]) == 0
+    finally:
+        flwr_logger.setLevel(level)
     result = json.loads((tmp_path / "secagg_scale.json").read_text())
     rows = {r["primitives"]: r for r in result["scale"]["rows"]}
     assert set(rows) == {"ours", "Flower"} and all(r["dropped"] == 1 for r in rows.values())

@@ -322,6 +322,12 @@ class SecureAggregationRound:
     def masked_vector(self, content: RecordDict) -> np.ndarray:
         """The masked vector of a collect reply: exactly one ArrayRecord :data:`MASKED_RECORD` holding
         ⌈D·b/8⌉ packed bytes under :data:`MASKED_KEY`, unpacked (ProtocolError otherwise)."""
+        return unpack_bits(self.packed_vector(content), self.bits, self.length)
+
+    def packed_vector(self, content: RecordDict) -> np.ndarray:
+        """The packed bytes of a collect reply, checked as :meth:`masked_vector` checks them (any ⌈D·b/8⌉
+        bytes unpack to D values in [0, 2^b), so a reply that passes here unpacks): the screening's check,
+        without unpacking every vector twice."""
         if stage_record(content).get(STAGE_KEY) != Stage.COLLECT:
             raise ProtocolError("the reply is not a collect-stage reply")
         if set(content.keys()) != {RECORD, MASKED_RECORD}:
@@ -338,9 +344,12 @@ class SecureAggregationRound:
                 f"the masked vector must be {expected} packed uint8 values, got {array.dtype} {tuple(array.shape)}"
             )
         try:
-            return unpack_bits(npy_view(array), self.bits, self.length)
+            packed = npy_view(array)
         except Exception as err:  # noqa: BLE001 - an undecodable payload is malformed
             raise ProtocolError(f"the masked vector does not decode ({err})") from err
+        if packed.dtype != np.uint8 or packed.shape != (expected,):
+            raise ProtocolError(f"the masked vector does not decode (a {packed.dtype} {packed.shape} payload)")
+        return packed
 
     def add_vector(self, node: int, vector: np.ndarray) -> None:
         """Add one accepted masked vector (from :meth:`masked_vector`) of a node sent the collect stage."""
