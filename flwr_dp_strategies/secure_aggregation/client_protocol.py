@@ -4,7 +4,7 @@ Key agreement: ECDH on SECP384R1 + HKDF-SHA256 (``flwr.supercore.primitives.asym
 ``flwr.common.secure_aggregation.crypto.symmetric_encryption.generate_shared_key``);
 secret sharing: Shamir over the prime field GF(2^521 − 1) (:mod:`.shamir`: every secret one field
 element, all polynomials evaluated in one pass; Flower's ``crypto.shamir`` shares 16-byte chunks over
-GF(2^128) in pure Python, 100× slower); authenticated encryption of the shares: Fernet
+GF(2^128) in pure Python, 150-350× slower at the protocol's sizes); authenticated encryption of the shares: Fernet
 (``...symmetric_encryption.encrypt``). Nothing here is new crypto; the departures from Flower's
 ``secaggplus_mod`` are the mask generator (:mod:`.masks`: ChaCha20 under the full key, not a 32-bit
 NumPy seed, streamed into the vector in place) and the sharing field. Key agreement is batched: each
@@ -107,7 +107,7 @@ def fernet_key(private_key: bytes, public_key: bytes) -> bytes:
 
 def pairwise_keys(private_key: bytes, public_keys: list[bytes]) -> list[bytes]:
     """Flower's ECDH + HKDF key (base64, as ``generate_shared_key`` returns it) of ``private_key`` with each
-    of ``public_keys``, the private key parsed once for all (PEM parsing costs as much as the exchange)."""
+    of ``public_keys``, the private key parsed once for all (parsing a PEM key costs about half an exchange)."""
     own = bytes_to_private_key(private_key)
     return [generate_shared_key(own, bytes_to_public_key(public)) for public in public_keys]
 
