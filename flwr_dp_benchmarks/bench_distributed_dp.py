@@ -2,6 +2,7 @@ r"""Distributed DP under secure aggregation against central DP at the same noise
 
     python flwr_dp_benchmarks/bench_distributed_dp.py [--quick | --tiny] [--rounds T] [--jobs K]
         [--out flwr_dp_benchmarks/distributed_dp]
+    python flwr_dp_benchmarks/bench_distributed_dp.py --secagg-scale [--secagg-clients 100,300,1000]
 
 **(a) Accuracy** (the setting of ``bench_user_level.py``, whose data, model and local
 training this reuses: MNIST split IID over N = 1 000 clients of 60 examples, the
@@ -54,6 +55,15 @@ The secure round's time is split into the clients' local training, encoding
 agreement, Shamir shares, Fernet, ChaCha20 masks, packing) and the server's own time
 (of which the unmask stage and decoding, in ``aggregate_train``).
 
+**(d) Secure aggregation at scale** (``--secagg-scale``, written to ``OUT/secagg_scale.{md,json}``,
+nothing else touched): one full secure round of ``DistributedDpFedAvg`` (b = 20, k and t from the
+strategy's defaults for 5 % dropout) at 100, 300 and 1 000 clients per round (``--secagg-clients``),
+5 % of them dying after sharing their keys, every client played serially in this process; server
+unmask seconds, client crypto seconds per client and upload bytes against dense float32, with our
+primitives (prime-field Shamir, batched key agreement, streamed masks) and, back to back, with
+Flower's own (``crypto.shamir`` and per-pair ``generate_shared_key``) as the peer baseline; plus the
+Shamir sharing and reconstruction alone at the same sizes.
+
 **Choices.** T = 40 rounds (``--rounds``), as in ``bench_user_level.py`` so the central
 rows can be read against its unamplified Flower row. C = 0.3: the best C of that
 benchmark's grid (0.3, 1, 3) for fixed clipping without amplification, at every ε (the
@@ -68,12 +78,14 @@ Everything is seeded (``--seed``): a benchmark, not a deployment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import functools
 import json
 import logging
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -463,16 +475,15 @@ class _TimedApp:
 #: (module, attribute, label): the library functions timed by wrapping them for the duration of (c).
 PROBES = (
     ("client_mods.distributed_dp_mod", "encode_update", "client encode"),
-    ("flwr_dp_strategies.secure_aggregation.client_protocol", "create_shares", "client Shamir split"),
+    ("flwr_dp_strategies.secure_aggregation.shamir", "split", "client Shamir split"),
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "generate_key_pairs", "client key generation"),
-    ("flwr_dp_strategies.secure_aggregation.client_protocol", "fernet_key", "client ECDH (Fernet keys)"),
-    ("flwr_dp_strategies.secure_aggregation.client_protocol", "agreed_key", "client ECDH (mask keys)"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "pairwise_keys", "ECDH + HKDF (client and server)"),
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "encrypt", "client Fernet"),
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "decrypt", "client Fernet"),
-    ("flwr_dp_strategies.secure_aggregation.client_protocol", "prg_mask", "client ChaCha20 masks"),
+    ("flwr_dp_strategies.secure_aggregation.client_protocol", "add_prg_mask", "client ChaCha20 masks"),
     ("flwr_dp_strategies.secure_aggregation.client_protocol", "pack_bits", "client packing"),
-    ("flwr_dp_strategies.secure_aggregation.server_protocol", "combine_shares", "server Shamir combine"),
-    ("flwr_dp_strategies.secure_aggregation.server_protocol", "prg_mask", "server ChaCha20 masks"),
+    ("flwr_dp_strategies.secure_aggregation.shamir", "reconstruct_many", "server Shamir combine"),
+    ("flwr_dp_strategies.secure_aggregation.server_protocol", "add_prg_mask", "server ChaCha20 masks"),
     ("flwr_dp_strategies.secure_aggregation.server_protocol", "unpack_bits", "server unpacking"),
     ("flwr_dp_strategies.strategy.distributed_dp_fedavg", "decode_sum", "server decode"),
 )
@@ -650,6 +661,344 @@ def _noise_check(
     return {
         "noise_ratio": float(np.linalg.norm(deviation) / (sigma * math.sqrt(deviation.size))),
         "claimed_effective_z": z_eff,
+    }
+
+
+# ============================================================================ (d) secure aggregation at scale
+SCALE_CLIENTS = (100, 300, 1000)
+SCALE_DROPOUT = 0.05
+SCALE_Z = 23.6  # the issue's z for ε = 1 over 40 rounds with all 1 000 clients (timing barely depends on it)
+
+
+class FlowerShamir:
+    """The baseline's sharing: Flower's own ``crypto.shamir`` (pycryptodome, GF(2^128), one polynomial per
+    16-byte chunk and per secret; shares carry a 4-byte little-endian index = the holder's x), behind the
+    interface of :data:`flwr_dp_strategies.secure_aggregation.shamir.SCHEME`. Reconstruction is one
+    ``combine_shares`` per secret (Flower recomputes its Lagrange interpolation each time)."""
+
+    name = "Flower crypto.shamir (GF(2^128), pycryptodome)"
+
+    @staticmethod
+    def split(secrets_: list[bytes], threshold: int, holders: int) -> list[list[bytes]]:
+        from flwr.common.secure_aggregation.crypto.shamir import create_shares
+
+        per_secret = [create_shares(secret, threshold, holders) for secret in secrets_]
+        return [list(row) for row in zip(*per_secret)]
+
+    @staticmethod
+    def x_of(share: bytes) -> int:
+        if len(share) < 20:
+            raise ValueError("a Flower share has a 4-byte index and 16-byte chunks")
+        return int.from_bytes(share[:4], "little")
+
+    @staticmethod
+    def reconstruct(xs: Any, shares: list[list[bytes]], length: int) -> list[bytes]:
+        from flwr.common.secure_aggregation.crypto.shamir import combine_shares
+
+        return [combine_shares(list(row)) for row in shares]
+
+
+def _per_pair_keys(private_key: bytes, public_keys: list[bytes]) -> list[bytes]:
+    """The baseline's key agreement: Flower's ``generate_shared_key`` on keys parsed anew for every pair, as
+    Flower's ``secaggplus_mod`` does (keys kept as bytes in the state)."""
+    from flwr.common.secure_aggregation.crypto.symmetric_encryption import generate_shared_key
+    from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key
+
+    return [generate_shared_key(bytes_to_private_key(private_key), bytes_to_public_key(pk)) for pk in public_keys]
+
+
+class _FlowerPrimitives:
+    """Within the block, the package's SecAgg+ runs on Flower's Shamir and per-pair key agreement."""
+
+    def __enter__(self) -> "_FlowerPrimitives":
+        from flwr_dp_strategies.secure_aggregation import client_protocol, shamir
+
+        self.saved = (shamir.SCHEME, client_protocol.pairwise_keys)
+        shamir.SCHEME = FlowerShamir()
+        client_protocol.pairwise_keys = _per_pair_keys
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from flwr_dp_strategies.secure_aggregation import client_protocol, shamir
+
+        shamir.SCHEME, client_protocol.pairwise_keys = self.saved
+
+
+def shamir_micro(sizes: list[tuple[int, int]], repeats: int = 5) -> list[dict]:
+    """Seconds to share a client's two secrets (32-byte seed, 48-byte scalar) among h holders, and to rebuild
+    one secret from t shares, ours against Flower's ``crypto.shamir`` (median of ``repeats``). "ours, per
+    secret of a batch" rebuilds 100 secrets from the same holders' points (the server's case) and divides."""
+    from flwr.common.secure_aggregation.crypto.shamir import combine_shares, create_shares
+
+    from flwr_dp_strategies.secure_aggregation import shamir
+
+    def median_time(fn: Callable[[], Any]) -> float:
+        out = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    rows = []
+    seed, scalar = os.urandom(32), os.urandom(48)
+    for h, t in sizes:
+        ours = shamir.split([seed, scalar], t, h)
+        theirs = create_shares(seed, t, h)
+        xs = list(range(1, t + 1))
+        batch = [[row[0] for row in shamir.split([os.urandom(32)], t, h)[:t]] for _ in range(100)]
+
+        def batched() -> None:
+            shamir.lagrange_at_zero.cache_clear()
+            shamir.SCHEME.reconstruct(xs, batch, 32)
+
+        def single() -> None:
+            shamir.lagrange_at_zero.cache_clear()
+            shamir.reconstruct([row[0] for row in ours[:t]], 32)
+
+        rows.append(
+            {
+                "holders": h,
+                "threshold": t,
+                "ours_split_s": median_time(lambda: shamir.split([seed, scalar], t, h)),
+                "flower_split_s": median_time(lambda: (create_shares(seed, t, h), create_shares(scalar, t, h))),
+                "ours_rebuild_s": median_time(single),
+                "ours_rebuild_batched_s": median_time(batched) / len(batch),
+                "flower_rebuild_s": median_time(lambda: combine_shares(theirs[:t])),
+            }
+        )
+    return rows
+
+
+def time_scale(
+    cfg: dict[str, Any],
+    z: float,
+    seed: int,
+    clients: tuple[int, ...],
+    *,
+    baseline_max: int,
+    dropout: float = SCALE_DROPOUT,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+) -> dict:
+    """One full secure round (``DistributedDpFedAvg``, b = ``timing_bits``, k and t from the strategy's own
+    defaults: :func:`choose_num_shares` for ``dropout`` and failure probability 1e-6) at each cohort size,
+    all of a :func:`_federation` of ``max(clients)`` clients sampled, ``dropout``·n of them (a seeded draw)
+    dying at the collect stage (after sharing their keys: the case that costs the server most, their
+    pairwise masks must be rebuilt), played serially on one ``LoopbackGrid``. Each size runs with our
+    primitives and, up to ``baseline_max`` clients, with Flower's (:class:`_FlowerPrimitives`), the two
+    back to back (ours, Flower's) so that both see the same machine load; one warm-up round of each at
+    20 clients first (imports, torch's first call; not kept) unless every size is a toy one (≤ 50).
+
+    Reported: ``client_crypto_s`` = every ClientApp call minus local training and ``encode_update``, over
+    the n sampled clients (the dropped ones did less); ``server_unmask_s`` = the unmask stage on the server
+    (``SecureAggregationRound.unmask`` minus the clients' time answering it: rebuilding the secrets, the
+    ECDH of the dropped nodes' keys, the masks); ``server_aggregate_s`` = ``aggregate_train`` minus the
+    clients' unmask answers (unmask + decode); ``server_s`` = the round minus every ClientApp call."""
+    from flwr.app import ConfigRecord
+    from flwr_dp_experiments.baselines import get_params, make_mlp
+    from secagg_harness import LoopbackGrid
+
+    from flwr_dp_strategies.secure_aggregation.protocol import MASKED_KEY, MASKED_RECORD
+    from flwr_dp_strategies.secure_aggregation.server_protocol import SecureAggregationRound
+    from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg
+
+    _quiet()
+    fed = _federation(max(max(clients), cfg["num_clients"]), cfg.get("max_train"))
+    init = mlp_arrays(get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed)))
+    dim = sum(a.numpy().size for a in init.values())
+    clock, updates = _Clock(), {}
+    app = _TimedApp(_timing_app(fed, cfg, seed, clock, updates), clock)
+    rows = []
+    threads = _one_thread()
+    original_unmask = SecureAggregationRound.unmask
+    SecureAggregationRound.unmask = clock.wrap("server unmask stage", original_unmask)
+    try:
+        with _TaskIdentity(), _Probes(clock):
+            plan = [] if max(clients) <= 50 else [(20, "ours", False), (20, "Flower", False)]  # warm-up
+            for n in clients:
+                plan += [(n, p, True) for p in (("ours", "Flower") if n <= baseline_max else ("ours",))]
+            for n, primitives, keep in plan:
+                nodes = list(range(101, 101 + n))
+                draw = random.Random(seed * 1000 + n)
+                die = {node: "collect" for node in draw.sample(nodes, round(dropout * n))}
+                grid = LoopbackGrid(app, nodes, die=die)
+                strategy = DistributedDpFedAvg(
+                    fraction_train=1.0,
+                    fraction_evaluate=0.0,
+                    min_train_nodes=n,
+                    min_available_nodes=n,
+                    noise_multiplier=z,
+                    clipping_norm=cfg["clip"],
+                    bits=cfg["timing_bits"],
+                    min_survivors=0.8,
+                    dropout_rate=dropout,
+                    rotation_seed=seed,
+                    stage_timeout=None,
+                )
+                clock.s.clear()
+                updates.clear()
+                with _FlowerPrimitives() if primitives == "Flower" else contextlib.nullcontext():
+                    t0 = time.perf_counter()
+                    messages = list(strategy.configure_train(1, init, ConfigRecord(), grid))
+                    replies = grid.send_and_receive(messages)
+                    t2 = time.perf_counter()
+                    arrays, _ = strategy.aggregate_train(1, replies)
+                    t3 = time.perf_counter()
+                if arrays is None:
+                    raise RuntimeError(f"{primitives}, n = {n}: the round released nothing ({grid.errors[-3:]})")
+                split = dict(clock.s)
+                client_total = sum(v for k, v in split.items() if k.startswith("client app"))
+                crypto = client_total - split.get("client train", 0.0) - split.get("client encode", 0.0)
+                answers = split.get("client app: unmask", 0.0)
+                upload = next(len(r.content[MASKED_RECORD][MASKED_KEY].data) for r in replies if not r.has_error())
+                sizes = getattr(strategy, "_sizes", None)
+                row = {
+                    "clients": n,
+                    "primitives": primitives,
+                    "dropped": len(die),
+                    "survivors": n - len(die),
+                    "num_shares": getattr(sizes, "num_shares", None),
+                    "neighbourhood": getattr(sizes, "neighbourhood", None),
+                    "threshold": getattr(sizes, "threshold", None),
+                    "round_s": t3 - t0,
+                    "server_s": (t3 - t0) - client_total,
+                    "server_unmask_s": split.get("server unmask stage", 0.0) - answers,
+                    "server_aggregate_s": (t3 - t2) - answers,
+                    "server_decode_s": split.get("server decode", 0.0),
+                    "client_crypto_s_total": crypto,
+                    "client_crypto_s_per_client": crypto / n,
+                    "client_train_s_total": split.get("client train", 0.0),
+                    "client_encode_s_total": split.get("client encode", 0.0),
+                    "upload_bytes": upload,
+                    "dense_float32_bytes": 4 * dim,
+                    "upload_ratio": upload / (4 * dim),
+                    "stages": split,
+                    "loadavg": os.getloadavg(),
+                }
+                if not keep:
+                    continue
+                rows.append(row)
+                log(
+                    f"secagg n={n} {primitives}: round {row['round_s']:.1f} s, server unmask "
+                    f"{row['server_unmask_s']:.2f} s, client crypto {row['client_crypto_s_per_client']:.4f} "
+                    f"s/client (k={row['num_shares']}, t={row['threshold']}), load {row['loadavg'][0]:.1f}"
+                )
+    finally:
+        SecureAggregationRound.unmask = original_unmask
+        _restore_threads(threads)
+    micro_sizes = sorted({(r["neighbourhood"], r["threshold"]) for r in rows if r["neighbourhood"]} | {(101, 51)})
+    return {
+        "clients": list(clients),
+        "dropout": dropout,
+        "bits": cfg["timing_bits"],
+        "noise_multiplier": z,
+        "dim": dim,
+        "baseline_max": baseline_max,
+        "rows": rows,
+        "shamir": shamir_micro(micro_sizes),
+    }
+
+
+def scale_markdown(result: dict) -> str:
+    """The (d) table: ours against Flower's primitives per cohort size, the ratios, the Shamir micro-timings."""
+    scale = result["scale"]
+    by = {(r["clients"], r["primitives"]): r for r in scale["rows"]}
+    lines = [
+        f"## (d) Secure aggregation at 100 / 300 / 1 000 clients per round, {scale['dropout']:.0%} dropout, "
+        f"b = {scale['bits']}",
+        "",
+        f"Created {result['created']} on {result['machine'].get('cpu_affinity', result['machine']['cpu_count'])} "
+        f"cores shared with other jobs (load average at each row below: the two primitives of one size run "
+        f"back to back, so read the ratios). One full `DistributedDpFedAvg` round on `LoopbackGrid`, every "
+        f"client played serially in this process with real crypto; {scale['dropout']:.0%} of the clients (a "
+        f"seeded draw) die at the collect stage, after sharing their keys (the server must rebuild their keys "
+        f"and strip their pairwise masks). k and t are the strategy's defaults (`choose_num_shares` at "
+        f"dropout {scale['dropout']}, failure probability 1e-6; t = ⌊h/2⌋ + 1). *Flower's primitives*: the "
+        f"same protocol with Flower's `crypto.shamir` (GF(2^128), pycryptodome) and Flower's key agreement "
+        f"with keys parsed per pair; masks are ChaCha20 in both (Flower's own 32-bit-seeded NumPy masks are "
+        f"not a secure baseline). Seconds.",
+        "",
+        "| clients | primitives | k | h | t | round | server (all) | server unmask | aggregate_train | "
+        "client crypto / client | client crypto (sum) | upload B | × dense f32 | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in scale["rows"]:
+        lines.append(
+            f"| {r['clients']} | {r['primitives']} | {r['num_shares']} | {r['neighbourhood']} | {r['threshold']} "
+            f"| {r['round_s']:.2f} | {r['server_s']:.2f} | {r['server_unmask_s']:.3f} | "
+            f"{r['server_aggregate_s']:.3f} | {r['client_crypto_s_per_client']:.4f} | "
+            f"{r['client_crypto_s_total']:.2f} | {r['upload_bytes']:,} | {r['upload_ratio']:.3f} | "
+            f"{r['loadavg'][0]:.1f} |"
+        )
+    lines += [
+        "",
+        "*server (all)*: the round minus every ClientApp call; *server unmask*: the unmask stage minus the "
+        "clients' answers (rebuilding the secrets, ECDH with the dropped clients' rebuilt keys, removing the "
+        "masks); *aggregate_train*: screening, unpacking and adding the masked vectors, the unmask stage and "
+        "decoding; *client crypto*: every ClientApp call minus local training and `encode_update` (key "
+        "generation, ECDH + HKDF, Shamir, Fernet, masks, packing, the mod's message handling), per sampled "
+        "client and summed.",
+    ]
+    largest = max(scale["clients"])
+    if (largest, "ours") in by:
+        r = by[(largest, "ours")]
+        checks = [
+            ("server unmask ≤ 10 s", r["server_unmask_s"] <= 10, f"{r['server_unmask_s']:.2f} s"),
+            (
+                "client crypto ≤ 0.2 s per client",
+                r["client_crypto_s_per_client"] <= 0.2,
+                f"{r['client_crypto_s_per_client']:.3f} s",
+            ),
+            ("upload ≤ 0.8× dense float32", r["upload_ratio"] <= 0.8, f"{r['upload_ratio']:.3f}×"),
+        ]
+        lines += [
+            "",
+            f"Targets at {largest} clients (ours): "
+            + "; ".join(f"{name}: {value} ({'met' if ok else 'NOT met'})" for name, ok, value in checks)
+            + ".",
+        ]
+    lines += ["", "Ratios, Flower's primitives / ours, same size, back to back:", ""]
+    lines += ["| clients | server unmask | client crypto / client | round |", "|---|---|---|---|"]
+    for n in scale["clients"]:
+        if (n, "Flower") in by:
+            a, b = by[(n, "ours")], by[(n, "Flower")]
+            lines.append(
+                f"| {n} | {b['server_unmask_s'] / a['server_unmask_s']:.1f}× | "
+                f"{b['client_crypto_s_per_client'] / a['client_crypto_s_per_client']:.1f}× | "
+                f"{b['round_s'] / a['round_s']:.1f}× |"
+            )
+    lines += [
+        "",
+        "Shamir alone (median of 5; seconds): sharing a client's two secrets (32-byte seed, 48-byte key "
+        "scalar) among h holders, and rebuilding one secret from t shares; *batched*: 100 secrets rebuilt "
+        "from the same holders' points, per secret (the server's case: one set of Lagrange coefficients).",
+        "",
+        "| h | t | ours: share | Flower: share | ours: rebuild | ours: rebuild, batched | Flower: rebuild | "
+        "share ×| rebuild × |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m in scale["shamir"]:
+        lines.append(
+            f"| {m['holders']} | {m['threshold']} | {m['ours_split_s']:.2e} | {m['flower_split_s']:.2e} | "
+            f"{m['ours_rebuild_s']:.2e} | {m['ours_rebuild_batched_s']:.2e} | {m['flower_rebuild_s']:.2e} | "
+            f"{m['flower_split_s'] / m['ours_split_s']:.0f} | {m['flower_rebuild_s'] / m['ours_rebuild_s']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def run_scale(cfg: dict[str, Any], seed: int, clients: tuple[int, ...], baseline_max: int, z: float = SCALE_Z) -> dict:
+    """(d) on its own: ``{"scale": ..., "machine", "created", "config"}``."""
+    from flwr_dp_benchmarks._common import machine
+
+    t0 = time.perf_counter()
+    scale = time_scale(cfg, z, seed, clients, baseline_max=baseline_max)
+    return {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "machine": machine(),
+        "config": cfg,
+        "seed": seed,
+        "wall_s": time.perf_counter() - t0,
+        "scale": scale,
     }
 
 
@@ -979,7 +1328,27 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="re-measure (c) with the current library and "
         "replace it in OUT/results.json (accuracy and bytes kept), then rebuild the outputs",
     )
+    parser.add_argument(
+        "--secagg-scale",
+        action="store_true",
+        help="only (d): one secure round at --secagg-clients clients, 5%% dropout, ours against Flower's "
+        "primitives; writes OUT/secagg_scale.json and OUT/secagg_scale.md (nothing else is touched)",
+    )
+    parser.add_argument("--secagg-clients", default="100,300,1000", help="cohort sizes for --secagg-scale")
+    parser.add_argument(
+        "--secagg-baseline-max", type=int, default=1000, help="largest cohort that also runs Flower's primitives"
+    )
     args = parser.parse_args(argv)
+    if args.secagg_scale:
+        mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
+        cfg = {**CONFIG, **MODES[mode], "seed": args.seed}
+        clients = tuple(int(c) for c in args.secagg_clients.split(","))
+        result = run_scale(cfg, args.seed, clients, args.secagg_baseline_max)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "secagg_scale.json").write_text(json.dumps(result, indent=1, default=float))
+        (args.out / "secagg_scale.md").write_text(scale_markdown(result))
+        print(scale_markdown(result))
+        return 0
     if args.timing_only:
         result = json.loads((args.out / "results.json").read_text())
         result["timing"] = time_rounds(result["config"], result["timing"]["noise_multiplier"], result["seed"])

@@ -16,12 +16,12 @@ import random
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 
 from flwr_dp_strategies import DistributedDpFedAvg
 from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, decode_sum
 from flwr_dp_strategies.secure_aggregation import SecureAggregationAborted, SecureAggregationRound
 from flwr_dp_strategies.secure_aggregation import client_protocol, protocol
+from flwr_dp_strategies.secure_aggregation import shamir
 from flwr_dp_strategies.secure_aggregation.client_protocol import agreed_key, private_key_from_scalar
 from flwr_dp_strategies.secure_aggregation.masks import apply_mask, pairwise_sign, prg_mask, reduce_mod
 from flwr_dp_strategies.secure_aggregation.protocol import (
@@ -120,8 +120,8 @@ def read_vector(
     t = secure.threshold
     if len(seed_shares) < t or len(sk1_shares) < t:
         return None
-    seed = combine_shares(seed_shares[:t])
-    sk1 = private_key_from_scalar(combine_shares(sk1_shares[:t]))
+    seed = shamir.reconstruct(seed_shares[:t], 32)
+    sk1 = private_key_from_scalar(shamir.reconstruct(sk1_shares[:t], 48))
     vector = masked.copy()
     apply_mask(vector, prg_mask(seed, PARAMS.padded_dim, BITS), -1)
     for peer in sorted(secure.neighbours[target] & secure.shared - {target}):

@@ -366,7 +366,7 @@ class SecureAggregationMixin(AccountedRound):
         if set(content.keys()) != {RECORD, MASKED_RECORD}:
             return "structure"
         try:
-            secure.masked_vector(content)
+            secure.packed_vector(content)  # unpacked once, when added (reveal_sum)
         except ProtocolError:
             return PROTOCOL_REJECTION
         return None

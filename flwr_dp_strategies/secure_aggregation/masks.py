@@ -58,6 +58,36 @@ def prg_mask(key: bytes, length: int, bits: int) -> np.ndarray:
     return words
 
 
+_CHUNK_WORDS = 1 << 13  # 64 KiB of keystream at a time: stays in cache, one buffer per call
+_ZEROS = bytes(8 * _CHUNK_WORDS)
+
+
+def add_prg_mask(vector: np.ndarray, key: bytes, sign: int) -> None:
+    """``vector`` += sign·``prg_mask(key, len(vector), b)`` (mod 2^64, any b), streamed in place.
+
+    The keystream is written into one 64 KiB buffer at a time (``update_into``) and added to the
+    matching slice of ``vector``: no temporary of the vector's size, however many masks are applied.
+    The words are not reduced to b bits: 2^b divides 2^64, so :func:`reduce_mod` of the result
+    equals the sum with every mask reduced first (what :func:`prg_mask` returns)."""
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes")
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    if vector.dtype != np.uint64 or vector.ndim != 1:
+        raise ValueError("vector must be a 1-D uint64 array")
+    encryptor = Cipher(algorithms.ChaCha20(bytes(key), _NONCE), mode=None).encryptor()
+    buffer = bytearray(8 * _CHUNK_WORDS)
+    words = np.frombuffer(buffer, dtype="<u8")
+    for start in range(0, vector.size, _CHUNK_WORDS):
+        stop = min(start + _CHUNK_WORDS, vector.size)
+        count = stop - start
+        encryptor.update_into(_ZEROS[: 8 * count], buffer)
+        if sign == 1:
+            vector[start:stop] += words[:count]
+        else:
+            vector[start:stop] -= words[:count]
+
+
 def reduce_mod(vector: np.ndarray, bits: int) -> np.ndarray:
     """``vector`` (uint64, any wrap mod 2^64 allowed) reduced into [0, 2^bits), in place."""
     vector &= np.uint64((1 << check_bits(bits)) - 1)
@@ -100,6 +130,17 @@ def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
     raw = np.asarray(data)
     if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size != packed_size(length, b):
         raise ValueError(f"packed data must be {packed_size(length, b)} uint8 values, got {raw.dtype} {raw.shape}")
+    if b <= 57:  # every value lies within 8 bytes from its first byte: gather 8 bytes, shift, mask
+        padded = np.zeros(raw.size + 8, dtype=np.uint8)
+        padded[: raw.size] = raw
+        start = np.arange(length, dtype=np.uint64) * np.uint64(b)
+        first = (start >> np.uint64(3)).astype(np.intp)
+        words = np.zeros(length, dtype=np.uint64)
+        for j in range(8):
+            words |= padded[first + j].astype(np.uint64) << np.uint64(8 * j)
+        words >>= start & np.uint64(7)
+        words &= np.uint64((1 << b) - 1)
+        return words
     planes = np.unpackbits(raw, bitorder="little", count=length * b).reshape(length, b)
     out = np.zeros(length, dtype=np.uint64)
     for bit in range(b):
@@ -109,6 +150,7 @@ def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
 
 __all__ = [
     "KEY_BYTES",
+    "add_prg_mask",
     "MAX_BITS",
     "apply_mask",
     "check_bits",

@@ -50,12 +50,12 @@ from typing import Any, Optional
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
-from flwr.common.secure_aggregation.crypto.shamir import combine_shares
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
 
 from ..npy_codec import npy_view
-from .client_protocol import agreed_key, private_key_from_scalar
-from .masks import apply_mask, check_bits, packed_size, pairwise_sign, prg_mask, reduce_mod, unpack_bits
+from . import shamir
+from .client_protocol import mask_keys, private_key_from_scalar
+from .masks import add_prg_mask, check_bits, packed_size, pairwise_sign, reduce_mod, unpack_bits
 from .protocol import (
     MASKED_KEY,
     MASKED_RECORD,
@@ -322,6 +322,12 @@ class SecureAggregationRound:
     def masked_vector(self, content: RecordDict) -> np.ndarray:
         """The masked vector of a collect reply: exactly one ArrayRecord :data:`MASKED_RECORD` holding
         ⌈D·b/8⌉ packed bytes under :data:`MASKED_KEY`, unpacked (ProtocolError otherwise)."""
+        return unpack_bits(self.packed_vector(content), self.bits, self.length)
+
+    def packed_vector(self, content: RecordDict) -> np.ndarray:
+        """The packed bytes of a collect reply, checked as :meth:`masked_vector` checks them (any ⌈D·b/8⌉
+        bytes unpack to D values in [0, 2^b), so a reply that passes here unpacks): the screening's check,
+        without unpacking every vector twice."""
         if stage_record(content).get(STAGE_KEY) != Stage.COLLECT:
             raise ProtocolError("the reply is not a collect-stage reply")
         if set(content.keys()) != {RECORD, MASKED_RECORD}:
@@ -338,9 +344,12 @@ class SecureAggregationRound:
                 f"the masked vector must be {expected} packed uint8 values, got {array.dtype} {tuple(array.shape)}"
             )
         try:
-            return unpack_bits(npy_view(array), self.bits, self.length)
+            packed = npy_view(array)
         except Exception as err:  # noqa: BLE001 - an undecodable payload is malformed
             raise ProtocolError(f"the masked vector does not decode ({err})") from err
+        if packed.dtype != np.uint8 or packed.shape != (expected,):
+            raise ProtocolError(f"the masked vector does not decode (a {packed.dtype} {packed.shape} payload)")
+        return packed
 
     def add_vector(self, node: int, vector: np.ndarray) -> None:
         """Add one accepted masked vector (from :meth:`masked_vector`) of a node sent the collect stage."""
@@ -377,8 +386,10 @@ class SecureAggregationRound:
             dead = sorted(holds[node] & dropped)
             asked_for[node] = (set(active), set(dead))
             messages.append(self._message(node, {STAGE_KEY: Stage.UNMASK, "active": active, "dead": dead}))
-        seed_shares: dict[int, list[bytes]] = {}
-        sk1_shares: dict[int, list[bytes]] = {}
+        # x of holder u in owner v's shares: u's position in v's sorted neighbourhood, plus one
+        position = {v: {u: i + 1 for i, u in enumerate(sorted(self.neighbours[v]))} for v in self.shared}
+        seed_shares: dict[int, list[tuple[int, bytes]]] = {}
+        sk1_shares: dict[int, list[tuple[int, bytes]]] = {}
 
         def read(node: int, record: ConfigRecord) -> None:
             nids = list_field(record, "nids", int)
@@ -388,26 +399,31 @@ class SecureAggregationRound:
             if set(nids) != active | dead:
                 raise ProtocolError("the shares are not for exactly the nodes asked for")
             for owner, share in zip(nids, shares):
-                (seed_shares if owner in active else sk1_shares).setdefault(owner, []).append(share)
+                if shamir.SCHEME.x_of(share) != position[owner][node]:  # ValueError if malformed
+                    raise ProtocolError(f"the share of node {owner}'s secret is not at this node's point")
+            for owner, share in zip(nids, shares):
+                (seed_shares if owner in active else sk1_shares).setdefault(owner, []).append(
+                    (position[owner][node], share)
+                )
 
         self._exchange(grid, messages, Stage.UNMASK, read)
         total = self.masked_sum.copy()
+        seeds = self._rebuild_all(seed_shares, sorted(self.survivors), 32, "its mask seed")
         for node in sorted(self.survivors):
-            seed = self._rebuild(seed_shares.get(node, []), node, "its mask seed")
-            if hashlib.sha256(seed).digest() != self.seed_hashes[node]:
+            if hashlib.sha256(seeds[node]).digest() != self.seed_hashes[node]:
                 raise SecureAggregationAborted(
                     f"round {self.server_round}: node {node}'s mask seed rebuilt "
                     "from its shares does not match its commitment (corrupt shares)"
                 )
-            apply_mask(total, prg_mask(seed, self.length, self.bits), -1)
-        for node in sorted(dropped):
-            holders = [u for u in self.survivors if node in holds[u]]
-            if not holders:
-                continue
-            sk1 = self._check_private_key(self._rebuild(sk1_shares.get(node, []), node, "its key"), node)
-            for survivor in holders:
-                key = agreed_key(sk1, self.public_keys[survivor][0])
-                apply_mask(total, prg_mask(key, self.length, self.bits), -pairwise_sign(survivor, node))
+            add_prg_mask(total, seeds[node], -1)
+        holders_of = {node: sorted(u for u in self.survivors if node in holds[u]) for node in sorted(dropped)}
+        needed = [node for node in sorted(dropped) if holders_of[node]]
+        scalars = self._rebuild_all(sk1_shares, needed, 48, "its key")
+        for node in needed:
+            sk1 = self._check_private_key(scalars[node], node)
+            holders = holders_of[node]
+            for survivor, key in zip(holders, mask_keys(sk1, [self.public_keys[u][0] for u in holders])):
+                add_prg_mask(total, key, -pairwise_sign(survivor, node))
         log(
             INFO,
             "Round %d, secure aggregation: sum of %d masked vectors revealed (%d sampled, %d dropped "
@@ -419,18 +435,34 @@ class SecureAggregationRound:
         )
         return reduce_mod(total, self.bits)
 
-    def _rebuild(self, shares: list[bytes], node: int, what: str) -> bytes:
-        if len(shares) < self.threshold:
-            raise SecureAggregationAborted(
-                f"round {self.server_round}: {len(shares)} shares of node {node}'s "
-                f"{what}, fewer than the threshold {self.threshold}"
-            )
-        try:  # any t shares determine the secret; more only cost time (Lagrange in pure Python)
-            return combine_shares(shares[: self.threshold])
-        except Exception as err:  # noqa: BLE001 - malformed shares
-            raise SecureAggregationAborted(
-                f"round {self.server_round}: node {node}'s {what} cannot be rebuilt from its shares ({err})"
-            ) from err
+    def _rebuild_all(
+        self, shares: dict[int, list[tuple[int, bytes]]], owners: list[int], length: int, what: str
+    ) -> dict[int, bytes]:
+        """The secret of every owner, from the t shares of its holders with the smallest x: the owners whose
+        holders sit at the same points share one set of Lagrange coefficients, and are rebuilt together
+        (any t shares determine a secret; more only cost time)."""
+        groups: dict[tuple[int, ...], list[tuple[int, list[bytes]]]] = {}
+        for node in owners:
+            points = sorted(shares.get(node, []))
+            if len(points) < self.threshold:
+                raise SecureAggregationAborted(
+                    f"round {self.server_round}: {len(points)} shares of node {node}'s "
+                    f"{what}, fewer than the threshold {self.threshold}"
+                )
+            points = points[: self.threshold]
+            xs = tuple(x for x, _ in points)
+            groups.setdefault(xs, []).append((node, [share for _, share in points]))
+        out: dict[int, bytes] = {}
+        for xs, members in groups.items():
+            try:
+                secrets_ = shamir.SCHEME.reconstruct(xs, [row for _, row in members], length)
+            except Exception as err:  # noqa: BLE001 - malformed shares
+                raise SecureAggregationAborted(
+                    f"round {self.server_round}: the {what} of nodes {[n for n, _ in members]} cannot be "
+                    f"rebuilt from their shares ({err})"
+                ) from err
+            out.update((node, secret) for (node, _), secret in zip(members, secrets_))
+        return out
 
     def _check_private_key(self, scalar: bytes, node: int) -> bytes:
         """The PEM key of a rebuilt secret scalar, checked against the node's registered pk1."""
