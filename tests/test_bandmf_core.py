@@ -1,0 +1,186 @@
+"""The privacy core of DP-FTRL with banded matrix factorisation (issue 30):
+flwr_dp_strategies.privacy.matrix_factorization, no Flower."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from dp_accounting.dp_event import GaussianDpEvent
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.privacy import matrix_factorization as mf
+
+T, B = 6, 3
+SAMPLES = 200_000  # coordinates of one stream: each is an independent draw of the T-vector (C^{-1} Z)_{:, j}
+Z_LIMIT = 5.0  # |z-score| bound per covariance entry: P(|N(0,1)| > 5) = 5.7e-7, 21 entries
+
+
+def stream(coefficients, rounds=T, dimension=SAMPLES, seed=3):
+    noise = mf.BandedNoise(coefficients, dimension)
+    generator = np.random.default_rng(seed)
+    return np.stack([noise.next(generator) for _ in range(rounds)])
+
+
+def covariance_z_scores(samples: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """(Σ̂ − Σ)/se entrywise, Σ̂ = W Wᵀ/n (mean 0 known): for Gaussian rows Var(Σ̂_ij) = (Σ_ii Σ_jj + Σ_ij²)/n."""
+    n = samples.shape[1]
+    empirical = samples @ samples.T / n
+    se = np.sqrt((np.outer(np.diag(expected), np.diag(expected)) + expected**2) / n)
+    return (empirical - expected) / se
+
+
+def expected_covariance(coefficients, rounds=T):
+    inverse = np.linalg.inv(mf.toeplitz_matrix(coefficients, rounds))
+    return inverse @ inverse.T
+
+
+@pytest.mark.parametrize(
+    "factory", [lambda: mf.banded_sqrt_coefficients(B), lambda: mf.optimal_banded_coefficients(T, B)]
+)
+def test_released_noise_has_covariance_c_inverse_c_inverse_transpose(factory):
+    c = factory()
+    scores = covariance_z_scores(stream(c), expected_covariance(c))
+    assert np.max(np.abs(scores)) < Z_LIMIT, np.round(scores, 1)
+
+
+@pytest.mark.parametrize("index", range(B))
+@pytest.mark.parametrize("factor", [0.9, 1.1])
+def test_a_band_coefficient_ten_percent_off_is_detected(index, factor):
+    """The same test fails when the stream uses a coefficient 10 % off (its power, on each band)."""
+    c = mf.banded_sqrt_coefficients(B)
+    wrong = c.copy()
+    wrong[index] *= factor
+    scores = covariance_z_scores(stream(wrong), expected_covariance(c))
+    assert np.max(np.abs(scores)) > Z_LIMIT
+
+
+def test_the_stream_is_forward_substitution_of_c_and_keeps_b_minus_1_rows():
+    c = mf.banded_sqrt_coefficients(4)
+    z = np.random.default_rng(0).standard_normal((12, 5))
+    noise = mf.BandedNoise(c, 5)
+    rows = np.stack([noise.push(row) for row in z])
+    np.testing.assert_allclose(rows, np.linalg.solve(mf.toeplitz_matrix(c, 12), z), rtol=1e-12, atol=1e-12)
+    assert noise.buffer.shape == (3, 5)  # O(b·d)
+
+
+def test_square_root_coefficients_square_to_the_prefix_sum_matrix():
+    c = mf.banded_sqrt_coefficients(8)
+    root = mf.toeplitz_matrix(c, 8) / c[0]  # un-normalised: r_0 = 1
+    np.testing.assert_allclose(root @ root, mf.prefix_sum_matrix(8), atol=1e-12)
+    assert np.linalg.norm(c) == pytest.approx(1.0)
+
+
+def test_optimised_coefficients_are_no_worse_than_the_square_root_and_cached():
+    sqrt_error = mf.toeplitz_prefix_error(mf.banded_sqrt_coefficients(10), 200)
+    optimal = mf.optimal_banded_coefficients(200, 10)
+    assert mf.toeplitz_prefix_error(optimal, 200) < sqrt_error
+    assert np.linalg.norm(optimal) == pytest.approx(1.0)
+    assert mf._optimal.cache_info().hits + mf._optimal.cache_info().misses >= 1
+    np.testing.assert_array_equal(mf.optimal_banded_coefficients(200, 10), optimal)
+
+
+def test_prefix_error_matches_the_dense_matrices():
+    c = mf.banded_sqrt_coefficients(3)
+    dense = mf.prefix_sum_matrix(7) @ np.linalg.inv(mf.toeplitz_matrix(c, 7))
+    assert mf.toeplitz_prefix_error(c, 7) == pytest.approx(np.linalg.norm(dense) / math.sqrt(7))
+
+
+@pytest.mark.parametrize("bands, participations, rounds", [(3, 2, 9), (3, 5, 10), (2, 3, 7), (4, 1, 8)])
+@pytest.mark.parametrize("factorization", ["banded-sqrt", "banded-optimal"])
+def test_sensitivity_equals_the_brute_force_maximum_over_patterns(bands, participations, rounds, factorization):
+    """For every prefix t: the closed form, the dynamic programme and the maximum over every b-min-separated
+    pattern of at most k rounds agree."""
+    c = mf.strategy_coefficients(factorization, bands, rounds)
+    closed = mf.prefix_sensitivities(c, rounds, bands, participations)
+    for t in range(1, rounds + 1):
+        matrix = mf.toeplitz_matrix(c, rounds)[:t, :t]
+        oracle = mf.brute_force_sensitivity(matrix, bands, participations)
+        assert closed[t - 1] == pytest.approx(oracle, rel=1e-12)
+        assert mf.min_sep_sensitivity(matrix, bands, participations) == pytest.approx(oracle, rel=1e-12)
+
+
+def test_full_run_sensitivity_is_sqrt_k_times_the_largest_column_norm():
+    c = mf.banded_sqrt_coefficients(10)
+    assert mf.prefix_sensitivities(c, 40, 10, 4)[-1] == pytest.approx(2.0)  # √4 · ‖c‖, ‖c‖ = 1
+
+
+def test_without_min_separation_the_cross_terms_count():
+    """A pattern closer than b reads overlapping columns: the column-norm formula refuses it."""
+    c = mf.toeplitz_matrix(mf.banded_sqrt_coefficients(3), 6)
+    with pytest.raises(ValueError, match="matrix must have at most min_separation=2 bands"):
+        mf.min_sep_sensitivity(c, 2, 2)
+    assert mf.brute_force_sensitivity(c, 2, 2) > math.sqrt(2) * np.linalg.norm(c[:, 0])
+
+
+@pytest.mark.parametrize("z", [0.7, 2.0])
+def test_booked_epsilon_equals_dp_accountings_for_the_computed_sensitivity(z):
+    """Booking round_event(t) for t = 1..T composes to GaussianDpEvent(z / sens_T): the ledger's ε (RDP and PLD)
+    equals dp-accounting's for that one Gaussian."""
+    rounds, bands, k = 20, 4, 3
+    c = mf.banded_sqrt_coefficients(bands)
+    ledger = PrivacyLedger(1e-5)
+    for t in range(1, rounds + 1):
+        event = mf.round_event(c, t, z, bands, k)
+        if event is not None:
+            ledger.record(event, server_round=t)
+    sens = mf.prefix_sensitivities(c, rounds, bands, k)[-1]
+    assert sens == pytest.approx(math.sqrt(k))
+    whole = GaussianDpEvent(z / sens)
+    assert mf.run_event(c, rounds, z, bands, k) == whole
+    pld = PLDAccountant().compose(whole).get_epsilon(1e-5)
+    rdp = RdpAccountant().compose(whole).get_epsilon(1e-5)
+    report = ledger.report()
+    assert report.epsilon_rdp == pytest.approx(rdp, rel=1e-9)
+    assert report.epsilon_pld == pytest.approx(pld, rel=1e-2)
+    assert report.epsilon == pytest.approx(min(pld, rdp), rel=1e-2)
+
+
+def test_rounds_past_k_participations_cost_nothing():
+    c = mf.banded_sqrt_coefficients(2)
+    assert [mf.round_event(c, t, 1.0, 2, 2) is None for t in range(1, 7)] == [False] * 4 + [True] * 2
+
+
+def test_noise_state_round_trips_and_is_checked(tmp_path):
+    noise = mf.BandedNoise(mf.banded_sqrt_coefficients(3), 4)
+    for _ in range(5):
+        noise.next(1)
+    path = tmp_path / "noise"
+    digest = mf.save_noise_state(path, noise)
+    assert (path.stat().st_mode & 0o777) == 0o600
+    again = mf.load_noise_state(path, digest)
+    assert again.count == 5
+    np.testing.assert_array_equal(again.buffer, noise.buffer)
+    z = np.ones(4)
+    np.testing.assert_array_equal(again.push(z), noise.push(z))
+    with pytest.raises(ValueError, match="does not match the checksum"):
+        mf.load_noise_state(path, "0" * 64)
+    with pytest.raises(ValueError, match="cannot be read"):
+        mf.load_noise_state(tmp_path / "missing", digest)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: mf.banded_sqrt_coefficients(0), "num_bands"),
+        (lambda: mf.optimal_banded_coefficients(0, 3), "num_rounds"),
+        (lambda: mf.strategy_coefficients("tree", 3), "factorization"),
+        (lambda: mf.BandedNoise([0.0, 1.0], 3), "coefficients"),
+        (lambda: mf.BandedNoise([1.0], 0), "dimension"),
+        (lambda: mf.prefix_sensitivities([1.0], 3, 0, 1), "min_separation"),
+        (lambda: mf.prefix_sensitivities([1.0], 3, 1, 0), "max_participations"),
+        (lambda: mf.round_event(np.ones(1), 1, 0.0, 1, 1), "noise_multiplier"),
+        (lambda: mf.prefix_sensitivities([1.0, 0.5], 3, 1, 1), "coefficients"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
+def test_tree_baseline_factorises_the_prefix_sums():
+    decoder, tree = mf.binary_tree_factorization(10)
+    np.testing.assert_allclose(decoder @ tree, mf.prefix_sum_matrix(10), atol=1e-10)
