@@ -184,3 +184,23 @@ def test_bad_arguments_name_the_parameter(call, name):
 def test_tree_baseline_factorises_the_prefix_sums():
     decoder, tree = mf.binary_tree_factorization(10)
     np.testing.assert_allclose(decoder @ tree, mf.prefix_sum_matrix(10), atol=1e-10)
+
+
+def test_amplified_booking_is_k_poisson_sampled_gaussians_one_per_epoch():
+    """Cyclic Poisson within bands: one PoissonSampledDpEvent(q, Gaussian(z)) at each epoch's first release, so T
+    releases book ⌈T/b⌉ of them; the ledger's ε equals dp-accounting's for that composition."""
+    from dp_accounting.dp_event import PoissonSampledDpEvent, SelfComposedDpEvent
+
+    rounds, bands, q, z = 10, 4, 0.25, 1.0
+    events = [mf.amplified_round_event(t, z, bands, q) for t in range(1, rounds + 1)]
+    assert [e is not None for e in events] == [(t - 1) % bands == 0 for t in range(1, rounds + 1)]
+    ledger = PrivacyLedger(1e-5)
+    for t, event in enumerate(events, start=1):
+        if event is not None:
+            ledger.record(event, server_round=t)
+    expected = SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(z)), math.ceil(rounds / bands))
+    pld = PLDAccountant().compose(expected).get_epsilon(1e-5)
+    rdp = RdpAccountant().compose(expected).get_epsilon(1e-5)
+    assert ledger.epsilon() == pytest.approx(min(pld, rdp), rel=2e-2)
+    with pytest.raises(ValueError, match="sampling_rate"):
+        mf.amplified_round_event(1, z, bands, 0.0)

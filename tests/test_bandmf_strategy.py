@@ -100,7 +100,7 @@ def test_the_released_noise_is_the_stream_scaled_by_z_clip_over_m():
         arrays, _ = strategy.aggregate_train(r, [])
         released.append(arrays["w"].numpy().astype(np.float64))
     noise = mf.BandedNoise(mf.banded_sqrt_coefficients(BANDS), d)
-    expected = [z * clip / m * noise.next(np.random.default_rng([11, t])) for t in range(1, 6)]
+    expected = [z * clip / m * noise.next(np.random.default_rng([11, t, 0])) for t in range(1, 6)]
     np.testing.assert_allclose(np.array(released), np.array(expected), rtol=1e-5, atol=1e-6)
 
 
@@ -188,3 +188,30 @@ def test_the_optimised_factorisation_runs():
     )
     _, arrays, _ = run_round(strategy, 1, LoopbackGrid.of(N))
     assert np.isfinite(arrays["w"].numpy()).all()
+
+
+def test_cyclic_poisson_asks_each_group_member_with_rate_q_and_books_one_event_per_epoch():
+    """Amplified BandMF: q = m·b/N within the round's group; ⌈T/b⌉ Poisson-sampled Gaussians booked."""
+    from dp_accounting.dp_event import PoissonSampledDpEvent, SelfComposedDpEvent
+    from scipy import stats
+
+    n, m, rounds = 60, 5, 12  # groups of 20, q = 5·3/60 = 0.25
+    strategy = make(m=m, rng=8, num_rounds=rounds, sampling="cyclic-poisson")
+    grid = LoopbackGrid.of(n)
+    asked = []
+    for r in range(1, rounds + 1):
+        msgs, _, _ = run_round(strategy, r, grid)
+        group = strategy.participation.group_of_release(r)
+        assert all(strategy.participation.groups[node] == group for node in nodes(msgs))
+        asked.append(len(msgs))
+    q = strategy.group_sampling_rate
+    assert q == pytest.approx(0.25)
+    assert stats.binomtest(sum(asked), rounds * n // BANDS, q).pvalue > 1e-3
+    expected = SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(1.0)), rounds // BANDS)
+    pld = PLDAccountant().compose(expected).get_epsilon(1e-5)
+    assert strategy.ledger.report().epsilon_pld == pytest.approx(pld, rel=2e-2)
+
+
+def test_cyclic_poisson_needs_q_at_most_one():
+    with pytest.raises(ValueError, match="num_sampled_clients"):
+        make(m=10, num_clients=12, sampling="cyclic-poisson")  # q = 10·3/12 > 1

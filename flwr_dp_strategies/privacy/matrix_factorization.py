@@ -54,8 +54,20 @@ every prefix, never an under-count. For a banded Toeplitz C the increment of rou
 What the accounting assumes (un-amplified): every client's rounds are b-min-separated and at most k
 (enforced by :class:`~.participation.CyclicParticipation` and the strategy's screening, not assumed), the
 server's noise Z is secret and fresh (OS entropy), and nothing is amplified: the cohort of each round may be
-public. It does *not* assume Poisson sampling. Amplification by cyclic Poisson sampling within bands
-(Choquette-Choo et al. 2023, Theorem 4) is not implemented here.
+public. It does *not* assume Poisson sampling.
+
+Amplified (:func:`amplified_round_event`): cyclic Poisson sampling within bands (Choquette-Choo et al.,
+NeurIPS 2023, "Amplified banded matrix factorization", Theorem 4). The clients are split into b fixed groups;
+release t draws each member of group (t − 1) mod b independently with probability q (from OS entropy), and
+the cohort is secret (never published; the server's log is not the adversary's view). A client then has at
+most one *slot* per epoch of b releases, its slots' columns of C share no row, and the run is dominated by
+the composition of ⌈T/b⌉ Poisson-sampled Gaussians ``PoissonSampledDpEvent(q, GaussianDpEvent(z / max_col))``
+with max_col the largest column norm of C (1 here), composed by dp-accounting (RDP and PLD). The ledger books
+one such event at the first release of each epoch (t ≡ 1 mod b): before any client of that epoch has taken
+part, so the ε of a run stopped inside an epoch is an over-count, never an under-count. Assumed in addition to
+the un-amplified case: the groups are fixed before the run and independent of the data, q is fixed, each
+member of the group is included independently with probability exactly q, and every column of C has norm at
+most max_col (the cap k is not used by this bound).
 
 Strategy matrices: :func:`banded_sqrt_coefficients` (the Toeplitz coefficients of :math:`(1-x)^{-1/2}`,
 :math:`r_j = \binom{2j}{j}4^{-j}`, truncated to b bands: Kalinin & Lampert's banded square root),
@@ -83,10 +95,10 @@ from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
-from dp_accounting.dp_event import GaussianDpEvent
+from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
 
 from .rng import RngLike, resolve_rng
-from .validation import check_int, check_positive
+from .validation import check_int, check_positive, check_probability
 
 FACTORIZATIONS = ("banded-sqrt", "banded-optimal")
 
@@ -311,6 +323,19 @@ def round_event(
     return None if inc <= 0.0 else GaussianDpEvent(z / math.sqrt(inc))
 
 
+def amplified_round_event(
+    release_index: int, noise_multiplier: float, num_bands: int, sampling_rate: float, max_column_norm: float = 1.0
+) -> Optional[PoissonSampledDpEvent]:
+    """Cyclic Poisson sampling within bands (module docstring): ``PoissonSampledDpEvent(q, GaussianDpEvent(z /
+    max_col))`` at the first release of each epoch of b releases (t ≡ 1 mod b), None otherwise."""
+    t = check_int("release_index", release_index, minimum=1)
+    z = check_positive("noise_multiplier", noise_multiplier)
+    b = check_int("num_bands", num_bands, minimum=1)
+    q = check_probability("sampling_rate", sampling_rate, low_open=True)
+    norm = check_positive("max_column_norm", max_column_norm)
+    return PoissonSampledDpEvent(q, GaussianDpEvent(z / norm)) if (t - 1) % b == 0 else None
+
+
 def run_event(
     coefficients: Sequence[float],
     num_rounds: int,
@@ -423,6 +448,7 @@ def load_noise_state(path: "os.PathLike[str] | str", checksum: str) -> BandedNoi
 
 __all__ = [
     "BandedNoise",
+    "amplified_round_event",
     "FACTORIZATIONS",
     "bandwidth",
     "banded_sqrt_coefficients",

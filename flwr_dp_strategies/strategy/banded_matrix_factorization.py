@@ -31,9 +31,14 @@ releases per client, the first t releases are one Gaussian mechanism of noise mu
 data, each of its rounds moving the round's sum by at most C); :math:`\mathrm{sens}_T = \sqrt k` (the
 coefficients have unit norm). Release t books ``GaussianDpEvent(z / c_p)``, p = (t − 1) mod b, while
 ⌊(t−1)/b⌋ < k, nothing after: composed, the ledger holds exactly ``GaussianDpEvent(z / sens_t)`` after
-every release. No amplification is claimed (the cohort may be public; cyclic Poisson amplification,
-Choquette-Choo et al. 2023, is not implemented). Training stops cleanly before a release would exceed
-``ledger.max_epsilon``.
+every release. No amplification is claimed (the cohort may be public).
+
+With ``sampling="cyclic-poisson"`` (amplified BandMF, Choquette-Choo et al., NeurIPS 2023, Theorem 4) each
+member of the release's group is asked independently with probability q = m·b/N (N = ``num_clients``,
+default the nodes connected at the first release), from OS entropy; the cohort is never published. Each
+epoch of b releases then books ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` at its first release
+(⌈T/b⌉ in all; what this assumes is spelled out in :mod:`flwr_dp_strategies.privacy.matrix_factorization`).
+Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
 
 Restart. The participation history, the number of releases and the SHA-256 of the noise state are kept in
 the ledger file's signed state; the noise state itself (the last b − 1 noise vectors: secret) goes to its
@@ -62,6 +67,7 @@ from ..privacy.ledger_file import LedgerFileError
 from ..privacy.matrix_factorization import (
     FACTORIZATIONS,
     BandedNoise,
+    amplified_round_event,
     load_noise_state,
     round_event,
     save_noise_state,
@@ -72,7 +78,7 @@ from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import CentralGaussianRound
-from ..rounds.central_release import sampled_train_instructions
+from ..rounds.central_release import poisson_sample, sampled_train_instructions
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays
 from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array
 from ..rounds.template import Booking, Release, Screened
@@ -80,6 +86,7 @@ from ..rounds.template import Booking, Release, Screened
 EVENT_LABEL = "central-gaussian/banded-matrix-factorization"
 STATE_NAME = "banded-matrix-factorization"
 PARTICIPATION = "participation"
+SAMPLINGS = ("cyclic", "cyclic-poisson")
 
 
 class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPrivacyServerSideFixedClipping):
@@ -97,6 +104,9 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             default k); releases past T are refused.
         max_participations: k >= 1 (default ⌈T/b⌉).
         factorization: ``"banded-sqrt"`` (default) or ``"banded-optimal"``.
+        sampling: ``"cyclic"`` (default: the whole group, un-amplified) or ``"cyclic-poisson"`` (each member of
+            the group with q = m·b/N, amplified).
+        num_clients: N for ``"cyclic-poisson"`` (default: the nodes at the first release); q = m·b/N <= 1.
         ledger, ledger_path, resume, high_water_path, per_client_metrics: as
             :class:`AccountedServerSideFixedClipping`; the noise state is saved beside ``ledger_path``.
         rng: noise and group assignment (default: OS entropy; an int seed gives release t the stream
@@ -115,6 +125,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         num_rounds: Optional[int] = None,
         max_participations: Optional[int] = None,
         factorization: str = "banded-sqrt",
+        sampling: str = "cyclic",
+        num_clients: Optional[int] = None,
         ledger: Optional[PrivacyLedger] = None,
         ledger_path: Optional["os.PathLike[str] | str"] = None,
         resume: bool = False,
@@ -137,6 +149,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         k = check_int("max_participations", max_participations, minimum=1)
         if factorization not in FACTORIZATIONS:
             raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {factorization!r}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         self.coefficients = strategy_coefficients(factorization, b, rounds)
         super().__init__(strategy, z, clip, m)
         self.init_accounted_round(
@@ -157,13 +171,32 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             event_label=EVENT_LABEL,
         )
         self.num_bands, self.num_rounds, self.max_participations = b, rounds, k
-        self.factorization = factorization
+        self.factorization, self.participation_sampling = factorization, sampling
+        self.population = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
+        if self.population is not None and sampling == "cyclic-poisson":
+            self._check_rate()
         self._seed = int(rng) if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) else None
         self.participation = CyclicParticipation(b, k, rng)
         self.releases = 0  # releases made so far in the run (restarts included)
         self.noise: Optional[BandedNoise] = None
         self._release: Optional[int] = None  # the release the configured round makes
         self._restore()
+
+    @property
+    def group_sampling_rate(self) -> Optional[float]:
+        """q = m·b/N with ``"cyclic-poisson"`` once N is known (None otherwise)."""
+        if self.participation_sampling != "cyclic-poisson" or self.population is None:
+            return None
+        return self.num_sampled_clients * self.num_bands / self.population
+
+    def _check_rate(self) -> float:
+        rate = self.group_sampling_rate
+        if rate is None or not 0.0 < rate <= 1.0:
+            raise ValueError(
+                f"num_sampled_clients must be in [1, N/b] with sampling='cyclic-poisson' (q = m·b/N <= 1), got "
+                f"m={self.num_sampled_clients}, b={self.num_bands}, N={self.population}"
+            )
+        return rate
 
     # ------------------------------------------------------------------ persistence
     def _noise_path(self, release: int) -> str:
@@ -184,6 +217,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "num_bands": self.num_bands,
                 "max_participations": self.max_participations,
                 "coefficients": [float(c) for c in self.coefficients],
+                "sampling": self.participation_sampling,
             }
             for key, value in expected.items():
                 if state.get(key) != value:
@@ -192,6 +226,11 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             if isinstance(releases, bool) or not isinstance(releases, int) or releases < 0:
                 raise ValueError(f"releases must be an integer >= 0, got {releases!r}")
             self.participation.load_state(state.get(PARTICIPATION))
+            population = state.get("num_clients")
+            if population is not None:
+                if self.population is not None and population != self.population:
+                    raise ValueError(f"num_clients was {population!r} in the saved run, this run has {self.population}")
+                self.population = population
             noise = state.get("noise")
             if releases and noise is not None:
                 if not isinstance(noise, dict) or set(noise) != {"release", "sha256"} or noise["release"] != releases:
@@ -227,6 +266,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "num_bands": self.num_bands,
                 "max_participations": self.max_participations,
                 "coefficients": [float(c) for c in self.coefficients],
+                "sampling": self.participation_sampling,
+                "num_clients": self.population,
                 "releases": self.releases,
                 "noise": noise_entry,
                 PARTICIPATION: self.participation.to_state(),
@@ -236,9 +277,14 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     # ------------------------------------------------------------------ accounting
     def next_event(self) -> Any:
         """What the next release adds (None: nothing, k releases of every pattern are booked)."""
-        return round_event(
-            self.coefficients, self.releases + 1, self.noise_multiplier, self.num_bands, self.max_participations
-        )
+        return self.release_event(self.releases + 1)
+
+    def release_event(self, release: int) -> Any:
+        """The event release t books: its sensitivity increment (un-amplified), or the epoch's Poisson-sampled
+        Gaussian at t ≡ 1 mod b (``"cyclic-poisson"``; q needs N, known from the first release on)."""
+        if self.participation_sampling == "cyclic-poisson":
+            return amplified_round_event(release, self.noise_multiplier, self.num_bands, self._check_rate())
+        return round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
 
     def add_remove_event(self) -> Any:
         event = self.next_event()
@@ -272,11 +318,16 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 f"the model has {self._dimension} values, the restored noise stream {self.noise.dimension}: "
                 "the correlated noise cannot continue on another model"
             )
+        node_ids = list(grid.get_node_ids())
+        if self.participation_sampling == "cyclic-poisson" and self.population is None:
+            self.population = check_int("num_clients", len(node_ids), minimum=1)  # N: fixed from the first release
         if self._would_exceed():
             self._stop(server_round)
             return []
         release = self.releases + 1
-        chosen = self.participation.select(grid.get_node_ids(), release)
+        chosen = self.participation.select(node_ids, release)
+        if self.participation_sampling == "cyclic-poisson":
+            chosen = poisson_sample(chosen, self._check_rate(), self._generator(release, "sample"))
         messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
         self._idle_round = server_round if messages is None else None
         self._release = release
@@ -293,9 +344,9 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         return messages
 
     # ------------------------------------------------------------------ the release
-    def _generator(self, release: int) -> np.random.Generator:
+    def _generator(self, release: int, purpose: str = "noise") -> np.random.Generator:
         if self._seed is not None:
-            return np.random.default_rng([self._seed, release])
+            return np.random.default_rng([self._seed, release, 0 if purpose == "noise" else 1])
         return self.rng()  # a fresh OS-entropy generator per release unless a Generator was given
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
@@ -328,7 +379,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self.releases = release
         self._release = None
         self._save_state()
-        event = round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
+        event = self.release_event(release)
         bookings = [] if event is None else [Booking(event, EVENT_LABEL, neighboring_relation=ADD_OR_REMOVE_ONE)]
         if not bookings:
             self.save_ledger()  # nothing to book, the state moved on all the same
