@@ -110,7 +110,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         ledger, ledger_path, resume, high_water_path, per_client_metrics: as
             :class:`AccountedServerSideFixedClipping`; the noise state is saved beside ``ledger_path``.
         rng: noise and group assignment (default: OS entropy; an int seed gives release t the stream
-            ``default_rng([seed, t])``, reproducible across a restart: tests only).
+            ``default_rng([seed, t, 0])``, reproducible across a restart: tests only).
         max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
     """
 
@@ -151,6 +151,12 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {factorization!r}")
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        population = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
+        if population is not None and sampling == "cyclic-poisson" and m * b > population:
+            raise ValueError(
+                f"num_sampled_clients must be in [1, N/b] with sampling='cyclic-poisson' (q = m·b/N <= 1), got "
+                f"m={m}, b={b}, N={population}"
+            )
         self.coefficients = strategy_coefficients(factorization, b, rounds)
         super().__init__(strategy, z, clip, m)
         self.init_accounted_round(
@@ -172,9 +178,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         )
         self.num_bands, self.num_rounds, self.max_participations = b, rounds, k
         self.factorization, self.participation_sampling = factorization, sampling
-        self.population = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
-        if self.population is not None and sampling == "cyclic-poisson":
-            self._check_rate()
+        self.population = population
         self._seed = int(rng) if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) else None
         self.participation = CyclicParticipation(b, k, rng)
         self.releases = 0  # releases made so far in the run (restarts included)
@@ -296,8 +300,6 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
 
     def _ledger_would_exceed(self) -> bool:
         event = self.next_event()
-        if self.num_rounds is not None and self.releases >= self.num_rounds:
-            return True
         return event is not None and self.ledger.would_exceed(
             central_events=[event], neighboring_relation=ADD_OR_REMOVE_ONE
         )
@@ -321,6 +323,11 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         node_ids = list(grid.get_node_ids())
         if self.participation_sampling == "cyclic-poisson" and self.population is None:
             self.population = check_int("num_clients", len(node_ids), minimum=1)  # N: fixed from the first release
+        if self.num_rounds is not None and self.releases >= self.num_rounds:
+            if not self.budget_exhausted:
+                log(INFO, "BandMF: the planned num_rounds=%d releases are made; no further training", self.num_rounds)
+            self.budget_exhausted = True
+            return []
         if self._would_exceed():
             self._stop(server_round)
             return []
