@@ -72,7 +72,8 @@ def rms_rows(matrix: np.ndarray) -> float:
     return float(math.sqrt(np.mean(np.sum(matrix * matrix, axis=1))))
 
 
-def table(epsilons=EPSILONS, rounds=ROUNDS) -> list[dict]:
+def table(epsilons=EPSILONS, rounds=ROUNDS, amplified_bands=AMPLIFIED_BANDS, poisson: bool = True) -> list[dict]:
+    """One row per (T, ε); ``amplified_bands=()`` / ``poisson=False`` leave out the (slow) amplified rows."""
     rows = []
     for t in rounds:
         k = math.ceil(t / BANDS)
@@ -87,18 +88,19 @@ def table(epsilons=EPSILONS, rounds=ROUNDS) -> list[dict]:
         for epsilon in epsilons:
             z_fedavg = calibrate(lambda z, k=k: SelfComposedDpEvent(GaussianDpEvent(z), k), epsilon)
             z_unit = calibrate(lambda z: GaussianDpEvent(z), epsilon)  # one Gaussian of sensitivity 1
-            z_poisson = calibrate(
-                lambda z, t=t: SelfComposedDpEvent(PoissonSampledDpEvent(COHORT / CLIENTS, GaussianDpEvent(z)), t),
-                epsilon,
-            )
             base = z_fedavg * base_shape
             row = {"rounds": t, "k": k, "epsilon": epsilon, "delta": DELTA, "z_dp_fedavg": z_fedavg}
             for name, (shape, sens) in shapes.items():
                 # one Gaussian of sensitivity sens: z = z_unit · sens; prefix noise z · shape (shape has ‖c‖ = 1)
                 row[name] = z_unit * sens * shape / base
-            row["dp-fedavg poisson (amplified)"] = z_poisson * base_shape / base
+            if poisson:
+                z_poisson = calibrate(
+                    lambda z, t=t: SelfComposedDpEvent(PoissonSampledDpEvent(COHORT / CLIENTS, GaussianDpEvent(z)), t),
+                    epsilon,
+                )
+                row["dp-fedavg poisson (amplified)"] = z_poisson * base_shape / base
             best = None
-            for bands in AMPLIFIED_BANDS:
+            for bands in amplified_bands:
                 rate, epochs = COHORT * bands / CLIENTS, math.ceil(t / bands)
                 z_amp = calibrate(
                     lambda z, rate=rate, epochs=epochs: SelfComposedDpEvent(
@@ -109,7 +111,8 @@ def table(epsilons=EPSILONS, rounds=ROUNDS) -> list[dict]:
                 ratio = z_amp * mf.toeplitz_prefix_error(mf.banded_sqrt_coefficients(bands), t) / base
                 if best is None or ratio < best[0]:
                     best = (ratio, bands)
-            row["amplified banded-sqrt (best b')"], row["amplified b'"] = best
+            if best is not None:
+                row["amplified banded-sqrt (best b')"], row["amplified b'"] = best
             rows.append(row)
     return rows
 

@@ -204,3 +204,22 @@ def test_amplified_booking_is_k_poisson_sampled_gaussians_one_per_epoch():
     assert ledger.epsilon() == pytest.approx(min(pld, rdp), rel=2e-2)
     with pytest.raises(ValueError, match="sampling_rate"):
         mf.amplified_round_event(1, z, bands, 0.0)
+
+
+@pytest.mark.slow
+def test_the_committed_benchmark_cell_reproduces():
+    """T = 40, ε = 8 of flwr_dp_benchmarks/results/bandmf/results.json, recomputed: the un-amplified ratios are
+    ‖c‖·‖AC⁻¹‖_F / ‖A‖_F (one Gaussian each, sensitivity √k for both) whatever ε, the tree's uses its brute-force
+    sensitivity."""
+    import json
+    from pathlib import Path
+
+    from flwr_dp_benchmarks import bench_bandmf
+
+    (row,) = bench_bandmf.table(epsilons=(8.0,), rounds=(40,), amplified_bands=(), poisson=False)  # the fast rows
+    shape = mf.toeplitz_prefix_error(mf.banded_sqrt_coefficients(10), 40)
+    assert row["banded-sqrt"] == pytest.approx(shape / math.sqrt(np.mean(np.arange(1, 41))), rel=1e-3)
+    committed = json.loads((Path(bench_bandmf.__file__).parent / "results" / "bandmf" / "results.json").read_text())
+    (saved,) = [r for r in committed if r["rounds"] == 40 and r["epsilon"] == 8.0]
+    for key, value in row.items():
+        assert saved[key] == pytest.approx(value, rel=1e-3), key
