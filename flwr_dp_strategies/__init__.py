@@ -15,6 +15,7 @@ from .declarations import declare_release, read_declarations
 from .privacy import PrivacyLedger
 from .strategy import (
     AccountedAdaptiveClipping,
+    AccountedBandedMatrixFactorization,
     AccountedClientSideAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AccountedAdaptiveClipping",
+    "AccountedBandedMatrixFactorization",
     "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",

@@ -30,6 +30,7 @@ import flwr_dp_strategies.strategy
 from client_mods.secure_objective import SecureObjectiveTrainer
 from flwr_dp_strategies import (
     AccountedAdaptiveClipping,
+    AccountedBandedMatrixFactorization,
     AccountedClientSideAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
@@ -237,6 +238,14 @@ def _entries() -> list[Entry]:
                 FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=2.0, clipped_count_stddev=1.0, num_clients=n, rng=7
             ),
             kind="clipped-bit",
+        ),
+        Entry(  # b = 1: every node in every round (the suites expect all N nodes); b > 1 in test_bandmf_strategy.py
+            "AccountedBandedMatrixFactorization",
+            AccountedBandedMatrixFactorization,
+            lambda: AccountedBandedMatrixFactorization(
+                FedAvg(**kwargs()), 1.0, 1.0, n, num_bands=1, num_rounds=3, rng=7
+            ),
+            randomised=True,
         ),
         Entry(
             "DistributedDpFedAvg",

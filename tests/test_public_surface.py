@@ -15,6 +15,7 @@ import pytest
 
 STRATEGIES = {
     "AccountedAdaptiveClipping",
+    "AccountedBandedMatrixFactorization",
     "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",

@@ -16,6 +16,9 @@
   (Poisson-sampled) Gaussian mechanism per round;
   :class:`AccountedClientSideAdaptiveClipping` - the same with clients clipping
   (``client_mods.adaptive_clipping_mod``).
+* :class:`AccountedBandedMatrixFactorization` - DP-FTRL with banded matrix factorisation
+  (correlated noise, Choquette-Choo et al. 2023): cyclic participation with b-min-separation
+  enforced on the grid's nodes, accounted as one Gaussian mechanism without amplification.
 * :class:`ClusterEvaluation` - wraps any strategy; scores the clients'
   (Laplace-protected) inference results with silhouette / Calinski-Harabasz /
   Davies-Bouldin every evaluate round (Laplace-protected inference, MindSpore Federated's
@@ -58,6 +61,7 @@ aggregating the others (nothing is booked for a failed reply).
 
 from .accounted_fedavg import AccountedFedAvg
 from .adaptive_clipping import AccountedAdaptiveClipping
+from .banded_matrix_factorization import AccountedBandedMatrixFactorization
 from .client_side_adaptive_clipping import AccountedClientSideAdaptiveClipping
 from .accounted_fixed_clipping import AccountedServerSideFixedClipping
 from .cluster_evaluation import ClusterEvaluation
@@ -71,6 +75,7 @@ from .signds import SignDS
 
 __all__ = [
     "AccountedAdaptiveClipping",
+    "AccountedBandedMatrixFactorization",
     "AccountedClientSideAdaptiveClipping",
     "AccountedFedAvg",
     "AccountedPoissonFixedClipping",

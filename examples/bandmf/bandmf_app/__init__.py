@@ -1,0 +1,1 @@
+"""DP-FTRL with banded matrix factorisation, as a Flower app (``flwr run examples/bandmf``)."""

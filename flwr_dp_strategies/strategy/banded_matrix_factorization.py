@@ -1,0 +1,417 @@
+r"""DP-FTRL with banded matrix factorisation (BandMF): central user-level DP with correlated noise and an
+enforced participation rule, accounted without amplification by sampling.
+
+A drop-in for Flower's ``DifferentialPrivacyServerSideFixedClipping`` (its arguments in its order; the new
+ones keyword-only) for deployments that cannot honour Poisson sampling. Release t (1-based, counted over the
+whole run, restarts included) of the model is
+
+.. math:: \tilde w_{t+1} = \tilde w_t + \frac1m\Big(\sum_{i \in S_t} \bar\Delta_i + z C\,(C_b^{-1} Z)_t\Big),
+          \qquad \bar\Delta_i = \Delta_i \min(1, C/\lVert\Delta_i\rVert_2),
+
+with m = ``num_sampled_clients`` the public expected cohort size (never the number of replies), C the
+clipping norm, :math:`C_b` the banded lower-triangular Toeplitz strategy matrix of ``num_bands`` = b bands
+(``factorization``: ``"banded-sqrt"``, Kalinin & Lampert's banded square root, or ``"banded-optimal"``,
+its b coefficients optimised for ``num_rounds``) and Z i.i.d. standard normal, drawn from OS entropy.
+The noise is generated row by row with O(b·d) memory
+(:class:`~flwr_dp_strategies.privacy.matrix_factorization.BandedNoise`): the model follows the noisy
+prefix sums :math:`A x + zC\,BZ` with :math:`B = AC_b^{-1}`, whose error grows much more slowly than the
+independent noise of DP-FedAvg (docs/bandmf.md).
+
+Participation is enforced, not assumed
+(:class:`~flwr_dp_strategies.privacy.participation.CyclicParticipation`): the nodes of the grid are split
+into b groups, release t asks group (t − 1) mod b (the wrapped strategy makes the instruction; only its
+choice of nodes is replaced), each node at most ``max_participations`` = k times (default ⌈T/b⌉). A
+train reply from a node whose last aggregated release is less than b ago, or that has k already, is
+rejected (reason ``participation``, counted in the server log) before anything of it is added; the round
+goes on.
+
+Privacy (:mod:`flwr_dp_strategies.privacy.matrix_factorization`): under b-min-separation and at most k
+releases per client, the first t releases are one Gaussian mechanism of noise multiplier
+:math:`z / \mathrm{sens}_t` (``add_or_remove_one``, user-level: neighbours differ by one client's whole
+data, each of its rounds moving the round's sum by at most C); :math:`\mathrm{sens}_T = \sqrt k` (the
+coefficients have unit norm). Release t books ``GaussianDpEvent(z / c_p)``, p = (t − 1) mod b, while
+⌊(t−1)/b⌋ < k, nothing after: composed, the ledger holds exactly ``GaussianDpEvent(z / sens_t)`` after
+every release. No amplification is claimed (the cohort may be public).
+
+With ``sampling="cyclic-poisson"`` (amplified BandMF, Choquette-Choo et al., NeurIPS 2023, Theorem 4) each
+member of the release's group is asked independently with probability q = m·b/N (N = ``num_clients``,
+default the nodes connected at the first release), from OS entropy; the cohort is never published. Each
+epoch of b releases then books ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` at its first release
+(⌈T/b⌉ in all; what this assumes is spelled out in :mod:`flwr_dp_strategies.privacy.matrix_factorization`).
+Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
+
+Restart. The participation history, the number of releases and the SHA-256 of the noise state are kept in
+the ledger file's signed state; the noise state itself (the last b − 1 noise vectors: secret) goes to its
+own file beside the ledger, ``<ledger_path>.bandmf-noise.<t>`` (mode 0600, atomic, written before the
+ledger that names it). A restarted ServerApp given ``ledger_path`` and ``resume=True`` continues the same
+noise stream and participation history; a missing or altered noise file is refused (the run can neither
+re-use nor lose correlated noise).
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from logging import INFO
+from typing import Any, Optional
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+
+from ..privacy import PrivacyLedger
+from ..privacy.ledger_file import LedgerFileError
+from ..privacy.matrix_factorization import (
+    FACTORIZATIONS,
+    BandedNoise,
+    amplified_round_event,
+    load_noise_state,
+    round_event,
+    save_noise_state,
+    strategy_coefficients,
+)
+from ..privacy.participation import CyclicParticipation
+from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.rng import RngLike
+from ..privacy.validation import check_int, check_positive
+from ..rounds.central_gaussian import CentralGaussianRound
+from ..rounds.central_release import poisson_sample, sampled_train_instructions
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays
+from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array
+from ..rounds.template import Booking, Release, Screened
+
+EVENT_LABEL = "central-gaussian/banded-matrix-factorization"
+STATE_NAME = "banded-matrix-factorization"
+PARTICIPATION = "participation"
+SAMPLINGS = ("cyclic", "cyclic-poisson")
+
+
+class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPrivacyServerSideFixedClipping):
+    """DP-FTRL with banded matrix factorisation (module docstring), wrapping a FedAvg.
+
+    Args:
+        strategy: a FedAvg (its instruction, metric aggregation and evaluation are used).
+        noise_multiplier: z in (0, inf): the noise of release t is z·C·(C_b⁻¹Z)_t / m.
+        clipping_norm: C in (0, inf).
+        num_sampled_clients: m >= 1, the public denominator (the expected cohort, about N/b).
+
+    Keyword-only:
+        num_bands: b >= 1, the bands of C_b and the min-separation (b = 1: DP-FedAvg, every node every round).
+        num_rounds: T >= 1, the planned releases (needed for ``factorization="banded-optimal"`` and for the
+            default k); releases past T are refused.
+        max_participations: k >= 1 (default ⌈T/b⌉).
+        factorization: ``"banded-sqrt"`` (default) or ``"banded-optimal"``.
+        sampling: ``"cyclic"`` (default: the whole group, un-amplified) or ``"cyclic-poisson"`` (each member of
+            the group with q = m·b/N, amplified).
+        num_clients: N for ``"cyclic-poisson"`` (default: the nodes at the first release); q = m·b/N <= 1.
+        ledger, ledger_path, resume, high_water_path, per_client_metrics: as
+            :class:`AccountedServerSideFixedClipping`; the noise state is saved beside ``ledger_path``.
+        rng: noise and group assignment (default: OS entropy; an int seed gives release t the stream
+            ``default_rng([seed, t, 0])``, reproducible across a restart: tests only).
+        max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
+    """
+
+    def __init__(
+        self,
+        strategy: FedAvg,
+        noise_multiplier: float,
+        clipping_norm: float,
+        num_sampled_clients: int,
+        *,
+        num_bands: int,
+        num_rounds: Optional[int] = None,
+        max_participations: Optional[int] = None,
+        factorization: str = "banded-sqrt",
+        sampling: str = "cyclic",
+        num_clients: Optional[int] = None,
+        ledger: Optional[PrivacyLedger] = None,
+        ledger_path: Optional["os.PathLike[str] | str"] = None,
+        resume: bool = False,
+        high_water_path: Optional["os.PathLike[str] | str"] = None,
+        per_client_metrics: bool = False,
+        rng: RngLike = None,
+        max_weight: float = DEFAULT_MAX_WEIGHT,
+    ) -> None:
+        if not isinstance(strategy, FedAvg):
+            raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+        z = check_positive("noise_multiplier", noise_multiplier)
+        clip = check_positive("clipping_norm", clipping_norm)
+        m = check_int("num_sampled_clients", num_sampled_clients, minimum=1)
+        b = check_int("num_bands", num_bands, minimum=1)
+        rounds = None if num_rounds is None else check_int("num_rounds", num_rounds, minimum=1)
+        if max_participations is None:
+            if rounds is None:
+                raise ValueError("max_participations must be an integer in [1, inf) (or give num_rounds: k = ⌈T/b⌉)")
+            max_participations = math.ceil(rounds / b)
+        k = check_int("max_participations", max_participations, minimum=1)
+        if factorization not in FACTORIZATIONS:
+            raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {factorization!r}")
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        population = None if num_clients is None else check_int("num_clients", num_clients, minimum=1)
+        if population is not None and sampling == "cyclic-poisson" and m * b > population:
+            raise ValueError(
+                f"num_sampled_clients must be in [1, N/b] with sampling='cyclic-poisson' (q = m·b/N <= 1), got "
+                f"m={m}, b={b}, N={population}"
+            )
+        self.coefficients = strategy_coefficients(factorization, b, rounds)
+        super().__init__(strategy, z, clip, m)
+        self.init_accounted_round(
+            ledger=ledger,
+            ledger_path=ledger_path,
+            per_client_metrics=per_client_metrics,
+            neighboring_relation=ADD_OR_REMOVE_ONE,
+            resume=resume,
+            high_water_path=high_water_path,
+            max_weight=max_weight,
+        )
+        self._init_central(
+            sampling="fixed",
+            clipping="fixed",
+            num_clients=None,
+            rng=rng,
+            publish_client_metrics=False,
+            event_label=EVENT_LABEL,
+        )
+        self.num_bands, self.num_rounds, self.max_participations = b, rounds, k
+        self.factorization, self.participation_sampling = factorization, sampling
+        self.population = population
+        self._seed = int(rng) if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) else None
+        self.participation = CyclicParticipation(b, k, rng)
+        self.releases = 0  # releases made so far in the run (restarts included)
+        self.noise: Optional[BandedNoise] = None
+        self._release: Optional[int] = None  # the release the configured round makes
+        self._restore()
+
+    @property
+    def group_sampling_rate(self) -> Optional[float]:
+        """q = m·b/N with ``"cyclic-poisson"`` once N is known (None otherwise)."""
+        if self.participation_sampling != "cyclic-poisson" or self.population is None:
+            return None
+        return self.num_sampled_clients * self.num_bands / self.population
+
+    def _check_rate(self) -> float:
+        rate = self.group_sampling_rate
+        if rate is None or not 0.0 < rate <= 1.0:
+            raise ValueError(
+                f"num_sampled_clients must be in [1, N/b] with sampling='cyclic-poisson' (q = m·b/N <= 1), got "
+                f"m={self.num_sampled_clients}, b={self.num_bands}, N={self.population}"
+            )
+        return rate
+
+    # ------------------------------------------------------------------ persistence
+    def _noise_path(self, release: int) -> str:
+        return f"{self.ledger_path}.bandmf-noise.{release}"
+
+    def _restore(self) -> None:
+        """Continue the run saved in the ledger file (if any): releases, participation, noise stream."""
+        state = self.ledger_store.get_state(STATE_NAME)
+        if state is None:
+            if self.ledger.rounds():
+                raise LedgerFileError(
+                    self.ledger_store.path, f"the ledger holds releases but no {STATE_NAME!r} state to continue"
+                )
+            return
+        path = self.ledger_store.path
+        try:
+            expected = {
+                "num_bands": self.num_bands,
+                "max_participations": self.max_participations,
+                "coefficients": [float(c) for c in self.coefficients],
+                "sampling": self.participation_sampling,
+            }
+            for key, value in expected.items():
+                if state.get(key) != value:
+                    raise ValueError(f"{key} was {state.get(key)!r} in the saved run, this run has {value!r}")
+            releases = state.get("releases")
+            if isinstance(releases, bool) or not isinstance(releases, int) or releases < 0:
+                raise ValueError(f"releases must be an integer >= 0, got {releases!r}")
+            self.participation.load_state(state.get(PARTICIPATION))
+            population = state.get("num_clients")
+            if population is not None:
+                if self.population is not None and population != self.population:
+                    raise ValueError(f"num_clients was {population!r} in the saved run, this run has {self.population}")
+                self.population = population
+            noise = state.get("noise")
+            if releases and noise is not None:
+                if not isinstance(noise, dict) or set(noise) != {"release", "sha256"} or noise["release"] != releases:
+                    raise ValueError(f"noise must name the state of release {releases}, got {noise!r}")
+                self.noise = load_noise_state(self._noise_path(releases), noise["sha256"])
+                if self.noise.count != releases or not np.array_equal(self.noise.coefficients, self.coefficients):
+                    raise ValueError("the noise state is not this run's (count or coefficients differ)")
+            elif releases and self.num_bands > 1:
+                raise ValueError("the saved run has releases but no noise state")
+        except ValueError as err:
+            raise LedgerFileError(path, f"state {STATE_NAME!r}: {err}") from err
+        self.releases = releases
+        log(
+            INFO,
+            "BandMF: continuing after release %d (noise stream and participation restored from %s)",
+            releases,
+            path,
+        )
+
+    def _save_state(self) -> None:
+        """Write the noise state (its own file, when there is a ledger file) and name it in the ledger's state."""
+        noise_entry = None
+        if self.ledger_path is not None and self.noise is not None and self.num_bands > 1:
+            digest = save_noise_state(self._noise_path(self.releases), self.noise)
+            noise_entry = {"release": self.releases, "sha256": digest}
+            for stale in glob.glob(glob.escape(self.ledger_path) + ".bandmf-noise.*"):
+                suffix = stale.rsplit(".", 1)[-1]
+                if suffix.isdigit() and int(suffix) < self.releases - 1:  # release t−1's is the saved ledger's
+                    os.unlink(stale)
+        self.ledger_store.set_state(
+            STATE_NAME,
+            {
+                "num_bands": self.num_bands,
+                "max_participations": self.max_participations,
+                "coefficients": [float(c) for c in self.coefficients],
+                "sampling": self.participation_sampling,
+                "num_clients": self.population,
+                "releases": self.releases,
+                "noise": noise_entry,
+                PARTICIPATION: self.participation.to_state(),
+            },
+        )
+
+    # ------------------------------------------------------------------ accounting
+    def next_event(self) -> Any:
+        """What the next release adds (None: nothing, k releases of every pattern are booked)."""
+        return self.release_event(self.releases + 1)
+
+    def release_event(self, release: int) -> Any:
+        """The event release t books: its sensitivity increment (un-amplified), or the epoch's Poisson-sampled
+        Gaussian at t ≡ 1 mod b (``"cyclic-poisson"``; q needs N, known from the first release on)."""
+        if self.participation_sampling == "cyclic-poisson":
+            return amplified_round_event(release, self.noise_multiplier, self.num_bands, self._check_rate())
+        return round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
+
+    def add_remove_event(self) -> Any:
+        event = self.next_event()
+        if event is None:
+            from dp_accounting.dp_event import NoOpDpEvent
+
+            return NoOpDpEvent()
+        return event
+
+    def _ledger_would_exceed(self) -> bool:
+        event = self.next_event()
+        return event is not None and self.ledger.would_exceed(
+            central_events=[event], neighboring_relation=ADD_OR_REMOVE_ONE
+        )
+
+    def booking_round(self, server_round: int) -> int:
+        return self.releases
+
+    # ------------------------------------------------------------------ configure
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> list[Message]:
+        """Send the wrapped strategy's instruction to the group of the next release (nodes the rule admits)."""
+        self.current_arrays = arrays
+        self._spec = array_spec(arrays)
+        self._dimension = sum(math.prod(shape) for shape, _, _ in self._spec.values())
+        if self.noise is not None and self.noise.dimension != self._dimension:
+            raise ValueError(
+                f"the model has {self._dimension} values, the restored noise stream {self.noise.dimension}: "
+                "the correlated noise cannot continue on another model"
+            )
+        node_ids = list(grid.get_node_ids())
+        if self.participation_sampling == "cyclic-poisson" and self.population is None:
+            self.population = check_int("num_clients", len(node_ids), minimum=1)  # N: fixed from the first release
+        if self.num_rounds is not None and self.releases >= self.num_rounds:
+            if not self.budget_exhausted:
+                log(INFO, "BandMF: the planned num_rounds=%d releases are made; no further training", self.num_rounds)
+            self.budget_exhausted = True
+            return []
+        if self._would_exceed():
+            self._stop(server_round)
+            return []
+        release = self.releases + 1
+        chosen = self.participation.select(node_ids, release)
+        if self.participation_sampling == "cyclic-poisson":
+            chosen = poisson_sample(chosen, self._check_rate(), self._generator(release, "sample"))
+        messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
+        self._idle_round = server_round if messages is None else None
+        self._release = release
+        log(
+            INFO,
+            "configure_train: release %d, group %d of %d: %d nodes",
+            release,
+            self.participation.group_of_release(release),
+            self.num_bands,
+            len(messages or []),
+        )
+        messages = messages or []
+        self.remember_instructions("train", server_round, messages)
+        return messages
+
+    # ------------------------------------------------------------------ the release
+    def _generator(self, release: int, purpose: str = "noise") -> np.random.Generator:
+        if self._seed is not None:
+            return np.random.default_rng([self._seed, release, 0 if purpose == "noise" else 1])
+        return self.rng()  # a fresh OS-entropy generator per release unless a Generator was given
+
+    def release_train(self, server_round: int, screened: Screened) -> Release:
+        """Refuse the replies that break the rule, clip and add the others, add row t of zC·C_b⁻¹Z, divide
+        by m; book release t's increment; keep the noise state and the participation with the ledger."""
+        release = self._release if self._release is not None else self.releases + 1
+        refused = {
+            i: PARTICIPATION
+            for i, reply in enumerate(screened.accepted)
+            if self.participation.violation(int(reply.metadata.src_node_id), release) is not None
+        }
+        screened.reject_each(refused)
+        summed = ClippedSum({key: npy_view(a) for key, a in self.current_arrays.items()}, self.clipping_norm)
+        screened.reject(summed.add_records([reply_arrays(r) for r in screened.accepted]), "non-finite")
+        self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
+        if self.noise is None:
+            self.noise = BandedNoise(self.coefficients, self._dimension)
+        row = self.noise.next(self._generator(release))
+        m = self.num_sampled_clients
+        scale = self.noise_multiplier * self.clipping_norm / m
+        out, start = {}, 0
+        for key, total in summed.result().items():
+            np.divide(total, m, out=total)
+            flat = total.reshape(-1)
+            flat += scale * row[start : start + flat.size]
+            start += flat.size
+            reference = summed.reference[key]
+            np.add(total, reference, out=total, casting="same_kind")
+            out[key] = to_array(total.astype(reference.dtype, copy=False))
+        self.releases = release
+        self._release = None
+        self._save_state()
+        event = self.release_event(release)
+        bookings = [] if event is None else [Booking(event, EVENT_LABEL, neighboring_relation=ADD_OR_REMOVE_ONE)]
+        if not bookings:
+            self.save_ledger()  # nothing to book, the state moved on all the same
+        return Release(ArrayRecord(out), None, bookings)
+
+    def summary(self) -> None:
+        """The factorisation, the rule and the privacy spent, then Flower's DP settings and the FedAvg's."""
+        report = self.ledger.report()
+        log(
+            INFO,
+            "\t├──> BandMF (%s, b=%d, k=%d): %d releases, epsilon=%.4f at delta=%g",
+            self.factorization,
+            self.num_bands,
+            self.max_participations,
+            self.releases,
+            report.epsilon,
+            report.delta,
+        )
+        super().summary()
+
+    def __repr__(self) -> str:
+        return (
+            f"AccountedBandedMatrixFactorization(z={self.noise_multiplier}, C={self.clipping_norm}, "
+            f"m={self.num_sampled_clients}, b={self.num_bands}, k={self.max_participations}, {self.factorization!r})"
+        )
+
+
+__all__ = ["AccountedBandedMatrixFactorization", "EVENT_LABEL", "STATE_NAME"]
