@@ -64,6 +64,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from . import dp_sgd_accounting  # noqa: F401  (first: it imports Opacus without its root log handler)
 from opacus import PrivacyEngine
+from opacus.accountants import create_accountant
 from opacus.data_loader import DPDataLoader
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
@@ -75,6 +76,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_nonnegative, check_positive
 
+from .dp_sgd_fused import FusedLinearDpSgd, fused_eligible
 from .dp_sgd_accounting import (
     ACCOUNTANTS,
     STATE_KEY,
@@ -94,7 +96,7 @@ ROUND_EPSILON_METRIC = "dp-sgd/epsilon-round-only"
 NOISE_METRIC = "dp-sgd/noise-multiplier"
 DECLARATION_LABEL = "dp-sgd/opacus"
 CLIPPING_MODES = ("flat", "per_layer")
-GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost", "functorch")  # "ew" fails on empty Poisson batches
+GRAD_SAMPLE_MODES = ("auto", "hooks", "ghost", "functorch", "fused")  # "ew" fails on empty Poisson batches
 
 ModelSource = Union[nn.Module, Callable[[], nn.Module]]
 Weights = Union[ArrayRecord, Mapping[str, Any]]
@@ -185,7 +187,7 @@ class _Wrapped:
 
     fingerprint: tuple
     sources: tuple  # the optimizer_fn and criterion objects (compared by identity; kept alive here)
-    engine: PrivacyEngine
+    engine: Optional[PrivacyEngine]  # None for grad_sample_mode="fused" (optimizer: the fused kernel)
     module: nn.Module
     optimizer: Any
     criterion: Callable
@@ -433,9 +435,9 @@ class DpSgdTrainer:
         )
         self.clipping = self._check_choice("clipping", clipping, CLIPPING_MODES)
         self.max_grad_norm = self._check_clip(max_grad_norm, probe)
-        self.grad_sample_mode = self._resolve_mode(grad_sample_mode, probe)
         self.poisson_sampling = bool(poisson_sampling)
         self.secure_mode = self._check_secure(secure_mode, seed)
+        self.grad_sample_mode = self._resolve_mode(grad_sample_mode, probe)
         self.accountant = self._check_choice("accountant", accountant, ACCOUNTANTS)
         self.device = _resolve_device(device)
         self.seed = None if seed is None else check_int("seed", seed, minimum=0)
@@ -526,8 +528,16 @@ class DpSgdTrainer:
 
     def _resolve_mode(self, mode: str, probe: nn.Module) -> str:
         self._check_choice("grad_sample_mode", mode, GRAD_SAMPLE_MODES)
+        fused_ok = self.clipping == "flat" and not self.max_physical_batch_size and not self.secure_mode
         if mode == "auto":
+            if fused_ok and fused_eligible(probe):
+                return "fused"
             return choose_grad_sample_mode(probe, self.clipping, self.criterion, self.batch_size)
+        if mode == "fused" and not (fused_ok and fused_eligible(probe)):
+            raise ValueError(
+                "grad_sample_mode='fused' needs clipping='flat', no max_physical_batch_size, no secure_mode and "
+                "a model whose trainable parameters all sit in nn.Linear layers (use 'hooks' or 'ghost')"
+            )
         if mode == "ghost" and self.clipping != "flat":
             raise ValueError("grad_sample_mode='ghost' supports only clipping='flat'")
         if mode == "ghost" and not hasattr(self.criterion, "reduction"):
@@ -617,7 +627,10 @@ class DpSgdTrainer:
         state = self._own_state if state is None else state
         data = as_dataset(dataset)
         plan = self._plan(data, state, state_key)
-        if cache_key is None or self.secure_mode:
+        if self.grad_sample_mode == "fused":
+            fused_key = None if cache_key is None else (cache_key, state_key)
+            model, keys, after, loss = self._train_fused(fused_key, weights, data, plan)
+        elif cache_key is None or self.secure_mode:
             model, keys = self._load(weights)
             after, loss = self._train(model, plan.loader, plan.history, plan.z, plan.noise_seed)
         else:
@@ -813,6 +826,74 @@ class DpSgdTrainer:
             entry.optimizer.zero_grad(set_to_none=True)
         _keep_wrapped(key, entry)
         return entry.module._module, keys, [tuple(e) for e in entry.engine.accountant.history], loss
+
+    def _train_fused(
+        self, cache_key: Optional[Hashable], weights: Weights, data: Dataset, plan: "_RoundPlan"
+    ) -> tuple[nn.Module, list[str], History, float]:
+        """The round with :class:`~client_mods.dp_sgd_fused.FusedLinearDpSgd` (``grad_sample_mode="fused"``):
+        Opacus' batches and accountant, the fused clip-sum-noise step; the kernel and its optimizer are kept
+        like a wrapped model when ``cache_key`` is given (reset as new every round)."""
+        key = cache_key
+        fingerprint = self._fingerprint(len(data), plan.z)
+        entry = _WRAPPED.pop(key, None) if key is not None else None
+        if entry is not None and (
+            entry.fingerprint != fingerprint
+            or entry.sources[0] is not self.optimizer_fn
+            or (entry.sources[1] is not self.criterion and not isinstance(self.criterion, nn.Module))
+        ):
+            if isinstance(entry.optimizer, FusedLinearDpSgd):
+                entry.optimizer.close()
+            entry = None
+        if entry is None:
+            model, keys = self._load(weights)
+            params = trainable_parameters(model)
+            optimizer = (
+                self.optimizer_fn(params)
+                if self.optimizer_fn is not None
+                else torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
+            )
+            criterion = copy.deepcopy(self.criterion)
+            kernel = FusedLinearDpSgd(
+                model, optimizer, criterion, noise_multiplier=plan.z, max_grad_norm=float(self.max_grad_norm)
+            )
+            nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+            entry = _Wrapped(fingerprint, (self.optimizer_fn, self.criterion), None, model, kernel, criterion, nbytes)
+        else:
+            _, keys = self._load(weights, into=entry.module)
+            entry.optimizer.optimizer.state.clear()
+            entry.optimizer.attach_grads()
+        kernel = entry.optimizer
+        batches = _poisson_batches(plan.loader) if self.poisson_sampling else plan.loader
+        sample_rate = 1.0 / len(batches)  # Opacus' q: 1 / len(DP loader)
+        expected_batch_size = int(len(data) * sample_rate)  # type: ignore[arg-type]  # Opacus' make_private
+        accountant = create_accountant(mechanism=self.accountant)
+        accountant.history = list(plan.history)  # the client's true history, from its state
+        generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)
+        total, count = torch.zeros((), device=self.device), 0
+        try:
+            entry.module.train()
+            for _ in range(self.local_epochs):
+                for inputs, targets in batches:
+                    loss = kernel.step(
+                        inputs.to(self.device),
+                        targets.to(self.device),
+                        generator=generator,
+                        expected_batch_size=expected_batch_size,
+                        accountant=accountant,
+                        sample_rate=sample_rate,
+                    )
+                    if loss is not None:
+                        total += loss * len(targets)
+                        count += len(targets)
+        except BaseException:
+            kernel.close()  # raises: the entry is not kept
+            raise
+        if key is None:
+            kernel.close()
+        else:
+            _keep_wrapped(key, entry)
+        history = [tuple(e) for e in accountant.history]
+        return entry.module, keys, history, float(total / count) if count else float("nan")  # type: ignore[return-value]
 
     def _check_combined_z(self, optimizer: Any, z: float) -> None:
         """Per-layer clipping: the combined z* of Opacus' optimizer must equal the accounted z."""

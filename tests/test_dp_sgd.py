@@ -704,8 +704,10 @@ def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
 
 
 def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
-    """ "auto": hooks while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above;
-    the declared event and ε are those of either explicit mode (the mechanism does not depend on it)."""
+    """Opacus' rule (:func:`choose_grad_sample_mode`, what "auto" picks where the fused step does not apply): hooks
+    while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above. "auto" picks "fused" for an
+    all-Linear model with flat clipping; the declared event and ε are those of every explicit mode (the mechanism
+    does not depend on it)."""
     from client_mods.dp_sgd_trainer import HOOKS_MAX_GRAD_SAMPLE_ELEMENTS
 
     params = sum(p.numel() for p in mlp().parameters())  # 75
@@ -713,8 +715,11 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
     assert choose_grad_sample_mode(mlp(), batch_size=HOOKS_MAX_GRAD_SAMPLE_ELEMENTS // params + 1) == "ghost"
     assert choose_grad_sample_mode(mlp()) == "ghost"  # no batch size: the model alone decides
     big = lambda: nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))  # noqa: E731
-    assert DpSgdTrainer(big, noise_multiplier=1.0, batch_size=8).grad_sample_mode == "ghost"
-    assert DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32).grad_sample_mode == "hooks"
+    assert DpSgdTrainer(big, noise_multiplier=1.0, batch_size=8).grad_sample_mode == "fused"
+    assert DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32).grad_sample_mode == "fused"
+    per_layer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32, clipping="per_layer")
+    virtual = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32, max_physical_batch_size=8)
+    assert per_layer.grad_sample_mode == virtual.grad_sample_mode == "hooks"  # Opacus' rule
     (x, y), weights = toy_data(48), mlp().state_dict()
     results = {
         mode: DpSgdTrainer(
@@ -722,7 +727,7 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
         ).train_round(weights, (x, y), RecordDict())
         for mode in ("auto", "hooks", "ghost")
     }
-    assert results["auto"].grad_sample_mode == "hooks"
+    assert results["auto"].grad_sample_mode == "fused"
     for mode in ("hooks", "ghost"):
         assert results[mode].event == results["auto"].event
         assert results[mode].epsilon == results["auto"].epsilon
@@ -734,7 +739,7 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
 
 
 def test_tuned_round_declares_what_the_round_before_27_4_declared():
-    """Default trainer on an (x, y) pair (auto -> hooks, indexed batches, kept wrapped) against the way the round
+    """Default trainer on an (x, y) pair (auto -> fused, indexed batches, kept) against the way the round
     ran before issue 27.4 (ghost, per-example DPDataLoader, wrapped anew): over three rounds the same events,
     cumulative and round-only ε, history and state, and the same weights up to float rounding."""
     from client_mods.dp_sgd_trainer import clear_wrapped_cache
@@ -750,7 +755,7 @@ def test_tuned_round_declares_what_the_round_before_27_4_declared():
         old = DpSgdTrainer(
             mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17, grad_sample_mode="ghost"
         ).train_round(weights, _PerExample(x, y), old_state)
-        assert (new.grad_sample_mode, old.grad_sample_mode) == ("hooks", "ghost")
+        assert (new.grad_sample_mode, old.grad_sample_mode) == ("fused", "ghost")
         assert new.event == old.event and new.neighboring_relation == old.neighboring_relation
         assert new.epsilon == old.epsilon and new.epsilon_round_only == old.epsilon_round_only
         assert (new.steps, new.sample_rate, new.noise_multiplier) == (old.steps, old.sample_rate, old.noise_multiplier)
