@@ -106,6 +106,20 @@ class FusedLinearDpSgd:
         self._handles = [m.register_forward_hook(self._capture) for m in self._layers]
         self.attach_grads()
 
+    def _plain_sgd_lr(self) -> Optional[float]:
+        """The learning rate when the optimizer is ``torch.optim.SGD`` over exactly these parameters with no
+        momentum, weight decay, nesterov or maximize (its step is then ``p -= lr * grad``); else None."""
+        opt = self.optimizer
+        if type(opt) is not torch.optim.SGD or len(opt.param_groups) != 1:
+            return None
+        group = opt.param_groups[0]
+        if group["momentum"] or group["weight_decay"] or group["nesterov"] or group["maximize"]:
+            return None
+        lr = group["lr"]
+        if not isinstance(lr, float) or len(group["params"]) != len(self.params):
+            return None
+        return lr
+
     def attach_grads(self) -> None:
         """Make the parameters' ``.grad`` the slices of the flat buffer (again, after anything reset them)."""
         for p, view in zip(self.params, self._grads):
@@ -140,57 +154,73 @@ class FusedLinearDpSgd:
         """Write Σ_i clip_C(g_i) into the flat buffer (the parameters' ``.grad``); return the mean loss
         (None for an empty batch, whose sum is 0)."""
         n = len(targets)
-        flat = self.flat
-        flat.zero_()
+        self.flat.zero_()
         if n == 0:
             return None
         loss = self._forward(inputs, targets)
         records = self._records
-        outputs = [out for _, _, out, _ in records]
-        grads = torch.autograd.grad(loss, outputs, allow_unused=True)
-        calls: dict[nn.Module, int] = {}
-        for module, _, _, _ in records:
-            calls[module] = calls.get(module, 0) + 1
-        sq = torch.zeros(n, dtype=flat.dtype, device=flat.device)
-        materialised: dict[nn.Module, list[Optional[torch.Tensor]]] = {}
-        used = []
+        grads = torch.autograd.grad(loss, [r[2] for r in records], allow_unused=True)
+        layers = self._layers
+        used = [(layers[r[0]], r[1], g) for r, g in zip(records, grads) if g is not None]
+        if len({id(r[0]) for r in records}) == len(records) and all(a.dim() == 2 for _, a, _ in used):
+            sq = self._ghost_sq(used)  # every layer called once on 2-D inputs: closed-form norms
+        else:
+            sq = self._materialised_sq(records, grads, n)
+        # per-sample gradients are n x the mean loss's (Opacus' "mean" convention): norm_i = n sqrt(sq_i), and
+        # the clipped sum Σ_i f_i (n g_i) a_i^T = (g * s)^T a with s_i = n min(1, C / (norm_i + 1e-6))
+        norms = sq.sqrt_().mul_(n)
+        scale = (self.max_grad_norm / norms.add_(CLIP_EPS)).clamp_(max=1.0).mul_(n)
+        for (w, b), a, g in used:
+            if g.dim() == 2:
+                if w is not None:
+                    w.addmm_(g.mul(scale.unsqueeze(1)).t(), a)
+                if b is not None:
+                    b.addmv_(g.t(), scale)
+                continue
+            gs = g.mul(scale.view((n,) + (1,) * (g.dim() - 1))).reshape(-1, g.shape[-1])
+            if w is not None:
+                w.addmm_(gs.t(), a.reshape(-1, a.shape[-1]))
+            if b is not None:
+                b.add_(gs.sum(0))
+        return loss.detach()
+
+    @staticmethod
+    def _ghost_sq(used: list) -> torch.Tensor:
+        """Σ over layers of ||g_i a_i^T||² + ||g_i||² = ||g_i||² (||a_i||² + 1) (each term when trainable)."""
+        sq: Optional[torch.Tensor] = None
+        for (w, b), a, g in used:
+            gg = torch.linalg.vecdot(g, g)
+            if w is not None:
+                aa = torch.linalg.vecdot(a, a)
+                term = gg.mul_(aa.add_(1.0)) if b is not None else gg.mul_(aa)
+            else:
+                term = gg
+            sq = term if sq is None else sq.add_(term)
+        assert sq is not None
+        return sq
+
+    def _materialised_sq(self, records: list, grads: tuple, n: int) -> torch.Tensor:
+        """Per-sample squared norms with each layer's per-sample gradient materialised and summed over its calls
+        (a layer called several times, or on inputs with extra dimensions: the cross terms do not factor)."""
+        sums: dict[nn.Module, list[Optional[torch.Tensor]]] = {}
         for (module, a, _, _), g in zip(records, grads):
             if g is None:
                 continue
             w, b = self._layers[module]
-            used.append((module, a, g))
-            if calls[module] == 1 and a.dim() == 2:
-                gg = g.square().sum(1)
-                if w is not None:
-                    sq += gg * a.square().sum(1) if b is None else gg * (a.square().sum(1) + 1.0)
-                elif b is not None:
-                    sq += gg
-                continue
-            # several calls or extra dimensions: per-sample gradients of this layer, summed over its calls
-            ps = materialised.setdefault(module, [None, None])
+            acc = sums.setdefault(module, [None, None])
             g3, a3 = g.reshape(n, -1, g.shape[-1]), a.reshape(n, -1, a.shape[-1])
             if w is not None:
                 pw = torch.bmm(g3.transpose(1, 2), a3)
-                ps[0] = pw if ps[0] is None else ps[0] + pw
+                acc[0] = pw if acc[0] is None else acc[0] + pw
             if b is not None:
                 pb = g3.sum(1)
-                ps[1] = pb if ps[1] is None else ps[1] + pb
-        for pw, pb in materialised.values():
+                acc[1] = pb if acc[1] is None else acc[1] + pb
+        sq = torch.zeros(n, dtype=self.flat.dtype, device=self.flat.device)
+        for pw, pb in sums.values():
             for t in (pw, pb):
                 if t is not None:
                     sq += t.reshape(n, -1).square().sum(1)
-        # per-sample gradients are n x the mean loss's (Opacus' "mean" convention)
-        norms = sq.sqrt() * n
-        scale = (self.max_grad_norm / (norms + CLIP_EPS)).clamp(max=1.0) * n
-        for module, a, g in used:
-            w, b = self._layers[module]
-            gs = g * scale.view((n,) + (1,) * (g.dim() - 1))
-            gs2, a2 = gs.reshape(-1, gs.shape[-1]), a.reshape(-1, a.shape[-1])
-            if w is not None:
-                w.addmm_(gs2.t(), a2)
-            if b is not None:
-                b.add_(gs2.sum(0))
-        return loss.detach()
+        return sq
 
     def step(
         self,
@@ -211,7 +241,12 @@ class FusedLinearDpSgd:
                 view.normal_(0.0, std, generator=generator)
             self.flat.add_(self.noise)
         self.flat.div_(expected_batch_size)
-        self.optimizer.step()
+        lr = self._plain_sgd_lr()
+        if lr is None:
+            self.optimizer.step()
+        else:  # what SGD's step does without momentum, weight decay or maximize, minus its per-call Python
+            with torch.no_grad():
+                torch._foreach_add_(self.params, self._grads, alpha=-lr)
         accountant.step(noise_multiplier=self.noise_multiplier, sample_rate=sample_rate)
         return loss
 

@@ -238,6 +238,17 @@ def _criterion_key(criterion: Callable) -> tuple:
     )
 
 
+def _plain_state_loading(model: nn.Module) -> bool:
+    """Every module loads its state with ``nn.Module``'s own code and no load hooks (a copy per tensor is then
+    exactly what ``load_state_dict`` does)."""
+    return all(
+        type(m)._load_from_state_dict is nn.Module._load_from_state_dict
+        and not m._load_state_dict_pre_hooks
+        and not m._load_state_dict_post_hooks
+        for m in model.modules()
+    )
+
+
 # ---------------------------------------------------------------------- model helpers
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters Opacus clips, in its order (``requires_grad`` ones)."""
@@ -680,9 +691,13 @@ class DpSgdTrainer:
         generator = None if self.secure_mode else torch.Generator().manual_seed(seed)
         return DataLoader(data, batch_size=self.batch_size, shuffle=not self.poisson_sampling, generator=generator)
 
-    def _load(self, weights: Weights, into: Optional[nn.Module] = None) -> tuple[nn.Module, list[str]]:
+    def _load(
+        self, weights: Weights, into: Optional[nn.Module] = None, *, copy_in_place: bool = False
+    ) -> tuple[nn.Module, list[str]]:
         """A fresh model (or ``into``) holding ``weights`` (keys checked: a ``_module.`` prefix is refused),
-        on the device."""
+        on the device. ``copy_in_place`` (``into`` already on the device, its modules loading state the default
+        way: :func:`_plain_state_loading`): each received tensor is copied into the model's own, shapes checked,
+        instead of ``load_state_dict``'s per-module walk -- the same values."""
         received = (
             weights.to_torch_state_dict()
             if isinstance(weights, ArrayRecord)
@@ -694,12 +709,21 @@ class DpSgdTrainer:
             model, self._spare_model = (self._spare_model or self._new_model()), None
         else:
             model = into
-        expected = set(model.state_dict())
-        if set(received) != expected:
+        own = model.state_dict(keep_vars=True)
+        if received.keys() != own.keys():
+            expected = set(own)
             missing, unexpected = sorted(expected - set(received)), sorted(set(received) - expected)
             raise ValueError(
                 f"weights must have exactly the model's keys: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
+        if into is not None and copy_in_place:
+            for k, v in received.items():
+                if v.shape != own[k].shape:
+                    raise ValueError(f"weights[{k!r}] has shape {tuple(v.shape)}, the model's {tuple(own[k].shape)}")
+            with torch.no_grad():
+                for k, v in received.items():
+                    own[k].copy_(v)
+            return model, list(received)
         model.load_state_dict(received, strict=True)
         return model.to(self.device), list(received)
 
@@ -859,7 +883,7 @@ class DpSgdTrainer:
             nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
             entry = _Wrapped(fingerprint, (self.optimizer_fn, self.criterion), None, model, kernel, criterion, nbytes)
         else:
-            _, keys = self._load(weights, into=entry.module)
+            _, keys = self._load(weights, into=entry.module, copy_in_place=_plain_state_loading(entry.module))
             entry.optimizer.optimizer.state.clear()
             entry.optimizer.attach_grads()
         kernel = entry.optimizer
