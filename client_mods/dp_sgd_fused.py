@@ -222,6 +222,15 @@ class FusedLinearDpSgd:
                     sq += t.reshape(n, -1).square().sum(1)
         return sq
 
+    def add_noise(self, generator: Optional[torch.Generator]) -> None:
+        """Add N(0, (zC)^2) to every coordinate of the clipped sum: Opacus' draws, one normal per parameter
+        tensor in order, from ``generator``."""
+        std = self.noise_multiplier * self.max_grad_norm
+        if std > 0:
+            for view in self._noises:
+                view.normal_(0.0, std, generator=generator)
+            self.flat.add_(self.noise)
+
     def step(
         self,
         inputs: torch.Tensor,
@@ -235,11 +244,7 @@ class FusedLinearDpSgd:
         """One DP-SGD step: clipped sum, noise N(0, (zC)^2) per coordinate, / expected batch size, optimizer
         step, one accountant step. Returns the batch's mean loss (None for an empty batch)."""
         loss = self.clipped_sum(inputs, targets)
-        std = self.noise_multiplier * self.max_grad_norm
-        if std > 0:
-            for view in self._noises:  # Opacus' draws: one normal per parameter tensor, in order
-                view.normal_(0.0, std, generator=generator)
-            self.flat.add_(self.noise)
+        self.add_noise(generator)
         self.flat.div_(expected_batch_size)
         lr = self._plain_sgd_lr()
         if lr is None:

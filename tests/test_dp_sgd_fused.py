@@ -239,3 +239,20 @@ def test_fused_round_rejects_wrong_shapes_and_keys_on_the_kept_model():
         trainer.train_round({"_module." + k: v for k, v in good.items()}, (x, y), state, cache_key="k")
     assert load_history(state)[0] == [(1.0, 0.5, 2)]  # only the good round was booked
     clear_wrapped_cache()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_round_on_cuda_is_the_opacus_round():
+    """On the GPU too: the same weights, event and history as Opacus' hooks mode (same CUDA noise draws)."""
+    x, y = _data(40)
+    weights = ArrayRecord(_mlp().state_dict())
+    out = {
+        m: DpSgdTrainer(
+            _mlp, noise_multiplier=1.1, max_grad_norm=0.5, batch_size=8, grad_sample_mode=m, seed=7, device="cuda"
+        ).train_round(weights, (x, y), RecordDict())
+        for m in ("fused", "hooks")
+    }
+    assert out["fused"].event == out["hooks"].event and out["fused"].steps == out["hooks"].steps
+    for k, v in out["hooks"].state_dict.items():
+        assert out["fused"].state_dict[k].device.type == "cpu"
+        torch.testing.assert_close(out["fused"].state_dict[k], v, rtol=1e-4, atol=1e-5)
