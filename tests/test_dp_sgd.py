@@ -259,7 +259,7 @@ def test_randomness_from_os_entropy_unless_seeded():
 
 
 # ---------------------------------------------------------------------- (v) keys, hooks, rounds
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "fused"])
 def test_keys_unchanged_and_consecutive_rounds_reuse_the_model(mode):
     model = mlp()
     original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -290,7 +290,7 @@ def cached_and_fresh_rounds(make_trainer, rounds: int, data, key) -> tuple[list,
     return runs[0], runs[1], states[0], states[1]
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "fused"])
 def test_kept_wrapped_model_gives_the_uncached_rounds(mode):
     """Same seeds: the same weights, the same declared events, the same epsilon, the same state (issue 27.4)."""
     from client_mods.dp_sgd_trainer import _WRAPPED, clear_wrapped_cache
@@ -336,14 +336,23 @@ def test_kept_wrapped_model_gives_the_uncached_rounds(mode):
         {"criterion": nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))},
         {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)},
         {"grad_sample_mode": "ghost"},
+        {"grad_sample_mode": "fused"},
+        ("fused", {"grad_sample_mode": "hooks"}),
+        ("fused", {"lr": 0.05}),
+        ("fused", {"noise_multiplier": 2.0}),
+        ("fused", {"max_grad_norm": 0.3}),
+        ("fused", {"model": lambda: mlp(hidden=7)}),
+        ("fused", {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)}),
     ],
 )
 def test_kept_wrapped_model_is_rebuilt_when_the_trainer_changes(change):
-    """A round after a change of model or hyper-parameters is the uncached round with the new settings."""
+    """A round after a change of model or hyper-parameters is the uncached round with the new settings (the kept
+    Opacus-wrapped model, or the kept fused step when the first mode is "fused")."""
     from client_mods.dp_sgd_trainer import clear_wrapped_cache
 
     clear_wrapped_cache()
-    base = {"model": mlp, "noise_multiplier": 1.0, "batch_size": 16, "grad_sample_mode": "hooks", "seed": 4}
+    first_mode, change = change if isinstance(change, tuple) else ("hooks", change)
+    base = {"model": mlp, "noise_multiplier": 1.0, "batch_size": 16, "grad_sample_mode": first_mode, "seed": 4}
 
     def make(r):
         kwargs = {**base, **(change if r else {})}
@@ -677,7 +686,7 @@ def test_indexed_poisson_batches_are_opacus_dp_dataloader_batches(n, batch):
         assert 0 in sizes
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "fused"])
 @pytest.mark.parametrize("cache_key", [None, "client-9"])
 def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
     """A TensorDataset (indexed batches) and a per-example Dataset (Opacus' DPDataLoader) of the same
