@@ -197,6 +197,7 @@ class _Wrapped:
     optimizer: Any
     criterion: Callable
     nbytes: int
+    copy_in_place: bool = False  # the fused step's kept model loads weights by copying (see DpSgdTrainer._load)
 
 
 _WRAPPED: "OrderedDict[Hashable, _Wrapped]" = OrderedDict()
@@ -318,8 +319,10 @@ class _PoissonTensorBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         torch.empty((), dtype=torch.int64).random_(generator=self.generator)  # DataLoader's _base_seed draw
-        for indices in self.sampler:
-            index = torch.tensor(indices, dtype=torch.long)
+        sampler = self.sampler
+        for _ in range(sampler.steps):
+            # UniformWithReplacementSampler.__iter__'s draw, kept as a tensor instead of a list of indices
+            index = (torch.rand(sampler.num_samples, generator=self.generator) < sampler.sample_rate).nonzero().view(-1)
             yield tuple(t[index] for t in self.tensors)
 
 
@@ -890,9 +893,19 @@ class DpSgdTrainer:
                 model, optimizer, criterion, noise_multiplier=plan.z, max_grad_norm=float(self.max_grad_norm)
             )
             nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
-            entry = _Wrapped(fingerprint, (self.optimizer_fn, self.criterion), None, model, kernel, criterion, nbytes)
+            entry = _Wrapped(
+                fingerprint,
+                (self.optimizer_fn, self.criterion),
+                None,
+                model,
+                kernel,
+                criterion,
+                nbytes,
+                copy_in_place=_plain_state_loading(model),
+            )
+            model.train()
         else:
-            _, keys = self._load(weights, into=entry.module, copy_in_place=_plain_state_loading(entry.module))
+            _, keys = self._load(weights, into=entry.module, copy_in_place=entry.copy_in_place)
             entry.optimizer.optimizer.state.clear()
             entry.optimizer.attach_grads()
         kernel = entry.optimizer
@@ -904,8 +917,7 @@ class DpSgdTrainer:
         generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)
         total, count = torch.zeros((), device=self.device), 0
         try:
-            entry.module.train()
-            for _ in range(self.local_epochs):
+            for _ in range(self.local_epochs):  # the kept model stays in training mode (set when built)
                 for inputs, targets in batches:
                     loss = kernel.step(
                         inputs.to(self.device),
