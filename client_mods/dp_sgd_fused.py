@@ -50,9 +50,13 @@ CLIP_EPS = 1e-6
 
 
 def fused_eligible(model: nn.Module) -> bool:
-    """Every module that holds a trainable parameter is exactly ``nn.Linear`` (and there is one)."""
+    """Every module that holds a trainable parameter is exactly ``nn.Linear`` (and there is one), no trainable
+    parameter is held by two modules (tied weights), and all trainable parameters share one dtype and device."""
     holders = [m for m in model.modules() if any(p.requires_grad for p in m.parameters(recurse=False))]
-    return bool(holders) and all(type(m) is nn.Linear for m in holders)
+    if not holders or not all(type(m) is nn.Linear for m in holders):
+        return False
+    held = [p for m in holders for p in m.parameters(recurse=False) if p.requires_grad]
+    return len({id(p) for p in held}) == len(held) and len({(p.dtype, p.device) for p in held}) == 1
 
 
 class FusedLinearDpSgd:
@@ -77,7 +81,10 @@ class FusedLinearDpSgd:
         max_grad_norm: float,
     ) -> None:
         if not fused_eligible(model):
-            raise ValueError("grad_sample_mode='fused' needs a model whose trainable parameters are all in nn.Linear")
+            raise ValueError(
+                "grad_sample_mode='fused' needs a model whose trainable parameters all sit in nn.Linear layers, "
+                "none shared between layers, all of one dtype and device"
+            )
         self.model, self.optimizer, self.criterion = model, optimizer, criterion
         self.noise_multiplier, self.max_grad_norm = float(noise_multiplier), float(max_grad_norm)
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -101,7 +108,7 @@ class FusedLinearDpSgd:
                 w = views.get(id(m.weight)) if m.weight.requires_grad else None
                 b = views.get(id(m.bias)) if m.bias is not None and m.bias.requires_grad else None
                 self._layers[m] = (w, b)
-        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int]] = []
+        self._records: list[tuple[nn.Module, torch.Tensor, torch.Tensor, int, int]] = []
         self._copy_outputs = False
         self._handles = [m.register_forward_hook(self._capture) for m in self._layers]
         self.attach_grads()
@@ -134,18 +141,22 @@ class FusedLinearDpSgd:
             p.grad = None
 
     def _capture(self, module: nn.Module, inputs: tuple[Any, ...], output: torch.Tensor) -> Optional[torch.Tensor]:
+        a = inputs[0].detach()
         if self._copy_outputs:
-            copied = output.clone()
-            self._records.append((module, inputs[0].detach(), output, output._version))
-            return copied
-        self._records.append((module, inputs[0].detach(), output, output._version))
+            self._records.append((module, a.clone(), output, 0, 0))
+            return output.clone()  # the layer's own output stays untouched; the model goes on with a copy
+        self._records.append((module, a, output, a._version, output._version))
         return None
 
     def _forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self._records = []
         loss = self.criterion(self.model(inputs), targets)
-        if not self._copy_outputs and any(out._version != version for _, _, out, version in self._records):
-            self._copy_outputs = True  # an output was modified in place: its gradient is not the layer's
+        if not self._copy_outputs and any(
+            a._version != va or out._version != vo for _, a, out, va, vo in self._records
+        ):
+            # a layer's input or output was modified in place (nn.ReLU(inplace=True)): its recorded activation or
+            # gradient would not be the layer's. From now on both are copies (forward again, once)
+            self._copy_outputs = True
             self._records = []
             loss = self.criterion(self.model(inputs), targets)
         return loss
@@ -203,7 +214,7 @@ class FusedLinearDpSgd:
         """Per-sample squared norms with each layer's per-sample gradient materialised and summed over its calls
         (a layer called several times, or on inputs with extra dimensions: the cross terms do not factor)."""
         sums: dict[nn.Module, list[Optional[torch.Tensor]]] = {}
-        for (module, a, _, _), g in zip(records, grads):
+        for (module, a, *_), g in zip(records, grads):
             if g is None:
                 continue
             w, b = self._layers[module]

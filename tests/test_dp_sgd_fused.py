@@ -211,6 +211,11 @@ class _nothing:
 def test_auto_picks_fused_only_where_it_applies():
     conv = lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3))  # noqa: E731
     assert fused_eligible(_mlp()) and fused_eligible(_Shared()) and not fused_eligible(conv())
+    tied = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    tied[2].weight = tied[0].weight  # one parameter in two layers: its per-sample norm has cross terms
+    mixed = _mlp().double()
+    mixed[0].float()
+    assert not fused_eligible(tied) and not fused_eligible(mixed)
     assert DpSgdTrainer(_mlp, noise_multiplier=1.0).grad_sample_mode == "fused"
     assert DpSgdTrainer(conv, noise_multiplier=1.0).grad_sample_mode == "hooks"
     assert DpSgdTrainer(_mlp, noise_multiplier=1.0, clipping="per_layer").grad_sample_mode == "hooks"
