@@ -190,14 +190,23 @@ VARIANTS: dict[str, Variant] = {
         lambda n: FedAvg(**fedavg_args(n)),
         client="dp-sgd",
         kind="mod",
-        what="Opacus DP-SGD (z = 1, C = 1, Poisson batches of 32, same epochs/lr) "
-        "instead of plain SGD; server: Flower's FedAvg",
+        what="DP-SGD (z = 1, C = 1, Poisson batches of 32 from Opacus' sampler, Opacus' accountant, same "
+        "epochs/lr) instead of plain SGD; grad_sample_mode='auto', which picks the fused Linear step for this "
+        "MLP (client_mods.dp_sgd_fused); server: Flower's FedAvg",
+    ),
+    "DpSgdTrainer (Opacus hooks)": Variant(
+        lambda n: FedAvg(**fedavg_args(n)),
+        client="dp-sgd-hooks",
+        kind="diagnostic",
+        what="as DpSgdTrainer (Opacus) with grad_sample_mode='hooks': Opacus' GradSampleModule and DPOptimizer "
+        "for every step, as before the fused step (the same mechanism and events)",
     ),
     "DpSgdTrainer (Opacus, wrapped anew)": Variant(
         lambda n: FedAvg(**fedavg_args(n)),
         client="dp-sgd-anew",
         kind="diagnostic",
-        what="as DpSgdTrainer (Opacus) with keep_wrapped=False: Opacus wraps the model anew for every message",
+        what="as DpSgdTrainer (Opacus) with keep_wrapped=False: the client's model and its DP-SGD step are built "
+        "anew for every message",
     ),
     "DpSgdTrainer (Opacus, as before 27.4)": Variant(
         lambda n: FedAvg(**fedavg_args(n)),
@@ -338,10 +347,13 @@ def train(msg: Message, context: Context) -> Message:
     config = _config(msg)
     kind = str(config.get("bench-client", "plain"))
     x, y = _shard(context, "train")
-    if kind in ("dp-sgd", "dp-sgd-anew"):
+    if kind in ("dp-sgd", "dp-sgd-anew", "dp-sgd-hooks"):
         from client_mods.dp_sgd import dp_sgd_train_reply
 
-        return dp_sgd_train_reply(msg, context, _dp_sgd_trainer(config), (x, y), keep_wrapped=kind == "dp-sgd")
+        trainer = (
+            _dp_sgd_trainer(config, grad_sample_mode="hooks") if kind == "dp-sgd-hooks" else _dp_sgd_trainer(config)
+        )
+        return dp_sgd_train_reply(msg, context, trainer, (x, y), keep_wrapped=kind != "dp-sgd-anew")
     if kind == "dp-sgd-before":
         from client_mods.dp_sgd import DpSgdTrainer, dp_sgd_train_reply
 

@@ -259,7 +259,7 @@ def test_randomness_from_os_entropy_unless_seeded():
 
 
 # ---------------------------------------------------------------------- (v) keys, hooks, rounds
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "fused"])
 def test_keys_unchanged_and_consecutive_rounds_reuse_the_model(mode):
     model = mlp()
     original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -290,7 +290,7 @@ def cached_and_fresh_rounds(make_trainer, rounds: int, data, key) -> tuple[list,
     return runs[0], runs[1], states[0], states[1]
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "fused"])
 def test_kept_wrapped_model_gives_the_uncached_rounds(mode):
     """Same seeds: the same weights, the same declared events, the same epsilon, the same state (issue 27.4)."""
     from client_mods.dp_sgd_trainer import _WRAPPED, clear_wrapped_cache
@@ -336,14 +336,21 @@ def test_kept_wrapped_model_gives_the_uncached_rounds(mode):
         {"criterion": nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]))},
         {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)},
         {"grad_sample_mode": "ghost"},
+        {"grad_sample_mode": "fused"},
+        ("fused", {"grad_sample_mode": "hooks"}),
+        ("fused", {"noise_multiplier": 2.0}),
+        ("fused", {"model": lambda: mlp(hidden=7)}),
+        ("fused", {"optimizer_fn": lambda params: torch.optim.Adam(params, lr=0.01)}),
     ],
 )
 def test_kept_wrapped_model_is_rebuilt_when_the_trainer_changes(change):
-    """A round after a change of model or hyper-parameters is the uncached round with the new settings."""
+    """A round after a change of model or hyper-parameters is the uncached round with the new settings (the kept
+    Opacus-wrapped model, or the kept fused step when the first mode is "fused")."""
     from client_mods.dp_sgd_trainer import clear_wrapped_cache
 
     clear_wrapped_cache()
-    base = {"model": mlp, "noise_multiplier": 1.0, "batch_size": 16, "grad_sample_mode": "hooks", "seed": 4}
+    first_mode, change = change if isinstance(change, tuple) else ("hooks", change)
+    base = {"model": mlp, "noise_multiplier": 1.0, "batch_size": 16, "grad_sample_mode": first_mode, "seed": 4}
 
     def make(r):
         kwargs = {**base, **(change if r else {})}
@@ -677,7 +684,7 @@ def test_indexed_poisson_batches_are_opacus_dp_dataloader_batches(n, batch):
         assert 0 in sizes
 
 
-@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "fused"])
 @pytest.mark.parametrize("cache_key", [None, "client-9"])
 def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
     """A TensorDataset (indexed batches) and a per-example Dataset (Opacus' DPDataLoader) of the same
@@ -704,8 +711,10 @@ def test_round_on_indexed_batches_equals_the_dataloader_round(mode, cache_key):
 
 
 def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
-    """ "auto": hooks while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above;
-    the declared event and ε are those of either explicit mode (the mechanism does not depend on it)."""
+    """Opacus' rule (:func:`choose_grad_sample_mode`, what "auto" picks where the fused step does not apply): hooks
+    while batch x parameters <= 2**17 (ghost's second backward costs more), ghost above. "auto" picks "fused" for an
+    all-Linear model with flat clipping; the declared event and ε are those of every explicit mode (the mechanism
+    does not depend on it)."""
     from client_mods.dp_sgd_trainer import HOOKS_MAX_GRAD_SAMPLE_ELEMENTS
 
     params = sum(p.numel() for p in mlp().parameters())  # 75
@@ -713,8 +722,11 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
     assert choose_grad_sample_mode(mlp(), batch_size=HOOKS_MAX_GRAD_SAMPLE_ELEMENTS // params + 1) == "ghost"
     assert choose_grad_sample_mode(mlp()) == "ghost"  # no batch size: the model alone decides
     big = lambda: nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))  # noqa: E731
-    assert DpSgdTrainer(big, noise_multiplier=1.0, batch_size=8).grad_sample_mode == "ghost"
-    assert DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32).grad_sample_mode == "hooks"
+    assert DpSgdTrainer(big, noise_multiplier=1.0, batch_size=8).grad_sample_mode == "fused"
+    assert DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32).grad_sample_mode == "fused"
+    per_layer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32, clipping="per_layer")
+    virtual = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=32, max_physical_batch_size=8)
+    assert per_layer.grad_sample_mode == virtual.grad_sample_mode == "hooks"  # Opacus' rule
     (x, y), weights = toy_data(48), mlp().state_dict()
     results = {
         mode: DpSgdTrainer(
@@ -722,7 +734,7 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
         ).train_round(weights, (x, y), RecordDict())
         for mode in ("auto", "hooks", "ghost")
     }
-    assert results["auto"].grad_sample_mode == "hooks"
+    assert results["auto"].grad_sample_mode == "fused"
     for mode in ("hooks", "ghost"):
         assert results[mode].event == results["auto"].event
         assert results[mode].epsilon == results["auto"].epsilon
@@ -734,7 +746,7 @@ def test_auto_mode_keeps_per_sample_gradients_when_they_are_small():
 
 
 def test_tuned_round_declares_what_the_round_before_27_4_declared():
-    """Default trainer on an (x, y) pair (auto -> hooks, indexed batches, kept wrapped) against the way the round
+    """Default trainer on an (x, y) pair (auto -> fused, indexed batches, kept) against the way the round
     ran before issue 27.4 (ghost, per-example DPDataLoader, wrapped anew): over three rounds the same events,
     cumulative and round-only ε, history and state, and the same weights up to float rounding."""
     from client_mods.dp_sgd_trainer import clear_wrapped_cache
@@ -750,7 +762,7 @@ def test_tuned_round_declares_what_the_round_before_27_4_declared():
         old = DpSgdTrainer(
             mlp, noise_multiplier=0.9, batch_size=12, local_epochs=2, seed=17, grad_sample_mode="ghost"
         ).train_round(weights, _PerExample(x, y), old_state)
-        assert (new.grad_sample_mode, old.grad_sample_mode) == ("hooks", "ghost")
+        assert (new.grad_sample_mode, old.grad_sample_mode) == ("fused", "ghost")
         assert new.event == old.event and new.neighboring_relation == old.neighboring_relation
         assert new.epsilon == old.epsilon and new.epsilon_round_only == old.epsilon_round_only
         assert (new.steps, new.sample_rate, new.noise_multiplier) == (old.steps, old.sample_rate, old.noise_multiplier)

@@ -30,6 +30,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from torch import nn
 
+import client_mods.dp_sgd_fused as dp_sgd_fused
 import client_mods.functional_mechanism as fm_module
 import opacus.optimizers.optimizer as opacus_optimizer
 from client_mods.dp_sgd_trainer import DpSgdTrainer
@@ -70,7 +71,7 @@ def mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(D, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
 
 
-def audited_round(noise_multiplier: float, *, seed: int = 0) -> RecordAudit:
+def audited_round(noise_multiplier: float, *, seed: int = 0, grad_sample_mode: str = "auto") -> RecordAudit:
     """One DP-SGD round with canaries; the audit of its output beside the trainer's declared ε."""
     x, y = synthetic(seed=seed)
     canaries = make_canary_records(M, (x, y), seed=seed + 1)
@@ -87,6 +88,7 @@ def audited_round(noise_multiplier: float, *, seed: int = 0) -> RecordAudit:
         target_delta=DELTA,
         device="cpu",
         seed=seed + 3,
+        grad_sample_mode=grad_sample_mode,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -107,15 +109,18 @@ def test_a_sound_dp_sgd_run_is_never_contradicted(noise_multiplier):
     assert not audit.contradicts_declaration
 
 
-def test_a_trainer_that_declares_noise_it_does_not_add_is_caught(monkeypatch):
+@pytest.mark.parametrize("grad_sample_mode", ["hooks", "fused"])
+def test_a_trainer_that_declares_noise_it_does_not_add_is_caught(monkeypatch, grad_sample_mode):
     # broken configuration: Opacus' accountant books z = 10 for every step, but the noise is zero (plain
-    # clipped SGD); the declared ε is the honest run's, the model is a non-private one
+    # clipped SGD); the declared ε is the honest run's, the model is a non-private one. Both steps: Opacus'
+    # DPOptimizer (hooks) and the fused Linear step ("auto" for this MLP)
     monkeypatch.setattr(
         opacus_optimizer,
         "_generate_noise",
         lambda std, reference, generator=None, secure_mode=False: torch.zeros_like(reference),
     )
-    audit = audited_round(noise_multiplier=10.0)
+    monkeypatch.setattr(dp_sgd_fused.FusedLinearDpSgd, "add_noise", lambda self, generator: None)
+    audit = audited_round(noise_multiplier=10.0, grad_sample_mode=grad_sample_mode)
     assert audit.declared_epsilon < 1
     assert audit.guesses_correct >= 0.85 * audit.guesses_made
     assert audit.epsilon_lower_bound > 2 * audit.declared_epsilon
