@@ -49,8 +49,8 @@ Pipeline (:func:`encode_update`), public parameters in :class:`DistributedDpPara
 (f) **wrap** modulo 2^b into unsigned integers (``bits`` = b).
 
 Decoding (:func:`decode_sum`) of the modular sum of n encodings: map [0, 2^b) to
-the centred range [−2^{b−1}, 2^{b−1}), divide by s, undo the rotation. It is exact up to the rounding errors (< 1/s per coordinate and client)
-and the noise *provided the true integer sum lies in the centred range*; a sum
+the centred range [−2^{b−1}, 2^{b−1}), divide by s, undo the rotation. It is exact
+up to the rounding errors (< 1/s per coordinate and client) and the noise *provided the true integer sum lies in the centred range*; a sum
 that overflows it wraps silently. Two rules size the range: :func:`scale_for_bits`
 (what :class:`~flwr_dp_strategies.DistributedDpFedAvg` uses) picks s for a given b so that
 the *rotated* sum plus noise fits with k = 6 planned standard deviations to spare (a
@@ -67,6 +67,10 @@ event is ``SkellamDpEvent(Δ₁, Δ₂, μ)`` (RDP: Agarwal et al. 2021, Thm 3.5
 target noise multiplier z the calibration takes μ = (z·Δ̃₂)², so the Gaussian part
 of the RDP bound is α/(2z²), as for ``GaussianDpEvent(z)``; in update units the
 noise standard deviation is z·Δ̃₂/s ≥ z·C. Decoding is post-processing.
+The analysis does not depend on which rotation is used: the sensitivity is the norm bound
+Δ̃₂ that step (d) enforces on the integer vector after the (public, data-independent,
+orthonormal) rotation; the rotation enters only through D (= d, in Δ̃₂'s D/4 term and in
+Δ₁ ≤ √D·Δ̃₂) and through the flattening that sizes the modular range (utility).
 
 Floating point. Steps (a)–(c) run in float64 and may overshoot C by a relative
 1e-16; privacy does not depend on them, only on the norm bound that step (d)
