@@ -91,6 +91,24 @@ def test_flattening_bound_holds_statistically_and_is_tight():
         assert tail <= 2.0 * math.exp(-(threshold**2) / (2.0 * bound)) + 4.0 * math.sqrt(0.25 / draws)
 
 
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: random_rotation(np.ones((2, 2)), 0), "x"),
+        (lambda: random_rotation([1.0, float("nan")], 0), "x"),
+        (lambda: random_rotation(np.ones(3), -1), "rotation_seed"),
+        (lambda: inverse_random_rotation(np.ones(0), 0), "y"),
+        (lambda: rotation_kind(0), "dim"),
+        (lambda: planned_sum_std(0.0, clip_norm=1, padded_dim=3, n_clients=1, noise_multiplier=1, min_survivors=1), "scale"),
+        (lambda: planned_sum_std(1.0, clip_norm=1, padded_dim=0, n_clients=1, noise_multiplier=1, min_survivors=1), "padded_dim"),
+        (lambda: planned_sum_std(1.0, clip_norm=1, padded_dim=3, n_clients=1, noise_multiplier=1, min_survivors=0), "min_survivors"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_name_the_parameter(call, name):
+    with pytest.raises(ValueError, match=name):
+        call()
+
+
 def test_wrap_probability_bound_formula():
     assert wrap_probability_bound(6.0, 1e6) == pytest.approx(2.0 * math.exp(-18.0), rel=1e-9)
     assert wrap_probability_bound(6.0, 100.0) == pytest.approx(

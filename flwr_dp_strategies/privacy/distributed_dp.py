@@ -476,9 +476,12 @@ def planned_sum_std(
     largest total Skellam variance, n survivors each adding μ/m with μ = (zΔ̃₂)².
     """
     d = check_int("padded_dim", padded_dim, minimum=1)
-    rounding = rounded_l2_norm_bound(scale * clip_norm, d, beta)
-    signal = rotation_flattening(d) * (n_clients * scale * clip_norm) ** 2 / d
-    noise = n_clients / min_survivors * (noise_multiplier * rounding) ** 2
+    s, c = check_positive("scale", scale), check_positive("clip_norm", clip_norm)
+    n, m = check_int("n_clients", n_clients, minimum=1), check_int("min_survivors", min_survivors, minimum=1)
+    z = check_positive("noise_multiplier", noise_multiplier)
+    rounding = rounded_l2_norm_bound(s * c, d, beta)
+    signal = rotation_flattening(d) * (n * s * c) ** 2 / d
+    noise = n / m * (z * rounding) ** 2
     return math.sqrt(signal + noise)
 
 
