@@ -40,7 +40,7 @@ release would have with Poisson sampling at q = m/N (what secure aggregation giv
 the effective noise multiplier (noise std / C; ≥ z for ``ddp-b``: the rounding
 inflates the sensitivity when s is small) and the final test accuracy.
 
-**(b) Upload bytes** per client: ⌈D·b/8⌉ (D = padded dimension, a power of two), the
+**(b) Upload bytes** per client: ⌈D·b/8⌉ (D = d: the rotation pads nothing since issue 29), the
 size of the packed masked vector, against the dense float32 update 4·d.
 
 **(c) Round wall time** of one full secure round with real crypto: ``DistributedDpFedAvg``
@@ -389,20 +389,21 @@ def accuracy_jobs(cfg: dict[str, Any], dim: int) -> list[tuple[str, float, float
 
 # ============================================================================ (b) bytes
 def upload_bytes(cfg: dict[str, Any], dim: int) -> list[dict]:
-    """⌈D·b/8⌉ per b (the strategy's own ``upload_bytes``) against 4·d."""
+    """⌈D·b/8⌉ per b (the strategy's own ``upload_bytes``; D = d, the rotation pads nothing) against 4·d."""
     from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg  # not exported (report)
-    from flwr_dp_strategies.privacy.distributed_dp import padded_dimension
+    from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams
 
     rows = []
     for b in sorted(set(cfg["bits"]) | {cfg["timing_bits"]}, reverse=True):
         strategy = DistributedDpFedAvg(noise_multiplier=1.0, clipping_norm=1.0, bits=b, rotation_seed=0)
         sent = strategy.upload_bytes(dim)
-        assert sent == math.ceil(padded_dimension(dim) * b / 8)
+        padded = DistributedDpParams(dim, 1.0, 1.0, b, 0).padded_dim
+        assert sent == math.ceil(padded * b / 8)
         rows.append(
             {
                 "bits": b,
                 "dim": dim,
-                "padded_dim": padded_dimension(dim),
+                "padded_dim": padded,
                 "bytes": sent,
                 "dense_float32_bytes": 4 * dim,
                 "ratio": sent / (4 * dim),
@@ -1113,7 +1114,7 @@ def run(
     on_row: Callable[[dict], None] = lambda row: None,
 ) -> dict:
     """(a), (b) and (c) of ``mode``."""
-    from flwr_dp_strategies.privacy.distributed_dp import padded_dimension
+    from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams
 
     cfg = {**CONFIG, **MODES[mode], "seed": seed}
     if rounds is not None:
@@ -1154,7 +1155,7 @@ def run(
         "seed": seed,
         "config": cfg,
         "dim": dim,
-        "padded_dim": padded_dimension(dim),
+        "padded_dim": DistributedDpParams(dim, 1.0, 1.0, 20, 0).padded_dim,
         "delta": DELTA,
         "calibration_bits": CALIBRATION_BITS,
         "machine": machine(),

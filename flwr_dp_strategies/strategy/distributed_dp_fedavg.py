@@ -102,7 +102,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             every client's clipped update weighs the same).
         noise_multiplier: z, the noise std over the L2 sensitivity of the integer sum (> 0).
         clipping_norm: C, the L2 bound of each client's update (> 0).
-        bits: b, the modulus 2^b of the secure sum (the upload is ⌈D·b/8⌉ bytes), in [2, 62].
+        bits: b, the modulus 2^b of the secure sum (the upload is ⌈d·b/8⌉ bytes for d model values: the
+            rotation pads nothing), in [2, 62].
         num_shares: SecAgg+ ring parameter k: an int ≥ 2, a fraction of the sampled nodes (1.0:
             SecAgg's complete graph), or None (default): the smallest k whose failure bound at
             ``dropout_rate`` is at most ``failure_probability`` (Bell et al. 2020).

@@ -7,31 +7,62 @@ and masked update; nothing else leaves the client (its metrics are dropped).
 
 ``straggler-partition`` / ``straggler-seconds`` (run config): the node with that
 partition sleeps that long before it trains, to show (and test) a client that
-drops out after the keys were shared.
+drops out after the keys were shared. ``fail-plan`` (run config,
+``"round:stage:p,p;..."``): :func:`fail_mod`, in front of ``distributed_dp_mod``,
+raises on the listed partitions when that round's stage arrives, so Flower answers
+with an error reply and the server drops the node from the round at that stage.
 """
 
 from __future__ import annotations
 
 import time
 
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 
 from client_mods.distributed_dp_mod import distributed_dp_mod
+from flwr_dp_strategies.secure_aggregation.protocol import RECORD, STAGE_KEY
 
 from . import task
+from .config import fail_plan
 
 app = ClientApp()
 
 
-@app.train(mods=[distributed_dp_mod])
+def _round_of(msg: Message) -> int:
+    """The server round of a secure-aggregation message: the group id, else the train config's ``server-round``."""
+    if msg.metadata.group_id.isdigit():
+        return int(msg.metadata.group_id)
+    config = msg.content.config_records.get("config")
+    return int(config["server-round"]) if config is not None and "server-round" in config else 0
+
+
+def fail_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Raise (the node drops out) where ``fail-plan`` lists this node's partition for this round and stage."""
+    plan = fail_plan(str(context.run_config.get("fail-plan", "")))
+    if plan and msg.metadata.message_type == MessageType.TRAIN and RECORD in msg.content:
+        stage = str(msg.content[RECORD].get(STAGE_KEY))
+        partition_id = int(context.node_config["partition-id"])
+        if partition_id in plan.get((_round_of(msg), stage), ()):
+            raise RuntimeError(f"fail-plan: partition {partition_id} drops out at {stage} of round {_round_of(msg)}")
+    return call_next(msg, context)
+
+
+@app.train(mods=[fail_mod, distributed_dp_mod])
 def train(msg: Message, context: Context) -> Message:
     """``local-epochs`` of SGD from the global model on this node's shard."""
     config = msg.content["config"]
     partition_id, num_partitions = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
     if partition_id == int(context.run_config.get("straggler-partition", -1)):
         time.sleep(float(context.run_config.get("straggler-seconds", 0.0)))
-    x, y = task.partition(partition_id, num_partitions, str(config["dataset"]), str(config["data-dir"]))
+    x, y = task.partition(
+        partition_id,
+        num_partitions,
+        str(config["dataset"]),
+        str(config["data-dir"]),
+        int(config.get("samples-per-client", 0)),
+    )
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
     arrays = task.train_sgd(
         task.from_record(msg.content["arrays"]),

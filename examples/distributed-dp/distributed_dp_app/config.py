@@ -25,6 +25,9 @@ DEFAULTS: dict[str, Any] = {
     "target-delta": 1e-5,
     "dataset": "auto",
     "data-dir": "",
+    "model": "logreg",
+    "hidden": 64,
+    "samples-per-client": 0,
     "local-epochs": 1,
     "lr": 0.5,
     "batch-size": 32,
@@ -32,15 +35,44 @@ DEFAULTS: dict[str, Any] = {
     "straggler-partition": -1,
     "straggler-seconds": 0.0,
     "results-dir": "results",
+    "fail-plan": "",
 }
 
 
+MODELS = ("logreg", "mlp")
+STAGES = ("setup", "share-keys", "collect", "unmask")
+
+
 def resolve_run_config(context: Context) -> dict[str, Any]:
-    """The app's settings; ``ValueError`` naming an unknown ``dataset``."""
+    """The app's settings; ``ValueError`` naming an unknown ``dataset`` or ``model``, or a bad ``fail-plan``."""
     config = {**DEFAULTS, **dict(context.run_config)}
     if config["dataset"] not in DATASETS:
         raise ValueError(f"dataset must be one of {DATASETS}, got {config['dataset']!r}")
+    if config["model"] not in MODELS:
+        raise ValueError(f"model must be one of {MODELS}, got {config['model']!r}")
+    fail_plan(str(config["fail-plan"]))
     return config
+
+
+def fail_plan(text: str) -> dict[tuple[int, str], set[int]]:
+    """``fail-plan`` parsed: ``"round:stage:p,p;..."`` -> {(round, stage): partition ids that fail there}.
+
+    A node whose partition is listed raises in its ClientApp when it receives that stage's message in
+    that round, so Flower answers the server with an error reply: the node drops out of the round at
+    that stage (a demo and test of dropouts; empty: nobody fails). ValueError naming ``fail-plan``.
+    """
+    plan: dict[tuple[int, str], set[int]] = {}
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        try:
+            rnd, stage, parts = item.split(":")
+            key = (int(rnd), stage.strip())
+            ids = {int(p) for p in parts.split(",") if p.strip()}
+        except ValueError as err:
+            raise ValueError(f"fail-plan must be 'round:stage:p,p;...', got {text!r}") from err
+        if key[1] not in STAGES or key[0] < 1:
+            raise ValueError(f"fail-plan stages must be one of {STAGES} and rounds >= 1, got {item!r}")
+        plan.setdefault(key, set()).update(ids)
+    return plan
 
 
 def min_clients(config: dict[str, Any]) -> int:

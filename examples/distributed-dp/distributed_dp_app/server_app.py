@@ -15,13 +15,18 @@ round; the sum of the survivors' vectors is still revealed while at least
 ``min-survivors`` remain (how many is in the server log only: dropouts can depend on
 data). The round's train metrics carry ``dp/noise-multiplier``, ``secagg/peak-fraction``
 and ``privacy/epsilon`` (the ledger's ε after that round). The server's test accuracy
-is computed in ``evaluate_fn`` on the held-out split.
+is computed in ``evaluate_fn`` on the held-out split, which also prints one progress line
+per round as it ends: ε so far, accuracy, the round's wall time (from the end of the
+previous evaluation: the four stages, local training and the server's unmasking) and
+the bytes each client uploaded (its packed masked vector, ⌈d·b/8⌉) against a dense
+float32 update (4·d).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -85,13 +90,22 @@ def round_rows(result: Result, num_rounds: int) -> list[dict[str, Any]]:
 
 
 def round_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """``round r  sum revealed  epsilon e  accuracy a`` per round (``aborted`` if nothing was revealed)."""
+    """``round r  sum revealed  epsilon e  accuracy a  time t s`` per round (``aborted`` if nothing was revealed)."""
     lines = []
     for row in rows:
         eps = "n/a" if row["epsilon"] is None else f"{row['epsilon']:.3f}"
         secagg = "sum revealed             " if row["released"] else "aborted: nothing revealed"
-        lines.append(f"round {row['round']:3d}  {secagg}  epsilon {eps}  accuracy {row['accuracy']:.3f}")
+        seconds = f"  time {row['round_s']:.1f} s" if row.get("round_s") is not None else ""
+        lines.append(f"round {row['round']:3d}  {secagg}  epsilon {eps}  accuracy {row['accuracy']:.3f}{seconds}")
     return lines
+
+
+def bytes_line(upload: int, dim: int, bits: int) -> str:
+    """One client's upload against a dense float32 update of ``dim`` values."""
+    return (
+        f"upload {upload:,} B per client (masked vector, {bits} bits x {dim:,} values) = "
+        f"{upload / (4 * dim):.3f}x dense float32 ({4 * dim:,} B)"
+    )
 
 
 @app.main()
@@ -101,20 +115,39 @@ def main(grid: Grid, context: Context) -> None:
     dataset = task.resolve_dataset(str(config["dataset"]), str(config["data-dir"]))
     _, _, x_test, y_test = task.load_data(dataset, str(config["data-dir"]))
     strategy = build_strategy(config)
-    print(f"{strategy!r} on {dataset}, {min_clients(config)} clients", flush=True)
+    initial_model = task.initial_arrays(
+        task.num_features(dataset), str(config["model"]), int(config["hidden"]), int(config["seed"])
+    )
+    dim = task.model_size(initial_model)
+    upload = strategy.upload_bytes(dim)
+    print(f"{strategy!r} on {dataset}, {min_clients(config)} clients, {config['model']} of {dim:,} values", flush=True)
+    print(bytes_line(upload, dim, int(config["bits"])), flush=True)
+    clock = {"last": time.perf_counter()}
+    round_seconds: dict[int, float] = {}
 
     def server_accuracy(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        return MetricRecord({"accuracy": task.accuracy(task.from_record(arrays), x_test, y_test)})
+        acc = task.accuracy(task.from_record(arrays), x_test, y_test)
+        now = time.perf_counter()
+        if server_round > 0:
+            round_seconds[server_round] = now - clock["last"]
+            print(
+                f"[round {server_round}] epsilon {strategy.ledger.epsilon():.3f}  accuracy {acc:.3f}  "
+                f"time {round_seconds[server_round]:.1f} s  upload {upload:,} B/client "
+                f"({upload / (4 * dim):.3f}x dense float32)",
+                flush=True,
+            )
+        clock["last"] = time.perf_counter()
+        return MetricRecord({"accuracy": acc})
 
     train_config = ConfigRecord(
         {
             "dataset": dataset,
             "data-dir": str(config["data-dir"]),
-            **{key: config[key] for key in ("local-epochs", "lr", "batch-size", "seed")},
+            **{key: config[key] for key in ("local-epochs", "lr", "batch-size", "seed", "samples-per-client")},
         }
     )
     num_rounds = int(config["num-server-rounds"])
-    initial = task.to_record(task.initial_arrays(task.num_features(dataset)))
+    initial = task.to_record(initial_model)
     result = strategy.start(
         grid=grid,
         initial_arrays=initial,
@@ -124,6 +157,9 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_fn=server_accuracy,
     )
     rows = round_rows(result, num_rounds)
+    for row in rows:
+        row["round_s"] = round_seconds.get(row["round"])
+        row["upload_bytes_per_client"] = upload
     print("\n".join(round_lines(rows)), flush=True)
     report = strategy.ledger.report()
     print(
@@ -141,6 +177,9 @@ def main(grid: Grid, context: Context) -> None:
             delta=report.delta,
             extra={
                 "config": {**config, "dataset": dataset},
+                "model_values": dim,
+                "upload_bytes_per_client": upload,
+                "dense_float32_bytes": 4 * dim,
                 "privacy": {"epsilon": report.epsilon, "delta": report.delta},
                 "train_metrics": {str(r): dict(m) for r, m in result.train_metrics_clientapp.items()},
             },
