@@ -29,6 +29,33 @@ Un-amplified mechanisms are all one Gaussian mechanism, so their ratios do not d
 amplified row does. Analytic figures (no training): the tuning budget is zero for every row.
 
 Run: ``python -m flwr_dp_benchmarks.bench_bandmf`` (about a minute); writes ``results/bandmf/results.{json,md}``.
+
+**--train** (accuracy, issue 30 item 4): ``python -m flwr_dp_benchmarks.bench_bandmf --train [--rounds 40]
+[--jobs 2] [--c-from 40] [--report-only]``, on bench_user_level's protocol (MNIST split IID over N = 1 000
+clients of 60, the 784-64-10 MLP, each client 2 local epochs of SGD, batch 20, rate 0.1, from the global model;
+the sum divided by the public m = 100; δ = 1e-5; seed 0; test accuracy after the last round). Rows:
+
+* ``dp-fedavg``: :class:`~flwr_dp_strategies.AccountedServerSideFixedClipping`, m = 100 drawn uniformly per round
+  (Flower's FedAvg sampling), no participation rule, so a client may be in all T rounds: T ``GaussianDpEvent(z)``.
+  Flower's own wrapper is the ``flower-fixed`` row of bench_user_level (same protocol).
+* ``bandmf``: :class:`~flwr_dp_strategies.AccountedBandedMatrixFactorization`, banded square root, b = 10 cyclic
+  groups of 100 (every client once every 10 rounds), k = T/10: one ``GaussianDpEvent(z/√k)``.
+* ``bandmf-amplified``: the same with ``sampling="cyclic-poisson"`` and b' = 5 groups of 200, each member asked
+  with q' = 0.5 (expected cohort 100): T/5 ``PoissonSampledDpEvent(0.5, GaussianDpEvent(z))``. b' = 1 would be
+  the Poisson row exactly and b' = 10 the un-amplified row; b' = 5 was fixed beforehand (its noise ratio,
+  above, lies between the two), not tuned on accuracy.
+* ``poisson-fixed`` / ``poisson-adaptive``: :class:`~flwr_dp_strategies.AccountedPoissonFixedClipping` /
+  :class:`~flwr_dp_strategies.AccountedAdaptiveClipping`, Poisson q = 0.1, as bench_user_level runs them (at
+  T = 40 its C = 1 and adaptive runs are reused from ``user_level/results.json``: same protocol, seed, ledger).
+* cross-silo: N = 10 clients of 6 000, all in every round (m = 10), ε = 8: ``dp-fedavg`` and ``bandmf`` with
+  b = 1, the only banding the participation allows (then BandMF's noise is DP-FedAvg's).
+
+z is calibrated for each row on the events its strategy's ledger books (``train_events``; the achieved ledger ε
+of every run is recorded). **Tuning budget, the same for every clipped method**: C ∈ {0.3, 1, 3}, the best on
+test accuracy reported per (method, ε, T), as Flower's row is tuned in bench_user_level; the adaptive row has
+no C. Learning rate, epochs and batch are bench_user_level's, chosen once for non-private FedAvg. ``--c-from 40``
+runs another T with each method's best C at T = 40 only (a smaller budget, the same for each). Each run is
+appended to ``results/bandmf/train/runs-T.jsonl`` (resumable); the tables go to ``results/bandmf/train.{json,md}``.
 """
 
 from __future__ import annotations
@@ -279,6 +306,25 @@ def train_jobs(rounds: int, methods=TRAIN_METHODS, epsilons=TRAIN_EPSILONS, cros
     return out
 
 
+def carried_c_jobs(rounds: int, runs_at: list[dict], methods=TRAIN_METHODS, epsilons=TRAIN_EPSILONS) -> list[tuple]:
+    """(method, ε, T, C, N) at T = ``rounds`` with each method's best C of ``runs_at`` (another T) at that ε: the
+    same reduced tuning budget for every method (no C tried at this T). User-level only."""
+    best = {(r["method"], r["target_epsilon"]): r["clip"] for r in best_rows(runs_at) if r["setting"] == "user-level"}
+    return [
+        (method, eps, rounds, best[(method, eps)], CLIENTS)
+        for eps in epsilons
+        for method in methods
+        if (method, eps) in best
+    ]
+
+
+def load_runs(rounds: int, out: Path = TRAIN_RESULTS) -> list[dict]:
+    """The finished runs at T = ``rounds`` (``out/runs-T.jsonl``) and the reused bench_user_level rows."""
+    log = out / f"runs-{rounds}.jsonl"
+    done = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    return done + reused_user_level_rows(rounds)
+
+
 def reused_user_level_rows(rounds: int) -> list[dict]:
     """bench_user_level's ``ours-fixed`` (C = 1) and ``ours-adaptive`` runs at T = ``rounds`` (same protocol, seed 0)."""
     if not USER_LEVEL_RESULTS.exists():
@@ -358,16 +404,28 @@ def train_markdown(runs: list[dict]) -> str:
 
 
 def train(
-    rounds: int, jobs: int = 1, methods=TRAIN_METHODS, cross_silo: bool = True, out: Path = TRAIN_RESULTS
+    rounds: int,
+    jobs: int = 1,
+    methods=TRAIN_METHODS,
+    cross_silo: bool = True,
+    out: Path = TRAIN_RESULTS,
+    c_from: Optional[int] = None,
+    run: bool = True,
 ) -> list[dict]:
-    """Every run of ``--train`` at T = ``rounds``, resumable: finished runs are kept in ``out/runs-T.jsonl``."""
+    """Every run of ``--train`` at T = ``rounds``, resumable: finished runs are kept in ``out/runs-T.jsonl``.
+    ``c_from``: run each method only at its best C of the runs at that T (:func:`carried_c_jobs`)."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"runs-{rounds}.jsonl"
     done = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
     have = {_key(r) for r in done}
-    todo = [job for job in train_jobs(rounds, methods, cross_silo=cross_silo) if job not in have]
+    planned = (
+        train_jobs(rounds, methods, cross_silo=cross_silo)
+        if c_from is None
+        else carried_c_jobs(rounds, load_runs(c_from, out), methods)
+    )
+    todo = [job for job in planned if job not in have] if run else []
 
     def keep(row: dict) -> None:
         done.append(row)
@@ -398,6 +456,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="--train: runs in parallel processes")
     parser.add_argument("--methods", nargs="+", choices=TRAIN_METHODS, default=list(TRAIN_METHODS))
     parser.add_argument("--no-cross-silo", action="store_true", help="--train: leave out the 10-client runs")
+    parser.add_argument("--c-from", type=int, help="--train: only each method's best C of the runs at this T")
+    parser.add_argument("--report-only", action="store_true", help="--train: tables from the finished runs only")
     args = parser.parse_args()
     start = time.time()
     if not args.train:
@@ -409,7 +469,14 @@ def main() -> None:
     else:
         runs = []
         for rounds in args.rounds:
-            runs += train(rounds, args.jobs, args.methods, cross_silo=not args.no_cross_silo)
+            runs += train(
+                rounds,
+                args.jobs,
+                args.methods,
+                cross_silo=not args.no_cross_silo,
+                c_from=args.c_from,
+                run=not args.report_only,
+            )
         previous = []
         path = RESULTS / "train.json"
         if path.exists():
