@@ -403,6 +403,25 @@ def train_markdown(runs: list[dict]) -> str:
     )
 
 
+def train_pivot(runs: list[dict]) -> str:
+    """The user-level rows as method × (T, ε): accuracy (best C, z)."""
+    best = [r for r in best_rows(runs) if r["setting"] == "user-level"]
+    cols = sorted({(r["rounds"], r["target_epsilon"]) for r in best})
+    cell = {(r["method"], r["rounds"], r["target_epsilon"]): r for r in best}
+    lines = [
+        "| method | " + " | ".join(f"T = {t}, ε = {e:g}" for t, e in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for method in TRAIN_METHODS:
+        cells = []
+        for t, e in cols:
+            r = cell.get((method, t, e))
+            clip = "" if r is None or r["clip"] is None else f"C {r['clip']:g}, "
+            cells.append("–" if r is None else f"{r['accuracy']:.3f} ({clip}z {r['noise_multiplier']:.3g})")
+        lines.append(f"| {TRAIN_LABELS[method]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def train(
     rounds: int,
     jobs: int = 1,
@@ -494,8 +513,9 @@ def main() -> None:
             "runs": runs,
         }
         path.write_text(json.dumps(result, indent=1, default=float) + "\n", encoding="utf-8")
-        (RESULTS / "train.md").write_text(train_markdown(runs), encoding="utf-8")
-        print(train_markdown(runs))
+        text = train_pivot(runs) + "\n" + train_markdown(runs)
+        (RESULTS / "train.md").write_text(text, encoding="utf-8")
+        print(text)
     print(f"({time.time() - start:.0f} s)")
 
 
