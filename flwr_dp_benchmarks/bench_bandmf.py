@@ -29,6 +29,33 @@ Un-amplified mechanisms are all one Gaussian mechanism, so their ratios do not d
 amplified row does. Analytic figures (no training): the tuning budget is zero for every row.
 
 Run: ``python -m flwr_dp_benchmarks.bench_bandmf`` (about a minute); writes ``results/bandmf/results.{json,md}``.
+
+**--train** (accuracy, issue 30 item 4): ``python -m flwr_dp_benchmarks.bench_bandmf --train [--rounds 40]
+[--jobs 2] [--c-from 40] [--report-only]``, on bench_user_level's protocol (MNIST split IID over N = 1 000
+clients of 60, the 784-64-10 MLP, each client 2 local epochs of SGD, batch 20, rate 0.1, from the global model;
+the sum divided by the public m = 100; δ = 1e-5; seed 0; test accuracy after the last round). Rows:
+
+* ``dp-fedavg``: :class:`~flwr_dp_strategies.AccountedServerSideFixedClipping`, m = 100 drawn uniformly per round
+  (Flower's FedAvg sampling), no participation rule, so a client may be in all T rounds: T ``GaussianDpEvent(z)``.
+  Flower's own wrapper is the ``flower-fixed`` row of bench_user_level (same protocol).
+* ``bandmf``: :class:`~flwr_dp_strategies.AccountedBandedMatrixFactorization`, banded square root, b = 10 cyclic
+  groups of 100 (every client once every 10 rounds), k = T/10: one ``GaussianDpEvent(z/√k)``.
+* ``bandmf-amplified``: the same with ``sampling="cyclic-poisson"`` and b' = 5 groups of 200, each member asked
+  with q' = 0.5 (expected cohort 100): T/5 ``PoissonSampledDpEvent(0.5, GaussianDpEvent(z))``. b' = 1 would be
+  the Poisson row exactly and b' = 10 the un-amplified row; b' = 5 was fixed beforehand (its noise ratio,
+  above, lies between the two), not tuned on accuracy.
+* ``poisson-fixed`` / ``poisson-adaptive``: :class:`~flwr_dp_strategies.AccountedPoissonFixedClipping` /
+  :class:`~flwr_dp_strategies.AccountedAdaptiveClipping`, Poisson q = 0.1, as bench_user_level runs them (at
+  T = 40 its C = 1 and adaptive runs are reused from ``user_level/results.json``: same protocol, seed, ledger).
+* cross-silo: N = 10 clients of 6 000, all in every round (m = 10), ε = 8: ``dp-fedavg`` and ``bandmf`` with
+  b = 1, the only banding the participation allows (then BandMF's noise is DP-FedAvg's).
+
+z is calibrated for each row on the events its strategy's ledger books (``train_events``; the achieved ledger ε
+of every run is recorded). **Tuning budget, the same for every clipped method**: C ∈ {0.3, 1, 3}, the best on
+test accuracy reported per (method, ε, T), as Flower's row is tuned in bench_user_level; the adaptive row has
+no C. Learning rate, epochs and batch are bench_user_level's, chosen once for non-private FedAvg. ``--c-from 40``
+runs another T with each method's best C at T = 40 only (a smaller budget, the same for each). Each run is
+appended to ``results/bandmf/train/runs-T.jsonl`` (resumable); the tables go to ``results/bandmf/train.{json,md}``.
 """
 
 from __future__ import annotations
@@ -36,7 +63,9 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 from dp_accounting import LowerEndpointAndGuess, calibrate_dp_mechanism
@@ -133,13 +162,360 @@ def markdown(rows: list[dict]) -> str:
     )
 
 
+# ============================================================================ --train: accuracy (issue 30 item 4)
+TRAIN_EPSILONS = (1.0, 2.0, 8.0)
+TRAIN_C_GRID = (0.3, 1.0, 3.0)  # the tuning budget of every clipped method: best of these on test accuracy
+AMPLIFIED_TRAIN_BANDS = 5  # b' of the amplified row (q' = m·b'/N = 0.5; b' = 1 is the Poisson row, b' = 10 is BandMF)
+CROSS_SILO = dict(num_clients=10, epsilon=8.0)
+TRAIN_METHODS = ("dp-fedavg", "bandmf", "bandmf-amplified", "poisson-fixed", "poisson-adaptive")
+TRAIN_LABELS = {
+    "dp-fedavg": "DP-FedAvg, no amplification (ours; m drawn per round)",
+    "bandmf": "BandMF, no amplification (b = 10, cyclic)",
+    "bandmf-amplified": f"amplified BandMF (cyclic-poisson, b' = {AMPLIFIED_TRAIN_BANDS})",
+    "poisson-fixed": "AccountedPoissonFixedClipping (q = 0.1)",
+    "poisson-adaptive": "AccountedAdaptiveClipping (q = 0.1)",
+}
+USER_LEVEL_RESULTS = Path(__file__).resolve().parent / "user_level" / "results.json"
+TRAIN_RESULTS = RESULTS / "train"
+
+
+def train_events(method: str, z: float, rounds: int, num_clients: int, cohort: int, bands: int) -> list:
+    """The events the strategy's own ledger books over ``rounds`` releases at noise multiplier z."""
+    if method == "dp-fedavg":
+        return [GaussianDpEvent(z)] * rounds
+    if method in ("poisson-fixed", "poisson-adaptive"):
+        return [PoissonSampledDpEvent(cohort / num_clients, GaussianDpEvent(z))] * rounds
+    if method == "bandmf":
+        coefficients, k = mf.banded_sqrt_coefficients(bands), math.ceil(rounds / bands)
+        events = [mf.round_event(coefficients, t, z, bands, k) for t in range(1, rounds + 1)]
+    elif method == "bandmf-amplified":
+        rate = cohort * bands / num_clients
+        events = [mf.amplified_round_event(t, z, bands, rate) for t in range(1, rounds + 1)]
+    else:
+        raise ValueError(f"unknown method {method!r}")
+    return [e for e in events if e is not None]
+
+
+def method_bands(method: str, num_clients: int) -> int:
+    """b of a BandMF row (cross-silo: 1, every client every round); 1 for the others."""
+    if num_clients <= CROSS_SILO["num_clients"]:
+        return 1
+    return {"bandmf": BANDS, "bandmf-amplified": AMPLIFIED_TRAIN_BANDS}.get(method, 1)
+
+
+def train_one(method: str, target: float, rounds: int, clip: Optional[float], num_clients: int, seed: int = 0) -> dict:
+    """One training run on bench_user_level's protocol: z calibrated on the strategy's own ledger, accuracy."""
+    import logging
+    import random
+
+    from flwr.serverapp.strategy import FedAvg
+
+    import flwr_dp_strategies as fds
+    from flwr_dp_benchmarks import bench_user_level as ul
+    from flwr_dp_benchmarks.bench_privacy_utility import calibrate as bisect, ledger_epsilon, make_federation
+    from flwr_dp_strategies import PrivacyLedger
+
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    cfg = {**ul.CONFIG, "rounds": rounds, "num_clients": num_clients}
+    fed = make_federation("mnist", num_clients)
+    n = fed.num_clients
+    m = min(n, COHORT)
+    bands = method_bands(method, n)
+    z, _ = bisect(
+        lambda x, how: ledger_epsilon("add_or_remove_one", train_events(method, x, rounds, n, m, bands), method=how),
+        target,
+        increasing=False,
+        lo=0.05,
+        hi=3000.0,
+    )
+    random.seed(seed)
+    np.random.seed(seed)
+    rng = np.random.default_rng([seed, 1])
+    ledger = PrivacyLedger(DELTA)
+    if method == "dp-fedavg":
+        strategy = fds.AccountedServerSideFixedClipping(ul._fixed_size_fedavg(n, m), z, clip, m, ledger=ledger, rng=rng)
+    elif method in ("bandmf", "bandmf-amplified"):
+        strategy = fds.AccountedBandedMatrixFactorization(
+            FedAvg(fraction_evaluate=0.0),
+            z,
+            clip,
+            m,
+            num_bands=bands,
+            num_rounds=rounds,
+            sampling="cyclic-poisson" if method == "bandmf-amplified" and bands > 1 else "cyclic",
+            num_clients=n,
+            ledger=ledger,
+            rng=rng,
+        )
+    elif method == "poisson-fixed":
+        strategy = fds.AccountedPoissonFixedClipping(
+            FedAvg(fraction_evaluate=0.0), z, clip, m, num_clients=n, ledger=ledger, rng=rng
+        )
+    elif method == "poisson-adaptive":
+        strategy = fds.AccountedAdaptiveClipping(
+            FedAvg(fraction_evaluate=0.0),
+            z,
+            m,
+            **ul.ADAPTIVE,
+            clipped_count_stddev=ul._count_std(z, m),
+            num_clients=n,
+            ledger=ledger,
+            rng=rng,
+        )
+    else:
+        raise ValueError(f"unknown method {method!r}")
+    import torch
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    with ul._TaskIdentity(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        accuracy, _ = ul._train(fed, cfg, strategy, seed)
+    return {
+        "method": method,
+        "setting": "cross-silo" if n <= CROSS_SILO["num_clients"] else "user-level",
+        "target_epsilon": target,
+        "ledger_epsilon": float(ledger.report().epsilon),
+        "noise_multiplier": z,
+        "clip": clip,
+        "bands": bands,
+        "rounds": rounds,
+        "num_clients": n,
+        "clients_per_round": m,
+        "accuracy": accuracy[-1],
+        "accuracy_curve": accuracy,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def train_jobs(rounds: int, methods=TRAIN_METHODS, epsilons=TRAIN_EPSILONS, cross_silo: bool = True) -> list[tuple]:
+    """(method, ε, T, C, N) of every run, most informative first (C = 1, then 0.3, then 3: a run cut short keeps
+    whole C columns); the T = 40 Poisson rows at C = 1 and the adaptive rows are reused from bench_user_level."""
+    silo = [("dp-fedavg", "bandmf")] if cross_silo else []
+    out = []
+    for clip in (1.0, 0.3, 3.0):
+        for eps in epsilons:
+            for method in methods:
+                if method == "poisson-adaptive":
+                    if clip == 1.0 and rounds != 40:  # no C to tune: once
+                        out.append((method, eps, rounds, None, CLIENTS))
+                elif not (rounds == 40 and method == "poisson-fixed" and clip == 1.0):
+                    out.append((method, eps, rounds, clip, CLIENTS))
+        for pair in silo:
+            out += [(method, CROSS_SILO["epsilon"], rounds, clip, CROSS_SILO["num_clients"]) for method in pair]
+    return out
+
+
+def carried_c_jobs(rounds: int, runs_at: list[dict], methods=TRAIN_METHODS, epsilons=TRAIN_EPSILONS) -> list[tuple]:
+    """(method, ε, T, C, N) at T = ``rounds`` with each method's best C of ``runs_at`` (another T) at that ε: the
+    same reduced tuning budget for every method (no C tried at this T). User-level only."""
+    best = {(r["method"], r["target_epsilon"]): r["clip"] for r in best_rows(runs_at) if r["setting"] == "user-level"}
+    return [
+        (method, eps, rounds, best[(method, eps)], CLIENTS)
+        for eps in epsilons
+        for method in methods
+        if (method, eps) in best
+    ]
+
+
+def load_runs(rounds: int, out: Path = TRAIN_RESULTS) -> list[dict]:
+    """The finished runs at T = ``rounds`` (``out/runs-T.jsonl``) and the reused bench_user_level rows."""
+    log = out / f"runs-{rounds}.jsonl"
+    done = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    return done + reused_user_level_rows(rounds)
+
+
+def reused_user_level_rows(rounds: int) -> list[dict]:
+    """bench_user_level's ``ours-fixed`` (C = 1) and ``ours-adaptive`` runs at T = ``rounds`` (same protocol, seed 0)."""
+    if not USER_LEVEL_RESULTS.exists():
+        return []
+    data = json.loads(USER_LEVEL_RESULTS.read_text(encoding="utf-8"))
+    if data["config"]["rounds"] != rounds:
+        return []
+    names = {"ours-fixed": "poisson-fixed", "ours-adaptive": "poisson-adaptive"}
+    rows = []
+    for run in data["all_runs"]:
+        if run["method"] in names and run["target_epsilon"] in TRAIN_EPSILONS:
+            rows.append(
+                {
+                    "method": names[run["method"]],
+                    "setting": "user-level",
+                    "target_epsilon": run["target_epsilon"],
+                    "ledger_epsilon": run["ledger_epsilon"],
+                    "noise_multiplier": run["noise_multiplier"],
+                    "clip": run["clip"],
+                    "bands": 1,
+                    "rounds": rounds,
+                    "num_clients": run["num_clients"],
+                    "clients_per_round": run["clients_per_round"],
+                    "accuracy": run["accuracy"],
+                    "accuracy_curve": run["accuracy_curve"],
+                    "wall_s": run["wall_s"],
+                    "reused_from": "flwr_dp_benchmarks/user_level/results.json",
+                }
+            )
+    return rows
+
+
+def _key(row: dict) -> tuple:
+    return (row["method"], row["target_epsilon"], row["rounds"], row["clip"], row["num_clients"])
+
+
+def best_rows(runs: list[dict]) -> list[dict]:
+    """The best C of each (setting, method, ε, T) on test accuracy (the tuning budget: TRAIN_C_GRID)."""
+    best: dict[tuple, dict] = {}
+    for row in runs:
+        key = (row["setting"], row["method"], row["target_epsilon"], row["rounds"])
+        if key not in best or row["accuracy"] > best[key]["accuracy"]:
+            best[key] = row
+    order = {m: i for i, m in enumerate(TRAIN_METHODS)}
+    return sorted(
+        best.values(),
+        key=lambda r: (r["setting"] != "user-level", r["rounds"], r["target_epsilon"], order[r["method"]]),
+    )
+
+
+def train_markdown(runs: list[dict]) -> str:
+    """The accuracy table: best C per (method, ε, T), with z and the achieved ledger ε."""
+    lines = [
+        "| setting | T | target ε | method | ledger ε | z | best C | accuracy | accuracy at C = 0.3 / 1 / 3 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in best_rows(runs):
+        grid = {r["clip"]: r["accuracy"] for r in runs if _key(r)[:3] + _key(r)[4:] == _key(row)[:3] + _key(row)[4:]}
+        cells = " / ".join(f"{grid[c]:.3f}" if c in grid else "–" for c in TRAIN_C_GRID)
+        label = TRAIN_LABELS[row["method"]]
+        if row["setting"] == "cross-silo":
+            label = {"dp-fedavg": "DP-FedAvg (all 10 every round)", "bandmf": "BandMF, b = 1 (all 10 every round)"}[
+                row["method"]
+            ]
+        label += " †" if row.get("reused_from") else ""
+        clip = "-" if row["clip"] is None else f"{row['clip']:g}"
+        lines.append(
+            f"| {row['setting']} (N = {row['num_clients']}, m = {row['clients_per_round']}) | {row['rounds']} | "
+            f"{row['target_epsilon']:g} | {label} | {row['ledger_epsilon']:.3f} | {row['noise_multiplier']:.3g} | "
+            f"{clip} | {row['accuracy']:.3f} | "
+            f"{'(no C: adaptive)' if row['clip'] is None else cells} |"
+        )
+    return (
+        "\n".join(lines)
+        + "\n\n† reused from bench_user_level (same protocol, seed and ledger; flwr_dp_benchmarks/user_level/results.json).\n"
+    )
+
+
+def train_pivot(runs: list[dict]) -> str:
+    """The user-level rows as method × (T, ε): accuracy (best C, z)."""
+    best = [r for r in best_rows(runs) if r["setting"] == "user-level"]
+    cols = sorted({(r["rounds"], r["target_epsilon"]) for r in best})
+    cell = {(r["method"], r["rounds"], r["target_epsilon"]): r for r in best}
+    lines = [
+        "| method | " + " | ".join(f"T = {t}, ε = {e:g}" for t, e in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for method in TRAIN_METHODS:
+        cells = []
+        for t, e in cols:
+            r = cell.get((method, t, e))
+            clip = "" if r is None or r["clip"] is None else f"C {r['clip']:g}, "
+            cells.append("–" if r is None else f"{r['accuracy']:.3f} ({clip}z {r['noise_multiplier']:.3g})")
+        lines.append(f"| {TRAIN_LABELS[method]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def train(
+    rounds: int,
+    jobs: int = 1,
+    methods=TRAIN_METHODS,
+    cross_silo: bool = True,
+    out: Path = TRAIN_RESULTS,
+    c_from: Optional[int] = None,
+    run: bool = True,
+) -> list[dict]:
+    """Every run of ``--train`` at T = ``rounds``, resumable: finished runs are kept in ``out/runs-T.jsonl``.
+    ``c_from``: run each method only at its best C of the runs at that T (:func:`carried_c_jobs`)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / f"runs-{rounds}.jsonl"
+    done = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
+    have = {_key(r) for r in done}
+    planned = (
+        train_jobs(rounds, methods, cross_silo=cross_silo)
+        if c_from is None
+        else carried_c_jobs(rounds, load_runs(c_from, out), methods)
+    )
+    todo = [job for job in planned if job not in have] if run else []
+
+    def keep(row: dict) -> None:
+        done.append(row)
+        with log.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+        print(
+            f"{row['setting']:10s} T={row['rounds']} ε={row['target_epsilon']:g} {row['method']:16s} C={row['clip']} "
+            f"z={row['noise_multiplier']:.3g} acc={row['accuracy']:.3f} ({row['wall_s']:.0f} s)",
+            flush=True,
+        )
+
+    if jobs > 1:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for future in as_completed([pool.submit(train_one, *job) for job in todo]):
+                keep(future.result())
+    else:
+        for job in todo:
+            keep(train_one(*job))
+    return done + reused_user_level_rows(rounds)
+
+
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train", action="store_true", help="the accuracy benchmark instead of the noise ratios")
+    parser.add_argument("--rounds", type=int, nargs="+", default=[40], help="--train: T (40, 200)")
+    parser.add_argument("--jobs", type=int, default=1, help="--train: runs in parallel processes")
+    parser.add_argument("--methods", nargs="+", choices=TRAIN_METHODS, default=list(TRAIN_METHODS))
+    parser.add_argument("--no-cross-silo", action="store_true", help="--train: leave out the 10-client runs")
+    parser.add_argument("--c-from", type=int, help="--train: only each method's best C of the runs at this T")
+    parser.add_argument("--report-only", action="store_true", help="--train: tables from the finished runs only")
+    args = parser.parse_args()
     start = time.time()
-    rows = table()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "results.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    (RESULTS / "results.md").write_text(markdown(rows), encoding="utf-8")
-    print(markdown(rows))
+    if not args.train:
+        rows = table()
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "results.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        (RESULTS / "results.md").write_text(markdown(rows), encoding="utf-8")
+        print(markdown(rows))
+    else:
+        runs = []
+        for rounds in args.rounds:
+            runs += train(
+                rounds,
+                args.jobs,
+                args.methods,
+                cross_silo=not args.no_cross_silo,
+                c_from=args.c_from,
+                run=not args.report_only,
+            )
+        previous = []
+        path = RESULTS / "train.json"
+        if path.exists():
+            previous = [r for r in json.loads(path.read_text())["runs"] if r["rounds"] not in args.rounds]
+        runs = previous + runs
+        from flwr_dp_benchmarks._common import machine
+
+        result = {
+            "protocol": "bench_user_level (MNIST, 784-64-10 MLP, local 2 epochs, batch 20, lr 0.1)",
+            "delta": DELTA,
+            "c_grid": list(TRAIN_C_GRID),
+            "machine": machine(),
+            "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "best": best_rows(runs),
+            "runs": runs,
+        }
+        path.write_text(json.dumps(result, indent=1, default=float) + "\n", encoding="utf-8")
+        text = train_pivot(runs) + "\n" + train_markdown(runs)
+        (RESULTS / "train.md").write_text(text, encoding="utf-8")
+        print(text)
     print(f"({time.time() - start:.0f} s)")
 
 

@@ -1,8 +1,8 @@
 """Every exported strategy, once: how to build a small instance and how to drive a round of it.
 
 The cross-cutting suites (``test_reply_fuzz.py`` and ``fuzz_census.py``, ``test_screening.py``,
-``test_failed_replies.py``) draw their strategies from :data:`REGISTRY`, and
-``test_strategy_registry.py`` checks that every ``flwr.serverapp.strategy.Strategy`` subclass in
+``test_failed_replies.py``, ``test_restart.py``; ``test_drop_in.py`` checks that its app covers them) draw
+their strategies from :data:`REGISTRY`, and ``test_strategy_registry.py`` checks that every ``flwr.serverapp.strategy.Strategy`` subclass in
 ``flwr_dp_strategies.__all__`` is covered by an entry: a new strategy cannot ship outside them.
 
 An entry knows what a valid reply looks like (:meth:`Entry.train_replies`, :meth:`Entry.evaluate_content`)
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -129,6 +129,12 @@ class Entry:
     (the secure-aggregation stages, answered by the real client app). ``randomised``: the released
     model depends on how many replies there are (a permutation, noise), so a round with one rejected
     reply is not bit-identical to the round without it.
+
+    ``make(**kw)`` passes ``kw`` (``ledger_path``, ``resume``, ``restart``'s overrides) to the constructor: the
+    restart suite (``test_restart.py``) builds every non-secure entry on a ledger file, restarts it and compares
+    with an uninterrupted run. ``restart``: constructor overrides for that suite (a configuration with state to
+    carry). ``resumes_stream``: an int ``rng`` makes each release's randomness a function of its index, so the
+    restarted run must release exactly the uninterrupted run's model.
     """
 
     name: str
@@ -138,6 +144,8 @@ class Entry:
     nodes: int = N
     randomised: bool = False
     xfail: Optional[str] = None
+    restart: dict = field(default_factory=dict)
+    resumes_stream: bool = False
 
     @property
     def secure(self) -> bool:
@@ -185,67 +193,85 @@ class Entry:
 def _entries() -> list[Entry]:
     n, s = N, N_SECURE
     return [
-        Entry("AccountedFedAvg", AccountedFedAvg, lambda: AccountedFedAvg(**kwargs())),
+        Entry("AccountedFedAvg", AccountedFedAvg, lambda **kw: AccountedFedAvg(**kwargs(), **kw)),
         Entry(
             "ShuffleAmplifiedFedAvg",
             ShuffleAmplifiedFedAvg,
-            lambda: ShuffleAmplifiedFedAvg(**kwargs(), shuffler=LayerShuffler(0)),
+            lambda **kw: ShuffleAmplifiedFedAvg(**kwargs(), shuffler=LayerShuffler(0), **kw),
             randomised=True,
         ),
         Entry(
             "MinDivergenceExpSampling",
             MinDivergenceExpSampling,
-            lambda: MinDivergenceExpSampling(num_selected=2, epsilon=None, **kwargs()),
+            lambda **kw: MinDivergenceExpSampling(num_selected=2, epsilon=None, **kwargs(), **kw),
         ),
-        Entry("SignDS", SignDS, lambda: SignDS(sign_k=0.05, sign_eps=10.0, **kwargs()), kind="signds"),
+        Entry("SignDS", SignDS, lambda **kw: SignDS(sign_k=0.05, sign_eps=10.0, **kwargs(), **kw), kind="signds"),
         Entry(
             "NoisyObjectiveSum",
             NoisyObjectiveSum,
-            lambda: NoisyObjectiveSum(num_classes=2, ridge=1e-3, **kwargs()),
+            lambda **kw: NoisyObjectiveSum(num_classes=2, ridge=1e-3, **kwargs(), **kw),
             kind="objective",
         ),
         Entry(
             "ClusterEvaluation(FedAvg)",
             ClusterEvaluation,
-            lambda: ClusterEvaluation(FedAvg(**kwargs()), book_unaccounted_training=False),
+            lambda **kw: ClusterEvaluation(FedAvg(**kwargs()), book_unaccounted_training=False, **kw),
         ),
         Entry(
             "ClusterEvaluation(AccountedFedAvg)",
             ClusterEvaluation,
-            lambda: ClusterEvaluation(AccountedFedAvg(**kwargs())),
+            lambda **kw: ClusterEvaluation(AccountedFedAvg(**kwargs()), **kw),
         ),
         Entry(
             "AccountedServerSideFixedClipping",
             AccountedServerSideFixedClipping,
-            lambda: AccountedServerSideFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, rng=7),
+            lambda **kw: AccountedServerSideFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, **{"rng": 7, **kw}),
         ),
         Entry(
             "AccountedPoissonFixedClipping",
             AccountedPoissonFixedClipping,
-            lambda: AccountedPoissonFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, num_clients=n, rng=7),
+            lambda **kw: AccountedPoissonFixedClipping(
+                FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_clients": n, "rng": 7, **kw}
+            ),
         ),
         Entry(
             "AccountedAdaptiveClipping",
             AccountedAdaptiveClipping,
-            lambda: AccountedAdaptiveClipping(
-                FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=0.5, clipped_count_stddev=1.0, num_clients=n, rng=7
+            lambda **kw: AccountedAdaptiveClipping(
+                FedAvg(**kwargs()),
+                1.0,
+                n,
+                initial_clipping_norm=0.5,
+                clipped_count_stddev=1.0,
+                num_clients=n,
+                rng=7,
+                **kw,
             ),
         ),
         Entry(
             "AccountedClientSideAdaptiveClipping",
             AccountedClientSideAdaptiveClipping,
-            lambda: AccountedClientSideAdaptiveClipping(
-                FedAvg(**kwargs()), 1.0, n, initial_clipping_norm=2.0, clipped_count_stddev=1.0, num_clients=n, rng=7
+            lambda **kw: AccountedClientSideAdaptiveClipping(
+                FedAvg(**kwargs()),
+                1.0,
+                n,
+                initial_clipping_norm=2.0,
+                clipped_count_stddev=1.0,
+                num_clients=n,
+                rng=7,
+                **kw,
             ),
             kind="clipped-bit",
         ),
         Entry(  # b = 1: every node in every round (the suites expect all N nodes); b > 1 in test_bandmf_strategy.py
             "AccountedBandedMatrixFactorization",
             AccountedBandedMatrixFactorization,
-            lambda: AccountedBandedMatrixFactorization(
-                FedAvg(**kwargs()), 1.0, 1.0, n, num_bands=1, num_rounds=3, rng=7
+            lambda **kw: AccountedBandedMatrixFactorization(
+                FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_bands": 1, "num_rounds": 3, "rng": 7, **kw}
             ),
             randomised=True,
+            restart={"num_bands": 2},  # the restart suite: a noise buffer and a participation rule to continue
+            resumes_stream=True,
         ),
         Entry(
             "DistributedDpFedAvg",
@@ -275,7 +301,9 @@ def _example_entries() -> list[Entry]:
         Entry(
             "NoisyClippedMean (example)",
             NoisyClippedMean,
-            lambda: NoisyClippedMean(**kwargs(), clipping_norm=1.0, noise_multiplier=1.0, num_sampled_clients=N, rng=7),
+            lambda **kw: NoisyClippedMean(
+                **kwargs(), clipping_norm=1.0, noise_multiplier=1.0, num_sampled_clients=N, **{"rng": 7, **kw}
+            ),
             randomised=True,
         ),
     ]

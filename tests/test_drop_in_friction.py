@@ -115,6 +115,7 @@ def _parents():
         fds.SecureObjectiveSum: FedAvg,
         fds.AccountedServerSideFixedClipping: DifferentialPrivacyServerSideFixedClipping,
         fds.AccountedPoissonFixedClipping: DifferentialPrivacyServerSideFixedClipping,
+        fds.AccountedBandedMatrixFactorization: DifferentialPrivacyServerSideFixedClipping,
         fds.AccountedAdaptiveClipping: DifferentialPrivacyServerSideAdaptiveClipping,
         fds.AccountedClientSideAdaptiveClipping: DifferentialPrivacyClientSideAdaptiveClipping,
     }
@@ -125,6 +126,8 @@ def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keywor
 
     import flwr_dp_strategies as fds
 
+    from strategy_registry import REGISTRY, exported_strategies
+
     parents = _parents()
     strategies = {
         getattr(fds, name)
@@ -132,6 +135,7 @@ def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keywor
         if isinstance(getattr(fds, name), type) and hasattr(getattr(fds, name), "aggregate_train")
     }
     assert strategies == set(parents) | {fds.ClusterEvaluation}  # no strategy left unchecked
+    assert exported_strategies() == {entry.covers for entry in REGISTRY.values() if entry.covers in strategies}
     for ours, parent in parents.items():
         mine = list(inspect.signature(ours).parameters.values())
         theirs = list(inspect.signature(parent).parameters.values())

@@ -10,6 +10,7 @@ events (ε depends only on what is booked), so no simulation is needed.
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -238,7 +239,10 @@ def _epsilons(strategy: Any) -> dict[str, float]:
 def test_every_exported_strategy_has_a_restart_test():
     from strategy_registry import exported_strategies
 
-    covered = {name.split("(")[0].split(",")[0] for name in CASES} | set(RESTART_ELSEWHERE)
+    from strategy_registry import REGISTRY
+
+    registry = {entry.covers.__name__ for entry in REGISTRY.values() if not entry.secure}
+    covered = {name.split("(")[0].split(",")[0] for name in CASES} | set(RESTART_ELSEWHERE) | registry
     assert {cls.__name__ for cls in exported_strategies()} <= covered
 
 
@@ -334,3 +338,63 @@ def test_a_conflicting_explicit_ledger_is_an_error_not_a_silent_choice(tmp_path)
     mine = PrivacyLedger(1e-5, neighboring_relation="replace_one", max_epsilon=50.0)
     restarted = AccountedFedAvg(**NODES, ledger=mine, ledger_path=path, resume=True)
     assert restarted.ledger is mine and mine.epsilon() == pytest.approx(eps) and mine.max_epsilon == 50.0
+
+
+# ---------------------------------------------------------------------------- every registry entry
+def _registry_round(entry: Any, strategy: Any, rnd: int) -> tuple[Any, dict[str, float]]:
+    """One train round of a registry entry, with the registry's valid replies."""
+    from flwr.app import ConfigRecord
+
+    grid = entry.grid()
+    messages = list(strategy.configure_train(rnd, entry.model(), ConfigRecord(), grid))
+    arrays, metrics = strategy.aggregate_train(rnd, entry.train_replies(grid, messages))
+    return arrays, dict(metrics or {})
+
+
+def _states(strategy: Any) -> dict[str, Any]:
+    """Every state a strategy keeps in its ledger file (participation history, noise checksum, ...)."""
+    store = strategy.ledger_store
+    return {name: store.get_state(name) for name in store._state}
+
+
+def _registry_restart_cases() -> list[str]:
+    from strategy_registry import REGISTRY
+
+    return [name for name, entry in REGISTRY.items() if not entry.secure]
+
+
+@pytest.mark.parametrize("name", _registry_restart_cases())
+def test_every_registry_strategy_continues_its_ledgers_and_state_after_a_restart(name, tmp_path):
+    """Driven by tests/strategy_registry.py: 2 rounds, a restart on the same ledger file, 1 round; every named
+    ledger's ε equals that of an uninterrupted 3-round run, and (``resumes_stream``: its randomness is a function
+    of the release index) so do every state kept in the ledger file and the released model."""
+    from strategy_registry import REGISTRY
+
+    entry = REGISTRY[name]
+    path = str(tmp_path / "ledger.json")
+    first = entry.make(ledger_path=path, **entry.restart)
+    for rnd in (1, 2):
+        _registry_round(entry, first, rnd)
+    del first
+    gc.collect()
+    if not os.path.exists(path):  # nothing booked (ClusterEvaluation(FedAvg) books no unaccounted training)
+        baseline = entry.make(ledger_path=str(tmp_path / "uninterrupted.json"), **entry.restart)
+        for rnd in (1, 2, 3):
+            _registry_round(entry, baseline, rnd)
+        assert not os.path.exists(tmp_path / "uninterrupted.json"), name
+        return
+    restarted = entry.make(ledger_path=path, resume=True, **entry.restart)
+    after, _ = _registry_round(entry, restarted, 1)  # Flower counts rounds from 1 again
+    baseline = entry.make(ledger_path=str(tmp_path / "uninterrupted.json"), **entry.restart)
+    for rnd in (1, 2, 3):
+        expected, _ = _registry_round(entry, baseline, rnd)
+
+    want = _epsilons(baseline)
+    assert _epsilons(restarted) == pytest.approx(want, rel=1e-9)
+    for ledger_name, eps in want.items():
+        assert PrivacyLedger.load(path, name=ledger_name).epsilon() == pytest.approx(eps, rel=1e-9), ledger_name
+    assert set(_states(restarted)) == set(_states(baseline))
+    if entry.resumes_stream:  # the same participation history, noise stream (checksum) and released model
+        assert _states(restarted) == _states(baseline)
+        for key, value in expected.items():
+            np.testing.assert_array_equal(after[key].numpy(), value.numpy(), err_msg=key)

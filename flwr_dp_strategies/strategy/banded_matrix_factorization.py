@@ -99,6 +99,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         num_sampled_clients: m >= 1, the public denominator (the expected cohort, about N/b).
 
     Keyword-only:
+        accountant: Flower's parent's argument, kept so that the signature is a drop-in; must be None (Flower's
+            accountant composes independent Gaussian rounds: the ledger accounts the correlated noise).
         num_bands: b >= 1, the bands of C_b and the min-separation (b = 1: DP-FedAvg, every node every round).
         num_rounds: T >= 1, the planned releases (needed for ``factorization="banded-optimal"`` and for the
             default k); releases past T are refused.
@@ -121,6 +123,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         clipping_norm: float,
         num_sampled_clients: int,
         *,
+        accountant: Optional[Any] = None,
         num_bands: int,
         num_rounds: Optional[int] = None,
         max_participations: Optional[int] = None,
@@ -137,6 +140,11 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     ) -> None:
         if not isinstance(strategy, FedAvg):
             raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+        if accountant is not None:
+            raise ValueError(
+                "accountant must be None: Flower's PrivacyAccountant composes independent Gaussian rounds, BandMF's "
+                "noise is correlated across rounds (its own ledger books one Gaussian of multiplier z / sensitivity)"
+            )
         z = check_positive("noise_multiplier", noise_multiplier)
         clip = check_positive("clipping_norm", clipping_norm)
         m = check_int("num_sampled_clients", num_sampled_clients, minimum=1)

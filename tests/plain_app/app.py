@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import FedAvg
 from client_mods import adaptive_clipping_mod, signds_mod
 from flwr_dp_strategies import (
     AccountedAdaptiveClipping,
+    AccountedBandedMatrixFactorization,
     AccountedClientSideAdaptiveClipping,
     AccountedFedAvg,
     AccountedPoissonFixedClipping,
@@ -53,6 +54,9 @@ DROP_IN = {
     "AccountedAdaptiveClipping": lambda: AccountedAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1, NODES),
     "AccountedClientSideAdaptiveClipping": lambda: AccountedClientSideAdaptiveClipping(
         FedAvg(**FEDAVG_ARGS), 0.1, NODES
+    ),
+    "AccountedBandedMatrixFactorization": lambda: AccountedBandedMatrixFactorization(
+        FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES // 2, num_bands=2, num_rounds=2
     ),
     "ClusterEvaluation": lambda: ClusterEvaluation(FedAvg(**FEDAVG_ARGS)),
     "SignDS": lambda: SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS),
