@@ -17,6 +17,7 @@ import flwr_dp_strategies
 from loopback import LoopbackGrid
 from flwr_dp_strategies import (
     AccountedAdaptiveClipping,
+    AccountedBandedMatrixFactorization,
     AccountedClientSideAdaptiveClipping,
     AccountedPoissonFixedClipping,
     AccountedServerSideFixedClipping,
@@ -66,6 +67,10 @@ def wrappers(make_inner) -> dict[str, object]:
             make_inner(), 0.5, N, sampling="fixed", rng=5
         ),
         "ClusterEvaluation": ClusterEvaluation(make_inner()),
+        # one band: the whole grid is the round's group (b > 1 asks a group of N/b, tests/test_bandmf_strategy.py)
+        "AccountedBandedMatrixFactorization": AccountedBandedMatrixFactorization(
+            make_inner(), 1.0, 1.0, N, num_bands=1, num_rounds=4, rng=6
+        ),
     }
 
 
@@ -96,9 +101,10 @@ def test_the_wrapped_strategys_schedule_and_records_reach_the_sampled_nodes(name
 
 
 POISSON = ["AccountedPoissonFixedClipping", "AccountedAdaptiveClipping", "AccountedClientSideAdaptiveClipping"]
+OWN_SAMPLING = POISSON + ["AccountedBandedMatrixFactorization"]  # wrappers that choose the nodes themselves
 
 
-@pytest.mark.parametrize("name", POISSON)
+@pytest.mark.parametrize("name", OWN_SAMPLING)
 def test_per_node_content_goes_to_its_own_node(name):
     strategy = wrappers(PerNodeFedAvg)[name]
     messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(N)))
@@ -106,7 +112,7 @@ def test_per_node_content_goes_to_its_own_node(name):
     assert all(m.content["config"]["partition"] == m.metadata.dst_node_id for m in messages)
 
 
-@pytest.mark.parametrize("name", POISSON)
+@pytest.mark.parametrize("name", OWN_SAMPLING)
 def test_per_node_content_for_a_node_the_wrapped_strategy_did_not_address_is_refused(name):
     strategy = wrappers(lambda: PerNodeFedAvg(fraction_train=0.5))[name]
     with pytest.raises(ValueError, match="did not address node"):
