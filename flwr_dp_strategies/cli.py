@@ -1,4 +1,4 @@
-"""``flwr-dp``: the package's command line; ``flwr-dp ledger show PATH`` reads a ledger file without Python.
+"""``flwr-dp``: the package's command line: ledger files read without Python, and the node roster.
 
 ``flwr-dp ledger show PATH [--key-env VAR | --key-file FILE] [--high-water FILE] [--json]``
 verifies the file as the library does (strict canonical JSON, the checksum, or the
@@ -11,9 +11,42 @@ as a table or (``--json``) as one JSON object.
 
 The key is read from ``$FLWR_DP_LEDGER_KEY`` by default (as the library does), from
 the variable ``--key-env`` names, or from ``--key-file`` (its bytes, one trailing
-newline removed). Exit status: 0 verified and printed; 1 the file is missing,
-unreadable, tampered with, not authenticated by the key, or older than its
-high-water record (the message says which); 2 a usage error.
+newline removed).
+
+The roster (:mod:`flwr_dp_strategies.secure_aggregation.identity`) is how a SecAgg+ client tells a
+real peer from a Sybil the server invented. The federation's operator holds an Ed25519 signing key
+and signs the list of admitted nodes (a name and a long-term Ed25519 public key each); every
+SuperNode gets its own private key, the roster and the operator's public key out of band, through
+its node config (``dp-signing-key``, ``dp-roster``, ``dp-roster-signer``), never through the server.
+
+* ``flwr-dp roster keygen --out KEY.pem [--public-out FILE]`` writes a fresh Ed25519 private key
+  (PKCS#8 PEM, mode 0600; an existing file is never overwritten) and prints its public key
+  (URL-safe base64 of the 32 raw bytes) on stdout, and into ``--public-out`` if given.
+* ``flwr-dp roster sign --signer OPERATOR.pem --federation NAME --member NAME=PUBKEY_OR_FILE ...
+  [--members-file FILE] --out ROSTER.json [--force]`` signs a roster with the operator's key.
+  A member's key is base64 text or the path of a file holding it; ``--members-file`` holds lines
+  ``NAME=PUBKEY`` (blank lines and ``#`` comments skipped; its members come first). A name or key
+  given twice is refused. ``--out`` is not replaced unless ``--force`` (and never by the signer's
+  own key file).
+* ``flwr-dp roster verify ROSTER.json --signer PUBKEY_OR_FILE [--json]`` verifies the roster against
+  the operator key the caller trusts (base64 or a file holding it) and prints the federation, the
+  number of members and each member's name and key, as a table or as one JSON object. A base64 key
+  may start with ``-``: give it as ``--signer=KEY``.
+* ``flwr-dp roster demo --nodes N --out DIR [--federation NAME]`` (simulations and tests) creates
+  ``DIR`` with ``operator.pem``, ``operator.pub``, ``node-<i>.pem`` for ``i`` in ``0..N-1`` (members
+  ``node-<i>``) and ``roster.json`` signed by the operator (:func:`write_demo_roster`).
+
+What the roster signer is trusted for: the operator vouches that distinct roster entries are
+distinct parties (one party, one key), of whom at most a client's assumed number of colluders work
+with the server. The server is trusted for nothing the roster covers: it cannot add a peer, swap a
+peer's key or replay another round's keys, since each peer's round keys must be signed by a
+roster member's key. Whoever holds the operator's private key can admit anyone: keep it off the
+server and off the nodes. A roster signed by any key other than the one the node was given is
+refused.
+
+Exit status: 0 verified (or written) and printed; 1 refused: a file is missing, unreadable,
+tampered with, not authenticated by the key, signed by another roster signer, older than its
+high-water record, or would be overwritten (the message says which); 2 a usage error.
 """
 
 from __future__ import annotations
@@ -24,6 +57,7 @@ import math
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Optional
 
 from .privacy.ledger import PrivacyLedger
@@ -37,8 +71,20 @@ from .privacy.ledger_file import (
     read_bytes,
     read_envelope,
 )
+from .secure_aggregation.identity import (
+    Roster,
+    decode_public,
+    encode_public,
+    generate_signing_key,
+    load_private_key,
+    public_bytes,
+    save_private_key,
+)
+
+__all__ = ["main", "show", "write_demo_roster"]
 
 _HIGH_WATER_MAX_BYTES = 8192
+_ROSTER_MAX_BYTES = 64 * 1024 * 1024
 
 
 def _key(args: argparse.Namespace) -> Optional[bytes]:
@@ -180,6 +226,248 @@ def _table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# -------------------------------------------------------------------------------------------- roster
+class _UsageError(Exception):
+    """A usage error found after parsing (exit status 2, with the subcommand's usage)."""
+
+
+def read_public_key(value: str, what: str) -> bytes:
+    """A raw Ed25519 public key given as URL-safe base64 text or as the path of a file holding it (as
+    :func:`~flwr_dp_strategies.secure_aggregation.identity.load_public` reads the roster signer; a file is
+    tried first); ValueError naming ``what`` otherwise."""
+    text = os.fspath(value)
+    candidate = Path(text)
+    if len(text) < 256 and candidate.is_file():
+        try:
+            content = candidate.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{what}: cannot read {text} ({err})") from err
+        if content.lstrip().startswith("-----BEGIN"):
+            raise ValueError(
+                f"{what}: {text} is a PEM file, not a base64 public key (a private key? give the public key that "
+                "`flwr-dp roster keygen` printed or wrote with --public-out)"
+            )
+        return decode_public(content, f"{what} (the file {text})")
+    try:
+        return decode_public(text, what)
+    except ValueError as err:
+        raise ValueError(
+            f"{what}: {text!r} is neither a readable file nor a base64 Ed25519 public key ({err})"
+        ) from err
+
+
+def _member_spec(value: str) -> tuple[str, str]:
+    """``NAME=PUBKEY_OR_FILE`` split at its first ``=`` (argparse type: a usage error if malformed)."""
+    name, sep, key = value.partition("=")
+    if not sep or not name.strip() or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=PUBKEY_OR_FILE, got {value!r}")
+    return name.strip(), key.strip()
+
+
+def _members_file(path: str) -> list[tuple[str, bytes]]:
+    """The ``NAME=PUBKEY`` lines of a members file (blank lines and ``#`` comments skipped)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: (the members file) cannot be read ({err})") from err
+    members = []
+    for number, line in enumerate(lines, start=1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, key = line.partition("=")
+        if not sep or not name.strip() or not key.strip():
+            raise ValueError(f"{path}:{number}: expected NAME=PUBKEY, got {line!r}")
+        name = name.strip()
+        members.append((name, decode_public(key.strip(), f"{path}:{number}: the public key of member {name!r}")))
+    return members
+
+
+def _check_distinct(members: Sequence[tuple[str, bytes]]) -> None:
+    """ValueError naming the first repeated name or key (one party, one entry, one key)."""
+    names: dict[str, int] = {}
+    keys: dict[bytes, str] = {}
+    for name, key in members:
+        if name in names:
+            raise ValueError(f"member {name!r} is given twice (member names must be distinct)")
+        names[name] = 1
+        if key in keys:
+            raise ValueError(
+                f"members {keys[key]!r} and {name!r} have the same public key (one party, one key: "
+                "distinct roster entries must be distinct parties)"
+            )
+        keys[key] = name
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _write_new(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to a file that must not exist yet."""
+    try:
+        with open(path, "x", encoding="utf-8") as handle:
+            handle.write(text)
+    except FileExistsError as err:
+        raise ValueError(f"{os.fspath(path)} exists: refusing to overwrite it") from err
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file beside it, then a rename)."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "x", encoding="utf-8") as handle:
+        handle.write(text)
+    try:
+        os.replace(temporary, path)
+    except OSError:
+        os.unlink(temporary)
+        raise
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    out, public_out = args.out, args.public_out
+    if public_out is not None and os.path.abspath(public_out) == os.path.abspath(out):
+        raise _UsageError("--public-out must name another file than --out")
+    for path, what in ((out, "the key file"), (public_out, "the public key file")):
+        if path is not None and os.path.lexists(path):
+            raise ValueError(f"{path} ({what}) exists: refusing to overwrite it")
+    key = generate_signing_key()
+    try:
+        save_private_key(key, out)
+    except FileExistsError as err:
+        raise ValueError(f"{out} (the key file) exists: refusing to overwrite it") from err
+    public = encode_public(public_bytes(key))
+    if public_out is not None:
+        _write_new(public_out, public + "\n")
+    print(public)
+    return 0
+
+
+def _sign(args: argparse.Namespace) -> int:
+    if not args.member and args.members_file is None:
+        raise _UsageError("give the members: --member NAME=PUBKEY_OR_FILE (repeatable) and/or --members-file FILE")
+    inputs = [
+        args.signer,
+        *([args.members_file] if args.members_file is not None else []),
+        *(k for _, k in args.member),
+    ]
+    if any(_same_file(args.out, path) for path in inputs):
+        raise ValueError(f"{args.out}: --out names an input file; refusing to overwrite it")
+    if os.path.lexists(args.out) and not args.force:
+        raise ValueError(f"{args.out} exists: refusing to overwrite it (--force replaces it)")
+    signer = load_private_key(args.signer)
+    members = _members_file(args.members_file) if args.members_file is not None else []
+    members += [(name, read_public_key(key, f"the public key of member {name!r}")) for name, key in args.member]
+    _check_distinct(members)
+    roster = Roster.sign(args.federation, members, signer)
+    if args.force:
+        _replace(args.out, roster.to_json())
+    else:
+        _write_new(args.out, roster.to_json())
+    print(
+        f"signed roster {args.out}: federation {roster.federation!r}, {len(roster.members)} member(s), "
+        f"signer {encode_public(roster.signer)}"
+    )
+    return 0
+
+
+def verify_roster(path: str, trusted_signer: bytes) -> Roster:
+    """The roster file at ``path``, verified against ``trusted_signer`` (ValueError naming the file otherwise)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_ROSTER_MAX_BYTES + 1)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from err
+    if len(data) > _ROSTER_MAX_BYTES:
+        raise ValueError(f"{path}: larger than {_ROSTER_MAX_BYTES} bytes, not a roster file")
+    try:
+        return Roster.from_json(data.decode("utf-8")).verify(trusted_signer)
+    except ValueError as err:  # UnicodeDecodeError included
+        raise ValueError(f"{path}: refused: {err}") from err
+
+
+def _printable(name: str) -> str:
+    return name if name.isprintable() and name.strip() == name and name else json.dumps(name)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    trusted = read_public_key(args.signer, "--signer (the trusted roster signer)")
+    roster = verify_roster(args.roster, trusted)
+    report = {
+        "path": os.path.realpath(os.path.abspath(args.roster)),
+        "verified": True,
+        "federation": roster.federation,
+        "signer": encode_public(roster.signer),
+        "member_count": len(roster.members),
+        "members": [{"name": name, "public_key": encode_public(key)} for name, key in roster.members],
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    names = [_printable(member["name"]) for member in report["members"]]
+    width = max(4, *(len(name) for name in names))
+    lines = [
+        f"roster      {report['path']}",
+        f"verified    signed by the trusted roster signer {report['signer']}",
+        f"federation  {_printable(roster.federation)}",
+        f"members     {report['member_count']}",
+        f"  {'name':<{width}}  public key",
+    ]
+    lines += [f"  {name:<{width}}  {member['public_key']}" for name, member in zip(names, report["members"])]
+    print("\n".join(lines))
+    return 0
+
+
+def write_demo_roster(directory: str | os.PathLike[str], num_nodes: int, federation: str = "demo") -> Path:
+    """A demo federation in ``directory`` (simulations and tests): the operator's key ``operator.pem`` and public
+    key ``operator.pub``, one key ``node-<i>.pem`` per node ``i`` in ``0..num_nodes-1`` (roster member
+    ``node-<i>``) and ``roster.json`` signed by the operator, written last; the roster's path.
+
+    ``directory`` is created (mode 0700) if missing and must otherwise be an empty directory (FileExistsError);
+    every private key file has mode 0600. A node's config then names ``dp-signing-key=<dir>/node-<i>.pem``,
+    ``dp-roster=<dir>/roster.json`` and ``dp-roster-signer=<dir>/operator.pub``. Nothing here is for production:
+    the operator's key lies beside the nodes' keys."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ValueError(f"num_nodes must be a positive integer, got {num_nodes!r}")
+    root = Path(directory)
+    if root.exists() or root.is_symlink():
+        if not root.is_dir():
+            raise FileExistsError(f"{root} exists and is not a directory")
+        if any(root.iterdir()):
+            raise FileExistsError(f"{root} exists and is not empty: refusing to write a demo roster into it")
+    else:
+        root.mkdir(parents=True, mode=0o700)
+    operator = generate_signing_key()
+    save_private_key(operator, root / "operator.pem")
+    _write_new(root / "operator.pub", encode_public(public_bytes(operator)) + "\n")
+    members = []
+    for index in range(num_nodes):
+        key = generate_signing_key()
+        save_private_key(key, root / f"node-{index}.pem")
+        members.append((f"node-{index}", public_bytes(key)))
+    roster_path = root / "roster.json"
+    _write_new(roster_path, Roster.sign(federation, members, operator).to_json())
+    return roster_path
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise _UsageError(f"--nodes must be at least 1, got {args.nodes}")
+    roster = write_demo_roster(args.out, args.nodes, args.federation)
+    directory = roster.parent
+    print(
+        f"wrote {directory}: operator.pem, operator.pub, node-0.pem .. node-{args.nodes - 1}.pem and roster.json "
+        f"(federation {args.federation!r}, {args.nodes} member(s))\n"
+        f"node i's config: dp-signing-key={directory / 'node-<i>.pem'} dp-roster={roster} "
+        f"dp-roster-signer={directory / 'operator.pub'}"
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flwr-dp", description="flwr-dp-strategies command line")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -192,12 +480,62 @@ def _parser() -> argparse.ArgumentParser:
     keys.add_argument("--key-file", metavar="FILE", help="file holding the HMAC key")
     show_cmd.add_argument("--high-water", metavar="FILE", help="the high-water record (default PATH.hwm if present)")
     show_cmd.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    show_cmd.set_defaults(handler=None, usage=show_cmd)
+
+    roster = commands.add_parser("roster", help="node identities and the operator-signed roster (SecAgg+ peers)")
+    roster_actions = roster.add_subparsers(dest="action", required=True)
+    keygen = roster_actions.add_parser("keygen", help="write a fresh Ed25519 private key and print its public key")
+    keygen.add_argument("--out", metavar="KEY.pem", required=True, help="the private key file (mode 0600, new)")
+    keygen.add_argument("--public-out", metavar="FILE", help="also write the public key (base64) to this new file")
+    keygen.set_defaults(handler=_keygen, usage=keygen)
+
+    sign = roster_actions.add_parser("sign", help="sign a roster with the operator's key")
+    sign.add_argument("--signer", metavar="OPERATOR.pem", required=True, help="the operator's private key")
+    sign.add_argument("--federation", metavar="NAME", required=True, help="the federation's name")
+    sign.add_argument(
+        "--member",
+        metavar="NAME=PUBKEY_OR_FILE",
+        type=_member_spec,
+        action="append",
+        default=[],
+        help="a member: its name and public key (base64, or a file holding it); repeatable",
+    )
+    sign.add_argument("--members-file", metavar="FILE", help="a file of NAME=PUBKEY lines (its members come first)")
+    sign.add_argument("--out", metavar="ROSTER.json", required=True, help="the roster file to write")
+    sign.add_argument("--force", action="store_true", help="replace --out if it exists")
+    sign.set_defaults(handler=_sign, usage=sign)
+
+    check = roster_actions.add_parser("verify", help="verify a roster against the trusted operator key")
+    check.add_argument("roster", metavar="ROSTER.json", help="the roster file")
+    check.add_argument(
+        "--signer",
+        metavar="PUBKEY_OR_FILE",
+        required=True,
+        help="the trusted operator key (base64, as --signer=KEY if it starts with '-'; or a file holding it)",
+    )
+    check.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    check.set_defaults(handler=_verify, usage=check)
+
+    demo = roster_actions.add_parser("demo", help="write an operator key, N node keys and their signed roster")
+    demo.add_argument("--nodes", metavar="N", type=int, required=True, help="the number of nodes")
+    demo.add_argument("--out", metavar="DIR", required=True, help="the directory to create (or an empty one)")
+    demo.add_argument("--federation", metavar="NAME", default="demo", help="the federation's name (default demo)")
+    demo.set_defaults(handler=_demo, usage=demo)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; the exit status (0 verified, 1 refused or unreadable, 2 usage)."""
+    """Run the command line; the exit status (0 verified or written, 1 refused or unreadable, 2 usage: argparse's
+    SystemExit(2), as for any usage error)."""
     args = _parser().parse_args(argv)
+    if args.handler is not None:
+        try:
+            return args.handler(args)
+        except _UsageError as err:
+            args.usage.error(str(err))  # SystemExit(2)
+        except (ValueError, OSError) as err:
+            print(f"flwr-dp: error: {err}", file=sys.stderr)
+            return 1
     try:
         report = show(args.path, _key(args), args.high_water)
     except ValueError as err:  # LedgerFileError included
