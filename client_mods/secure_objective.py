@@ -26,9 +26,9 @@ own vector being hidden by the masks.
 
 What the client checks before it spends anything: the protocol's order and fields
 (:mod:`~flwr_dp_strategies.secure_aggregation.client_protocol`), that the server's q, c
-and loss are its own, the parameters' domains, and with ``min_noise_multiplier`` that
-the noise in any sum a server lying about dropouts can unmask (at least n_min honest shares,
-:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound`) is at least that many
+and loss are its own, the parameters' domains, and with ``min_noise_multiplier`` (default 1) that
+the noise in any sum holding it that a server can unmask (at least n_min honest shares: the round's n_h
+with a roster, 1 without; see ``client_mods.distributed_dp_mod``) is at least that many
 times the add/remove integer sensitivity: :math:`\sqrt{n_{\min}\mu/(m-c)}/(sB + \sqrt D) \ge z_{\min}`.
 ``max_colluding_clients`` is the number of colluders this client assumes whatever the server declares.
 Rounding and noise draw from OS entropy (``rng`` for tests).
@@ -49,6 +49,8 @@ from flwr_dp_strategies.privacy.secure_objective import (
     record_l2_bound,
 )
 from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative
+
+from .distributed_dp_mod import DEFAULT_MIN_NOISE_MULTIPLIER, ClientPolicy, IdentitySource
 from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, ProtocolError, field
 from flwr_dp_strategies.wire import SECURE_OBJECTIVE_FIELDS
@@ -76,8 +78,10 @@ class SecureObjectiveTrainer:
     Args:
         num_classes: c ≥ 2 of the head (must match the server's).
         loss: ``"softmax"`` or ``"logistic"``.
-        min_noise_multiplier: z_min ≥ 0 (module docstring); a server asking for less is refused.
+        min_noise_multiplier: z_min > 0 (module docstring, default 1); a server asking for less is refused.
         max_colluding_clients: c ≥ 0 this client assumes (it refuses thresholds that c colluders could meet).
+        identity: the node's signing key and roster (as ``client_mods.make_distributed_dp_mod``'s; None: the
+            node config's roster keys, else no roster: only the client's own share counts).
         rng: None (fresh OS entropy), an int seed or a Generator (tests only).
     """
 
@@ -86,15 +90,19 @@ class SecureObjectiveTrainer:
         *,
         num_classes: int,
         loss: str = "softmax",
-        min_noise_multiplier: float = 0.0,
+        min_noise_multiplier: float = DEFAULT_MIN_NOISE_MULTIPLIER,
         max_colluding_clients: int = 0,
+        identity: IdentitySource = None,
         rng: RngLike = None,
     ) -> None:
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         self.loss = loss
         record_l2_bound(self.num_classes, loss)  # validates loss
-        self.min_noise_multiplier = check_nonnegative("min_noise_multiplier", min_noise_multiplier)
-        self.max_colluding_clients = check_int("max_colluding_clients", max_colluding_clients, minimum=0)
+        self._policy = ClientPolicy(
+            min_noise_multiplier=min_noise_multiplier, max_colluding_clients=max_colluding_clients, identity=identity
+        )
+        self.min_noise_multiplier = self._policy.floor
+        self.max_colluding_clients = self._policy.colluders
         self._rng = RngSource(rng)
 
     def train(self, msg: Message, context: Context, features: np.ndarray, labels: np.ndarray) -> Message:
@@ -104,14 +112,18 @@ class SecureObjectiveTrainer:
                 "SecureObjectiveTrainer answers SecureObjectiveSum's secure-aggregation train "
                 "messages only; this message carries no protocol record"
             )
+        floor, colluders, identity = self._policy.resolve(context)
         return answer_message(
             msg,
             context,
-            lambda state: self._encode(msg, state, features, labels),
-            min_colluders=self.max_colluding_clients,
+            lambda state: self._encode(msg, state, features, labels, floor),
+            min_colluders=colluders,
+            identity=identity,
         )
 
-    def _encode(self, msg: Message, state: ConfigRecord, features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    def _encode(
+        self, msg: Message, state: ConfigRecord, features: np.ndarray, labels: np.ndarray, floor: float
+    ) -> np.ndarray:
         params, share = objective_params_from_record(msg.content[RECORD], int(state["bits"]))
         if (params.num_classes, params.loss) != (self.num_classes, self.loss):
             raise ProtocolError(
@@ -122,7 +134,7 @@ class SecureObjectiveTrainer:
         if stats.dim != params.dim:
             raise ProtocolError(f"the server expects fm-dim = {params.dim} features, this client has {stats.dim}")
         sensitivity = integer_l2_sensitivity(params.scale, params.length, record_l2_bound(self.num_classes, self.loss))
-        check_noise_floor(state, share, sensitivity, self.min_noise_multiplier)
+        check_noise_floor(state, share, sensitivity, floor)
         return encode_objective(stats, params, local_noise_variance=share, rng=self._rng())
 
 

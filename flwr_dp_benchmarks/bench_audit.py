@@ -340,8 +340,10 @@ def build(cfg: dict[str, Any], size: dict[str, Any], seed: int, canaries: int) -
         strategy = cls(FedAvg(fraction_evaluate=0.0), z, CLIP, n, rng=rng)
     elif kind == "ddp":
         from client_mods.distributed_dp_mod import make_distributed_dp_mod
+        from flwr_dp_strategies.secure_aggregation.identity import InProcessRoster
 
         z = calibrated_z(lambda x: _ddp_event(x, n, size["dim"]), rounds, target)
+        roster = InProcessRoster(n + 2048)  # the real nodes and the canaries, all admitted by the operator
         strategy = fds.DistributedDpFedAvg(
             fraction_evaluate=0.0,
             noise_multiplier=z,
@@ -351,7 +353,11 @@ def build(cfg: dict[str, Any], size: dict[str, Any], seed: int, canaries: int) -
             rotation_seed=seed,
         )
         for key, node_seed in (("canary_mods", 1), ("real_mods", 2)):
-            mod = make_distributed_dp_mod(rng=np.random.default_rng([seed, node_seed]))
+            # the floor these clients require: the booked z (the broken ones: the half they add)
+            floor = z / 2.0 if cfg["broken"] else z
+            mod = make_distributed_dp_mod(
+                rng=np.random.default_rng([seed, node_seed]), min_noise_multiplier=floor * 0.999, identity=roster
+            )
             extra[key] = [halved_noise_mod(mod) if cfg["broken"] else mod]
     else:  # declared
         z = calibrated_z(GaussianDpEvent, rounds, target)

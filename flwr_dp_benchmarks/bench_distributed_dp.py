@@ -439,10 +439,17 @@ def _timing_app(fed: Federation, cfg: dict[str, Any], seed: int, clock: _Clock, 
     from flwr.clientapp import ClientApp
 
     from client_mods.distributed_dp_mod import make_distributed_dp_mod
+    from flwr_dp_strategies.secure_aggregation.identity import InProcessRoster
 
     app = ClientApp()
+    roster = InProcessRoster(4096)  # every node admitted by the operator (all played in this process)
+    floor = float(cfg.get("noise_multiplier", 1e-3)) * 0.999
 
-    @app.train(mods=[make_distributed_dp_mod(rng=np.random.default_rng([seed, 11]))])
+    @app.train(
+        mods=[
+            make_distributed_dp_mod(rng=np.random.default_rng([seed, 11]), min_noise_multiplier=floor, identity=roster)
+        ]
+    )
     def train(msg: Message, context: Context) -> Message:
         t0 = time.perf_counter()
         rnd = int(msg.metadata.group_id or 0)

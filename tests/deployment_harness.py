@@ -289,9 +289,15 @@ class LocalDeployment:
         return daemon
 
     def start_supernode(
-        self, partition_id: int, num_partitions: int, name: str | None = None, timeout: float = 60
+        self,
+        partition_id: int,
+        num_partitions: int,
+        name: str | None = None,
+        timeout: float = 60,
+        node_config: str = "",
     ) -> Daemon:
-        """``flower-supernode --insecure --superlink 127.0.0.1:P --node-config "partition-id=i num-partitions=n"``.
+        """``flower-supernode --insecure --superlink 127.0.0.1:P --node-config "partition-id=i num-partitions=n ..."``
+        (``node_config``: more ``key=value`` pairs, e.g. the node's roster files).
 
         Waits until the node is registered at the SuperLink (its log shows
         ``SuperNode ID: N``, printed after the SuperLink activated it); the node
@@ -306,7 +312,7 @@ class LocalDeployment:
             "--superlink",
             f"127.0.0.1:{self.superlink.port}",
             "--node-config",
-            f"partition-id={partition_id} num-partitions={num_partitions}",
+            f"partition-id={partition_id} num-partitions={num_partitions}" + (f" {node_config}" if node_config else ""),
             "--port",
             str(port),
         ]
@@ -484,6 +490,18 @@ def parse_run_id(text: str) -> int | None:
 
 
 # ---------------------------------------------------------------------- shared by the deployment tests
+def roster_node_config(directory, partition_id: int, **extra) -> str:
+    """The node config that gives SuperNode ``partition_id`` its identity in a demo roster written to ``directory``
+    (``flwr_dp_strategies.cli.write_demo_roster``), plus ``extra`` keys."""
+    pairs = {
+        "dp-signing-key": f"{directory}/node-{partition_id}.pem",
+        "dp-roster": f"{directory}/roster.json",
+        "dp-roster-signer": f"{directory}/operator.pub",
+        **extra,
+    }
+    return " ".join(f'{k}="{v}"' if isinstance(v, str) else f"{k}={v}" for k, v in pairs.items())
+
+
 def run_config(**settings: object) -> str:
     """``--run-config`` text: strings and paths quoted, booleans lower-case, numbers as they are."""
 

@@ -14,6 +14,13 @@ from flwr.clientapp import ClientApp
 
 import loopback
 from client_mods.distributed_dp_mod import make_distributed_dp_mod
+from flwr_dp_strategies.secure_aggregation.identity import (
+    InProcessRoster,
+    NodeIdentity,
+    Roster,
+    generate_signing_key,
+    public_bytes,
+)
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, STAGE_KEY
 
 
@@ -57,19 +64,53 @@ class LoopbackGrid(loopback.LoopbackGrid):
         return self.stamp(node, Message(Error(code=0, reason=str(err)), reply_to=msg))
 
 
+def roster_identities(nodes, *, federation: str = "test", extra: int = 0) -> dict[int, NodeIdentity]:
+    """An operator-signed roster of ``nodes`` (plus ``extra`` admitted members that never join) and each node's
+    identity in it: what each node's operator would give it through its node config."""
+    operator = generate_signing_key()
+    keys = {int(n): generate_signing_key() for n in nodes}
+    others = [generate_signing_key() for _ in range(extra)]
+    members = [(f"node-{n}", public_bytes(k)) for n, k in keys.items()]
+    members += [(f"spare-{i}", public_bytes(k)) for i, k in enumerate(others)]
+    roster = Roster.sign(federation, members, operator)
+    return {n: NodeIdentity(k, roster) for n, k in keys.items()}
+
+
+LazyRoster = InProcessRoster
+"""An operator-signed roster handed to node ids as they first ask (canaries included)."""
+
+
+TEST_FLOOR = 1e-3
+"""The noise floor the harness's clients require unless a test sets one (the tests below it are not about it)."""
+
+
 def shifting_app(
     deltas: dict[int, np.ndarray],
     *,
     rng=None,
     metrics: bool = True,
-    min_noise_multiplier: float = 0.0,
+    min_noise_multiplier: float = TEST_FLOOR,
     max_colluding_clients: int = 0,
+    identities: Optional[dict[int, NodeIdentity]] | LazyRoster | bool = True,
 ) -> ClientApp:
     """A ClientApp whose train adds ``deltas[node]`` (flattened over the arrays) to the received model,
-    behind ``distributed_dp_mod``; it also returns a MetricRecord, which the mod must drop."""
+    behind ``distributed_dp_mod``; it also returns a MetricRecord, which the mod must drop. ``identities``:
+    True (default) a fresh roster of the nodes of ``deltas`` (with spare keys), a :class:`LazyRoster`, a dict
+    node -> identity, or False (no roster)."""
     app = ClientApp()
+    if identities is True:
+        identities = LazyRoster(len(deltas) + 64)
+    if isinstance(identities, LazyRoster):
+        source = identities
+    else:
+        table = identities or {}
+        source = lambda ctxt: table.get(int(ctxt.node_id))  # noqa: E731
+    app.roster = source  # type: ignore[attr-defined] - for tests that add nodes (canaries) to the same roster
     mod = make_distributed_dp_mod(
-        rng=rng, min_noise_multiplier=min_noise_multiplier, max_colluding_clients=max_colluding_clients
+        rng=rng,
+        min_noise_multiplier=min_noise_multiplier,
+        max_colluding_clients=max_colluding_clients,
+        identity=source,
     )
 
     @app.train(mods=[mod])

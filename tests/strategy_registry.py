@@ -47,7 +47,7 @@ from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 import loopback
-from secagg_harness import LoopbackGrid, shifting_app
+from secagg_harness import TEST_FLOOR, LazyRoster, LoopbackGrid, shifting_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "add-a-strategy"))
 from noisy_clipped_mean import NoisyClippedMean  # noqa: E402  (the worked example of docs/architecture.md)
@@ -100,7 +100,10 @@ def _objective_arrays(i: int) -> ArrayRecord:
 def _objective_app(nodes: list[int]) -> ClientApp:
     """Node n answers with ``SecureObjectiveTrainer(rng=n)`` on 12 records of its own."""
     app = ClientApp()
-    trainers = {n: SecureObjectiveTrainer(num_classes=2, rng=n) for n in nodes}
+    roster = LazyRoster(len(nodes) + 8)
+    trainers = {
+        n: SecureObjectiveTrainer(num_classes=2, rng=n, min_noise_multiplier=TEST_FLOOR, identity=roster) for n in nodes
+    }
     data = {n: (np.random.default_rng(n).normal(size=(12, 3)), np.arange(12) % 2) for n in nodes}
 
     @app.train()

@@ -296,11 +296,15 @@ def distributed_dp_audit(k: int, halved: bool):
     from secagg_harness import shifting_app
 
     deltas = {n: np.random.default_rng(n).normal(size=DIM) * 1e-3 for n in REAL}
-    real = LoopbackGrid(shifting_app(deltas, rng=1), REAL)
+    # a client that halves its noise (the broken configuration) also runs with a floor it meets
+    floor = 0.2 if halved else 0.5
+    app = shifting_app(deltas, rng=1, min_noise_multiplier=floor)
+    real = LoopbackGrid(app, REAL)
     strategy = DistributedDpFedAvg(
         fraction_evaluate=0.0, noise_multiplier=0.5, clipping_norm=1.0, bits=24, rotation_seed=3
     )
-    mod = make_distributed_dp_mod(rng=2)
+    # the operator admits the canaries to the roster (to the real clients they are peers like any other)
+    mod = make_distributed_dp_mod(rng=2, min_noise_multiplier=floor, identity=app.roster)
     audit = CanaryAudit(strategy, num_canaries=k, seed=2, canary_mods=[halved_noise_mod(mod) if halved else mod])
     result, report = audit.start(real, model(), num_rounds=2)
     return strategy, audit, real, result, report

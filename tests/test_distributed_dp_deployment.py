@@ -28,11 +28,14 @@ from pathlib import Path
 
 import pytest
 
+from flwr_dp_strategies.cli import write_demo_roster  # noqa: E402 - after the imports above
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
     CONNECTION,
     LocalDeployment,
     finished_run,
+    roster_node_config,
     kill_while_training,
     missing_binaries,
     no_reply_counts,
@@ -41,6 +44,7 @@ from deployment_harness import (  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "distributed-dp"
 NUM_NODES, VICTIM = 4, 3
+FLOOR = {"dp-min-noise-multiplier": 0.05}  # each node's own floor (node config): the run asks for z = 0.1
 
 pytestmark = [
     pytest.mark.integration,
@@ -68,10 +72,17 @@ def test_a_supernode_killed_during_collect_is_dropped_and_the_round_still_unmask
             "results-dir": results_dir,
         }
     )
+    roster = tmp_path / "roster"
+    write_demo_roster(roster, NUM_NODES)  # the operator admits the 5 SuperNodes; each gets its key by node config
     with LocalDeployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
         with ThreadPoolExecutor(NUM_NODES) as pool:  # each waits for its registration; in parallel
-            nodes = list(pool.map(lambda i: dep.start_supernode(i, NUM_NODES), range(NUM_NODES)))
+            nodes = list(
+                pool.map(
+                    lambda i: dep.start_supernode(i, NUM_NODES, node_config=roster_node_config(roster, i, **FLOOR)),
+                    range(NUM_NODES),
+                )
+            )
         victim = nodes[VICTIM]
         cli = dep.flwr_background("run", str(APP), CONNECTION, "--run-config", config, "--stream")
 

@@ -33,11 +33,14 @@ from pathlib import Path
 
 import pytest
 
+from flwr_dp_strategies.cli import write_demo_roster  # noqa: E402 - after the imports above
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
     CONNECTION,
     LocalDeployment,
     finished_run,
+    roster_node_config,
     missing_binaries,
     no_reply_counts,
     run_config,
@@ -45,6 +48,7 @@ from deployment_harness import (  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "distributed-dp"
 NUM_NODES = 5
+FLOOR = {"dp-min-noise-multiplier": 0.05}  # each node's own floor (node config): the run asks for z = 0.1
 FAIL_PLAN = "1:share-keys:1;1:collect:2;2:unmask:3"
 
 pytestmark = [
@@ -73,10 +77,17 @@ def test_one_supernode_in_five_drops_at_each_secagg_stage_and_every_round_still_
             "results-dir": results_dir,
         }
     )
+    roster = tmp_path / "roster"
+    write_demo_roster(roster, NUM_NODES)  # the operator admits the 5 SuperNodes; each gets its key by node config
     with LocalDeployment(tmp_path / "deploy") as dep:
         dep.start_superlink()
         with ThreadPoolExecutor(NUM_NODES) as pool:  # each waits for its registration; in parallel
-            list(pool.map(lambda i: dep.start_supernode(i, NUM_NODES), range(NUM_NODES)))
+            list(
+                pool.map(
+                    lambda i: dep.start_supernode(i, NUM_NODES, node_config=roster_node_config(roster, i, **FLOOR)),
+                    range(NUM_NODES),
+                )
+            )
         cli = dep.flwr_background("run", str(APP), CONNECTION, "--run-config", config, "--stream")
         cli.popen.wait(timeout=240)
         output = cli.log_text()

@@ -37,7 +37,7 @@ from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD
 from flwr_dp_strategies.strategy.secure_objective_sum import EVENT_LABEL
 
 from loopback import run_round
-from secagg_harness import LoopbackGrid
+from secagg_harness import TEST_FLOOR, LazyRoster, LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
@@ -52,7 +52,13 @@ def client_data(dim: int, num_classes: int, seed: int = 0, rows: int = 30):
 def objective_app(data, num_classes: int, loss: str = "softmax") -> ClientApp:
     """A ClientApp whose node n answers with SecureObjectiveTrainer(rng=n) on data[n]."""
     app = ClientApp()
-    trainers = {n: SecureObjectiveTrainer(num_classes=num_classes, loss=loss, rng=n) for n in data}
+    roster = LazyRoster(len(data) + 8)
+    trainers = {
+        n: SecureObjectiveTrainer(
+            num_classes=num_classes, loss=loss, rng=n, min_noise_multiplier=TEST_FLOOR, identity=roster
+        )
+        for n in data
+    }
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:

@@ -46,8 +46,6 @@ from ..secure_aggregation.protocol import (
     RECORD,
     ProtocolError,
     choose_num_shares,
-    honest_shares_bound,
-    lying_server_threshold,
     min_threshold,
     neighbourhood_size,
 )
@@ -79,19 +77,16 @@ class ProtocolSizes:
 
     @property
     def honest(self) -> int:
-        """m − c: the honest noise shares in any sum the (honest) server reveals; each client adds μ/(m − c)."""
+        """n_h = m − c: the honest noise shares in any sum holding an honest client that any server (active,
+        lying about dropouts, with c colluders; Sybils kept out by the roster) can unmask, since every client
+        signs a survivor set only under :func:`~flwr_dp_strategies.secure_aggregation.protocol.survivor_set_flaw`'s
+        rule; each client adds μ/(m − c)."""
         return self.calibrated - self.colluders
 
     @property
     def complete(self) -> bool:
         """Whether the graph is SecAgg's complete graph."""
         return self.neighbourhood >= self.n_sampled
-
-    @property
-    def lying_server_honest(self) -> int:
-        """The fewest honest noise shares in a sum a server lying about dropouts can unmask
-        (:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound`)."""
-        return honest_shares_bound(self.n_sampled, self.threshold, self.colluders, complete=self.complete)
 
 
 def fraction_or_count(name: str, value: int | float, minimum: int) -> int | float:
@@ -208,8 +203,7 @@ class SecureAggregationMixin(AccountedRound):
         """The sizes for ``n_sampled`` nodes (ValueError naming the setting that cannot be met):
         k from ``num_shares`` or, when None, :func:`choose_num_shares` for the dropout rate and failure
         probability; m from ``min_survivors``, above the colluders; t from ``reconstruction_threshold`` or,
-        when None, the least the clients accept (:func:`min_threshold`), raised in the complete graph until
-        a server lying about dropouts meets the same m − c honest shares (:func:`lying_server_threshold`)."""
+        when None, the least the clients accept (:func:`min_threshold`: 2t > h + c)."""
         c, n = self.max_colluding_clients, int(n_sampled)
         if self.num_shares is None:
             k = choose_num_shares(
@@ -227,7 +221,7 @@ class SecureAggregationMixin(AccountedRound):
                 f"max_colluding_clients = {c}: the colluders could hold every noise share"
             )
         if self.reconstruction_threshold is None:
-            t = lying_server_threshold(h, c, m - c) if h >= n else least
+            t = least
         elif isinstance(self.reconstruction_threshold, float):
             t = max(math.ceil(self.reconstruction_threshold * h), 2)
         else:
@@ -310,6 +304,7 @@ class SecureAggregationMixin(AccountedRound):
             length=length,
             timeout=timeout,
             colluders=sizes.colluders,
+            honest=sizes.honest,
         )
         try:
             secure.setup(grid)
@@ -393,23 +388,20 @@ class SecureAggregationMixin(AccountedRound):
         """The trust model the protocol enforces, for the summary log (docs/distributed-dp.md has the table)."""
         c = self.max_colluding_clients
         lines = [
-            f"Trust model: an honest-but-curious server, with up to {c} colluding client(s), sees only sums "
-            "of at least min_survivors clients; epsilon holds against it and for the released model, if every "
-            "honest client adds its noise share"
+            f"Trust model: epsilon holds against an active server with up to {c} colluding client(s), for every "
+            "client whose mod authenticates its peers with an operator-signed roster and requires at least the "
+            "booked noise (min_noise_multiplier); a client without a roster counts only its own noise share"
         ]
         sizes = self._sizes
         if sizes is not None:
             lines.append(
                 f"Last round: k = {sizes.num_shares} (neighbourhood {sizes.neighbourhood} of "
-                f"{sizes.n_sampled}), t = {sizes.threshold}, m = {sizes.min_survivors}: no server can "
-                f"rebuild both secrets of a client (2t > h + c); a server lying about dropouts can "
-                f"unmask sums holding {sizes.lying_server_honest} honest noise share(s) of the "
-                f"{sizes.honest} calibrated for"
-                + ("" if sizes.complete else " (sparse graph: no bound beyond the client's own share)")
+                f"{sizes.n_sampled}), t = {sizes.threshold}, m = {sizes.min_survivors}: any sum a server can "
+                f"unmask holds at least n_h = {sizes.honest} honest noise share(s), each mu/{sizes.honest}"
             )
         lines.append(
-            "Not covered: a server that substitutes public keys (no PKI) or fabricates clients; "
-            "clients bound that with min_noise_multiplier in the mod"
+            "Not covered: the server still chooses whom it samples and can abort any round; "
+            "more than the assumed colluders; a roster signer that admits Sybils"
         )
         return lines
 

@@ -13,24 +13,29 @@ Fernet keys agreed at ``share-keys`` are kept in the state for ``collect``.
 
 :class:`ClientRound` keeps its state in a ConfigRecord (``context.state``), so a
 SuperNode that runs the ClientApp in a fresh process for every message keeps it.
-What a client enforces, whatever the server does (each rule is what makes one attack impossible):
+What a client enforces, whatever the server does (each rule is what makes one attack impossible; the
+active-server argument is in :func:`~.protocol.survivor_set_flaw`):
 
+* one setup per round number (:data:`GUARD_RECORD` outlives the round): no second encoding of an update;
 * the threshold: ``2t > h + c`` for its h share holders and the c colluders declared by the server
   or assumed by the client, whichever is larger (:func:`~.protocol.min_threshold`): no server can
   collect both secrets of a client, and c colluders never hold t shares;
 * the graph: its neighbours are the ones the public ring of the view and the graph seed gives
-  (:func:`~.protocol.ring_neighbours`), not a list the server picked;
-* consistency: every share carries the sender's digest of the round (parameters, view, graph), checked
-  by the receiver (:func:`~.protocol.view_digest`), so clients that exchange shares saw the same round;
-* the unmask request: it names every peer the client holds shares of, each exactly once as alive or
-  dropped, with at least t alive (itself among them), and is answered once.
+  (:func:`~.protocol.ring_neighbours`), and the seed is the one committed at setup, before any key;
+* authenticated peers: every view member's identity is in the client's operator-signed roster
+  (:mod:`.identity`), distinct, and each neighbour's round keys are signed by its identity for this run,
+  round and node id (no invented or substituted peer); keys are SECP384R1 points;
+* consistency: every share carries the sender's digest of the round (run, parameters, n_h, view and its
+  identities, graph), checked by the receiver (:func:`~.protocol.view_digest`);
+* the survivor set: signed once, only under :func:`~.protocol.survivor_set_flaw`'s rule;
+* the unmask: answered once, for the set it signed, only with the signatures on it that
+  :func:`~.protocol.required_signers` names; seed shares for held peers in it, key shares for held peers
+  outside it, never both.
 
 It also refuses any instruction out of order (a stage other than the next one, another round),
-repeated keys or node ids, and a ciphertext that is not addressed to it.
-
-Against a server that replaces public keys (a man in the middle between clients) none of this
-holds: that needs authenticated keys (a PKI), which Flower does not provide; see
-``docs/distributed-dp.md`` for the threat model.
+repeated keys or node ids, and a ciphertext that is not addressed to it. Without a roster a client
+signs with a fresh key per round and cannot tell invented peers from real ones: the noise floor then
+counts its own share only (:func:`check_noise_floor`). ``docs/distributed-dp.md`` has the threat model.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.secure_aggregation.crypto.symmetric_encryption import decrypt, encrypt, generate_shared_key
 from flwr.common.secure_aggregation.secaggplus_utils import share_keys_plaintext_concat, share_keys_plaintext_separate
@@ -66,13 +72,16 @@ from .protocol import (
     Stage,
     distinct,
     field,
-    honest_shares_bound,
+    graph_commitment,
     list_field,
     min_threshold,
     ring_neighbours_of,
+    required_signers,
     stage_of,
+    survivor_set_flaw,
     view_digest,
 )
+from .identity import NodeIdentity, advertisement, generate_signing_key, public_bytes, survivors_statement, verify
 
 DIGEST_BYTES = 32
 
@@ -117,13 +126,48 @@ def mask_keys(private_key: bytes, public_keys: list[bytes]) -> list[bytes]:
     return [base64.urlsafe_b64decode(key) for key in pairwise_keys(private_key, public_keys)]
 
 
-class ClientRound:
-    """One client's protocol state, read from and written back to a ConfigRecord."""
+def check_public_key(value: object, what: str) -> bytes:
+    """``value`` if it is a PEM SECP384R1 public key (parsing checks the point is on the curve and not the
+    identity), else ProtocolError naming ``what``."""
+    if not isinstance(value, bytes):
+        raise ProtocolError(f"{what} must be bytes")
+    try:
+        key = bytes_to_public_key(value)
+    except Exception as err:  # noqa: BLE001 - any parse failure is malformed
+        raise ProtocolError(f"{what} does not parse as a public key") from err
+    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != ec.SECP384R1.name:
+        raise ProtocolError(f"{what} is not a SECP384R1 key")
+    return value
 
-    def __init__(self, state: ConfigRecord, node_id: int, *, min_colluders: int = 0) -> None:
+
+GUARD_RECORD = "secure-aggregation-guard"
+"""The part of a client's state that outlives a round: the last round it set up (one setup per round)."""
+
+
+class ClientRound:
+    """One client's protocol state, read from and written back to a ConfigRecord.
+
+    ``identity``: the node's signing key and verified roster (:class:`~.identity.NodeIdentity`); with no
+    roster the client signs with a fresh key each round and counts only its own noise share.
+    ``run_id``: the run the messages belong to (bound into every signature and the digest); ``guard``: the
+    record that remembers the last round this client set up, across rounds."""
+
+    def __init__(
+        self,
+        state: ConfigRecord,
+        node_id: int,
+        *,
+        min_colluders: int = 0,
+        identity: Optional[NodeIdentity] = None,
+        run_id: int = 0,
+        guard: Optional[ConfigRecord] = None,
+    ) -> None:
         self.state = state
         self.node_id = int(node_id)
         self.min_colluders = int(min_colluders)
+        self.identity = identity
+        self.run_id = int(run_id)
+        self.guard = ConfigRecord() if guard is None else guard
 
     # ------------------------------------------------------------------ state helpers
     def _expect(self, stage: str, record: ConfigRecord) -> int:
@@ -151,13 +195,24 @@ class ClientRound:
         shares.append(bytes(share))
         self._set(**{f"{kind}-owners": owners, f"{kind}-shares": shares})
 
+    def _signer(self) -> Ed25519PrivateKey:
+        """The key this node advertised with at setup: its long-term key, or this round's own."""
+        if self.state["id-sk"]:
+            return Ed25519PrivateKey.from_private_bytes(bytes(self.state["id-sk"]))
+        if self.identity is None or self.identity.public != self.state["id-pk"]:
+            raise ProtocolError("this node's identity changed within the round")
+        return self.identity.signing_key
+
     # ------------------------------------------------------------------ stages
     def setup(self, record: ConfigRecord) -> dict[str, Any]:
-        """Stage 0: fresh key pairs for this round (any earlier round's state is dropped)."""
+        """Stage 0: fresh key pairs for this round, advertised under this node's signature (once per round)."""
         server_round = field(record, "round", int)
         threshold = field(record, "threshold", int)
         bits = check_bits(field(record, "bits", int))
         declared = field(record, "colluders", int)
+        commitment = field(record, "graph-commit", bytes)
+        if len(commitment) != 32:
+            raise ProtocolError("field 'graph-commit' must be 32 bytes")
         if declared < 0:
             raise ProtocolError("field 'colluders' must be at least 0")
         colluders = max(declared, self.min_colluders)
@@ -165,41 +220,68 @@ class ClientRound:
             raise ProtocolError(
                 f"field 'threshold' must be at least 2 and exceed the {colluders} colluders, got {threshold}"
             )
+        last = self.guard.get("last-round")
+        if last is not None and server_round <= int(last):
+            raise ProtocolError(
+                f"setup of round {server_round} after this client set up round {last}: one setup per round "
+                "(a second would give a server two encodings of one update)"
+            )
+        self.guard["last-round"] = server_round
         self.state.clear()
         sk1, pk1 = generate_key_pairs()
         sk2, pk2 = generate_key_pairs()
+        long_term = self.identity is not None and self.identity.roster is not None
+        signer = self.identity.signing_key if long_term else generate_signing_key()
+        pk1_bytes, pk2_bytes = public_key_to_bytes(pk1), public_key_to_bytes(pk2)
+        ad = advertisement(
+            run_id=self.run_id, server_round=server_round, node_id=self.node_id, pk1=pk1_bytes, pk2=pk2_bytes
+        )
         self._set(
             stage=Stage.SETUP,
             round=server_round,
             threshold=threshold,
             bits=bits,
             colluders=colluders,
-            **{"declared-colluders": declared},
+            **{"declared-colluders": declared, "graph-commit": commitment},
             sk1=private_key_to_bytes(sk1),
-            pk1=public_key_to_bytes(pk1),
+            pk1=pk1_bytes,
             sk2=private_key_to_bytes(sk2),
-            pk2=public_key_to_bytes(pk2),
+            pk2=pk2_bytes,
+            # a roster-less client's key lives for this round only; a long-term key is never copied into the state
+            **{"id-sk": b"" if long_term else signer.private_bytes_raw(), "id-pk": public_bytes(signer)},
         )
-        return {"pk1": self.state["pk1"], "pk2": self.state["pk2"]}
+        return {"pk1": pk1_bytes, "pk2": pk2_bytes, "identity": public_bytes(signer), "ad-sig": signer.sign(ad)}
 
     def share_keys(self, record: ConfigRecord) -> dict[str, Any]:
-        """Stage 1: check the view, the graph and the threshold; Shamir-share b_u and sk1 among the
-        neighbours, one ciphertext per neighbour, each bound to the round's digest."""
+        """Stage 1: check the view, the graph, the threshold and every neighbour's signed key advertisement;
+        Shamir-share b_u and sk1 among the neighbours, one ciphertext per neighbour, bound to the round's digest."""
         server_round = self._expect(Stage.SHARE_KEYS, record)
         nids = list_field(record, "nids", int)
         pk1s = list_field(record, "pk1s", bytes, length=len(nids))
         pk2s = list_field(record, "pk2s", bytes, length=len(nids))
+        sigs = list_field(record, "ad-sigs", bytes, length=len(nids))
         view = list_field(record, "view", int)
+        view_ids = list_field(record, "view-ids", bytes, length=len(view))
         graph_seed = field(record, "graph-seed", int)
         num_shares = field(record, "num-shares", int)
+        honest = field(record, "honest", int)
         distinct("nids", nids)
         distinct("view", view)
         distinct("public keys", pk1s + pk2s)
+        distinct("view-ids", view_ids)
+        if graph_commitment(graph_seed) != self.state["graph-commit"]:
+            raise ProtocolError("the graph seed is not the one committed to at setup")
         if num_shares < 2:
             raise ProtocolError("field 'num-shares' must be at least 2")
+        if honest < 1:
+            raise ProtocolError("field 'honest' must be at least 1")
         if self.node_id not in view:
             raise ProtocolError("the view does not hold this node")
         members = set(view)
+        identity_of = dict(zip(view, view_ids))
+        if not set(nids) <= members:
+            raise ProtocolError("the neighbour list names nodes outside the view")
+        ids = [identity_of[n] for n in nids]
         # one ring order for this node's neighbourhood and its neighbours' (their shares' points for it)
         hoods = ring_neighbours_of(view, num_shares, graph_seed, [self.node_id, *(u for u in nids if u in members)])
         expected = sorted(hoods[self.node_id])
@@ -213,9 +295,25 @@ class ClientRound:
                 f"t >= {min_threshold(len(nids), colluders)})"
             )
         own = nids.index(self.node_id)
-        if pk1s[own] != self.state["pk1"] or pk2s[own] != self.state["pk2"]:
-            raise ProtocolError("the neighbour list holds other public keys for this node")
+        if pk1s[own] != self.state["pk1"] or pk2s[own] != self.state["pk2"] or ids[own] != self.state["id-pk"]:
+            raise ProtocolError("the neighbour list holds other keys for this node")
+        roster = self.identity.roster if self.identity is not None else None
+        if roster is not None:
+            admitted = roster.keys()
+            strangers = [n for n, i in zip(view, view_ids) if i not in admitted]
+            if strangers:
+                raise ProtocolError(
+                    f"nodes {strangers[:5]} of the view are not in this client's roster (invented peers)"
+                )
+        for nid, pk1, pk2, identity, sig in zip(nids, pk1s, pk2s, ids, sigs):
+            check_public_key(pk1, f"node {nid}'s pk1")
+            check_public_key(pk2, f"node {nid}'s pk2")
+            ad = advertisement(run_id=self.run_id, server_round=server_round, node_id=nid, pk1=pk1, pk2=pk2)
+            if not verify(identity, sig, ad):
+                raise ProtocolError(f"node {nid}'s key advertisement is not signed by its identity for this round")
         digest = view_digest(
+            run_id=self.run_id,
+            honest=honest,
             server_round=server_round,
             threshold=threshold,
             bits=int(self.state["bits"]),
@@ -223,8 +321,8 @@ class ClientRound:
             num_shares=num_shares,
             graph_seed=graph_seed,
             view=view,
+            identities=view_ids,
         )
-        bound = honest_shares_bound(len(view), threshold, colluders, complete=len(nids) == len(view))
         seed = os.urandom(32)
         # holder i of this node's (sorted) neighbourhood gets x = i + 1; the shares this node will receive
         # carry its position in each neighbour's neighbourhood, checked at collect
@@ -236,12 +334,18 @@ class ClientRound:
             stage=Stage.SHARE_KEYS,
             seed=seed,
             digest=digest,
+            honest=honest,
+            authenticated=roster is not None,
+            **{"num-shares": num_shares, "graph-seed": graph_seed},
+            view=view,
             **{
+                "view-ids": view_ids,
                 "peer-nids": nids,
                 "peer-pk1s": pk1s,
                 "peer-xs": my_xs,
                 "peer-fernet": [agreed.get(i, b"") for i in range(len(nids))],
-                "honest-bound": bound,
+                # the fewest honest shares in a sum holding this client that its rules let a server unmask
+                "honest-bound": honest if roster is not None else 1,
             },
         )
         dsts, ciphertexts = [], []
@@ -266,9 +370,10 @@ class ClientRound:
         threshold = int(self.state["threshold"])
         if len(srcs) + 1 < threshold:
             raise ProtocolError(f"shares from {len(srcs)} neighbours, fewer than the threshold {threshold} - 1")
-        for src, ciphertext in zip(srcs, ciphertexts):
+        for src in srcs:
             if src == self.node_id or src not in peers:
                 raise ProtocolError(f"a ciphertext from node {src}, not a neighbour")
+        for src, ciphertext in zip(srcs, ciphertexts):
             try:
                 plaintext = decrypt(self.state["peer-fernet"][peers.index(src)], ciphertext)
             except Exception as err:  # noqa: BLE001 - Fernet's InvalidToken and malformed tokens alike
@@ -300,27 +405,65 @@ class ClientRound:
         self._set(stage=Stage.COLLECT, included=srcs)
         return reduce_mod(vector, bits)
 
-    def unmask(self, record: ConfigRecord) -> dict[str, Any]:
-        """Stage 3: the shares of b_v for surviving v, of sk1_v for dropped v; the state is then closed."""
-        self._expect(Stage.UNMASK, record)
-        active = list_field(record, "active", int)
-        dead = list_field(record, "dead", int)
-        distinct("active", active)
-        distinct("dead", dead)
-        if set(active) & set(dead):
-            raise ProtocolError("a node is named both as survivor and as dropped")
+    def consistency(self, record: ConfigRecord) -> dict[str, Any]:
+        """Stage 3: sign the survivor set S the server names, once, if S lies in the view, holds at least t nodes
+        and passes :func:`~.protocol.survivor_set_flaw` (this node in it, masked with every neighbour in it,
+        |S| − c ≥ n_h, on a ring fewer than k/2 − c neighbours outside it); S is kept for the unmask.
+        Without a roster n_h is not relied on (the client's own share carries its floor)."""
+        server_round = self._expect(Stage.CONSISTENCY, record)
+        survivors = list_field(record, "survivors", int)
+        distinct("survivors", survivors)
+        members = set(survivors)
         threshold = int(self.state["threshold"])
-        if len(active) < threshold:
-            raise ProtocolError(f"{len(active)} survivors, fewer than the threshold {threshold}")
-        if self.node_id not in active:
-            raise ProtocolError("this node is not named as a survivor")
-        held = set(int(n) for n in self.state.get("included", [])) | {self.node_id}
-        if set(active) | set(dead) != held:
-            raise ProtocolError("the request must name every peer this node holds shares of, as alive or dropped")
+        view = list(self.state["view"])
+        if not members <= set(view):
+            raise ProtocolError("the survivor set names nodes outside the round's view")
+        if len(members) < threshold:
+            raise ProtocolError(f"{len(members)} survivors, fewer than the threshold {threshold}")
+        flaw = survivor_set_flaw(
+            self.node_id,
+            members,
+            neighbourhood=self.state["peer-nids"],
+            masked_with=self.state.get("included", []),
+            view_size=len(view),
+            num_shares=int(self.state["num-shares"]),
+            colluders=int(self.state["colluders"]),
+            honest=int(self.state["honest"]) if self.state.get("authenticated") else 1,
+        )
+        if flaw is not None:
+            raise ProtocolError(f"this node does not sign the survivor set: {flaw}")
+        signature = self._signer().sign(survivors_statement(self.state["digest"], survivors))
+        self._set(stage=Stage.CONSISTENCY, round=server_round, survivors=sorted(members))
+        return {"signature": signature}
+
+    def unmask(self, record: ConfigRecord) -> dict[str, Any]:
+        """Stage 4: for the survivor set this node signed, and only with the signature on it of every member
+        :func:`~.protocol.required_signers` names (its held peers among them), the shares of b_v for every held v
+        in it and of sk1_v for every held v outside it; the state is then closed."""
+        self._expect(Stage.UNMASK, record)
+        signers = list_field(record, "signers", int)
+        signatures = list_field(record, "signatures", bytes, length=len(signers))
+        distinct("signers", signers)
+        survivors = [int(n) for n in self.state["survivors"]]
+        members = set(survivors)
+        held = [int(n) for n in self.state.get("included", [])]
+        alive = sorted(n for n in held if n in members)
+        dead = sorted(n for n in held if n not in members)
+        given = dict(zip(signers, signatures))
+        identity_of = dict(zip(self.state["view"], self.state["view-ids"]))
+        statement = survivors_statement(self.state["digest"], survivors)
+        needed = required_signers(
+            self.node_id,
+            survivors,
+            view=self.state["view"],
+            num_shares=int(self.state["num-shares"]),
+            graph_seed=int(self.state["graph-seed"]),
+        )
+        for node in needed:
+            if not verify(identity_of[node], given.get(node), statement):
+                raise ProtocolError(f"no valid signature of node {node} on the survivor set this node signed")
         seeds, sk1s = self._shares("seed"), self._shares("sk1")
-        missing = [nid for nid in active if nid not in seeds] + [nid for nid in dead if nid not in sk1s]
-        if missing:
-            raise ProtocolError(f"no share held for nodes {sorted(missing)}")
+        active = [self.node_id, *alive]
         self.state.clear()  # one answer per round: a second unmask request finds no state
         self._set(stage=Stage.UNMASK, round=field(record, "round", int))
         return {"nids": active + dead, "shares": [seeds[n] for n in active] + [sk1s[n] for n in dead]}
@@ -328,15 +471,21 @@ class ClientRound:
 
 def check_noise_floor(state: ConfigRecord, share: float, sensitivity: float, floor: float) -> float:
     r"""The noise multiplier of the smallest sum this client's rules let any server unmask,
-    :math:`\sqrt{n_{\min}\,\sigma^2_{\mathrm{share}}}/\Delta`, with :math:`n_{\min}` = ``state["honest-bound"]``
-    (:func:`~.protocol.honest_shares_bound`: honest shares in a sum a server lying about dropouts can
-    unmask); ProtocolError if it is below ``floor`` (the client then sends nothing)."""
+    :math:`\sqrt{n_{\min}\,\sigma^2_{\mathrm{share}}}/\Delta`, with :math:`n_{\min}` = ``state["honest-bound"]``:
+    the round's n_h when the peers are authenticated by a roster (the client signs a survivor set only if a
+    sum holding it then holds n_h honest shares, :func:`~.protocol.survivor_set_flaw`), 1 without one
+    (invented peers could surround it); ProtocolError if it is below ``floor`` (the client then sends nothing).
+
+    Why the floor holds for the whole sum: every honest member x of a sum a server can unmask checked its own
+    floor, :math:`\sigma_x^2 \ge (z_{\min}\Delta)^2 / n_h`, and the sum holds at least n_h of them, so its
+    honest noise has variance at least :math:`(z_{\min}\Delta)^2`."""
     honest = int(state["honest-bound"])
     implied = math.sqrt(honest * share) / sensitivity
-    if implied < floor:
+    if not implied >= floor:
         raise ProtocolError(
             f"the server asks for noise shares whose smallest unmaskable sum ({honest} honest "
-            f"client(s), threshold t = {state['threshold']}, {state['colluders']} colluders) has "
+            f"client(s), threshold t = {state['threshold']}, {state['colluders']} colluders"
+            f"{'' if state.get('authenticated') else ', peers not authenticated by a roster'}) has "
             f"noise multiplier {implied:.4g}, below this client's minimum {floor}"
         )
     return implied
@@ -350,10 +499,13 @@ def handle(
     encode: Optional[Callable[[], np.ndarray]] = None,
     *,
     min_colluders: int = 0,
+    identity: Optional[NodeIdentity] = None,
+    run_id: int = 0,
+    guard: Optional[ConfigRecord] = None,
 ) -> tuple[dict[str, Any], Optional[np.ndarray]]:
     """Run ``stage`` for this node: (the reply's protocol fields, the masked vector for ``collect``);
     ``min_colluders``: the colluders this client assumes whatever the server declares."""
-    client = ClientRound(state, node_id, min_colluders=min_colluders)
+    client = ClientRound(state, node_id, min_colluders=min_colluders, identity=identity, run_id=run_id, guard=guard)
     if stage == Stage.SETUP:
         return client.setup(record), None
     if stage == Stage.SHARE_KEYS:
@@ -362,38 +514,49 @@ def handle(
         if encode is None:
             raise ValueError("the collect stage needs encode")
         return {}, client.collect(record, encode)
+    if stage == Stage.CONSISTENCY:
+        return client.consistency(record), None
     if stage == Stage.UNMASK:
         return client.unmask(record), None
     raise ProtocolError(f"unknown stage {stage!r}")
 
 
 def answer_message(
-    msg: Message, ctxt: Context, encode: Callable[[ConfigRecord], np.ndarray], *, min_colluders: int = 0
+    msg: Message,
+    ctxt: Context,
+    encode: Callable[[ConfigRecord], np.ndarray],
+    *,
+    min_colluders: int = 0,
+    identity: Optional[NodeIdentity] = None,
 ) -> Message:
     """The reply to one protocol message: state kept in ``ctxt.state``, the stage run by :func:`handle`,
     and at ``collect`` the masked ``encode(state)`` (uint64 in [0, 2^b); ``state`` holds ``bits``,
-    ``threshold``, ``colluders`` and ``honest-bound``, the fewest honest clients in any sum a server
-    lying about dropouts can unmask: :func:`~.protocol.honest_shares_bound`) packed into
-    :data:`MASKED_RECORD`. The reply holds the protocol records only."""
+    ``threshold``, ``colluders`` and ``honest-bound``, the fewest honest shares in any sum holding this
+    client that a server can unmask under its rules) packed into :data:`MASKED_RECORD`. The reply holds the
+    protocol records only. ``identity``: the node's signing key and roster (None: no roster)."""
     stage = stage_of(msg.content)
     record = msg.content[RECORD]
-    if STATE_RECORD not in ctxt.state:
-        ctxt.state[STATE_RECORD] = ConfigRecord()
-    state = ctxt.state[STATE_RECORD]
+    for name in (STATE_RECORD, GUARD_RECORD):
+        if name not in ctxt.state:
+            ctxt.state[name] = ConfigRecord()
+    state, guard = ctxt.state[STATE_RECORD], ctxt.state[GUARD_RECORD]
     node = int(msg.metadata.dst_node_id)
+    options = {"min_colluders": min_colluders, "identity": identity, "run_id": int(msg.metadata.run_id), "guard": guard}
     out = RecordDict()
     if stage == Stage.COLLECT:
-        fields, vector = handle(state, node, stage, record, lambda: encode(state), min_colluders=min_colluders)
+        fields, vector = handle(state, node, stage, record, lambda: encode(state), **options)
         out[MASKED_RECORD] = ArrayRecord({MASKED_KEY: Array(pack_bits(vector, int(state["bits"])))})
     else:
-        fields, _ = handle(state, node, stage, record, min_colluders=min_colluders)
+        fields, _ = handle(state, node, stage, record, **options)
     out[RECORD] = ConfigRecord({STAGE_KEY: stage, **fields})
     return Message(out, reply_to=msg)
 
 
 __all__ = [
     "DIGEST_BYTES",
+    "GUARD_RECORD",
     "ClientRound",
+    "check_public_key",
     "agreed_key",
     "answer_message",
     "check_noise_floor",

@@ -5,20 +5,22 @@ ConfigRecord :data:`RECORD` with the key ``"stage"``; the client's protocol stat
 lives in ``context.state.config_records[STATE_RECORD]``. What travels in the clear,
 stage by stage (nothing of it depends on the client's data):
 
-=================  ===============================================  ==============================================
-stage              server → client                                  client → server
-=================  ===============================================  ==============================================
-``setup``          round, threshold t, bits b, colluders c          two fresh ECDH public keys (pk1, pk2)
-``share-keys``     the view U_1 (node ids), the graph seed and k,    Shamir shares of b_u and sk1, each encrypted
-                   the neighbours' node ids and public keys          for one neighbour (Fernet under ECDH(sk2, pk2)),
-                                                                    bound to the view's digest; SHA-256(b_u), which
-                                                                    lets the server check the rebuilt seed
-``collect``        the model (Flower's train content), the           the masked vector (uint64 in [0, 2^b)) only:
-                   ciphertexts addressed to this client, the         the ClientApp's metrics and ``num-examples`` are
-                   public distributed-DP parameters                  dropped (they would leave un-noised)
-``unmask``         which neighbours survived / dropped               the shares of b_v (survivors) or sk1_v
-                                                                    (dropped), never both for one node
-=================  ===============================================  ==============================================
+===============  =================================================  ==============================================
+stage            server → client                                    client → server
+===============  =================================================  ==============================================
+``setup``        round, threshold t, bits b, colluders c, the       two fresh ECDH public keys (pk1, pk2), the
+                 commitment to the graph seed                       node's identity key and its signature of both,
+                                                                    bound to run, round and node id
+``share-keys``   the view U_1 and each member's identity, the       Shamir shares of b_u and sk1, each encrypted
+                 graph seed and k, n_h, the neighbours' node ids,   for one neighbour (Fernet under ECDH(sk2, pk2)),
+                 public keys and signed advertisements              bound to the view's digest; SHA-256(b_u)
+``collect``      the model (Flower's train content), the            the masked vector (uint64 in [0, 2^b)) only:
+                 ciphertexts addressed to this client, the          the ClientApp's metrics and ``num-examples`` are
+                 public distributed-DP parameters                   dropped (they would leave un-noised)
+``consistency``  the survivor set S                                 the node's signature of S (once)
+``unmask``       the signatures on S the node requires              the shares of b_v (v in S) or sk1_v (v not in
+                                                                    S) for its held peers, never both for one node
+===============  =================================================  ==============================================
 
 Every validator raises :class:`ProtocolError` (a ``ValueError``) naming the field;
 a client answers a malformed instruction with an error reply (the server counts
@@ -29,7 +31,6 @@ dropped.
 from __future__ import annotations
 
 import hashlib
-import math
 import random
 from typing import Any, Iterable, Optional, Sequence
 
@@ -43,13 +44,20 @@ STAGE_KEY = "stage"
 
 
 class Stage:
-    """The four stages of one round, in order."""
+    """The five stages of one round, in order."""
 
     SETUP = "setup"
     SHARE_KEYS = "share-keys"
     COLLECT = "collect"
+    CONSISTENCY = "consistency"
     UNMASK = "unmask"
-    ORDER = (SETUP, SHARE_KEYS, COLLECT, UNMASK)
+    ORDER = (SETUP, SHARE_KEYS, COLLECT, CONSISTENCY, UNMASK)
+
+
+def graph_commitment(graph_seed: int) -> bytes:
+    """SHA-256 of the graph seed, sent at setup before any key is seen and checked at share-keys: the server
+    cannot pick the ring after seeing the keys."""
+    return hashlib.sha256(b"flwr-dp/secagg+/graph-seed|" + str(int(graph_seed)).encode()).digest()
 
 
 class ProtocolError(ValueError):
@@ -136,46 +144,110 @@ def min_threshold(holders: int, colluders: int = 0) -> int:
 
     Why: one secret of a client u is its mask seed :math:`b_u` (rebuilt when u survives), the other
     its key :math:`sk1_u` (rebuilt when u dropped); both together strip every mask of u's vector.
-    An honest holder answers one unmask request per round and names each peer either alive or
-    dropped, never both. A server that lies to different holders needs t − c honest "alive" and
-    t − c honest "dropped" answers from the h − c honest holders: :math:`2(t - c) \le h - c`.
+    An honest holder answers one unmask request per round, under the one survivor set it signed, so it
+    gives either the seed or the key share of a peer, never both. A server that shows holders different
+    sets needs t − c honest "in the set" and t − c honest "not in the set" answers from the h − c honest
+    holders: :math:`2(t - c) \le h - c`.
     With :math:`2t > h + c` this is impossible (the counting of Bonawitz et al. 2017's active-server
     analysis).
     It also gives t > c: the colluders alone never hold t shares of an honest client's secret."""
     return max(2, (holders + colluders) // 2 + 1)
 
 
-def honest_shares_bound(view_size: int, threshold: int, colluders: int, *, complete: bool) -> int:
-    r"""A lower bound on the honest clients in any sum that a server lying about dropouts (but relaying
-    the public keys faithfully) can unmask, with up to c colluding clients; 1 (the client alone) when
-    the graph is not complete.
-
-    Complete graph of h nodes, every honest holder answering one request that names each peer it holds
-    shares of as alive or dropped, with at least t alive (itself included). To read a sum over S the
-    server must rebuild :math:`sk1_x` of every honest x outside S: t − c honest "dropped" answers each,
-    from h − c honest holders with at most h − t "dropped" names each. So at most
-    :math:`(h-c)(h-t)/(t-c)` honest clients are outside S, and at least
-
-    .. math:: \left\lceil (h - c)\,\frac{2t - h - c}{t - c} \right\rceil
-
-    are in it (≥ 1 once :func:`min_threshold` holds; = t − c only at t = h). In a sparse graph
-    nodes far from u can answer for u's neighbours, and no bound better than u itself holds."""
-    h, t, c = int(view_size), int(threshold), int(colluders)
-    if not complete or 2 * t <= h + c:
-        return 1
-    return max(1, math.ceil((h - c) * (2 * t - h - c) / (t - c) - 1e-9))
+def ring_order(view: Iterable[int], graph_seed: int) -> list[int]:
+    """The public ring: the sorted ``view`` shuffled by ``random.Random(graph_seed)`` (:func:`ring_neighbours`)."""
+    order = sorted(int(n) for n in view)
+    random.Random(int(graph_seed)).shuffle(order)
+    return order
 
 
-def lying_server_threshold(holders: int, colluders: int, honest_target: int) -> int:
-    """The smallest t ≥ :func:`min_threshold` whose complete-graph :func:`honest_shares_bound` reaches
-    ``honest_target`` (t = ``holders`` always does when the target is at most holders − colluders)."""
-    for t in range(min_threshold(holders, colluders), holders + 1):
-        if honest_shares_bound(holders, t, colluders, complete=True) >= honest_target:
-            return t
-    return holders
+def required_signers(
+    node: int,
+    survivors: Iterable[int],
+    *,
+    view: Iterable[int],
+    num_shares: int,
+    graph_seed: int,
+    order: Optional[Sequence[int]] = None,
+    position: Optional[dict[int, int]] = None,
+) -> list[int]:
+    """The members of S whose signatures on S a holder demands before it answers the unmask: every other member
+    in the complete graph; on the ring, every member within ring distance 3·⌊k/2⌋ of ``node`` (so that no
+    member a server could use to strip a partner of a revealed node's masks can have signed another set:
+    :func:`survivor_set_flaw`). ``order`` and ``position`` (:func:`ring_order` and each node's index in it):
+    computed once by a caller that asks for many nodes."""
+    members = survivors if isinstance(survivors, (set, frozenset)) else set(int(n) for n in survivors)
+    if order is None:
+        order = ring_order(view, graph_seed)
+    n = len(order)
+    if num_shares >= n:
+        return sorted(members - {int(node)})
+    at = position[int(node)] if position is not None else order.index(int(node))
+    reach = 3 * (num_shares // 2)
+    if 2 * reach + 1 >= n:
+        return sorted(members - {int(node)})
+    near = {order[(at + d) % n] for d in range(-reach, reach + 1)}
+    return sorted((near & members) - {int(node)})
 
 
-def graph_failure_bound(n_nodes: int, num_shares: int, threshold: int, dropout_rate: float) -> float:
+def survivor_set_flaw(
+    node: int,
+    survivors: Iterable[int],
+    *,
+    neighbourhood: Iterable[int],
+    masked_with: Iterable[int],
+    view_size: int,
+    num_shares: int,
+    colluders: int,
+    honest: int,
+) -> Optional[str]:
+    r"""Why ``node`` must not sign the survivor set S (None when it may): the rule every client applies before
+    it signs, once per round, the set whose members' mask seeds the holders will reveal.
+
+    1. ``node`` ∈ S, and it masked with every neighbour in S (:math:`N(u) \cap S \setminus \{u\} \subseteq A_u`,
+       A_u = ``masked_with``, the peers whose shares the server forwarded to it);
+    2. :math:`|S| - c \ge n_h` (``honest``, the count the noise shares are calibrated for);
+    3. on a ring (h < |view|): :math:`|N(u) \setminus S| + c < \lfloor k/2 \rfloor`.
+
+    What it buys, with the holders' rules (an honest holder answers the unmask once, under the S it signed
+    itself, and only with the signature on S of every member :func:`required_signers` names; 2t > h + c).
+    Let u be honest and its seed :math:`b_u` revealed: t holders of u answered, t − c of them honest, all under
+    the one S that u signed (they hold u's signature on it). *No member p of S next to u can be stripped*: the
+    server would need t − c honest holders of p answering under another set. In the complete graph those and
+    the t − c above are disjoint, :math:`2(t - c) \le h - c`, impossible. On a ring each lies within 3⌊k/2⌋
+    of every holder of u above, who demanded its signature on S, so it did not sign another set and lies
+    outside S: in :math:`N(p) \setminus S`, fewer than ⌊k/2⌋ − c by p's rule 3, while t − c > ⌊k/2⌋ − c.
+    *The sum holds every honest member of S*: u's masks with its neighbours in S (rule 1) can only cancel
+    inside the sum, so they are in it; they signed S too (their signatures were demanded), and so on from each;
+    on a ring rule 3 and the demanded signatures leave no run of ⌊k/2⌋ positions without an honest signer of S,
+    so the chain goes round the whole ring. So any sum holding u that any server can unmask holds at least
+    :math:`|S| - c \ge n_h` honest noise shares (rule 2). Against Sybils this needs the roster: invented
+    members would count as honest."""
+    members = survivors if isinstance(survivors, (set, frozenset)) else set(int(n) for n in survivors)
+    hood = set(int(n) for n in neighbourhood)
+    node = int(node)
+    c = int(colluders)
+    if node not in members:
+        return "the survivor set does not hold this node"
+    missing_masks = (hood & members) - {node} - set(int(n) for n in masked_with)
+    if missing_masks:
+        return f"neighbours {sorted(missing_masks)[:5]} are named survivors but this node did not mask with them"
+    if len(members) - c < int(honest):
+        return f"{len(members)} survivors less {c} colluder(s) is fewer than the n_h = {honest} the noise assumes"
+    if len(hood) < int(view_size):
+        half = int(num_shares) // 2
+        absent = len(hood - members)
+        if absent + c >= half:
+            return (
+                f"{absent} of this node's neighbours are not survivors; with {c} colluder(s) that reaches "
+                f"{half} = k/2, where a server could cut the ring and unmask a part"
+            )
+    return None
+
+
+def graph_failure_bound(
+    n_nodes: int, num_shares: int, threshold: int, dropout_rate: float, colluders: int = 0
+) -> float:
     r"""An upper bound on the probability that a round on the ring of :func:`ring_neighbours` cannot
     unmask, or splits, when each node drops independently with probability p = ``dropout_rate``.
 
@@ -191,9 +263,11 @@ def graph_failure_bound(n_nodes: int, num_shares: int, threshold: int, dropout_r
     from scipy.stats import binom  # noqa: PLC0415 - scipy is only needed when sizes are derived
 
     h = neighbourhood_size(n_nodes, num_shares)
-    missing = float(binom.cdf(threshold - 1, h - 1, 1.0 - dropout_rate))
     if h >= n_nodes:
-        return missing
+        return float(binom.cdf(threshold - 1, h - 1, 1.0 - dropout_rate))
+    # t live holders, and (the signing rule) fewer than k/2 - c absent neighbours: k/2 + c + 1 live of h - 1
+    need = max(int(threshold), h - 1 - (num_shares // 2 - int(colluders)) + 1)
+    missing = float(binom.cdf(need - 1, h - 1, 1.0 - dropout_rate))
     return min(1.0, n_nodes * (missing + dropout_rate ** (num_shares // 2)))
 
 
@@ -208,27 +282,29 @@ def choose_num_shares(n_nodes: int, *, colluders: int, dropout_rate: float, fail
 
     .. math:: n\,\bigl(\Pr[\mathrm{Bin}(k, 1-p) < t] + p^{k/2}\bigr) \le \eta,
 
-    with t ≈ k/2 + c/2 + 1 (:func:`min_threshold`: 2t > h + c, so no server gets both secrets of a node).
+    with t ≈ k/2 + c/2 + 1 (:func:`min_threshold`: 2t > h + c, so no server gets both secrets of a node)
+    and, for the survivors' signing rule (:func:`survivor_set_flaw`), at least k/2 + c + 1 live neighbours.
     By Chernoff, :math:`\Pr[\mathrm{Bin}(k, 1-p) < k/2] \le e^{-k\,D(1/2\,\|\,1-p)}` (D the binary
     relative entropy), so
 
     .. math:: k \ge \frac{\ln n + \ln(2/\eta)}{\min\{D(\tfrac12 \| 1-p),\ \tfrac12\ln(1/p)\}}
 
     suffices: the degree grows as O(log(n/η)) for a fixed dropout rate, as in Bell et al. (at p = 0.05,
-    η = 1e-6: k = 22 at n = 100 and 300, 24 at 1 000, 26 at 10 000, 30 at 100 000). This function does not
-    use the Chernoff form: it scans k with the exact binomial tail, which gives the smallest k the union
-    bound allows. Security against a server colluding with c clients rests on 2t > h + c (checked by
-    every client), not on the degree."""
+    η = 1e-6: k = 22 at n = 100 and 300, 24 at 1 000, 26 at 10 000, 30 at 100 000). This function does not use the Chernoff form: it scans k with the exact binomial tail,
+    which gives the smallest k the union bound allows. Security against the server rests on the clients'
+    own checks (:mod:`.client_protocol`), not on the degree."""
     for k in range(2, n_nodes, 2):
         h = neighbourhood_size(n_nodes, k)
         t = min_threshold(h, colluders)
-        if t <= h and graph_failure_bound(n_nodes, k, t, dropout_rate) <= failure_probability:
+        if t <= h and graph_failure_bound(n_nodes, k, t, dropout_rate, colluders) <= failure_probability:
             return k
     return n_nodes
 
 
 def view_digest(
     *,
+    run_id: int = 0,
+    honest: int = 1,
     server_round: int,
     threshold: int,
     bits: int,
@@ -236,16 +312,23 @@ def view_digest(
     num_shares: int,
     graph_seed: int,
     view: Sequence[int],
+    identities: Optional[Sequence[bytes]] = None,
 ) -> bytes:
-    """SHA-256 of what every client of one round must agree on: the round's parameters and U_1.
+    """SHA-256 of what every client of one round must agree on: the run, the round's parameters (n_h included),
+    U_1 and each member's identity key (so two clients that exchanged shares agree on who every node is).
 
     Each encrypted share carries its sender's digest and the receiver checks it against its own, so
     two clients that exchange shares saw the same parameters, node set and graph (Fernet under their
     ECDH key: the server cannot rewrite it without substituting keys)."""
-    text = f"secagg+|{server_round}|{threshold}|{bits}|{colluders}|{num_shares}|{graph_seed}|" + ",".join(
-        str(int(n)) for n in sorted(view)
+    text = (
+        f"secagg+/2|{run_id}|{server_round}|{threshold}|{bits}|{colluders}|{honest}|{num_shares}|{graph_seed}|"
+        + ",".join(str(int(n)) for n in sorted(view))
     )
-    return hashlib.sha256(text.encode()).digest()
+    digest = hashlib.sha256(text.encode())
+    if identities is not None:  # each view member's identity key, in sorted node order
+        for _, identity in sorted(zip((int(n) for n in view), identities)):
+            digest.update(bytes(identity))
+    return digest.digest()
 
 
 __all__ = [
@@ -260,8 +343,10 @@ __all__ = [
     "distinct",
     "field",
     "graph_failure_bound",
-    "honest_shares_bound",
-    "lying_server_threshold",
+    "graph_commitment",
+    "required_signers",
+    "ring_order",
+    "survivor_set_flaw",
     "list_field",
     "min_threshold",
     "neighbourhood_size",

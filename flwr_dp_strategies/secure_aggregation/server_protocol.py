@@ -50,11 +50,12 @@ from typing import Any, Optional
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
-from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_public_key, public_key_to_bytes
+from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
 
 from ..npy_codec import npy_view
 from . import shamir
-from .client_protocol import mask_keys, private_key_from_scalar
+from .client_protocol import check_public_key, mask_keys, private_key_from_scalar
+from .identity import SIGNATURE_BYTES, advertisement, parse_public, survivors_statement, verify
 from .masks import add_prg_mask, check_bits, packed_size, pairwise_sign, reduce_mod, unpack_bits
 from .protocol import (
     MASKED_KEY,
@@ -64,11 +65,16 @@ from .protocol import (
     ProtocolError,
     Stage,
     distinct,
+    graph_commitment,
     list_field,
     min_threshold,
     neighbourhood_size,
+    required_signers,
     ring_neighbours,
+    ring_order,
     stage_record,
+    survivor_set_flaw,
+    view_digest,
 )
 
 PROTOCOL_REJECTION = "secure-aggregation"
@@ -95,11 +101,7 @@ def components(nodes: set[int], neighbours: dict[int, set[int]]) -> list[set[int
 
 
 def _public_key(value: bytes) -> bytes:
-    try:
-        bytes_to_public_key(value)
-    except Exception as err:  # noqa: BLE001 - any parse failure is malformed
-        raise ProtocolError("a public key does not parse") from err
-    return value
+    return check_public_key(value, "a public key")
 
 
 class SecureAggregationRound:
@@ -133,6 +135,7 @@ class SecureAggregationRound:
         length: int,
         timeout: Optional[float],
         colluders: int = 0,
+        honest: int = 1,
         rng: Optional[random.Random] = None,
     ) -> None:
         self.server_round = int(server_round)
@@ -151,8 +154,15 @@ class SecureAggregationRound:
                 f"threshold must be an integer in [{min_threshold(size, self.colluders)}, {size}] for "
                 f"neighbourhoods of {size} nodes and {self.colluders} colluders, got {threshold!r}"
             )
+        self.honest = int(honest)
+        if self.honest < 1:
+            raise ValueError(f"honest must be an integer >= 1, got {honest!r}")
         self.timeout = timeout
         self.graph_seed = rng.getrandbits(62) if rng is not None else secrets.randbits(62)
+        self.run_id = 0  # read from the setup replies
+        self.identities: dict[int, tuple[bytes, bytes]] = {}  # node -> (identity key, signed advertisement)
+        self.consistent: list[int] = []  # S, the survivor set every member signed
+        self.survivor_signatures: dict[int, bytes] = {}
         self.neighbours: dict[int, set[int]] = {}
         self.public_keys: dict[int, tuple[bytes, bytes]] = {}
         self.alive_keys: set[int] = set()  # U_1
@@ -173,9 +183,16 @@ class SecureAggregationRound:
         )
 
     def _exchange(
-        self, grid: Any, messages: list[Message], stage: str, read: Callable[[int, ConfigRecord], None]
+        self,
+        grid: Any,
+        messages: list[Message],
+        stage: str,
+        read: Callable[..., None],
+        *,
+        with_run: bool = False,
     ) -> set[int]:
-        """Send, then ``read`` each reply's protocol record; the nodes whose reply was read."""
+        """Send, then ``read`` each reply's protocol record (and its run id, ``with_run``); the nodes whose
+        reply was read."""
         asked = {int(m.metadata.dst_node_id) for m in messages}
         replies = grid.send_and_receive(messages, timeout=self.timeout) if messages else []
 
@@ -185,7 +202,10 @@ class SecureAggregationRound:
             record = stage_record(reply.content)
             if record.get(STAGE_KEY) != stage:
                 raise ProtocolError(f"a reply to the {stage} stage names stage {record.get(STAGE_KEY)!r}")
-            read(node, record)
+            if with_run:
+                read(node, record, int(reply.metadata.run_id))
+            else:
+                read(node, record)
 
         return self._screen(replies, asked, read_reply, stage)
 
@@ -232,22 +252,45 @@ class SecureAggregationRound:
         self._require(set(self.sampled), Stage.SETUP)
         messages = [
             self._message(
-                n, {STAGE_KEY: Stage.SETUP, "threshold": self.threshold, "bits": self.bits, "colluders": self.colluders}
+                n,
+                {
+                    STAGE_KEY: Stage.SETUP,
+                    "threshold": self.threshold,
+                    "bits": self.bits,
+                    "colluders": self.colluders,
+                    "graph-commit": graph_commitment(self.graph_seed),
+                },
             )
             for n in self.sampled
         ]
+        run_ids: dict[int, int] = {}
 
-        def read(node: int, record: ConfigRecord) -> None:
+        def read(node: int, record: ConfigRecord, run_id: int) -> None:
             pk1, pk2 = record["pk1"], record["pk2"]
+            identity, signature = record["identity"], record["ad-sig"]
             if not isinstance(pk1, bytes) or not isinstance(pk2, bytes) or pk1 == pk2:
                 raise ProtocolError("pk1 and pk2 must be two different public keys")
-            self.public_keys[node] = (_public_key(pk1), _public_key(pk2))
+            keys = (_public_key(pk1), _public_key(pk2))
+            parse_public(identity, "the identity key")  # ValueError if malformed
+            ad = advertisement(run_id=run_id, server_round=self.server_round, node_id=node, pk1=pk1, pk2=pk2)
+            if not verify(identity, signature, ad):
+                raise ProtocolError("the key advertisement's signature does not verify")
+            self.public_keys[node] = keys
+            self.identities[node] = (bytes(identity), bytes(signature))
+            run_ids[node] = run_id
 
-        alive = self._exchange(grid, messages, Stage.SETUP, read)
-        every_key = [k for node in alive for k in self.public_keys[node]]
+        alive = self._exchange(grid, messages, Stage.SETUP, read, with_run=True)
+        if len(set(run_ids.values())) > 1:
+            raise SecureAggregationAborted(f"round {self.server_round}: setup replies name several runs")
+        self.run_id = next(iter(run_ids.values()), 0)
+        every_key = [k for node in alive for k in (*self.public_keys[node], self.identities[node][0])]
         if len(set(every_key)) != len(every_key):  # a node replaying another's key: drop all that share one
             counts = Counter(every_key)
-            clash = {node for node in alive if any(counts[k] > 1 for k in self.public_keys[node])}
+            clash = {
+                node
+                for node in alive
+                if any(counts[k] > 1 for k in (*self.public_keys[node], self.identities[node][0]))
+            }
             self.rejected[PROTOCOL_REJECTION] += len(clash)
             alive -= clash
         self._require(alive, Stage.SETUP)
@@ -260,6 +303,7 @@ class SecureAggregationRound:
         alive = self.alive_keys
         view = sorted(alive)
         self.neighbours = ring_neighbours(view, self.num_shares, self.graph_seed)
+        view_ids = [self.identities[node][0] for node in view]
         expected: dict[int, set[int]] = {}
         messages = []
         for node in view:
@@ -274,8 +318,11 @@ class SecureAggregationRound:
                         "view": view,
                         "graph-seed": self.graph_seed,
                         "num-shares": self.num_shares,
+                        "honest": self.honest,
                         "pk1s": [self.public_keys[p][0] for p in peers],
                         "pk2s": [self.public_keys[p][1] for p in peers],
+                        "view-ids": view_ids,
+                        "ad-sigs": [self.identities[p][1] for p in peers],
                     },
                 )
             )
@@ -368,8 +415,39 @@ class SecureAggregationRound:
         )
         return self.survivors
 
-    def unmask(self, grid: Any) -> np.ndarray:
-        """Stage 3: collect the shares, remove every mask; Σ_{u∈U_3} y_u mod 2^b."""
+    def digest(self) -> bytes:
+        """The round's view digest, as every client computed it (:func:`~.protocol.view_digest`)."""
+        return view_digest(
+            run_id=self.run_id,
+            honest=self.honest,
+            server_round=self.server_round,
+            threshold=self.threshold,
+            bits=self.bits,
+            colluders=self.colluders,
+            num_shares=self.num_shares,
+            graph_seed=self.graph_seed,
+            view=sorted(self.alive_keys),
+            identities=[self.identities[node][0] for node in sorted(self.alive_keys)],
+        )
+
+    def partners_ok(self, node: int, survivors: set[int]) -> bool:
+        """Whether ``node`` will sign ``survivors`` (the clients' rule :func:`~.protocol.survivor_set_flaw`, with
+        the declared colluders)."""
+        flaw = survivor_set_flaw(
+            node,
+            survivors,
+            neighbourhood=self.neighbours[node],
+            masked_with=[src for src, _ in self.forwarded[node]],
+            view_size=len(self.alive_keys),
+            num_shares=self.num_shares,
+            colluders=self.colluders,
+            honest=self.honest,
+        )
+        return flaw is None
+
+    def consistency(self, grid: Any) -> list[int]:
+        """Stage 3: every survivor signs the survivor set S = U_3; the round aborts unless every member's
+        signature arrives and verifies (a holder reveals a survivor's seed only with its signature on S)."""
         self._require(self.survivors, Stage.COLLECT)
         small = [part for part in components(self.survivors, self.neighbours) if len(part) < self.min_survivors]
         if small:
@@ -378,14 +456,69 @@ class SecureAggregationRound:
                 f"{sorted(len(p) for p in components(self.survivors, self.neighbours))} nodes; a part of fewer "
                 f"than {self.min_survivors} would be unmasked on its own (no share asked for)"
             )
+        survivors_set = frozenset(self.survivors)
+        short = sorted(node for node in self.survivors if not self.partners_ok(node, survivors_set))
+        if short:
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: survivors {short[:10]} would refuse to sign the survivor set "
+                f"(too many absent neighbours, or fewer than n_h = {self.honest} honest survivors)"
+            )
+        survivors = sorted(self.survivors)
+        statement = survivors_statement(self.digest(), survivors)
+        messages = [self._message(n, {STAGE_KEY: Stage.CONSISTENCY, "survivors": survivors}) for n in survivors]
+        signatures: dict[int, bytes] = {}
+
+        def read(node: int, record: ConfigRecord) -> None:
+            signature = record.get("signature")
+            if not isinstance(signature, bytes) or len(signature) != SIGNATURE_BYTES:
+                raise ProtocolError("field 'signature' must be 64 bytes")
+            if not verify(self.identities[node][0], signature, statement):
+                raise ProtocolError("the survivor set's signature does not verify")
+            signatures[node] = signature
+
+        signed = self._exchange(grid, messages, Stage.CONSISTENCY, read)
+        missing = sorted(self.survivors - signed)
+        if missing:
+            raise SecureAggregationAborted(
+                f"round {self.server_round}: survivors {missing[:10]} did not sign the survivor set; without "
+                "every member's signature no holder reveals a seed"
+            )
+        self.consistent, self.survivor_signatures = survivors, signatures
+        return survivors
+
+    def unmask(self, grid: Any) -> np.ndarray:
+        """Stages 3 and 4: the survivor set signed (:meth:`consistency`), then the shares collected and every
+        mask removed; Σ_{u∈U_3} y_u mod 2^b."""
+        self.consistency(grid)
         dropped = self.shared - self.survivors
         holds = {node: {src for src, _ in self.forwarded[node]} for node in self.shared}
         messages, asked_for = [], {}
+        order = ring_order(self.alive_keys, self.graph_seed)
+        position = {node: i for i, node in enumerate(order)}
+        signed = frozenset(self.consistent)
         for node in sorted(self.survivors):
             active = sorted((holds[node] | {node}) & self.survivors)
             dead = sorted(holds[node] & dropped)
             asked_for[node] = (set(active), set(dead))
-            messages.append(self._message(node, {STAGE_KEY: Stage.UNMASK, "active": active, "dead": dead}))
+            signers = required_signers(
+                node,
+                signed,
+                view=self.alive_keys,
+                num_shares=self.num_shares,
+                graph_seed=self.graph_seed,
+                order=order,
+                position=position,
+            )
+            messages.append(
+                self._message(
+                    node,
+                    {
+                        STAGE_KEY: Stage.UNMASK,
+                        "signers": signers,
+                        "signatures": [self.survivor_signatures[p] for p in signers],
+                    },
+                )
+            )
         # x of holder u in owner v's shares: u's position in v's sorted neighbourhood, plus one
         position = {v: {u: i + 1 for i, u in enumerate(sorted(self.neighbours[v]))} for v in self.shared}
         seed_shares: dict[int, list[tuple[int, bytes]]] = {}

@@ -39,23 +39,22 @@ it. Rounds that abort reveal nothing and book nothing. Decoding, dividing by
 :math:`|U_3|` (public) and adding to the model are post-processing.
 
 Trust model (stated in :meth:`DistributedDpFedAvg.summary`; ``docs/distributed-dp.md``
-has the table the tests check). The ε is against an honest-but-curious server with up to
-c = ``max_colluding_clients`` colluding clients: it sees the masked vectors and sums of at
-least m clients. Clients enforce, whatever the server does
-(:mod:`flwr_dp_strategies.secure_aggregation.client_protocol`): t with 2t > h + c, so
-no server rebuilds both secrets of a client; their neighbourhood in the public graph;
-one consistent view per round. A server that lies about dropouts can still choose which
-survivors enter a sum: in the complete graph any sum it unmasks holds at least
-:func:`~flwr_dp_strategies.secure_aggregation.protocol.honest_shares_bound` honest
-shares (logged each run), in a sparse graph possibly one client's own share; a client
-guards itself with the mod's ``min_noise_multiplier``, checked against that bound. A
-server that substitutes public keys (Flower has no PKI for clients) is not covered.
+has the table the tests check). The ε holds against an active server (any field of any
+message) with up to c = ``max_colluding_clients`` colluding clients, for every client
+whose mod authenticates its peers with an operator-signed roster and requires the booked
+z (``min_noise_multiplier``). Clients enforce, whatever the server does
+(:mod:`flwr_dp_strategies.secure_aggregation.client_protocol`): one setup per round,
+2t > h + c, their neighbourhood in a graph committed before the keys, signed peer keys,
+and the survivor-set rule (:func:`~flwr_dp_strategies.secure_aggregation.protocol.survivor_set_flaw`)
+with the survivors' signatures demanded at unmask: any sum holding an honest client that
+any server can unmask holds n_h = m − c honest shares. A client without a roster counts
+only its own share (its floor then holds against invented peers too).
 Compare: central DP (``AccountedPoissonFixedClipping``) trusts the server with every raw
 update; local DP (``LocalUpdateNoiseMod``) trusts no one and needs :math:`\sqrt{n}`
 times the noise.
 
-In the clear: the protocol's keys, ciphertexts, node lists and shares, and the packed
-masked vector; never a metric of the client (the mod drops them; a reply carrying
+In the clear: the protocol's keys, identity keys and signatures, ciphertexts, node lists,
+the survivor set and shares, and the packed masked vector; never a metric of the client (the mod drops them; a reply carrying
 one is rejected as ``structure`` and booked as a non-private release of that client).
 """
 

@@ -32,9 +32,10 @@ event ``SkellamDpEvent(Δ₁, Δ₂, μ)`` (RDP, Agarwal et al. 2021 Thm 3.5), b
 (``client=None``: it covers every record of every client), under ``add_or_remove_one`` with its
 replace-one form; composition: the ledger's. Decoding, repair and the solve are post-processing.
 
-Trust model: ε holds against an honest-but-curious server that sees only the masked
-vectors and the revealed sum, and for the released head, given every client adds its
-noise share; c clients colluding with the server remove theirs (noise ≥ (m′ − c)μ/m′).
+Trust model: as :class:`~flwr_dp_strategies.DistributedDpFedAvg`'s (the same SecAgg+ and client rules): ε
+holds against an active server with up to c colluding clients, for clients with an operator-signed
+roster that require the booked z, and for the released head; c colluders remove their own shares
+(the noise is calibrated for m′ − c).
 """
 
 from __future__ import annotations

@@ -21,13 +21,24 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 
-from client_mods.distributed_dp_mod import distributed_dp_mod
+from client_mods.distributed_dp_mod import make_distributed_dp_mod
+from flwr_dp_strategies.secure_aggregation.identity import identity_from_environment
 from flwr_dp_strategies.secure_aggregation.protocol import RECORD, STAGE_KEY
 
 from . import task
 from .config import fail_plan
 
 app = ClientApp()
+
+# What this client requires, whatever the server asks (client-side settings: this file, the node config, the
+# node's environment; never the run config, which the server side writes):
+# * noise multiplier >= 0.5 in any sum holding its update that any server can unmask (the run config's z is 0.5);
+#   a node's operator can change it with the node config key ``dp-min-noise-multiplier``;
+# * peers authenticated by the operator's roster: the node config keys ``dp-signing-key``, ``dp-roster`` and
+#   ``dp-roster-signer`` (deployment), or in simulation the directory ``FLWR_DP_ROSTER_DIR`` names
+#   (``flwr-dp roster demo --nodes 10 --out DIR``). Without a roster the client counts only its own noise share
+#   and refuses this run's shares: safe, but no round completes.
+distributed_dp_mod = make_distributed_dp_mod(min_noise_multiplier=0.5, identity=identity_from_environment)
 
 
 def _round_of(msg: Message) -> int:
