@@ -524,3 +524,25 @@ def test_the_module_runs_roster_verify_as_a_command(demo):
     report = json.loads(proc.stdout)
     assert report["federation"] == "test-fed" and report["member_count"] == 4
     assert [m["name"] for m in report["members"]] == [f"node-{i}" for i in range(4)]
+
+
+def test_simulation_nodes_find_their_identity_in_the_directory_their_environment_names(tmp_path, monkeypatch):
+    """``identity_from_environment``: member ``node-<partition-id>`` of the roster directory named by
+    ``FLWR_DP_ROSTER_DIR``; None when the variable is unset (the client then has no roster)."""
+    from flwr.app import Context, RecordDict
+
+    from flwr_dp_strategies.cli import write_demo_roster
+    from flwr_dp_strategies.secure_aggregation.identity import (
+        ROSTER_DIR_ENV,
+        identity_from_environment,
+        load_private_key,
+    )
+
+    write_demo_roster(tmp_path / "roster", 3)
+    ctxt = Context(run_id=1, node_id=77, node_config={"partition-id": 2}, state=RecordDict(), run_config={})
+    monkeypatch.delenv(ROSTER_DIR_ENV, raising=False)
+    assert identity_from_environment(ctxt) is None
+    monkeypatch.setenv(ROSTER_DIR_ENV, str(tmp_path / "roster"))
+    identity = identity_from_environment(ctxt)
+    assert identity.public == public_bytes(load_private_key(tmp_path / "roster" / "node-2.pem"))
+    assert identity.roster is not None and len(identity.roster.members) == 3

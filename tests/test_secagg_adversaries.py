@@ -579,3 +579,18 @@ def test_a_client_refuses_an_unmask_before_it_signed():
     client = client_protocol.ClientRound(grid.contexts[101].state[STATE_RECORD], 101)
     with pytest.raises(ProtocolError, match="after stage 'collect'"):
         client.unmask(ConfigRecord({"round": 1, "signers": [], "signatures": []}))
+
+
+@pytest.mark.parametrize("z", [0.1, 0.5, 1.0, 4.04, 25.6])
+@pytest.mark.parametrize("n", [5, 10, 100, 1000])
+def test_a_client_whose_floor_is_the_booked_z_accepts_the_honest_calibration(z, n):
+    """The shipped setting (every client's floor = the server's z) must run: the honest server's share, split over
+    n_h and rounded in floating point, meets the floor; 1 % less noise does not."""
+    strategy = DistributedDpFedAvg(noise_multiplier=z, clipping_norm=1.0)
+    sizes = strategy.protocol_sizes(n)
+    for dim in (650, 50890):
+        params, calibration = strategy.round_parameters(1, dim, sizes)
+        state = ConfigRecord({"honest-bound": sizes.honest, "threshold": sizes.threshold, "colluders": 0})
+        client_protocol.check_noise_floor(state, calibration.local_mu, params.rounding_bound, z)
+        with pytest.raises(ProtocolError, match="below this client's minimum"):
+            client_protocol.check_noise_floor(state, calibration.local_mu * 0.98, params.rounding_bound, z)

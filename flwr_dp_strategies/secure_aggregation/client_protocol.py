@@ -469,6 +469,11 @@ class ClientRound:
         return {"nids": active + dead, "shares": [seeds[n] for n in active] + [sk1s[n] for n in dead]}
 
 
+FLOOR_RTOL = 1e-9
+"""Relative slack of the floor check: a server calibrated for exactly z_min (μ = (z Δ)², split and recombined in
+floating point) lands within a few ulps of it."""
+
+
 def check_noise_floor(state: ConfigRecord, share: float, sensitivity: float, floor: float) -> float:
     r"""The noise multiplier of the smallest sum this client's rules let any server unmask,
     :math:`\sqrt{n_{\min}\,\sigma^2_{\mathrm{share}}}/\Delta`, with :math:`n_{\min}` = ``state["honest-bound"]``:
@@ -481,7 +486,7 @@ def check_noise_floor(state: ConfigRecord, share: float, sensitivity: float, flo
     honest noise has variance at least :math:`(z_{\min}\Delta)^2`."""
     honest = int(state["honest-bound"])
     implied = math.sqrt(honest * share) / sensitivity
-    if not implied >= floor:
+    if not implied >= floor * (1.0 - FLOOR_RTOL):
         raise ProtocolError(
             f"the server asks for noise shares whose smallest unmaskable sum ({honest} honest "
             f"client(s), threshold t = {state['threshold']}, {state['colluders']} colluders"
