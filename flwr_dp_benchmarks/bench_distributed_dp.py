@@ -581,17 +581,18 @@ def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
     threads = _one_thread()
     try:
         with _TaskIdentity(), _Probes(clock):
-            for rep, name in order:
+            for server_round, (rep, name) in enumerate(order, start=1):
+                # a new round number for each measurement: the clients set up each round once
                 strategy = makers[name]()
                 clock.s.clear()
                 updates.clear()
                 grid.sent.clear()
                 t0 = time.perf_counter()
-                messages = list(strategy.configure_train(1, init, ConfigRecord(), grid))
+                messages = list(strategy.configure_train(server_round, init, ConfigRecord(), grid))
                 t1 = time.perf_counter()
                 replies = grid.send_and_receive(messages)
                 t2 = time.perf_counter()
-                arrays, metrics = strategy.aggregate_train(1, replies)
+                arrays, metrics = strategy.aggregate_train(server_round, replies)
                 t3 = time.perf_counter()
                 if arrays is None or grid.errors:
                     raise RuntimeError(f"{name}: the round released nothing ({grid.errors[-3:]})")

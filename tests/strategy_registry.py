@@ -149,6 +149,8 @@ class Entry:
     xfail: Optional[str] = None
     restart: dict = field(default_factory=dict)
     resumes_stream: bool = False
+    central: bool = False
+    """A central-DP wrapper: ``make(inner=...)`` wraps that Flower strategy instead of FedAvg."""
 
     @property
     def secure(self) -> bool:
@@ -228,20 +230,24 @@ def _entries() -> list[Entry]:
         Entry(
             "AccountedServerSideFixedClipping",
             AccountedServerSideFixedClipping,
-            lambda **kw: AccountedServerSideFixedClipping(FedAvg(**kwargs()), 1.0, 1.0, n, **{"rng": 7, **kw}),
+            lambda inner=None, **kw: AccountedServerSideFixedClipping(
+                inner or FedAvg(**kwargs()), 1.0, 1.0, n, **{"rng": 7, **kw}
+            ),
+            central=True,
         ),
         Entry(
             "AccountedPoissonFixedClipping",
             AccountedPoissonFixedClipping,
-            lambda **kw: AccountedPoissonFixedClipping(
-                FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_clients": n, "rng": 7, **kw}
+            lambda inner=None, **kw: AccountedPoissonFixedClipping(
+                inner or FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_clients": n, "rng": 7, **kw}
             ),
+            central=True,
         ),
         Entry(
             "AccountedAdaptiveClipping",
             AccountedAdaptiveClipping,
-            lambda **kw: AccountedAdaptiveClipping(
-                FedAvg(**kwargs()),
+            lambda inner=None, **kw: AccountedAdaptiveClipping(
+                inner or FedAvg(**kwargs()),
                 1.0,
                 n,
                 initial_clipping_norm=0.5,
@@ -250,12 +256,13 @@ def _entries() -> list[Entry]:
                 rng=7,
                 **kw,
             ),
+            central=True,
         ),
         Entry(
             "AccountedClientSideAdaptiveClipping",
             AccountedClientSideAdaptiveClipping,
-            lambda **kw: AccountedClientSideAdaptiveClipping(
-                FedAvg(**kwargs()),
+            lambda inner=None, **kw: AccountedClientSideAdaptiveClipping(
+                inner or FedAvg(**kwargs()),
                 1.0,
                 n,
                 initial_clipping_norm=2.0,
@@ -265,13 +272,15 @@ def _entries() -> list[Entry]:
                 **kw,
             ),
             kind="clipped-bit",
+            central=True,
         ),
         Entry(  # b = 1: every node in every round (the suites expect all N nodes); b > 1 in test_bandmf_strategy.py
             "AccountedBandedMatrixFactorization",
             AccountedBandedMatrixFactorization,
-            lambda **kw: AccountedBandedMatrixFactorization(
-                FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_bands": 1, "num_rounds": 3, "rng": 7, **kw}
+            lambda inner=None, **kw: AccountedBandedMatrixFactorization(
+                inner or FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_bands": 1, "num_rounds": 3, "rng": 7, **kw}
             ),
+            central=True,
             randomised=True,
             restart={"num_bands": 2},  # the restart suite: a noise buffer and a participation rule to continue
             resumes_stream=True,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAdam, FedAvg
+from flwr.serverapp.strategy import FedAdam, FedAvg, FedMedian
 
 import loopback
 from loopback import LoopbackGrid
@@ -297,8 +297,9 @@ def test_all_replies_failed_release_nothing_and_record_nothing():
 def test_rejects_unaccountable_setups():
     with pytest.raises(ValueError, match="noise_multiplier"):
         AccountedServerSideFixedClipping(FedAvg(), 0.0, C, M)
-    with pytest.raises(ValueError, match="FedAvg"):
-        AccountedServerSideFixedClipping(FedAdam(), Z, C, M)
+    with pytest.raises(ValueError, match="not a function of the mean"):
+        AccountedServerSideFixedClipping(FedMedian(), Z, C, M)
+    AccountedServerSideFixedClipping(FedAdam(), Z, C, M)  # a server optimizer on the mean: its step after the release
 
 
 def test_default_ledger():

@@ -91,7 +91,27 @@ DROP_IN = {
     "AccountedAdaptiveClipping": _wrap(
         f"AccountedAdaptiveClipping({{call}}, noise_multiplier=0.1, num_sampled_clients={NODES})"
     ),
+    # a server optimizer inside the DP wrapper: FedAvg( becomes FedAdam( (same arguments), released mean first
+    "AccountedServerSideFixedClipping(FedAdam)": lambda line: _wrap(
+        "AccountedServerSideFixedClipping({call}, noise_multiplier=0.1, clipping_norm=1.0, "
+        f"num_sampled_clients={NODES})"
+    )(line.replace("= FedAvg(", "= FedAdam(")),
 }
+
+STRATEGY_IMPORTS = {"AccountedServerSideFixedClipping(FedAdam)": ["AccountedServerSideFixedClipping", "FedAdam"]}
+"""The names a changed line needs beyond Flower's FedAvg (default: the strategy itself)."""
+
+
+def import_lines(strategy: str) -> list[str]:
+    """The import lines a user adds for ``strategy``: ours from flwr_dp_strategies, Flower's from its module."""
+    names = STRATEGY_IMPORTS.get(strategy, [strategy])
+    return [
+        f"from flwr_dp_strategies import {name}"
+        if name.startswith("Accounted")
+        else f"from flwr.serverapp.strategy import {name}"
+        for name in names
+    ]
+
 
 # Flower's Opacus example: its clients already run DP-SGD; they declare each round's spend
 # (read from their own PrivacyEngine's accountant) so that AccountedFedAvg can book it.
@@ -111,9 +131,9 @@ OPACUS_CLIENT_DECLARED_REPLY = (  # the documented two-line change: this line an
 CASES = [
     ("quickstart-pytorch", "AccountedFedAvg"),
     ("quickstart-pytorch", "AccountedAdaptiveClipping"),
-    ("quickstart-sklearn", "AccountedServerSideFixedClipping"),
     ("quickstart-sklearn", "AccountedPoissonFixedClipping"),
     ("quickstart-sklearn", "AccountedAdaptiveClipping"),
+    ("quickstart-sklearn", "AccountedServerSideFixedClipping(FedAdam)"),
     ("opacus", "AccountedFedAvg"),
 ]
 ALL_CHANGES = [
@@ -125,6 +145,7 @@ ALL_CHANGES = [
         "AccountedServerSideFixedClipping",
         "AccountedPoissonFixedClipping",
         "AccountedAdaptiveClipping",
+        "AccountedServerSideFixedClipping(FedAdam)",
     )
 ] + [("opacus", "FedAvg"), ("opacus", "AccountedFedAvg")]
 
@@ -139,7 +160,9 @@ def changed_sources(app: str, strategy: str) -> dict[str, tuple[str, str]]:
     new_server = "".join(lines)
     if strategy != "FedAvg":
         assert new_server.count(FLOWER_IMPORT) == 1
-        new_server = new_server.replace(FLOWER_IMPORT, FLOWER_IMPORT + f"from flwr_dp_strategies import {strategy}\n")
+        new_server = new_server.replace(
+            FLOWER_IMPORT, FLOWER_IMPORT + "".join(f"{x}\n" for x in import_lines(strategy))
+        )
     out = {f"{APPS[app].package}/server_app.py": (server, new_server)}
     if app == "opacus" and strategy != "FedAvg":
         client = (package / "client_app.py").read_text()
@@ -168,7 +191,7 @@ def test_the_change_is_the_strategy_line_and_its_import(app, strategy):
                 continue
             assert len(removed) == 1 and removed[0].strip().startswith("strategy = FedAvg("), (path, removed)
             assert added == [
-                f"from flwr_dp_strategies import {strategy}",
+                *import_lines(strategy),
                 DROP_IN[strategy](removed[0] + "\n").rstrip("\n"),
             ], (path, added)
         else:  # the Opacus ClientApp: one import, and the reply's content declared as it is sent

@@ -61,6 +61,7 @@ from .central_release import (
     require_configured,
     sampled_train_instructions,
     secure_release_event,
+    server_step,
 )
 from .client_accounting import ContentCheck
 from .metrics import aggregate_reply_metrics
@@ -377,6 +378,11 @@ class CentralGaussianRound(AccountedRound):
             )
             metrics = published if metrics is None else _merged(published, metrics)
         return Release(arrays, metrics, bookings)
+
+    def server_step(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """The wrapped strategy's server update on the DP release (:func:`.central_release.server_step`:
+        FedAvgM, FedAdam, FedYogi, FedAdagrad step on the noised mean; FedAvg and FedProx keep it)."""
+        return server_step(self.strategy, server_round, arrays)
 
     def add_updates(self, server_round: int, summed: ClippedSum, screened: Screened) -> int:
         """Clip and add every accepted update to ``summed`` (NaN/inf: rejected as ``non-finite``); the number

@@ -27,10 +27,11 @@ from typing import Optional
 
 import numpy as np
 from dp_accounting import dp_event
-from flwr.app import ArrayRecord, ConfigRecord, Message
+import logging
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYogi, Strategy
 
 from ..privacy import PrivacyLedger
 from ..privacy.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
@@ -81,6 +82,71 @@ def secure_release_event(
     gamma = gaussian_grid(sigma, secure_bound)
     steps = sensitivity / gamma + math.sqrt(dimension)
     return dp_event.ZCDpEvent(rho=(steps * gamma) ** 2 / (2.0 * sigma * sigma))
+
+
+MEAN_BASED = {
+    FedAvg.aggregate_train: "FedAvg",
+    FedAvgM.aggregate_train: "FedAvgM",
+    FedAdam.aggregate_train: "FedAdam",
+    FedYogi.aggregate_train: "FedYogi",
+    FedAdagrad.aggregate_train: "FedAdagrad",
+}
+"""The server updates that are a function of the mean update, by the ``aggregate_train`` that computes them
+(FedProx and every subclass that keeps one of these inherit it)."""
+
+
+def check_mean_based(strategy: object, owner: str) -> None:
+    """ValueError unless ``strategy`` is a Flower FedAvg whose server update is a function of the mean update
+    (:data:`MEAN_BASED`): the DP release is that mean, and only then is the optimizer's step post-processing of
+    it. FedMedian, FedTrimmedAvg, Krum, MultiKrum, Bulyan (and any other ``aggregate_train``) read the
+    individual updates, which the release does not contain."""
+    if not isinstance(strategy, FedAvg):
+        raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+    if type(strategy).aggregate_train not in MEAN_BASED:
+        raise ValueError(
+            f"{owner} cannot wrap {type(strategy).__name__}: its aggregate_train is not a function of the mean "
+            f"update (the DP release is the noised mean of the clipped updates, and only a server update "
+            f"computed from that mean - {', '.join(sorted(set(MEAN_BASED.values())))}, FedProx - is "
+            "post-processing of it)"
+        )
+
+
+def server_step(strategy: Strategy, server_round: int, released: ArrayRecord) -> ArrayRecord:
+    r"""The wrapped strategy's server update applied to the DP release :math:`\tilde w = w + \tilde\Delta`
+    (post-processing, nothing more to book): FedAvg's is :math:`\tilde w` itself; FedAvgM, FedAdam, FedYogi and
+    FedAdagrad take :math:`\tilde\Delta = \tilde w - w` as their mean update (their ``current_arrays``, w,
+    set by their own ``configure_train``) and return their step, as DP-FedAdam does (Reddi et al. 2021 with
+    DP-FedAvg's release; Andrew et al. 2021). Flower's DP wrappers instead add noise after the optimizer's step
+    with a scale calibrated for the mean, which bounds nothing about the step's sensitivity. The step is the
+    strategy's own ``aggregate_train`` on one reply carrying :math:`\tilde w` (its reply log is silenced); the step is
+    cast back to the release's dtypes."""
+    if type(strategy).aggregate_train is FedAvg.aggregate_train:
+        return released
+    fedavg = strategy  # a FedAvg by check_mean_based
+    content = RecordDict(
+        {
+            getattr(fedavg, "arrayrecord_key", "arrays"): released,
+            "metrics": MetricRecord({fedavg.weighted_by_key: 1.0}),  # type: ignore[attr-defined]
+        }
+    )
+    reply = Message(content, dst_node_id=0, message_type=MessageType.TRAIN)
+    flower = logging.getLogger("flwr")
+    level = flower.level
+    flower.setLevel(logging.WARNING)
+    try:
+        stepped, _ = strategy.aggregate_train(server_round, [reply])
+    finally:
+        flower.setLevel(level)
+    if stepped is None:
+        raise RuntimeError(f"{type(strategy).__name__}.aggregate_train returned no arrays for the DP release")
+    # Flower's optimizers compute in float64; the model keeps its own dtypes (the clients' replies are screened
+    # against them, and a float32 model that came back float64 would have every reply refused next round)
+    return ArrayRecord(
+        {
+            key: array if array.dtype == released[key].dtype else to_array(array.numpy().astype(released[key].dtype))
+            for key, array in stepped.items()
+        }
+    )
 
 
 def poisson_sample(nodes: Iterable[int], rate: float, generator: np.random.Generator) -> list[int]:
@@ -148,6 +214,9 @@ def log_budget_stop(server_round: int, ledger: PrivacyLedger) -> None:
 
 
 __all__ = [
+    "MEAN_BASED",
+    "check_mean_based",
+    "server_step",
     "NON_PRIVATE_METRICS_LABEL",
     "fixed_denominator_release",
     "log_budget_stop",

@@ -214,6 +214,11 @@ class AccountedRound(ClientAccountingMixin):
         """The round number events of ``server_round`` are booked under."""
         return server_round
 
+    def server_step(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
+        """Post-processing of the released arrays before they become the model (a wrapped server optimizer's
+        step); nothing it does is booked. The release itself by default."""
+        return arrays
+
     # ------------------------------------------------------------------ template
     @single_threaded_blas
     def aggregate_train(
@@ -232,7 +237,8 @@ class AccountedRound(ClientAccountingMixin):
                 if id(r) in screened.undeclared
             ]
         self._book(server_round, bookings)
-        return release.arrays, self._publish(release, screened)
+        arrays = None if release.arrays is None else self.server_step(server_round, release.arrays)
+        return arrays, self._publish(release, screened)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screen → release (metrics) → book → save → publish."""

@@ -65,9 +65,10 @@ from logging import INFO, WARNING
 from typing import Optional
 
 from flwr.common.logger import log
-from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg, Strategy
+from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 from flwr.supercore.privacy_accounting import PrivacyAccountant
 
+from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
@@ -184,12 +185,9 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
 
 
 def _check_accountable(strategy: Strategy) -> None:
-    """Refuse set-ups the Gaussian-mechanism analysis does not cover."""
-    if not isinstance(strategy, FedAvg) or type(strategy).aggregate_train is not FedAvg.aggregate_train:
-        raise ValueError(
-            "AccountedServerSideFixedClipping needs a FedAvg whose aggregate_train is not overridden "
-            f"(got {type(strategy).__name__}): the analysis covers the clipped sum over m only."
-        )
+    """Refuse set-ups the Gaussian-mechanism analysis does not cover: a server update that is not a function of
+    the released mean (:func:`~flwr_dp_strategies.rounds.central_release.check_mean_based`)."""
+    check_mean_based(strategy, "AccountedServerSideFixedClipping")
 
 
 __all__ = ["AccountedServerSideFixedClipping", "EVENT_LABEL", "NOISE_SAMPLERS"]

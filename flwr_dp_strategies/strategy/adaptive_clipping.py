@@ -105,6 +105,7 @@ from typing import Any, Optional, Union, cast
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
 
+from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
 from ..privacy.ledger_file import LedgerFileError
 from ..privacy.relations import ADD_OR_REMOVE_ONE
@@ -182,8 +183,7 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         publish_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        if not isinstance(strategy, FedAvg):
-            raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+        check_mean_based(strategy, type(self).__name__)
         z = check_positive("noise_multiplier", noise_multiplier)
         m = check_int("num_sampled_clients", num_sampled_clients, minimum=1)
         initial = check_positive("initial_clipping_norm", initial_clipping_norm)

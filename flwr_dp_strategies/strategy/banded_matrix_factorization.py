@@ -78,7 +78,7 @@ from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import CentralGaussianRound
-from ..rounds.central_release import poisson_sample, sampled_train_instructions
+from ..rounds.central_release import check_mean_based, poisson_sample, sampled_train_instructions
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays
 from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array
 from ..rounds.template import Booking, Release, Screened
@@ -138,8 +138,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         rng: RngLike = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        if not isinstance(strategy, FedAvg):
-            raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+        check_mean_based(strategy, 'AccountedBandedMatrixFactorization')
         if accountant is not None:
             raise ValueError(
                 "accountant must be None: Flower's PrivacyAccountant composes independent Gaussian rounds, BandMF's "

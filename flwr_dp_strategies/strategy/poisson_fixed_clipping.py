@@ -61,6 +61,7 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
+from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
@@ -117,8 +118,7 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
         publish_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
     ) -> None:
-        if not isinstance(strategy, FedAvg):
-            raise ValueError(f"strategy must be a FedAvg (or subclass), got {type(strategy).__name__}")
+        check_mean_based(strategy, 'AccountedPoissonFixedClipping')
         check_positive("noise_multiplier", noise_multiplier)
         check_positive("clipping_norm", clipping_norm)
         m = check_int("num_sampled_clients", num_sampled_clients, minimum=1)
