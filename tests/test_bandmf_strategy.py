@@ -166,6 +166,24 @@ def test_a_restart_with_other_bands_is_refused(tmp_path):
         make(rng=9, ledger_path=path, resume=True, num_bands=2)
 
 
+@pytest.mark.parametrize("change", [{"z": 1.0}, {"clip": 2.0}, {"m": 3}], ids=["z", "C", "m"])
+def test_a_restart_at_another_noise_scale_is_refused(tmp_path, change):
+    """Issue 39 item 1: release 1 at z = 100, then a restart at z = 1 booked rows 2-6 at z = 1 over a noise stream
+    drawn at z = 100 (booked ε 5.055 where the release had 6.373). z, C and m are in the signed state now."""
+    path = tmp_path / "l.json"
+    first = make(z=100.0, rng=9, ledger_path=path, num_rounds=6)
+    grid = LoopbackGrid.of(N)
+    first.configure_train(1, model(8), ConfigRecord(), grid)
+    first.aggregate_train(1, [])
+    first.ledger_store.close()
+    args = {"z": 100.0, **change}
+    name = {"z": "noise_multiplier", "clip": "clipping_norm", "m": "num_sampled_clients"}[next(iter(change))]
+    with pytest.raises(LedgerFileError, match=name):
+        make(rng=9, ledger_path=path, resume=True, num_rounds=6, **args)
+    resumed = make(z=100.0, rng=9, ledger_path=path, resume=True, num_rounds=6)  # the same scale continues
+    assert resumed.releases == 1
+
+
 @pytest.mark.parametrize(
     "kwargs, name",
     [

@@ -236,6 +236,16 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             releases = state.get("releases")
             if isinstance(releases, bool) or not isinstance(releases, int) or releases < 0:
                 raise ValueError(f"releases must be an integer >= 0, got {releases!r}")
+            # the noise stream's units: release t adds z·C/m · (C_b⁻¹ Z)_t, and each booked row assumes the z it was
+            # drawn with; a stream continued at another z, C or m would be booked for noise it does not have
+            for key, value in self._stream_units().items():
+                if key not in state and releases == 0:
+                    continue
+                if state.get(key) != value:
+                    raise ValueError(
+                        f"{key} was {state.get(key)!r} in the saved run, this run has {value!r}: the restored noise "
+                        f"stream is in the saved run's units (a restart must keep z, C and m)"
+                    )
             self.participation.load_state(state.get(PARTICIPATION))
             population = state.get("num_clients")
             if population is not None:
@@ -261,6 +271,14 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             path,
         )
 
+    def _stream_units(self) -> dict[str, Any]:
+        """What the noise stream's scale z·C/m depends on, kept in the signed state and checked on a restart."""
+        return {
+            "noise_multiplier": float(self.noise_multiplier),
+            "clipping_norm": float(self.clipping_norm),
+            "num_sampled_clients": int(self.num_sampled_clients),
+        }
+
     def _save_state(self) -> None:
         """Write the noise state (its own file, when there is a ledger file) and name it in the ledger's state."""
         noise_entry = None
@@ -282,6 +300,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "releases": self.releases,
                 "noise": noise_entry,
                 PARTICIPATION: self.participation.to_state(),
+                **self._stream_units(),
             },
         )
 
