@@ -11,23 +11,45 @@ its own module: ``flwr_dp_strategies.federated_pca.LdpFederatedPCA``,
 ``flwr_dp_strategies.privacy``, the client side from ``client_mods``.
 """
 
+from typing import TYPE_CHECKING
+
 from .declarations import declare_release, read_declarations
 from .privacy import PrivacyLedger
-from .strategy import (
-    AccountedAdaptiveClipping,
-    AccountedBandedMatrixFactorization,
-    AccountedClientSideAdaptiveClipping,
-    AccountedFedAvg,
-    AccountedPoissonFixedClipping,
-    AccountedServerSideFixedClipping,
-    ClusterEvaluation,
-    DistributedDpFedAvg,
-    MinDivergenceExpSampling,
-    NoisyObjectiveSum,
-    SecureObjectiveSum,
-    ShuffleAmplifiedFedAvg,
-    SignDS,
+
+#: the strategies, imported from :mod:`.strategy` on first use (PEP 562): a ClientApp that imports
+#: ``client_mods`` (which imports this package's privacy core) never loads the server's strategies.
+_STRATEGIES = (
+    "AccountedAdaptiveClipping",
+    "AccountedBandedMatrixFactorization",
+    "AccountedClientSideAdaptiveClipping",
+    "AccountedFedAvg",
+    "AccountedPoissonFixedClipping",
+    "AccountedServerSideFixedClipping",
+    "ClusterEvaluation",
+    "DistributedDpFedAvg",
+    "MinDivergenceExpSampling",
+    "NoisyObjectiveSum",
+    "SecureObjectiveSum",
+    "ShuffleAmplifiedFedAvg",
+    "SignDS",
 )
+
+if TYPE_CHECKING:  # static analysers and the docs generator see the real names
+    from .strategy import (
+        AccountedAdaptiveClipping,
+        AccountedBandedMatrixFactorization,
+        AccountedClientSideAdaptiveClipping,
+        AccountedFedAvg,
+        AccountedPoissonFixedClipping,
+        AccountedServerSideFixedClipping,
+        ClusterEvaluation,
+        DistributedDpFedAvg,
+        MinDivergenceExpSampling,
+        NoisyObjectiveSum,
+        SecureObjectiveSum,
+        ShuffleAmplifiedFedAvg,
+        SignDS,
+    )
 
 __version__ = "0.1.0"
 
@@ -58,6 +80,16 @@ _MOVED = {
 
 
 def __getattr__(name: str):
+    if name in _STRATEGIES:
+        from . import strategy
+
+        value = getattr(strategy, name)
+        globals()[name] = value
+        return value
     from ._deprecation import resolve_moved
 
     return resolve_moved(__name__, name, _MOVED)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_STRATEGIES))

@@ -222,3 +222,31 @@ def test_a_flower_import_in_privacy_is_found_direct_or_through_a_module_it_impor
         "flwr_dp_strategies.privacy.plain",
         "flwr_dp_strategies.codec",
     }
+
+
+SERVER_AT_RUN_TIME = (
+    "flwr_dp_strategies.strategy",
+    "flwr_dp_strategies.rounds",
+    "flwr_dp_strategies.audit",
+    "flwr_dp_strategies.secure_aggregation.server_protocol",
+)
+
+
+def test_importing_every_client_mod_loads_no_server_module_at_run_time():
+    """Issue 36 item 6, checked in ``sys.modules`` of a fresh interpreter (the static graph above cannot see a package
+    ``__init__`` that imports the strategies eagerly): ``client_mods`` and every module in it load no strategy, no
+    round plumbing, no audit and not the server's half of secure aggregation."""
+    import subprocess
+    import sys
+
+    modules = sorted(f"client_mods.{p.stem}" for p in (ROOT / CLIENT).glob("*.py") if p.stem != "__init__")
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in ['client_mods', *{modules!r}]: importlib.import_module(name)\n"
+        f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({SERVER_AT_RUN_TIME!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -200,3 +200,16 @@ def test_gross_breaks_raise_the_alarm_and_correct_runs_do_not(tiny_audit):
     assert server["alarm"] and max(server["lower_bound_final"], server["lower_bound_all_iterates"]) > 1.0
     assert rows[("declared", "declared-unnoised", 1.0)]["alarm"]
     assert not any(r["alarm"] for r in result["rows"] if not r["broken"])
+
+
+@pytest.mark.slow
+def test_the_import_benchmark_times_each_module_and_finds_no_server_module(tmp_path):
+    """``bench_import --repeats 1``: every module timed, the report written, and ``import client_mods`` loads none of
+    our server modules."""
+    from flwr_dp_benchmarks import bench_import
+
+    assert bench_import.main(["--repeats", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "import.json").read_text())
+    assert set(result["median_s"]) == set(bench_import.MODULES) and all(v > 0 for v in result["median_s"].values())
+    assert result["server_modules_after_import_client_mods"] == 0
+    assert "goal ≤ 1.0 s" in (tmp_path / "import.md").read_text()

@@ -8,10 +8,26 @@
   (used by :class:`flwr_dp_strategies.DistributedDpFedAvg`).
 """
 
+from typing import TYPE_CHECKING
+
 from .identity import NodeIdentity, Roster
 from .masks import prg_mask
 from .protocol import ProtocolError, Stage
-from .server_protocol import PROTOCOL_REJECTION, SecureAggregationAborted, SecureAggregationRound
+
+#: the server's half, imported on first use: a client that imports the client protocol never loads it
+_SERVER = ("PROTOCOL_REJECTION", "SecureAggregationAborted", "SecureAggregationRound")
+
+if TYPE_CHECKING:
+    from .server_protocol import PROTOCOL_REJECTION, SecureAggregationAborted, SecureAggregationRound
+
+
+def __getattr__(name: str):
+    if name in _SERVER:
+        from . import server_protocol
+
+        return getattr(server_protocol, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "NodeIdentity",
