@@ -333,7 +333,7 @@ def test_drop_in_binds_flowers_arguments_positionally_with_flowers_meaning():
 )
 def test_every_argument_is_validated_and_named(kwargs, name):
     args = {"strategy": FedAvg(), "noise_multiplier": 0.5, "num_sampled_clients": 10, **kwargs}
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises((ValueError, TypeError), match=name):  # a wrong type is a TypeError
         AccountedAdaptiveClipping(**args)
 
 

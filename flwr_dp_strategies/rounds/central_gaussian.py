@@ -37,7 +37,6 @@ before a round would exceed ``ledger.max_epsilon`` (or a Flower accountant's).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any, Optional
@@ -49,7 +48,6 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.differential_privacy import add_gaussian_noise_inplace
 
-from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngSource
 from ..privacy.validation import check_int, check_positive
@@ -63,7 +61,7 @@ from .central_release import (
     secure_release_event,
     server_step,
 )
-from .client_accounting import ContentCheck
+from .client_accounting import ContentCheck, check_ledger_types
 from .metrics import aggregate_reply_metrics
 from .reply_screening import array_spec, reply_arrays, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, to_array
@@ -119,16 +117,13 @@ def geometric_update(
 def check_ledger_arguments(ledger: object, ledger_path: object, sampling: str) -> None:
     """``ledger``: None or a PrivacyLedger (add/remove-one under Poisson sampling: dp-accounting has no
     replace-one form of the sampled Gaussian); ``ledger_path``: None, a str or a path."""
-    if ledger is not None and not isinstance(ledger, PrivacyLedger):
-        raise ValueError(f"ledger must be None or a PrivacyLedger, got {type(ledger).__name__}")
+    check_ledger_types(ledger, ledger_path)
     if sampling == "poisson" and ledger is not None and ledger.neighboring_relation != ADD_OR_REMOVE_ONE:
         raise ValueError(
             "ledger must use neighboring_relation='add_or_remove_one' with Poisson sampling "
             f"(got {ledger.neighboring_relation!r}); sample a fixed number of clients for a replace_one "
             "ledger"
         )
-    if ledger_path is not None and not isinstance(ledger_path, (str, os.PathLike)):
-        raise ValueError(f"ledger_path must be None, a str or an os.PathLike, got {type(ledger_path).__name__}")
 
 
 class CentralGaussianRound(AccountedRound):

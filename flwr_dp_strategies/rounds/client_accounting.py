@@ -126,6 +126,7 @@ class ClientAccountingMixin:
         """Open the strategy's ledgers (:func:`open_ledgers`); ``wrapped``: a strategy this one wraps,
         whose ledger store (all its named ledgers, and its file) is shared rather than duplicated;
         ``resume``, ``high_water_path``: as :func:`open_ledgers`."""
+        check_ledger_types(ledger, ledger_path)
         store = getattr(wrapped, "ledger_store", None)
         if not isinstance(store, LedgerStore):
             store = None
@@ -382,6 +383,16 @@ class ClientAccountingMixin:
         store.save()
 
 
+def check_ledger_types(ledger: object, ledger_path: object) -> None:
+    """TypeError naming the argument unless ``ledger`` is a PrivacyLedger or None and ``ledger_path`` a path or None
+    (a path passed as ``ledger`` used to be accepted and fail in round 1)."""
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        hint = " (to keep the ledger in a file, pass ledger_path=...)" if isinstance(ledger, (str, os.PathLike)) else ""
+        raise TypeError(f"ledger must be a PrivacyLedger or None, got {type(ledger).__name__} {ledger!r}{hint}")
+    if ledger_path is not None and not isinstance(ledger_path, (str, os.PathLike)):
+        raise TypeError(f"ledger_path must be a path (str or os.PathLike) or None, got {type(ledger_path).__name__}")
+
+
 def open_ledgers(
     ledger: Optional[PrivacyLedger],
     ledger_path: Optional["os.PathLike[str] | str"],
@@ -418,6 +429,17 @@ def open_ledgers(
     high-water record lives (default beside the file, ``<ledger_path>.hwm``; see
     :class:`~flwr_dp_strategies.privacy.ledger_file.LedgerStore` for what each place detects).
     """
+    if ledger is not None and not isinstance(ledger, PrivacyLedger):
+        raise TypeError(
+            f"ledger must be a PrivacyLedger or None, got {type(ledger).__name__} {ledger!r}"
+            + (
+                " (to keep the ledger in a file, pass ledger_path=...)"
+                if isinstance(ledger, (str, os.PathLike))
+                else ""
+            )
+        )
+    if ledger_path is not None and (isinstance(ledger_path, bool) or not isinstance(ledger_path, (str, os.PathLike))):
+        raise TypeError(f"ledger_path must be a path (str or os.PathLike) or None, got {type(ledger_path).__name__}")
     if resume and ledger_path is None and (store is None or store.path is None):
         raise ValueError("resume=True needs a ledger_path (the ledger file of the run to resume)")
     if high_water_path is not None and ledger_path is None and (store is None or store.path is None):

@@ -168,6 +168,10 @@ class ClusterEvaluation(AccountedRound, Strategy):
         max_weight: Optional[float] = None,
         book_unaccounted_training: bool = True,
     ) -> None:
+        if not isinstance(strategy, Strategy):
+            raise TypeError(
+                f"strategy must be a Flower Strategy instance (e.g. FedAvg()), got {type(strategy).__name__} {strategy!r}"
+            )
         self.strategy = strategy
         self.eval_type = "NOT_EVAL" if str(eval_type).upper() == "NOT_EVAL" else check_eval_type(eval_type)
         self.privacy_eval_type = str(privacy_eval_type).upper()
