@@ -82,6 +82,20 @@ def test_wheel_holds_the_library_only(dist):
     assert LIBRARY <= sdist_tops and not {"examples", "flwr_dp_benchmarks", "flwr_dp_experiments"} & sdist_tops
 
 
+def test_the_license_ships_in_the_sdist_and_the_wheel(dist):
+    """Issue 38 item 3: the Apache-2.0 text itself, not only the SPDX string, in both distributions."""
+    import flwr_dp_strategies
+
+    text = (REPO / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0" in text
+    wheel = zipfile.ZipFile(_one(dist, "*.whl"))
+    info = f"flwr_dp_strategies-{flwr_dp_strategies.__version__}.dist-info"
+    assert wheel.read(f"{info}/licenses/LICENSE").decode() == text
+    with tarfile.open(_one(dist, "*.tar.gz")) as sdist:
+        [member] = [m for m in sdist.getmembers() if Path(m.name).parts[1:] == ("LICENSE",)]
+        assert sdist.extractfile(member).read().decode() == text
+
+
 def test_wheel_installs_and_imports(dist, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
