@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 from flwr.supercore.primitives.asymmetric import bytes_to_public_key
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 
 import importlib
 from client_mods.distributed_dp_mod import DEFAULT_MIN_NOISE_MULTIPLIER, make_distributed_dp_mod
@@ -308,21 +308,25 @@ def bad_key_grid(nodes, bad: int) -> LoopbackGrid:
     return grid
 
 
-def bad_key_round(grid, nodes) -> SecureAggregationRound:
-    secure = SecureAggregationRound(
-        1, nodes, num_shares=len(nodes), threshold=4, min_survivors=4, bits=BITS, length=PARAMS.padded_dim, timeout=None
-    )
+def play(secure: SecureAggregationRound, grid, honest: int) -> SecureAggregationRound:
+    """An honest server's whole round: setup, share-keys, collect (shares calibrated for ``honest``), unmask."""
     secure.setup(grid)
     secure.share_keys(grid)
     replies = grid.send_and_receive(
         secure.collect_messages(
-            lambda n: __import__("flwr").app.RecordDict({"arrays": model(), "config": ConfigRecord()}),
-            public(share_for(1.0, 4)),
+            lambda n: RecordDict({"arrays": model(), "config": ConfigRecord()}), public(share_for(1.0, honest))
         )
     )
     secure.add_masked(replies)
     secure.unmask(grid)
     return secure
+
+
+def bad_key_round(grid, nodes) -> SecureAggregationRound:
+    secure = SecureAggregationRound(
+        1, nodes, num_shares=len(nodes), threshold=4, min_survivors=4, bits=BITS, length=PARAMS.padded_dim, timeout=None
+    )
+    return play(secure, grid, 4)
 
 
 def test_a_key_on_another_curve_drops_only_its_owner():
@@ -549,16 +553,7 @@ def test_a_client_assuming_more_colluders_than_declared_still_joins_a_round_that
     secure = SecureAggregationRound(
         1, nodes, num_shares=6, threshold=4, min_survivors=4, bits=BITS, length=D, timeout=None, honest=4
     )
-    secure.setup(grid)
-    secure.share_keys(grid)
-    replies = grid.send_and_receive(
-        secure.collect_messages(
-            lambda n: __import__("flwr").app.RecordDict({"arrays": model(), "config": ConfigRecord()}),
-            public(share_for(1.0, 4)),
-        )
-    )
-    secure.add_masked(replies)
-    secure.unmask(grid)
+    play(secure, grid, 4)
     assert secure.survivors == set(nodes) and grid.errors == []
     grid = LoopbackGrid(shifting_app(deltas_for(nodes), rng=3, identities=roster), nodes)
     grid.apps = {101: shifting_app(deltas_for(nodes), rng=3, max_colluding_clients=2, identities=roster)}
