@@ -194,3 +194,34 @@ def test_per_client_metrics_and_evaluate_declarations():
     assert metrics["privacy/epsilon/node-101"] == pytest.approx(1.0, rel=1e-3)
     assert metrics["privacy/epsilon/node-104"] == pytest.approx(0.25, rel=1e-3)
     assert metrics["privacy/epsilon"] == pytest.approx(1.0, rel=1e-3)
+
+
+def test_a_node_over_max_epsilon_is_not_asked_again(caplog):
+    """Issue 37 item 4 (its budget half): with ``max_epsilon`` set, a node whose own ε exceeds it (here ∞: it sent
+    an undeclared, non-private update; and a node that declared too much) is left out of the next rounds' sample;
+    the others are still asked. Without a budget every node is asked, as FedAvg does."""
+    strategy = AccountedFedAvg(
+        min_train_nodes=N,
+        min_available_nodes=N,
+        min_evaluate_nodes=N,
+        ledger=PrivacyLedger(1e-5, neighboring_relation="replace_one", max_epsilon=5.0),
+    )
+    current = [np.zeros(3)]
+    messages = configure(strategy, 1, current)
+    assert len(messages) == N
+    replies = []
+    for i, msg in enumerate(messages):
+        event = None if i == 0 else GaussianDpEvent(0.1 if i == 1 else 20.0)  # 0: undeclared, 1: ε ≫ 5, else small
+        replies.append(reply_to(msg, [np.full(3, 0.1)], event=event))
+    strategy.aggregate_train(1, replies)
+    nodes = [int(m.metadata.dst_node_id) for m in messages]
+    assert strategy.ledger.epsilon(nodes[0]) == float("inf") and strategy.ledger.epsilon(nodes[1]) > 5.0
+    assert all(strategy.ledger.epsilon(n) < 5.0 for n in nodes[2:])
+    with caplog.at_level("INFO"):
+        second = configure(strategy, 2, current)
+    assert sorted(int(m.metadata.dst_node_id) for m in second) == sorted(nodes[2:])
+    assert "2 sampled node(s) over max_epsilon=5 are not asked to train" in caplog.text
+    unbounded = make()
+    first = configure(unbounded, 1, current)
+    unbounded.aggregate_train(1, [reply_to(m, [np.full(3, 0.1)]) for m in first])
+    assert len(configure(unbounded, 2, current)) == N

@@ -156,10 +156,38 @@ class ClientAccountingMixin:
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """The next class's ``configure_train``; its messages are remembered for the identity check."""
+        """The next class's ``configure_train``, less the nodes already over ``max_epsilon``
+        (:meth:`within_budget`); its messages are remembered for the identity check."""
         messages = list(cast(Any, super()).configure_train(server_round, arrays, config, grid))  # the Flower strategy's
+        messages = self.within_budget(server_round, messages)
         self.remember_instructions("train", server_round, messages)
         return messages
+
+    def within_budget(self, server_round: int, messages: list[Message]) -> list[Message]:
+        """``messages`` without those to nodes whose own ε (their declared releases and the central ones) already
+        exceeds the ledger's ``max_epsilon``: a client over its budget, at ε = ∞ after a non-private reply
+        included, is not asked again (logged, node ids in the server log only). Unchanged without a budget."""
+        ledger = self.ledger
+        if ledger.max_epsilon is None:
+            return messages
+        booked = set(ledger.clients)
+        kept, over = [], []
+        for msg in messages:
+            node = int(msg.metadata.dst_node_id)
+            if str(node) in booked and ledger.epsilon(node) > ledger.max_epsilon:
+                over.append(node)
+            else:
+                kept.append(msg)
+        if over:
+            log(
+                INFO,
+                "Round %d: %d sampled node(s) over max_epsilon=%g are not asked to train: %s",
+                server_round,
+                len(over),
+                ledger.max_epsilon,
+                ", ".join(str(n) for n in sorted(over)),
+            )
+        return kept
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
