@@ -125,7 +125,7 @@ class ClientPolicy:
         config = ctxt.node_config
         floor = self.floor
         if NODE_CONFIG_FLOOR in config:
-            floor = check_positive(NODE_CONFIG_FLOOR, float(config[NODE_CONFIG_FLOOR]))
+            floor = check_positive(NODE_CONFIG_FLOOR, config[NODE_CONFIG_FLOOR])
         colluders = self.colluders
         if NODE_CONFIG_COLLUDERS in config:
             colluders = check_int(NODE_CONFIG_COLLUDERS, config[NODE_CONFIG_COLLUDERS], minimum=0)

@@ -129,6 +129,9 @@ def test_the_mods_floor_is_positive_by_default_and_set_by_the_client_side_only()
     assert policy.resolve(ctxt)[0] == 3.0  # the node's operator may change it; the run config (server) is not read
     ctxt = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={"dp-min-noise-multiplier": 0.0})
     assert policy.resolve(ctxt)[0] == 2.0
+    ctxt = Context(run_id=1, node_id=5, node_config={"dp-min-noise-multiplier": "x"}, state=RecordDict(), run_config={})
+    with pytest.raises((ValueError, TypeError), match="dp-min-noise-multiplier"):
+        policy.resolve(ctxt)
 
 
 # ------------------------------------------------------------------- B, C. selective forwarding, lying
