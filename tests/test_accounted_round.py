@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
 
 import flwr_dp_strategies
 from loopback import LoopbackGrid
@@ -53,6 +54,31 @@ def test_every_exported_strategy_runs_the_template():
         assert issubclass(cls, AccountedRound), cls.__name__
         below = cls.__mro__[: cls.__mro__.index(AccountedRound)]
         assert not any(method in klass.__dict__ for klass in below for method in TEMPLATE_METHODS), cls.__name__
+
+
+class _NoChain(AccountedFedAvg):
+    """A strategy whose node choice does not chain to any parent of this package (it calls Flower's FedAvg
+    directly): before the template owned configure, this switched off the identity check."""
+
+    def instruct_train(self, server_round, arrays, config, grid):
+        self._spec = None
+        return list(FedAvg.configure_train(self, server_round, arrays, config, grid))
+
+
+def test_a_hook_that_does_not_chain_keeps_the_identity_check():
+    strategy = _NoChain(min_train_nodes=3, min_available_nodes=3)
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(3)))
+    assert len(messages) == 3
+    forged = Message(
+        RecordDict({"arrays": ArrayRecord([np.full(3, 100.0)]), "metrics": MetricRecord({"num-examples": 1.0})}),
+        reply_to=messages[0],
+    )
+    forged.metadata.__dict__["_src_node_id"] = 999  # a node that was sent no instruction
+    assert forged.metadata.src_node_id == 999
+    arrays, _ = strategy.aggregate_train(1, [_reply(m, np.ones(3)) for m in messages] + [forged])
+    assert strategy.rejections["train"] == {"identity": 1}
+    np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], 1.0)  # the forged update is not in the mean
+    assert "999" not in strategy.ledger.clients
 
 
 class _Counting(AccountedFedAvg):

@@ -47,9 +47,9 @@ class NoisyClippedMean(AccountedRound, FedAvg):
         self.rng = RngSource(rng)  # OS entropy unless a seed is given (tests)
         self.current = ArrayRecord()
 
-    def configure_train(self, server_round, arrays, config, grid):
+    def instruct_train(self, server_round, arrays, config, grid):
         self.current, self._spec = arrays, array_spec(arrays)  # the model every update is clipped against
-        return super().configure_train(server_round, arrays, config, grid)
+        return super().instruct_train(server_round, arrays, config, grid)
 
     def train_check(self):
         return lambda content: screen_train_content(

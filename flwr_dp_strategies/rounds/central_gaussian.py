@@ -260,7 +260,7 @@ class CentralGaussianRound(AccountedRound):
             config[KEY_CLIPPING_NORM] = float(self.clipping_norm)
         return config
 
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Sample the nodes and send them the wrapped strategy's instruction; nothing once one more round
@@ -299,17 +299,15 @@ class CentralGaussianRound(AccountedRound):
         if self.clipping == "adaptive":
             log(INFO, "configure_train: clipping norm %.6g, %s sampling", self.clipping_norm, self.sampling)
         messages = messages or []
-        self.remember_instructions("train", server_round, messages)
         return messages
 
-    def configure_evaluate(
+    def instruct_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's evaluation; nothing once the budget is spent."""
         if self.budget_exhausted:
             return []
         messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
-        self.remember_instructions("evaluate", server_round, messages)
         return messages
 
     # ------------------------------------------------------------------ the round

@@ -55,12 +55,11 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from logging import ERROR, INFO, WARNING
-from typing import Any, Optional, cast
+from typing import Optional
 
 from dp_accounting.dp_event import NonPrivateDpEvent
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
@@ -153,16 +152,6 @@ class ClientAccountingMixin:
         self.max_weight = check_max_weight(max_weight)
 
     # ------------------------------------------------------------------ identity
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """The next class's ``configure_train``, less the nodes already over ``max_epsilon``
-        (:meth:`within_budget`); its messages are remembered for the identity check."""
-        messages = list(cast(Any, super()).configure_train(server_round, arrays, config, grid))  # the Flower strategy's
-        messages = self.within_budget(server_round, messages)
-        self.remember_instructions("train", server_round, messages)
-        return messages
-
     def within_budget(self, server_round: int, messages: list[Message]) -> list[Message]:
         """``messages`` without those to nodes whose own ε (their declared releases and the central ones) already
         exceeds the ledger's ``max_epsilon``: a client over its budget, at ε = ∞ after a non-private reply
@@ -188,14 +177,6 @@ class ClientAccountingMixin:
                 ", ".join(str(n) for n in sorted(over)),
             )
         return kept
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """The next class's ``configure_evaluate``; its messages are remembered for the identity check."""
-        messages = list(cast(Any, super()).configure_evaluate(server_round, arrays, config, grid))
-        self.remember_instructions("evaluate", server_round, messages)
-        return messages
 
     def remember_instructions(self, phase: str, server_round: int, messages: list[Message]) -> None:
         """Remember the instructions of ``phase`` in ``server_round``: replies are checked against them.

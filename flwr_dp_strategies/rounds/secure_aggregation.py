@@ -312,11 +312,9 @@ class SecureAggregationMixin(AccountedRound):
         except SecureAggregationAborted as err:
             self._log_abort(err)
             self._protocol_rejected = secure.rejected
-            self.remember_instructions("train", server_round, [])  # no collect stage: any reply is unasked
             return []
         self._round = secure
         messages = secure.collect_messages(lambda node: RecordDict(dict(content[node].items())), public)
-        self.remember_instructions("train", server_round, messages)
         return messages
 
     def skip_train(self, server_round: int) -> bool:

@@ -1,9 +1,14 @@
-"""The one accounted round every strategy of this package runs: screen → release → book → save → publish.
+"""The one accounted round every strategy of this package runs: configure → screen → release → book → save →
+publish.
 
-:class:`AccountedRound` owns ``aggregate_train`` and ``aggregate_evaluate`` as a fixed
-template (the way Flower's ``Strategy.start`` owns the loop and dp-accounting's
-``compose()`` owns the bookkeeping):
+:class:`AccountedRound` owns ``configure_train``, ``configure_evaluate``, ``aggregate_train`` and
+``aggregate_evaluate`` as a fixed template (the way Flower's ``Strategy.start`` owns the loop and
+dp-accounting's ``compose()`` owns the bookkeeping):
 
+0. **configure**: the strategy's hook :meth:`AccountedRound.instruct_train` /
+   :meth:`AccountedRound.instruct_evaluate` chooses the nodes and writes their instructions; the
+   template remembers what it sent, so the identity check of step 1 holds whatever the hook does
+   (a hook cannot switch it off by not chaining to a parent);
 1. **screen** (:meth:`ClientAccountingMixin.screen_and_book`): failed replies, identity,
    declarations (booked for the replying node), then the strategy's content check
    (:meth:`AccountedRound.train_check` / :meth:`AccountedRound.evaluate_check`);
@@ -18,10 +23,10 @@ template (the way Flower's ``Strategy.start`` owns the loop and dp-accounting's
 5. **publish** the release's metrics with the ledger's figures (:meth:`round_metrics`); the
    counts of rejected and failed replies stay in the server log.
 
-A subclass implements its release (and its ``configure_*`` step when it samples clients or
-runs SecAgg stages); it cannot replace the template: defining ``aggregate_train`` or
-``aggregate_evaluate`` in a subclass raises ``TypeError`` at class creation, so no strategy can
-skip screening or booking.
+A subclass implements its release (and its ``instruct_*`` hooks when it samples clients or
+runs SecAgg stages); it cannot replace the template: defining ``configure_train``,
+``configure_evaluate``, ``aggregate_train`` or ``aggregate_evaluate`` in a subclass raises
+``TypeError`` at class creation, so no strategy can skip the identity check, screening or booking.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 
 from ..declarations import Declaration
 from ..privacy import PrivacyLedger
@@ -42,7 +48,7 @@ from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight
 from .streaming_aggregation import NonFiniteReplies, single_threaded_blas
 
-TEMPLATE_METHODS = ("aggregate_train", "aggregate_evaluate")
+TEMPLATE_METHODS = ("configure_train", "configure_evaluate", "aggregate_train", "aggregate_evaluate")
 
 
 @dataclass(frozen=True)
@@ -130,7 +136,7 @@ class AccountedRound(ClientAccountingMixin):
     ``aggregate_train`` / ``aggregate_evaluate`` through screen → release → book → save → publish.
 
     Subclasses implement :meth:`release_train` (and may set :attr:`undeclared_label`, override
-    :meth:`train_check`, :meth:`skip_train`, :meth:`booking_round`, :meth:`evaluate_check`,
+    :meth:`instruct_train`, :meth:`instruct_evaluate`, :meth:`train_check`, :meth:`skip_train`, :meth:`booking_round`, :meth:`evaluate_check`,
     :meth:`release_evaluate`).
     """
 
@@ -143,8 +149,9 @@ class AccountedRound(ClientAccountingMixin):
         for name in TEMPLATE_METHODS:
             if name in cls.__dict__:
                 raise TypeError(
-                    f"{cls.__name__} defines {name}: the accounted round owns it (screen → release → "
-                    "book → save → publish); implement release_train / release_evaluate instead"
+                    f"{cls.__name__} defines {name}: the accounted round owns it (configure → screen → release "
+                    "→ book → save → publish); implement instruct_train / instruct_evaluate or release_train / "
+                    "release_evaluate instead"
                 )
 
     def init_accounted_round(
@@ -180,6 +187,22 @@ class AccountedRound(ClientAccountingMixin):
         """The FedAvg whose ``weighted_by_key`` and metric aggregation functions apply: the strategy itself,
         or the strategy a wrapper wraps."""
         return getattr(self, "strategy", self)
+
+    def instruct_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Choose this round's training nodes and write their instructions. By default the Flower strategy's
+        ``configure_train`` (the next class of the MRO after this package's bases), less the nodes already
+        over ``max_epsilon`` (:meth:`~.client_accounting.ClientAccountingMixin.within_budget`)."""
+        messages = list(cast(Any, super()).configure_train(server_round, arrays, config, grid))
+        return self.within_budget(server_round, messages)
+
+    def instruct_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Choose this round's evaluation nodes and write their instructions; by default the Flower
+        strategy's ``configure_evaluate``."""
+        return cast(Any, super()).configure_evaluate(server_round, arrays, config, grid)
 
     def skip_train(self, server_round: int) -> bool:
         """True when this round configured no training (budget exhausted, a protocol that never opened):
@@ -220,6 +243,22 @@ class AccountedRound(ClientAccountingMixin):
         return arrays
 
     # ------------------------------------------------------------------ template
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """:meth:`instruct_train`'s messages, remembered for the identity check of this round's replies."""
+        messages = list(self.instruct_train(server_round, arrays, config, grid))
+        self.remember_instructions("train", server_round, messages)
+        return messages
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """:meth:`instruct_evaluate`'s messages, remembered for the identity check of this round's replies."""
+        messages = list(self.instruct_evaluate(server_round, arrays, config, grid))
+        self.remember_instructions("evaluate", server_round, messages)
+        return messages
+
     @single_threaded_blas
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

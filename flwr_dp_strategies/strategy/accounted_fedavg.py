@@ -155,12 +155,12 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         )
         self._spec: Optional[ArraySpec] = None
 
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's configuration; remembers the arrays' keys, shapes and sizes to screen replies."""
         self._spec = array_spec(arrays)
-        return super().configure_train(server_round, arrays, config, grid)
+        return super().instruct_train(server_round, arrays, config, grid)
 
     def train_check(self) -> ContentCheck:
         """Identity and structure of a train reply (:func:`.reply_screening.screen_train_content`); NaN/inf

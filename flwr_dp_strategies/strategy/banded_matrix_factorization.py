@@ -334,9 +334,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         return self.releases
 
     # ------------------------------------------------------------------ configure
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> list[Message]:
+    def instruct_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
         """Send the wrapped strategy's instruction to the group of the next release (nodes the rule admits)."""
         self.current_arrays = arrays
         self._spec = array_spec(arrays)
@@ -373,7 +371,6 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             len(messages or []),
         )
         messages = messages or []
-        self.remember_instructions("train", server_round, messages)
         return messages
 
     # ------------------------------------------------------------------ the release

@@ -244,12 +244,11 @@ class ClusterEvaluation(AccountedRound, Strategy):
         return cls(strategy, **{**options, **kwargs})
 
     # ------------------------------------------------------------------ training: delegated
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's training configuration."""
         messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
-        self.remember_instructions("train", server_round, messages)
         self._train_spec = array_spec(arrays)
         return messages
 
@@ -344,7 +343,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
             return strategy.aggregate_train(server_round, accepted)
 
     # ------------------------------------------------------------------ evaluation
-    def configure_evaluate(
+    def instruct_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """The wrapped strategy's evaluate messages, with the privacy mode in their config."""
@@ -353,7 +352,6 @@ class ClusterEvaluation(AccountedRound, Strategy):
         config[CONFIG_LAPLACE_EVAL_EPS] = float(self.laplace_eval_eps)
         config["eval-type"] = self.eval_type
         messages = list(self.strategy.configure_evaluate(server_round, arrays, config, grid))
-        self.remember_instructions("evaluate", server_round, messages)
         return messages
 
     def evaluate_check(self) -> Optional[ContentCheck]:

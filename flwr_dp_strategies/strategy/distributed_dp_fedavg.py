@@ -218,7 +218,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         return params, calibrate_skellam(params, noise_multiplier=self.noise_multiplier, n_clients=sizes.honest)
 
     # ------------------------------------------------------------------ train
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages (FedAvg's content +

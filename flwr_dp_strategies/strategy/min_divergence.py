@@ -219,7 +219,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         self._global_negative: dict[str, np.ndarray] = {}
         self._global_meta: Optional[dict[str, tuple[tuple[int, ...], np.dtype]]] = None
 
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's configuration; remembers the layers and the signs of the global weights (eq. 14)."""
@@ -227,7 +227,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         values = {key: npy_view(arr) for key, arr in arrays.items()}
         self._global_negative = {key: v.reshape(-1) < 0 for key, v in values.items()}
         self._global_meta = {key: (v.shape, v.dtype) for key, v in values.items()}
-        return super().configure_train(server_round, arrays, config, grid)
+        return super().instruct_train(server_round, arrays, config, grid)
 
     def release_train(self, server_round: int, screened: Screened) -> Release:
         """Divergences, per-layer selection, per-layer weighted mean; the selection's event is booked in

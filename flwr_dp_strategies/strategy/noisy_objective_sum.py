@@ -154,13 +154,13 @@ class NoisyObjectiveSum(AccountedFedAvg):
         """Node ids whose objective is in the sum."""
         return frozenset(self._contributors)
 
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's messages carrying the head; replies are screened against the objective's arrays."""
         if list(arrays.keys()) != [self.weights_key]:
             raise ValueError(f"arrays must hold exactly the head {self.weights_key!r}, got keys {list(arrays.keys())}")
-        messages = super().configure_train(server_round, arrays, config, grid)
+        messages = super().instruct_train(server_round, arrays, config, grid)
         head = arrays[self.weights_key]
         if len(head.shape) != 2:
             raise ValueError(f"{self.weights_key} must be a (q, c) matrix, got shape {tuple(head.shape)}")

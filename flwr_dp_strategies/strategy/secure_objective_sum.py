@@ -198,7 +198,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
         )
 
     # ------------------------------------------------------------------ train
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's sample; SecAgg+ setup and key sharing; the collect messages with the public parameters."""

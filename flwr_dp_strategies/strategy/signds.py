@@ -152,14 +152,14 @@ class SignDS(AccountedRound, FedAvg):
         self._hinted = False  # the missing-client-mod WARNING, logged once
 
     # ------------------------------------------------------------------ configure
-    def configure_train(
+    def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """FedAvg's messages with the SignDS parameters and the MagRR state in the config."""
         config = ConfigRecord(dict(config))
         config.update(self.client_config())
         self._current = arrays
-        messages = list(super().configure_train(server_round, arrays, config, grid))
+        messages = list(super().instruct_train(server_round, arrays, config, grid))
         self._asked = len(messages)
         return messages
 
