@@ -19,6 +19,7 @@ from flwr.serverapp.strategy import FedAvg
 import flwr_dp_strategies
 from loopback import LoopbackGrid
 from flwr_dp_strategies import AccountedFedAvg
+from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.rounds.template import TEMPLATE_METHODS, AccountedRound, Booking
 
@@ -79,6 +80,45 @@ def test_a_hook_that_does_not_chain_keeps_the_identity_check():
     assert strategy.rejections["train"] == {"identity": 1}
     np.testing.assert_allclose(arrays.to_numpy_ndarrays()[0], 1.0)  # the forged update is not in the mean
     assert "999" not in strategy.ledger.clients
+
+
+def _declared_reply(message: Message, values: np.ndarray) -> Message:
+    reply = _reply(message, values)
+    declare_release(reply.content, GaussianDpEvent(2.0), label="local", neighboring_relation="replace_one")
+    return reply
+
+
+class _Watching(AccountedFedAvg):
+    """Records how many events the ledger held when the release ran; fails the release when asked to."""
+
+    fail = False
+
+    def release_train(self, server_round, screened):
+        self.seen = len(self.ledger.events(101))
+        if self.fail:
+            raise RuntimeError("the mechanism failed")
+        return super().release_train(server_round, screened)
+
+
+def test_screening_books_nothing_the_book_step_books_each_declaration_once():
+    strategy = _Watching(min_train_nodes=2, min_available_nodes=2)
+    model = ArrayRecord([np.zeros(3)])
+    messages = list(strategy.configure_train(1, model, ConfigRecord(), LoopbackGrid.of(2)))
+    strategy.aggregate_train(1, [_declared_reply(m, np.ones(3)) for m in messages])
+    assert strategy.seen == 0  # screening read the declarations, the release ran before any booking
+    assert [label for _, _, label in strategy.ledger.events(101)] == ["local"]  # booked once, after
+
+
+def test_a_failing_release_still_books_what_screening_found(tmp_path):
+    path = tmp_path / "ledger.json"
+    strategy = _Watching(min_train_nodes=2, min_available_nodes=2, ledger_path=str(path))
+    strategy.fail = True
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(2)))
+    with pytest.raises(RuntimeError, match="mechanism failed"):
+        strategy.aggregate_train(1, [_declared_reply(m, np.ones(3)) for m in messages])
+    reopened = _Watching(min_train_nodes=2, min_available_nodes=2, ledger_path=str(path), resume=True)
+    assert strategy.ledger.epsilon(101) > 0  # booked
+    assert reopened.ledger.epsilon(101) == pytest.approx(strategy.ledger.epsilon(101))  # and saved
 
 
 class _Counting(AccountedFedAvg):

@@ -54,10 +54,11 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 from typing import Optional
 
-from dp_accounting.dp_event import NonPrivateDpEvent
+from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
@@ -94,6 +95,24 @@ def log_received(phase: Optional[str], replies: list[Message]) -> None:
 
 
 ContentCheck = Callable[[RecordDict], Optional[str]]
+
+
+@dataclass(frozen=True)
+class Booking:
+    """One DP event to book: what a reply declared, or what a release caused.
+
+    ``client``: the node whose data it is about (None: a central event, every client's);
+    ``neighboring_relation``: the relation ``event`` is stated under (None: the ledger's);
+    ``replace_one_event``: its tighter replace-one form, if the mechanism has one;
+    ``ledger``: the ledger to book it in (None: the strategy's main ledger).
+    """
+
+    event: DpEvent
+    label: str
+    client: Optional[int] = None
+    neighboring_relation: Optional[str] = None
+    replace_one_event: Optional[DpEvent] = None
+    ledger: Optional[PrivacyLedger] = None
 
 
 class ClientAccountingMixin:
@@ -222,7 +241,41 @@ class ClientAccountingMixin:
         undeclared_label: Optional[str] = None,
         declared: Optional[dict[int, list[Declaration]]] = None,
     ) -> tuple[list[Message], Counter[str]]:
-        """The replies to aggregate, and the count of rejected ones per reason.
+        """:meth:`screen`, then :meth:`book` its bookings under ``server_round``: for a helper that runs its
+        own message round outside the accounted round (``LdpFederatedPCA``)."""
+        accepted, rejected, bookings = self.screen(
+            server_round, replies, check, phase=phase, undeclared_label=undeclared_label, declared=declared
+        )
+        self.book(server_round, bookings)
+        return accepted, rejected
+
+    def book(self, booked_round: int, bookings: list[Booking]) -> None:
+        """Book each of ``bookings`` in its ledger under ``booked_round``, then save every ledger of the strategy
+        (once; when ``ledger_path`` is set). The one place this package books an event."""
+        for booking in bookings:
+            ledger = booking.ledger if booking.ledger is not None else self.ledger
+            ledger.record(
+                booking.event,
+                server_round=booked_round,
+                client=booking.client,
+                label=booking.label,
+                neighboring_relation=booking.neighboring_relation,
+                replace_one_event=booking.replace_one_event,
+            )
+        self.save_ledger()
+
+    def screen(
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        check: Optional[ContentCheck] = None,
+        *,
+        phase: Optional[str] = None,
+        undeclared_label: Optional[str] = None,
+        declared: Optional[dict[int, list[Declaration]]] = None,
+    ) -> tuple[list[Message], Counter[str], list[Booking]]:
+        """The replies to aggregate, the count of rejected ones per reason, and what screening found to book
+        (it books nothing itself: the caller books it, once).
 
         Logs Flower's ``aggregate_<phase>: Received N results and M failures`` line first (once:
         not again inside :func:`replies_already_logged`). In order: failed replies (``error``),
@@ -230,13 +283,12 @@ class ClientAccountingMixin:
         last configured phase), the declaration (``declaration``), then
         ``check(content)`` (a reason or None). Acceptance depends on each reply alone.
 
-        Every readable declaration is booked, also for a reply that is then
-        rejected for its content: the client did release it to us. With
-        ``undeclared_label``, a rejected reply that booked no declaration is booked as
-        ``NonPrivateDpEvent`` under that label (the raw content reached the server).
-        Declarations are consumed (removed from the reply), so a wrapped accounting
-        strategy that sees the same reply does not book them twice; ``declared`` (when given)
-        receives them, keyed by the reply's ``id``. The ledger is saved if ``ledger_path``.
+        Every readable declaration is to be booked (:meth:`declaration_bookings`), also for a reply that is
+        then rejected for its content: the client did release it to us. With ``undeclared_label``, a rejected
+        reply that declared nothing is to be booked as ``NonPrivateDpEvent`` under that label (the raw content
+        reached the server). Declarations are consumed (removed from the reply), so a wrapped accounting
+        strategy that sees the same reply does not book them twice; ``declared`` (when given) receives them,
+        keyed by the reply's ``id``.
         """
         rejected: Counter[str] = Counter()
         screened: list[Message] = []
@@ -246,7 +298,7 @@ class ClientAccountingMixin:
         log_received(phase, replies)
         expected = self._expected_senders(server_round, phase)
         seen: set[int] = set()
-        booked = False
+        bookings: list[Booking] = []
         for reply in replies:
             if reply.has_error():
                 log_failed_reply(server_round, reply)
@@ -267,8 +319,7 @@ class ClientAccountingMixin:
             if declared is not None:
                 declared[id(reply)] = declarations
             if declarations:
-                self.book_declarations(server_round, node, declarations, phase)
-                booked = True
+                bookings += self.declaration_bookings(int(node), declarations, phase)
             if reason is None and check is not None:
                 reason = check(reply.content)
             if reason is None:
@@ -276,25 +327,22 @@ class ClientAccountingMixin:
                 continue
             self._reject(server_round, reply, reason, rejected)
             if undeclared_label is not None and not declarations:
-                self.ledger.record(NonPrivateDpEvent(), server_round=server_round, client=node, label=undeclared_label)
-                booked = True
-        if booked:
-            self.save_ledger()
-        return screened, rejected
+                bookings.append(Booking(NonPrivateDpEvent(), undeclared_label, client=int(node)))
+        return screened, rejected, bookings
 
-    def book_declarations(
-        self, server_round: int, node: int, declarations: list[Declaration], phase: Optional[str]
-    ) -> None:
-        """Book what ``node`` declared (each under its own relation); a subclass may book more, never less."""
-        for declaration in declarations:
-            self.ledger.record(
-                declaration.event,
-                server_round=server_round,
+    def declaration_bookings(self, node: int, declarations: list[Declaration], phase: Optional[str]) -> list[Booking]:
+        """What to book for ``node``'s declarations (each under its own relation); a subclass may book more,
+        never less."""
+        return [
+            Booking(
+                d.event,
+                d.label,
                 client=node,
-                label=declaration.label,
-                neighboring_relation=declaration.neighboring_relation,
-                replace_one_event=declaration.replace_one_event,
+                neighboring_relation=d.neighboring_relation,
+                replace_one_event=d.replace_one_event,
             )
+            for d in declarations
+        ]
 
     def drop_rejected(
         self, server_round: int, replies: list[Message], indices: Iterable[int], reason: str, rejected: Counter[str]
@@ -506,6 +554,7 @@ def undeclared_replies(replies: Iterable[Message]) -> set[int]:
 
 
 __all__ = [
+    "Booking",
     "ClientAccountingMixin",
     "PHASES",
     "log_received",

@@ -4,7 +4,7 @@ Flower's FedAvg aborts a whole round's aggregation (``InconsistentMessageReplies
 when one reply has two ArrayRecords or different keys, and it averages NaN
 into the global model without a word. Every strategy of this package instead
 puts each train *and* evaluate reply through this one screening path (driven by
-:meth:`.client_accounting.ClientAccountingMixin.screen_and_book`), drops the bad
+:meth:`.client_accounting.ClientAccountingMixin.screen`), drops the bad
 ones with a named reason, counts them per reason on the server (log and
 ``rejections``, never the round's metrics: :mod:`.client_accounting`), then aggregates the
 rest. Whether a reply is accepted depends on that reply alone (and on what the

@@ -9,17 +9,20 @@ dp-accounting's ``compose()`` owns the bookkeeping):
    :meth:`AccountedRound.instruct_evaluate` chooses the nodes and writes their instructions; the
    template remembers what it sent, so the identity check of step 1 holds whatever the hook does
    (a hook cannot switch it off by not chaining to a parent);
-1. **screen** (:meth:`ClientAccountingMixin.screen_and_book`): failed replies, identity,
-   declarations (booked for the replying node), then the strategy's content check
+1. **screen** (:meth:`ClientAccountingMixin.screen`, which books nothing): failed replies, identity,
+   declarations (to be booked for the replying node in step 3), then the strategy's content check
    (:meth:`AccountedRound.train_check` / :meth:`AccountedRound.evaluate_check`);
 2. **release**: the strategy's mechanism, :meth:`AccountedRound.release_train` /
    :meth:`AccountedRound.release_evaluate`, which gets the :class:`Screened` replies and
    returns a :class:`Release`: the arrays, the metrics and the :class:`Booking` of every DP
    event it caused; it books nothing itself;
-3. **book** every booking in its ledger (the strategy's main ledger unless it names another),
-   and, for a strategy with :attr:`AccountedRound.undeclared_label`, a ``NonPrivateDpEvent``
+3. **book**, once, every booking in its ledger (the strategy's main ledger unless it names another):
+   screening's (each declaration; a ``NonPrivateDpEvent`` for a rejected reply that declared nothing),
+   the release's, and, for a strategy with :attr:`AccountedRound.undeclared_label`, a ``NonPrivateDpEvent``
    for every accepted train reply that declared nothing (the raw update reached the server);
-4. **save** every ledger of the strategy to its file (when it has one);
+4. **save** every ledger of the strategy to its file (when it has one), after every release, booked or not
+   (a release may move state kept with the ledger, as BandMF's noise stream);
+   if the release raises, screening's bookings are booked and saved before the error goes on;
 5. **publish** the release's metrics with the ledger's figures (:meth:`round_metrics`); the
    counts of rejected and failed replies stay in the server log.
 
@@ -37,36 +40,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional, cast
 
-from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
+from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
 from ..declarations import Declaration
 from ..privacy import PrivacyLedger
-from .client_accounting import ClientAccountingMixin, ContentCheck, undeclared_replies
+from .client_accounting import Booking, ClientAccountingMixin, ContentCheck, undeclared_replies
 from .metrics import aggregate_reply_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight
 from .streaming_aggregation import NonFiniteReplies, single_threaded_blas
 
 TEMPLATE_METHODS = ("configure_train", "configure_evaluate", "aggregate_train", "aggregate_evaluate")
-
-
-@dataclass(frozen=True)
-class Booking:
-    """One DP event a release caused, booked by the template.
-
-    ``client``: the node whose data it is about (None: a central event, every client's);
-    ``neighboring_relation``: the relation ``event`` is stated under (None: the ledger's);
-    ``replace_one_event``: its tighter replace-one form, if the mechanism has one;
-    ``ledger``: the ledger to book it in (None: the strategy's main ledger).
-    """
-
-    event: DpEvent
-    label: str
-    client: Optional[int] = None
-    neighboring_relation: Optional[str] = None
-    replace_one_event: Optional[DpEvent] = None
-    ledger: Optional[PrivacyLedger] = None
 
 
 @dataclass
@@ -100,6 +85,8 @@ class Screened:
     declarations: dict[int, list[Declaration]]
     strategy: "AccountedRound"
     passed: list[Message] = field(default_factory=list)
+    #: what screening found to book (declarations; undeclared rejected updates), booked with the release's
+    bookings: list[Booking] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.passed = list(self.accepted)
@@ -267,8 +254,8 @@ class AccountedRound(ClientAccountingMixin):
         if self.skip_train(server_round):
             return None, None
         screened = self._screen(server_round, replies, "train", self.train_check(), self.undeclared_label)
-        release = self.release_train(server_round, screened)
-        bookings = list(release.bookings)
+        release = self._run_release(server_round, screened, self.release_train)
+        bookings = list(screened.bookings) + list(release.bookings)
         if self.undeclared_label is not None:
             bookings += [
                 Booking(NonPrivateDpEvent(), self.undeclared_label, client=int(r.metadata.src_node_id))
@@ -282,9 +269,20 @@ class AccountedRound(ClientAccountingMixin):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> Optional[MetricRecord]:
         """Screen → release (metrics) → book → save → publish."""
         screened = self._screen(server_round, replies, "evaluate", self.evaluate_check(), None)
-        release = self.release_evaluate(server_round, screened)
-        self._book(server_round, release.bookings)
+        release = self._run_release(server_round, screened, self.release_evaluate)
+        self._book(server_round, list(screened.bookings) + list(release.bookings))
         return self._publish(release, screened)
+
+    def _run_release(
+        self, server_round: int, screened: Screened, mechanism: Callable[[int, Screened], Release]
+    ) -> Release:
+        """``mechanism(server_round, screened)``; if it raises, what screening found is booked first (the
+        clients' declared releases reached the server all the same), then the error goes on."""
+        try:
+            return mechanism(server_round, screened)
+        except BaseException:
+            self._book(server_round, screened.bookings)
+            raise
 
     def _publish(self, release: Release, screened: Screened) -> MetricRecord:
         metrics = self.round_metrics(release.metrics, screened.rejected)
@@ -304,27 +302,16 @@ class AccountedRound(ClientAccountingMixin):
         replies = list(replies)
         undeclared = undeclared_replies(replies)
         declarations: dict[int, list[Declaration]] = {}
-        accepted, rejected = self.screen_and_book(
+        accepted, rejected, bookings = self.screen(
             server_round, replies, check, phase=phase, undeclared_label=undeclared_label, declared=declarations
         )
-        return Screened(int(server_round), replies, accepted, rejected, undeclared, declarations, self)
+        screened = Screened(int(server_round), replies, accepted, rejected, undeclared, declarations, self)
+        screened.bookings = bookings
+        return screened
 
     def _book(self, server_round: int, bookings: list[Booking]) -> None:
-        """Book each event in its ledger, then save every ledger of the strategy (once)."""
-        if not bookings:
-            return
-        booked_round = self.booking_round(server_round)
-        for booking in bookings:
-            ledger = booking.ledger if booking.ledger is not None else self.ledger
-            ledger.record(
-                booking.event,
-                server_round=booked_round,
-                client=booking.client,
-                label=booking.label,
-                neighboring_relation=booking.neighboring_relation,
-                replace_one_event=booking.replace_one_event,
-            )
-        self.save_ledger()
+        """The book and save steps: every booking under :meth:`booking_round`, every ledger saved (once)."""
+        self.book(self.booking_round(server_round), bookings)
 
 
 def reply_contents(replies: Iterable[Message]) -> list[RecordDict]:

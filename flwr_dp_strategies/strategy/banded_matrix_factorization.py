@@ -411,8 +411,6 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self._save_state()
         event = self.release_event(release)
         bookings = [] if event is None else [Booking(event, EVENT_LABEL, neighboring_relation=ADD_OR_REMOVE_ONE)]
-        if not bookings:
-            self.save_ledger()  # nothing to book, the state moved on all the same
         return Release(ArrayRecord(out), None, bookings)
 
     def summary(self) -> None:

@@ -256,7 +256,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
         """Whether the wrapped strategy has a ledger: it screens and books its own train replies."""
         return getattr(self.strategy, "ledger", None) is not None
 
-    def screen_and_book(
+    def screen(
         self,
         server_round: int,
         replies: Iterable[Message],
@@ -265,14 +265,14 @@ class ClusterEvaluation(AccountedRound, Strategy):
         phase: Optional[str] = None,
         undeclared_label: Optional[str] = None,
         declared: Optional[dict[int, list[Declaration]]] = None,
-    ) -> tuple[list[Message], Counter[str]]:
-        """:meth:`ClientAccountingMixin.screen_and_book`, except for the train replies of a wrapped strategy
+    ) -> tuple[list[Message], Counter[str], list[Booking]]:
+        """:meth:`ClientAccountingMixin.screen`, except for the train replies of a wrapped strategy
         with a ledger: they reach it unread (it screens, books and logs them in its own accounted round,
         with their declarations), so every reply is handed on and nothing is counted here."""
         if phase == "train" and self._accounts_training():
             self.__dict__["_screened"] = (int(server_round), phase)
-            return list(replies), Counter()
-        return super().screen_and_book(
+            return list(replies), Counter(), []
+        return super().screen(
             server_round, replies, check, phase=phase, undeclared_label=undeclared_label, declared=declared
         )
 

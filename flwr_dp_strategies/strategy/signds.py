@@ -242,20 +242,17 @@ class SignDS(AccountedRound, FedAvg):
                 ", ".join(UPLOAD_KEYS),
             )
 
-    def book_declarations(
-        self, server_round: int, node: int, declarations: list[Declaration], phase: Optional[str]
-    ) -> None:
+    def declaration_bookings(self, node: int, declarations: list[Declaration], phase: Optional[str]) -> list[Booking]:
         """Train phase: the configured round event, once, plus any declaration that differs from it (D7)."""
         if phase != "train":
-            super().book_declarations(server_round, node, declarations, phase)
-            return
+            return super().declaration_bookings(node, declarations, phase)
         event = round_event(self.params.sign_eps, self.magrr.rr_epsilon)
-        self.ledger.record(event, server_round=server_round, client=node, label=EVENT_LABEL)
+        configured = Booking(event, EVENT_LABEL, client=node)
         if [event_key(d.event) for d in declarations] == [event_key(event)] and declarations[
             0
         ].neighboring_relation == self.ledger.neighboring_relation:
-            return
-        super().book_declarations(server_round, node, declarations, phase)
+            return [configured]
+        return [configured, *super().declaration_bookings(node, declarations, phase)]
 
     def _check(self, content: RecordDict, d: int) -> Optional[str]:
         """A reason to reject this upload, or None (see the module docstring)."""
