@@ -28,6 +28,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """Whatever a test does to the ``flwr`` logger (a script it runs sets it to ERROR, Flower's simulation
+    turns its propagation off) is undone after it, so ``caplog`` captures the same in any order and process."""
+    import logging
+
+    flwr_logger = logging.getLogger("flwr")
+    saved = (flwr_logger.level, flwr_logger.propagate, flwr_logger.disabled, logging.root.manager.disable)
+    yield
+    flwr_logger.setLevel(saved[0])
+    flwr_logger.propagate, flwr_logger.disabled = saved[1], saved[2]
+    logging.disable(saved[3])
+
+
 @pytest.fixture
 def task_identity():
     """Messages need a run/node/task id; set one as a ServerApp would, then restore."""
@@ -53,3 +67,26 @@ def tiny_benchmarks(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench")
     assert bench_run.main(["--tiny", "--out", str(out)]) == 0
     return out
+
+
+FAST_LANE_LIMIT_S = 10.0
+"""A test not marked ``slow`` must finish within this (setup, call and teardown each): the fast lane is the one
+CI reruns on the oldest Flower, and the one developers run."""
+
+_over_limit: list[tuple[str, str, float]] = []
+
+
+def pytest_runtest_logreport(report):
+    """Note every fast-lane test phase over :data:`FAST_LANE_LIMIT_S` (reports reach the controller under xdist)."""
+    if report.duration > FAST_LANE_LIMIT_S and "slow" not in report.keywords:
+        _over_limit.append((report.nodeid, report.when, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Name the fast-lane tests that ran over the limit: they belong in the slow lane (or must get faster)."""
+    if _over_limit:
+        terminalreporter.section("fast lane over its limit")
+        for nodeid, when, duration in sorted(_over_limit, key=lambda row: -row[2]):
+            terminalreporter.write_line(
+                f"{duration:6.1f} s {when:8s} {nodeid}: not marked slow, over {FAST_LANE_LIMIT_S:g} s"
+            )

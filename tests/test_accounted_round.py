@@ -189,3 +189,43 @@ def test_the_worked_example_releases_the_noisy_clipped_mean_and_books_one_gaussi
     fresh.record(GaussianDpEvent(z), server_round=1)
     assert metrics["privacy/epsilon"] == pytest.approx(fresh.epsilon())
     assert strategy.ledger.rounds() == [1]
+
+
+def test_the_registry_snippet_in_the_docs_runs_as_written(example, tmp_path):
+    """The page's registry entry, executed as printed, builds the strategy with the keyword arguments the
+    cross-cutting suites pass (the restart suite passes ``ledger_path`` and ``resume``)."""
+    import strategy_registry
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "architecture.md").read_text()
+    after = doc[doc.index("Then register it in `tests/strategy_registry.py`") :]
+    code = after[after.index("```python") + len("```python") : after.index("```", after.index("```python") + 9)]
+    namespace = {
+        "Entry": strategy_registry.Entry,
+        "NoisyClippedMean": example.NoisyClippedMean,
+        "N": strategy_registry.N,
+        "kwargs": strategy_registry.kwargs,
+    }
+    (entry,) = eval(code.strip(), namespace)  # noqa: S307  (the docs' own snippet)
+    strategy = entry.make(ledger_path=str(tmp_path / "ledger.json"), resume=False)
+    assert isinstance(strategy, example.NoisyClippedMean) and strategy.ledger_path == str(tmp_path / "ledger.json")
+    arrays, metrics = _round(strategy, 1, np.zeros(3), [np.ones(3)] * strategy_registry.N)
+    assert arrays is not None and metrics["privacy/epsilon"] > 0
+
+
+class _RejectsAStranger(AccountedFedAvg):
+    """A release that tries to reject a reply that is not one of the accepted ones (an index into another list
+    used to reject whichever accepted reply sat at that position)."""
+
+    def release_train(self, server_round, screened):
+        stranger = screened.replies[0]  # rejected by screening: not in accepted
+        screened.reject([stranger], "values")
+        return super().release_train(server_round, screened)
+
+
+def test_reject_takes_the_accepted_replies_themselves():
+    strategy = _RejectsAStranger(min_train_nodes=2, min_available_nodes=2)
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(2)))
+    replies = [_reply(messages[0], np.full(3, np.nan)), _reply(messages[1], np.ones(3))]
+    replies[0].content["metrics"] = MetricRecord({"num-examples": -1.0})  # screening rejects it (weight)
+    with pytest.raises(ValueError, match="not one of the accepted replies"):
+        strategy.aggregate_train(1, replies)

@@ -147,6 +147,7 @@ def _snapshot(ledger: PrivacyLedger) -> dict:
     return {c: ledger.epsilon(c) for c in ("a", "b", "c")} | {None: ledger.epsilon()}
 
 
+@pytest.mark.slow  # over 10 s (1 000 / 150 hypothesis examples): the full lane runs it
 @settings(
     max_examples=150,
     deadline=None,

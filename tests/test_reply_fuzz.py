@@ -242,6 +242,7 @@ CASES = st.tuples(
 )
 
 
+@pytest.mark.slow  # over 10 s (1 000 / 150 hypothesis examples): the full lane runs it
 @settings(
     max_examples=1000,
     deadline=None,

@@ -18,7 +18,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from loopback import LoopbackGrid, run_round
 from strategy_registry import REGISTRY, rejection_counts
-from flwr_dp_strategies.rounds.template import Release
+from flwr_dp_strategies.rounds.template import RoundRelease
 from flwr_dp_strategies import AccountedFedAvg, ClusterEvaluation, ShuffleAmplifiedFedAvg, SignDS, declare_release
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.cluster_scores import cluster_scores
@@ -438,7 +438,7 @@ def test_cluster_does_not_score_replies_with_a_bad_weight_and_adds_the_wrapped_r
     class Inner(AccountedFedAvg):
         def release_evaluate(self, server_round, screened):
             screened.rejected["metrics"] += 2
-            return Release(metrics=MetricRecord({"acc": 1.0}))
+            return RoundRelease(metrics=MetricRecord({"acc": 1.0}))
 
     strategy = ClusterEvaluation(Inner(**fedavg_kwargs(5)), num_classes=3, laplace_eval_eps=10.0)
     msgs = configure_evaluate(strategy, 5)

@@ -18,9 +18,9 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.rng import RngSource
 from flwr_dp_strategies.rounds.central_release import fixed_denominator_release
-from flwr_dp_strategies.rounds.reply_screening import array_spec, reply_arrays, screen_train_content
+from flwr_dp_strategies.rounds.reply_screening import array_spec, screen_train_content
 from flwr_dp_strategies.rounds.streaming_aggregation import ClippedSum, npy_view
-from flwr_dp_strategies.rounds.template import AccountedRound, Booking, Release, Screened
+from flwr_dp_strategies.rounds.template import AccountedRound, Booking, RoundRelease, Screened
 
 
 class NoisyClippedMean(AccountedRound, FedAvg):
@@ -56,10 +56,12 @@ class NoisyClippedMean(AccountedRound, FedAvg):
             content, self._spec, self.weighted_by_key, check_values=False, max_weight=self.max_weight
         )
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         summed = ClippedSum({key: npy_view(a) for key, a in self.current.items()}, self.clipping_norm)
-        screened.reject(summed.add_records([reply_arrays(r) for r in screened.accepted]), "non-finite")
+        screened.add_clipped(summed)
         m = self.num_sampled_clients
         arrays = fixed_denominator_release(summed, m, self.noise_multiplier * self.clipping_norm / m, self.rng())
         event = GaussianDpEvent(self.noise_multiplier)  # sensitivity C/m, noise zC/m
-        return Release(arrays, None, [Booking(event, "noisy-clipped-mean", neighboring_relation="add_or_remove_one")])
+        return RoundRelease(
+            arrays, None, [Booking(event, "noisy-clipped-mean", neighboring_relation="add_or_remove_one")]
+        )

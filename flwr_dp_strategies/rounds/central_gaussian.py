@@ -63,9 +63,9 @@ from .central_release import (
 )
 from .client_accounting import ContentCheck, check_ledger_types
 from .metrics import aggregate_reply_metrics
-from .reply_screening import array_spec, reply_arrays, screen_train_content
+from .reply_screening import array_spec, screen_train_content
 from .streaming_aggregation import ClippedSum, npy_view, to_array
-from .template import AccountedRound, Booking, Release, Screened
+from .template import AccountedRound, Booking, RoundRelease, Screened
 
 SAMPLING = ("poisson", "fixed")
 CLIPPING = ("fixed", "adaptive")
@@ -325,7 +325,7 @@ class CentralGaussianRound(AccountedRound):
             content, self._spec, key, check_values=False, max_weight=self.max_weight
         )
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Clip and add the updates, divide by m, add the noise; with adaptive clipping also the noisy
         unclipped fraction and the next C. The round's event is booked even for an empty sample (it is a
         release: w + noise), except with fixed clipping and fixed-size sampling, where a round without a
@@ -339,7 +339,7 @@ class CentralGaussianRound(AccountedRound):
         accepted = screened.accepted
         if self.clipping == "fixed" and self.sampling == "fixed":
             if not accepted or (self.accountant is not None and not _flower_valid(accepted, self.num_sampled_clients)):
-                return Release()
+                return RoundRelease()
         m = self.num_sampled_clients
         generator = self.rng()
         metrics: Optional[MetricRecord] = None
@@ -370,7 +370,7 @@ class CentralGaussianRound(AccountedRound):
                 else MetricRecord()
             )
             metrics = published if metrics is None else _merged(published, metrics)
-        return Release(arrays, metrics, bookings)
+        return RoundRelease(arrays, metrics, bookings)
 
     def server_step(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
         """The wrapped strategy's server update on the DP release (:func:`.central_release.server_step`:
@@ -380,7 +380,7 @@ class CentralGaussianRound(AccountedRound):
     def add_updates(self, server_round: int, summed: ClippedSum, screened: Screened) -> int:
         """Clip and add every accepted update to ``summed`` (NaN/inf: rejected as ``non-finite``); the number
         of updates left unscaled (the unclipped bits :math:`b_i = 1`)."""
-        screened.reject(summed.add_records([reply_arrays(r) for r in screened.accepted]), "non-finite")
+        screened.add_clipped(summed)
         return summed.count - summed.clipped
 
     def _fixed_release(self, summed: ClippedSum, generator: np.random.Generator) -> ArrayRecord:

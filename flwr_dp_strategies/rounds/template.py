@@ -14,7 +14,7 @@ dp-accounting's ``compose()`` owns the bookkeeping):
    (:meth:`AccountedRound.train_check` / :meth:`AccountedRound.evaluate_check`);
 2. **release**: the strategy's mechanism, :meth:`AccountedRound.release_train` /
    :meth:`AccountedRound.release_evaluate`, which gets the :class:`Screened` replies and
-   returns a :class:`Release`: the arrays, the metrics and the :class:`Booking` of every DP
+   returns a :class:`RoundRelease`: the arrays, the metrics and the :class:`Booking` of every DP
    event it caused; it books nothing itself;
 3. **book**, once, every booking in its ledger (the strategy's main ledger unless it names another):
    screening's (each declaration; a ``NonPrivateDpEvent`` for a rejected reply that declared nothing),
@@ -48,14 +48,14 @@ from ..declarations import Declaration
 from ..privacy import PrivacyLedger
 from .client_accounting import Booking, ClientAccountingMixin, ContentCheck, undeclared_replies
 from .metrics import aggregate_reply_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight
-from .streaming_aggregation import NonFiniteReplies, single_threaded_blas
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, reply_arrays
+from .streaming_aggregation import ClippedSum, NonFiniteReplies, single_threaded_blas
 
 TEMPLATE_METHODS = ("configure_train", "configure_evaluate", "aggregate_train", "aggregate_evaluate")
 
 
 @dataclass
-class Release:
+class RoundRelease:
     """What a mechanism released in one round: the arrays (None: no new model), the metrics
     published beside them (the ledger's figures are added by the template) and its bookings."""
 
@@ -91,18 +91,31 @@ class Screened:
     def __post_init__(self) -> None:
         self.passed = list(self.accepted)
 
-    def reject(self, indices: Iterable[int], reason: str) -> list[Message]:
-        """Reject ``accepted[i]`` for each index (logged, counted under ``reason``); the others, also kept as
-        :attr:`accepted`."""
-        return self.reject_each({index: reason for index in indices})
+    def reject(self, replies: Iterable[Message], reason: str) -> list[Message]:
+        """Reject each of ``replies`` (each one of :attr:`accepted`; logged, counted under ``reason``); the
+        others, also kept as :attr:`accepted`."""
+        return self.reject_each([(reply, reason) for reply in replies])
 
-    def reject_each(self, reasons: Mapping[int, str]) -> list[Message]:
-        """Reject ``accepted[i]`` for ``reason`` for each ``i: reason`` (in index order); the others, kept as
-        :attr:`accepted`."""
+    def reject_each(self, rejections: Iterable[tuple[Message, str]]) -> list[Message]:
+        """Reject each ``(reply, reason)`` (the reply one of :attr:`accepted`, by identity: never an index that
+        could refer to another list); the others, kept as :attr:`accepted`, in their order."""
+        position = {id(reply): index for index, reply in enumerate(self.accepted)}
+        reasons: dict[int, str] = {}
+        for reply, reason in rejections:
+            if id(reply) not in position:
+                raise ValueError("reject: the reply is not one of the accepted replies of this round")
+            reasons[position[id(reply)]] = reason
         for index in sorted(reasons):
             self.strategy.drop_rejected(self.server_round, [self.accepted[index]], [0], reasons[index], self.rejected)
         self.accepted = [reply for index, reply in enumerate(self.accepted) if index not in reasons]
         return self.accepted
+
+    def add_clipped(self, summed: ClippedSum) -> list[Message]:
+        """Clip and add every accepted reply's arrays to ``summed``; those holding NaN/inf are rejected as
+        ``non-finite`` before any of their values is added. The replies added."""
+        replies = list(self.accepted)
+        bad = summed.add_records([reply_arrays(reply) for reply in replies])
+        return self.reject([replies[index] for index in bad], "non-finite")
 
     def finite(self, aggregate: Callable[[list[Message]], Any]) -> tuple[Any, list[Message]]:
         """``aggregate(accepted)``, again without the replies it reports as non-finite (it raises
@@ -114,7 +127,8 @@ class Screened:
             except NonFiniteReplies as err:
                 if not err.indices:
                     raise
-                self.reject(err.indices, "non-finite")
+                tried = list(self.accepted)
+                self.reject([tried[index] for index in err.indices], "non-finite")
         return None, []
 
 
@@ -200,7 +214,7 @@ class AccountedRound(ClientAccountingMixin):
         """The content check of a train reply (a reason to reject it, or None); None: no check."""
         return None
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """The mechanism: what is released from the screened train replies, and its bookings."""
         raise NotImplementedError
 
@@ -209,12 +223,12 @@ class AccountedRound(ClientAccountingMixin):
         key = self.fedavg.weighted_by_key
         return lambda content: check_weight(content, key, self.max_weight)
 
-    def release_evaluate(self, server_round: int, screened: Screened) -> Release:
+    def release_evaluate(self, server_round: int, screened: Screened) -> RoundRelease:
         """Flower's evaluate metrics over the accepted replies (``evaluate_metrics_aggr_fn``)."""
         if not screened.accepted:
-            return Release()
+            return RoundRelease()
         fedavg = self.fedavg
-        return Release(
+        return RoundRelease(
             metrics=aggregate_reply_metrics(
                 fedavg.evaluate_metrics_aggr_fn, [r.content for r in screened.accepted], fedavg.weighted_by_key
             )
@@ -274,8 +288,8 @@ class AccountedRound(ClientAccountingMixin):
         return self._publish(release, screened)
 
     def _run_release(
-        self, server_round: int, screened: Screened, mechanism: Callable[[int, Screened], Release]
-    ) -> Release:
+        self, server_round: int, screened: Screened, mechanism: Callable[[int, Screened], RoundRelease]
+    ) -> RoundRelease:
         """``mechanism(server_round, screened)``; if it raises, what screening found is booked first (the
         clients' declared releases reached the server all the same), then the error goes on."""
         try:
@@ -284,7 +298,7 @@ class AccountedRound(ClientAccountingMixin):
             self._book(server_round, screened.bookings)
             raise
 
-    def _publish(self, release: Release, screened: Screened) -> MetricRecord:
+    def _publish(self, release: RoundRelease, screened: Screened) -> MetricRecord:
         metrics = self.round_metrics(release.metrics, screened.rejected)
         if release.ledger_figures is not None:
             for key, value in release.ledger_figures().items():
@@ -319,4 +333,4 @@ def reply_contents(replies: Iterable[Message]) -> list[RecordDict]:
     return [reply.content for reply in replies]
 
 
-__all__ = ["AccountedRound", "Booking", "Release", "Screened", "TEMPLATE_METHODS", "reply_contents"]
+__all__ = ["AccountedRound", "Booking", "RoundRelease", "Screened", "TEMPLATE_METHODS", "reply_contents"]

@@ -62,7 +62,7 @@ from ..rounds.reply_screening import (
     screen_train_content,
 )
 from ..rounds.streaming_aggregation import mean_of_records
-from ..rounds.template import AccountedRound, Release, Screened
+from ..rounds.template import AccountedRound, RoundRelease, Screened
 
 NON_PRIVATE_LABEL = "update/undeclared (non-private)"
 
@@ -174,14 +174,14 @@ class AccountedFedAvg(AccountedRound, FedAvg):
             max_weight=self.max_weight,
         )
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """FedAvg's weighted mean of the accepted replies, streamed (replies found non-finite are rejected and
         the others aggregated again); no noise: the clients' declared releases are booked by screening."""
         result, _ = screened.finite(self.weighted_mean)
         if result is None:
-            return Release()
+            return RoundRelease()
         arrays, metrics = result
-        return Release(arrays, metrics)
+        return RoundRelease(arrays, metrics)
 
     def weighted_mean(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """FedAvg's weighted mean of ``replies`` (non-empty) and Flower's train-metric aggregation; raises

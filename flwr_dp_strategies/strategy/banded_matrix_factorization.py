@@ -79,9 +79,9 @@ from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import CentralGaussianRound
 from ..rounds.central_release import check_mean_based, poisson_sample, sampled_train_instructions
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, reply_arrays
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec
 from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array
-from ..rounds.template import Booking, Release, Screened
+from ..rounds.template import Booking, RoundRelease, Screened
 
 EVENT_LABEL = "central-gaussian/banded-matrix-factorization"
 STATE_NAME = "banded-matrix-factorization"
@@ -379,18 +379,18 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             return np.random.default_rng([self._seed, release, 0 if purpose == "noise" else 1])
         return self.rng()  # a fresh OS-entropy generator per release unless a Generator was given
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Refuse the replies that break the rule, clip and add the others, add row t of zC·C_b⁻¹Z, divide
         by m; book release t's increment; keep the noise state and the participation with the ledger."""
         release = self._release if self._release is not None else self.releases + 1
-        refused = {
-            i: PARTICIPATION
-            for i, reply in enumerate(screened.accepted)
+        refused = [
+            reply
+            for reply in screened.accepted
             if self.participation.violation(int(reply.metadata.src_node_id), release) is not None
-        }
-        screened.reject_each(refused)
+        ]
+        screened.reject(refused, PARTICIPATION)
         summed = ClippedSum({key: npy_view(a) for key, a in self.current_arrays.items()}, self.clipping_norm)
-        screened.reject(summed.add_records([reply_arrays(r) for r in screened.accepted]), "non-finite")
+        screened.add_clipped(summed)
         self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
         if self.noise is None:
             self.noise = BandedNoise(self.coefficients, self._dimension)
@@ -411,7 +411,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self._save_state()
         event = self.release_event(release)
         bookings = [] if event is None else [Booking(event, EVENT_LABEL, neighboring_relation=ADD_OR_REMOVE_ONE)]
-        return Release(ArrayRecord(out), None, bookings)
+        return RoundRelease(ArrayRecord(out), None, bookings)
 
     def summary(self) -> None:
         """The factorisation, the rule and the privacy spent, then Flower's DP settings and the FedAvg's."""

@@ -121,19 +121,19 @@ class AccountedClientSideAdaptiveClipping(AdaptiveClippingMixin, DifferentialPri
         Returns the number of unclipped bits of the replies added."""
         keys = list(summed.reference)
         limit = clipped_norm_limit(summed.reference, summed.clipping_norm)
-        unclipped, reasons = 0, {}
-        for index, reply in enumerate(screened.accepted):
+        unclipped, rejections = 0, []
+        for reply in screened.accepted:
             bit = read_unclipped_bit(reply.content)
             if bit is None:
-                reasons[index] = "values"
+                rejections.append((reply, "values"))
                 continue
             record = reply_arrays(reply)
             norm = summed.add([record[key] for key in keys], limit=limit)
             if norm is None or norm > limit:
-                reasons[index] = "non-finite" if norm is None else "values"
+                rejections.append((reply, "non-finite" if norm is None else "values"))
             else:
                 unclipped += bit
-        screened.reject_each(reasons)
+        screened.reject_each(rejections)
         return unclipped
 
     def __repr__(self) -> str:

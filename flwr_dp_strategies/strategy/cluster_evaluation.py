@@ -107,7 +107,7 @@ from ..rounds.reply_screening import (
     named_record,
     screen_train_content,
 )
-from ..rounds.template import AccountedRound, Booking, Release, Screened
+from ..rounds.template import AccountedRound, Booking, RoundRelease, Screened
 from ..wire import CONFIG_LAPLACE_EVAL_EPS, CONFIG_PRIVACY_EVAL_TYPE
 
 PRIVACY_EVAL_TYPES = ("NOT_ENCRYPT", "LAPLACE")
@@ -282,7 +282,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
         spec = self._train_spec
         return lambda content: screen_train_content(content, spec, self._weight_key(), max_weight=self.max_weight)
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """The wrapped strategy's training aggregation.
 
         A wrapped strategy with a ledger gets every reply and screens and books them itself; its
@@ -299,7 +299,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
                 self._inner_counts_logged = True
             else:
                 screened.rejected["error"] += failed_replies(screened.replies, server_round)
-            return Release(arrays, metrics)
+            return RoundRelease(arrays, metrics)
         bookings = []
         if self._unaccounted_training:  # the declared ones: the template books the undeclared ones
             bookings = [
@@ -308,7 +308,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
                 if id(r) not in screened.undeclared
             ]
         arrays, metrics = self._wrapped_train(server_round, screened.accepted) if screened.accepted else (None, None)
-        return Release(arrays, metrics, bookings)
+        return RoundRelease(arrays, metrics, bookings)
 
     def note_rejections(
         self, rejected: Counter[str], phase: Optional[str] = None, server_round: Optional[int] = None
@@ -361,7 +361,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
         self._decoded = decoded
         return lambda content: self._check(content, decoded)
 
-    def release_evaluate(self, server_round: int, screened: Screened) -> Release:
+    def release_evaluate(self, server_round: int, screened: Screened) -> RoundRelease:
         """Score the inference results of the accepted replies, then the wrapped evaluation; bookings: a
         ``NonPrivateDpEvent`` for each inference result that came without a declaration."""
         decoded, accepted = self._decoded, screened.accepted
@@ -393,7 +393,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
         if self.eval_type != "NOT_EVAL":
             for key, value in self._score(with_points, decoded).items():
                 metrics[key] = value
-        return Release(metrics=metrics, bookings=bookings)
+        return RoundRelease(metrics=metrics, bookings=bookings)
 
     def _wrapped_evaluate(self, server_round: int, accepted: list[Message]) -> Optional[MetricRecord]:
         """The wrapped strategy's evaluation of the accepted replies.

@@ -87,7 +87,7 @@ from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
-from ..rounds.template import Booking, Release, Screened
+from ..rounds.template import Booking, RoundRelease, Screened
 
 EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
 
@@ -256,14 +256,14 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         self._params, self._calibration = params, calibration
         return messages
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Add the masked vectors, unmask, decode, apply FedAvg's (uniform) update; the round's Skellam event
         (add/remove) is booked when the sum is revealed, nothing but the un-noised records replies carried when
         the round aborts."""
         revealed = self.reveal_sum(server_round, screened)
         total, secure = revealed.total, revealed.secure
         if total is None or secure is None:
-            return Release(bookings=revealed.bookings)
+            return RoundRelease(bookings=revealed.bookings)
         assert self._params is not None and self._calibration is not None
         peak = peak_fraction(total, self._params.bits)
         if peak > WRAP_WARNING:
@@ -281,7 +281,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             {"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier), "secagg/peak-fraction": peak}
         )
         event = Booking(self._calibration.event, EVENT_LABEL, neighboring_relation="add_or_remove_one")
-        return Release(arrays, metrics, [*revealed.bookings, event])
+        return RoundRelease(arrays, metrics, [*revealed.bookings, event])
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""

@@ -83,7 +83,7 @@ from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger, gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
-from ..rounds.template import Booking, Release, Screened
+from ..rounds.template import Booking, RoundRelease, Screened
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
@@ -229,15 +229,15 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         self._global_meta = {key: (v.shape, v.dtype) for key, v in values.items()}
         return super().instruct_train(server_round, arrays, config, grid)
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Divergences, per-layer selection, per-layer weighted mean; the selection's event is booked in
         ``selection_ledger`` (replies holding NaN/inf are rejected before anything is selected)."""
         result, replies = screened.finite(lambda accepted: self._select(server_round, accepted))
         if result is None:
-            return Release()
+            return RoundRelease()
         arrays, metrics = result
         event = selection_event(self.epsilon, self.num_selected, len(self._layers))
-        return Release(
+        return RoundRelease(
             arrays,
             metrics,
             [Booking(event, SELECTION_LABEL, ledger=self.selection_ledger)],

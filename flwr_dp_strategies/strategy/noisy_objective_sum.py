@@ -62,7 +62,7 @@ from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_argu
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies
-from ..rounds.template import Release, Screened
+from ..rounds.template import RoundRelease, Screened
 from ..wire import LINEAR_KEY, QUADRATIC_KEY
 
 MAX_COEFFICIENT_ABS = 1e100
@@ -171,14 +171,14 @@ class NoisyObjectiveSum(AccountedFedAvg):
         )
         return messages
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """The head solved from the running sum of the contributors' noisy objectives (post-processing of
         their declared releases, booked by screening)."""
         result, _ = screened.finite(self._sum_and_solve)
         if result is None:
-            return Release()
+            return RoundRelease()
         arrays, metrics = result
-        return Release(arrays, metrics)
+        return RoundRelease(arrays, metrics)
 
     def _sum_and_solve(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Add the new contributors' objectives to the running sum, solve, return the head.

@@ -65,7 +65,7 @@ from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
-from ..rounds.template import Booking, Release, Screened
+from ..rounds.template import Booking, RoundRelease, Screened
 
 EVENT_LABEL = "secure objective sum: Skellam sum of FM coefficients under secure aggregation"
 
@@ -248,14 +248,14 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             replace_one_event=calibration.replace_one_event,
         )
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Add the masked vectors, unmask, decode, repair and solve once; the release's Skellam event (add/remove,
         with its replace-one form) is booked when the sum is revealed, nothing but the un-noised records replies
         carried when the round aborts."""
         revealed = self.reveal_sum(server_round, screened)
         total, secure = revealed.total, revealed.secure
         if total is None or secure is None:
-            return Release(bookings=revealed.bookings)
+            return RoundRelease(bookings=revealed.bookings)
         calibration = self._calibration
         assert calibration is not None
         event = Booking(
@@ -281,7 +281,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
                 "objective/noisy-count": float(self.objective.count),
             }
         )
-        return Release(
+        return RoundRelease(
             ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics, [*revealed.bookings, event]
         )
 

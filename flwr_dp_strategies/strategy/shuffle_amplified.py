@@ -79,7 +79,7 @@ from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
-from ..rounds.template import Booking, Release, Screened
+from ..rounds.template import Booking, RoundRelease, Screened
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, metric_scalar, records_of, reply_arrays
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
@@ -194,18 +194,18 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
             self.planned_rounds = check_int("num_rounds", num_rounds, minimum=1)
         return super().start(grid, initial_arrays, num_rounds, *args, **kwargs)
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Split into layers, shuffle with the weights, forget the senders, average per layer; the FMT event
         of the round (or the loss of amplification) is booked in ``shuffle_ledger``."""
         result, replies = screened.finite(self._shuffle_and_average)
         if result is None:
-            return Release()
+            return RoundRelease()
         arrays, metrics, weights, layers = result
         declared = [_declared_epsilon(screened.declarations.get(id(r), [])) for r in replies]
         figures, bookings = self._shuffle_metrics(server_round, declared, weights, layers)
         for key, value in figures.items():
             metrics[key] = float(value)
-        return Release(arrays, metrics, bookings, ledger_figures=self._shuffle_epsilon)
+        return RoundRelease(arrays, metrics, bookings, ledger_figures=self._shuffle_epsilon)
 
     def _shuffle_and_average(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord, list[float], int]:
         reports, weights, keys = split_into_layers([r.content for r in replies], self.weighted_by_key, self.layer_of)

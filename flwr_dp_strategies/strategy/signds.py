@@ -82,7 +82,7 @@ from ..rounds.metrics import aggregate_reply_metrics
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import npy_view, to_array
-from ..rounds.template import AccountedRound, Booking, Release, Screened
+from ..rounds.template import AccountedRound, Booking, RoundRelease, Screened
 from ..wire import SIGNDS_CONFIG_KEYS, SIGNDS_EVENT_LABEL
 
 UPLOAD_KEYS = ("indices", "sign", "b-hat")
@@ -190,7 +190,7 @@ class SignDS(AccountedRound, FedAvg):
         d = int(sum(npy_view(a).size for a in self._current.values()))
         return lambda content: self._check(content, d)
 
-    def release_train(self, server_round: int, screened: Screened) -> Release:
+    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """Rebuild the sign updates and average; MagRR for the next round. Bookings: the configured round event
         for each accepted upload that declared nothing, ``NonPrivateDpEvent`` for each rejected one that
         declared nothing (module docstring)."""
@@ -218,7 +218,7 @@ class SignDS(AccountedRound, FedAvg):
             **self._upload_sizes(accepted),
         }.items():
             metrics[f"signds/{key}"] = float(value)
-        return Release(arrays, metrics, self._undeclared_bookings(screened))
+        return RoundRelease(arrays, metrics, self._undeclared_bookings(screened))
 
     def _hint_missing_mod(self, server_round: int, replies: list[Message], model_keys: list[str]) -> None:
         """Once: say that replies carrying the model's own arrays come from clients without ``signds_mod``."""

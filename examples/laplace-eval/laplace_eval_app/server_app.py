@@ -43,7 +43,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.rounds.metrics import with_privacy_metrics
-from flwr_dp_strategies.rounds.template import Release, Screened
+from flwr_dp_strategies.rounds.template import RoundRelease, Screened
 from flwr_dp_strategies.strategy import ClusterEvaluation
 
 from . import task
@@ -72,7 +72,7 @@ class RecordingClusterEvaluation(ClusterEvaluation):
         """The last evaluate round's metrics with the ledger's figures (None before the first round)."""
         return None if self._released is None else with_privacy_metrics(self._released, self.ledger)
 
-    def release_evaluate(self, server_round: int, screened: Screened) -> Release:
+    def release_evaluate(self, server_round: int, screened: Screened) -> RoundRelease:
         """Record the inference vectors, then :meth:`ClusterEvaluation.release_evaluate`."""
         received = sorted(
             (
