@@ -78,4 +78,5 @@ def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
     # plain clients declare nothing: their dense updates are booked as non-private, never as epsilon = 0
     assert results["AccountedFedAvg"]["train"]["privacy/epsilon"] == math.inf
     assert results["SignDS"]["train"]["signds/values-per-client"] <= 100
-    assert results["ClusterEvaluation"]["evaluate"]["cluster/missing"] == 4  # no inference results: not scored
+    # no inference results: not scored; the count of replies without one stays in the server's log
+    assert "cluster/missing" not in results["ClusterEvaluation"]["evaluate"]

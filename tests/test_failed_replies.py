@@ -240,7 +240,7 @@ def test_cluster_evaluation_scores_and_books_the_survivors():
     points = [np.array([0.9, 0.05, 0.05]) if i % 2 else np.array([0.05, 0.9, 0.05]) for i in range(n)]
     msgs, metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m, LaplaceDpEvent(0.1), points[i]), n)
     assert_failed_count(strategy, metrics, 1, "evaluate")
-    assert metrics["cluster/points"] == n - 1
+    assert strategy.server_figures["evaluate"]["cluster/points"] == n - 1
     assert set(strategy.points_history[-1]) == {m.metadata.dst_node_id for m in msgs[1:]}
     assert set(strategy.ledger.clients) == {node(m) for m in msgs[1:]}
     assert metrics["privacy/epsilon"] == pytest.approx(10.0, rel=1e-3)

@@ -176,7 +176,7 @@ def test_cluster_evaluation_sends_mode_scores_and_rejects_bad_vectors():
     assert config["privacy-eval-type"] == "LAPLACE" and config["laplace-eval-eps"] == 50.0
     assert config["eval-type"] == "CALINSKI_HARABASZ_SCORE"
     assert strategy.rejections["evaluate"]["non-finite"] == 1 and strategy.rejections["evaluate"]["shape"] == 1
-    assert metrics["cluster/points"] == n - 2
+    assert strategy.server_figures["evaluate"]["cluster/points"] == n - 2
     expected = cluster_scores(np.stack(points[2:]))
     assert metrics["unsupervised-eval"] == pytest.approx(expected["calinski-harabasz"])
     assert metrics["accuracy"] == pytest.approx(0.9)  # the wrapped strategy's evaluation is kept
@@ -195,7 +195,7 @@ def test_cluster_client_num_caps_the_points_and_run_config_keys_are_read():
     )
     assert strategy.privacy_eval_type == "NOT_ENCRYPT" and strategy.cluster_client_num == 4
     _, metrics = evaluate_round(strategy, list(clustered_points(n)))
-    assert metrics["cluster/points"] == 4
+    assert strategy.server_figures["evaluate"]["cluster/points"] == 4
     assert metrics["privacy/epsilon"] == float("inf")  # un-noised results are booked as non-private
     assert set(strategy.points_history[-1]) == set(range(101, 105))  # scored in node-id order
     with pytest.raises(ValueError, match="eval_type"):

@@ -104,8 +104,8 @@ def test_strategy_divergence_metrics_match_brute_force():
     arrays[0]["l.bias"][0] = -1e-3  # global 0 -> negative: a flip
     _, metrics = strategy.aggregate_train(1, [reply_to(m, a) for m, a in zip(msgs, arrays)])
     expected = [brute_force_divergence(list(current.values()), [a[k] for k in current]) for a in arrays]
-    assert metrics["selection/mean-divergence"] == pytest.approx(np.mean(expected), abs=1e-12)
-    assert metrics["selection/layers"] == 1 and metrics["selection/candidates"] == n
+    assert strategy.server_figures["train"]["selection/mean-divergence"] == pytest.approx(np.mean(expected), abs=1e-12)
+    assert metrics["selection/layers"] == 1 and strategy.server_figures["train"]["selection/candidates"] == n
 
 
 # ---------------------------------------------------------------------- 2. deterministic variant
@@ -141,10 +141,15 @@ def test_epsilon_none_picks_the_k_lowest_divergences_per_layer_and_averages_them
     np.testing.assert_allclose(got["b.weight"], weighted_mean("b.weight", [3, 1]), rtol=1e-6)
     np.testing.assert_allclose(got["c"], weighted_mean("c", [0, 1]))  # ties: reply order
     assert got["b.weight"].dtype == np.float32 and got["a.weight"].dtype == np.float64
-    assert metrics["selection/k"] == k and metrics["selection/candidates"] == n
+    assert (
+        strategy.server_figures["train"]["selection/k"] == k
+        and strategy.server_figures["train"]["selection/candidates"] == n
+    )
     dvg = np.array([flips_a, flips_b, [0] * n]) / 10.0
-    assert metrics["selection/mean-divergence"] == pytest.approx(dvg.mean())
-    assert metrics["selection/mean-divergence-selected"] == pytest.approx((0 + 0.1 + 0 + 0.2 + 0 + 0) / 6)
+    assert strategy.server_figures["train"]["selection/mean-divergence"] == pytest.approx(dvg.mean())
+    assert strategy.server_figures["train"]["selection/mean-divergence-selected"] == pytest.approx(
+        (0 + 0.1 + 0 + 0.2 + 0 + 0) / 6
+    )
     assert metrics["selection/epsilon"] == math.inf
     assert metrics["loss"] == pytest.approx(0.5)  # FedAvg's metrics aggregation over all accepted replies
 
@@ -272,8 +277,10 @@ def test_malformed_replies_are_rejected_and_the_round_uses_the_valid_ones():
     ]
     out, metrics = strategy.aggregate_train(1, replies)
     assert strategy.rejections["train"]["non-finite"] == 1 and strategy.rejections["train"]["shape"] == 1
-    assert metrics["selection/candidates"] == 2
-    assert metrics["selection/k"] == 2 and metrics["selection/k-requested"] == 3  # fewer than k: all of them
+    assert strategy.server_figures["train"]["selection/candidates"] == 2
+    assert (
+        strategy.server_figures["train"]["selection/k"] == 2 and metrics["selection/k-requested"] == 3
+    )  # fewer than k: all of them
     np.testing.assert_allclose(out["fc.weight"].numpy(), np.full(3, 3.5))  # (1·2 + 3·4) / 4
     np.testing.assert_allclose(out["fc.bias"].numpy(), np.full(2, 3.5))
 

@@ -154,8 +154,8 @@ def test_head_is_the_solution_of_the_summed_released_objectives_and_epsilon_does
         head = arrays["head.weight"].numpy()
         heads.append(head)
         epsilons.append(metrics["privacy/epsilon"])
-        assert metrics["objective/clients"] == 4
-        assert metrics["objective/new-clients"] == (4 if rnd == 1 else 0)
+        assert strategy.server_figures["train"]["objective/clients"] == 4
+        assert strategy.server_figures["train"]["objective/new-clients"] == (4 if rnd == 1 else 0)
         if rnd == 1:
             released = [uploaded(r, 500) for r in replies]
             expected = solve_objective(sum_statistics(released), ridge=1e-3)
@@ -286,7 +286,7 @@ def test_client_noise_std_sets_the_noise_adapted_ridge_of_the_contributors():
     )
     (arrays, metrics), _ = run_round(strategy, 1, np.zeros((Q, C)), clients, trainers, contexts)
     expected = 1e-4 + noise_adapted_ridge(sigma * math.sqrt(3), dim=Q, count=600, num_classes=C, fraction=0.5)
-    assert metrics["objective/ridge"] == pytest.approx(expected)
+    assert strategy.server_figures["train"]["objective/ridge"] == pytest.approx(expected)
     with pytest.raises(ValueError, match="client_noise_std"):
         NoisyObjectiveSum(num_classes=C, client_noise_std=0.0)
 

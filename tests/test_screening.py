@@ -394,11 +394,14 @@ def test_cluster_length_tie_does_not_resolve_toward_attackers():
     msgs = configure_evaluate(strategy, n)
     attack = [np.array([1.0, 0.0]), np.array([0.0, 1.0])] * 2
     metrics = strategy.aggregate_evaluate(1, [inference_reply(m, p) for m, p in zip(msgs, HONEST + attack)])
-    assert strategy.rejections["evaluate"]["shape"] == 0 and metrics["cluster/points"] == 0  # not scored
+    assert (
+        strategy.rejections["evaluate"]["shape"] == 0 and strategy.server_figures["evaluate"]["cluster/points"] == 0
+    )  # not scored
     pinned = ClusterEvaluation(FedAvg(**fedavg_kwargs(n)), laplace_eval_eps=10.0, num_classes=3)
     msgs = configure_evaluate(pinned, n)
     metrics = pinned.aggregate_evaluate(1, [inference_reply(m, p) for m, p in zip(msgs, HONEST + attack)])
-    assert pinned.rejections["evaluate"]["shape"] == 4 and metrics["cluster/points"] == 4
+    assert pinned.rejections["evaluate"]["shape"] == 4 and pinned.server_figures["evaluate"]["cluster/points"] == 4
+    assert "cluster/points" not in metrics  # a count of replies: server log only
     assert all(p.size == 3 for p in pinned.points_history[-1].values())
 
 
@@ -416,7 +419,7 @@ def test_cluster_rejects_non_real_and_absurd_inference_vectors(point, reason):
     msgs = configure_evaluate(strategy, 5)
     replies = [inference_reply(m, p) for m, p in zip(msgs, HONEST)] + [inference_reply(msgs[4], point)]
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert strategy.rejections["evaluate"][reason] == 1 and metrics["cluster/points"] == 4
+    assert strategy.rejections["evaluate"][reason] == 1 and strategy.server_figures["evaluate"]["cluster/points"] == 4
     assert np.isfinite([metrics["cluster/calinski-harabasz"], metrics["cluster/davies-bouldin"]]).all()
 
 
@@ -433,7 +436,7 @@ def test_cluster_does_not_score_replies_with_a_bad_weight_and_adds_the_wrapped_r
     msgs = configure_evaluate(strategy, 5)
     replies = [inference_reply(m, p) for m, p in zip(msgs, HONEST)] + [inference_reply(msgs[4], HONEST[0], 500.0)]
     metrics = strategy.aggregate_evaluate(1, replies)
-    assert strategy.rejections["evaluate"]["weight"] == 1 and metrics["cluster/points"] == 4
+    assert strategy.rejections["evaluate"]["weight"] == 1 and strategy.server_figures["evaluate"]["cluster/points"] == 4
 
     class Inner(AccountedFedAvg):
         def release_evaluate(self, server_round, screened):
@@ -446,6 +449,7 @@ def test_cluster_does_not_score_replies_with_a_bad_weight_and_adds_the_wrapped_r
     replies.append(inference_reply(msgs[4], HONEST[0], weight=math.nan))
     metrics = strategy.aggregate_evaluate(1, replies)
     assert strategy.rejections["evaluate"] == {"metrics": 2, "weight": 1}  # merged, not overwritten
+    assert "cluster/points" not in metrics
 
 
 def test_cluster_around_an_unaccounted_strategy_reports_infinite_train_epsilon():

@@ -35,6 +35,7 @@ runs SecAgg stages); it cannot replace the template: defining ``configure_train`
 from __future__ import annotations
 
 import os
+from logging import INFO
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from typing import Any, Optional, cast
 
 from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..declarations import Declaration
@@ -64,6 +66,17 @@ class RoundRelease:
     bookings: list[Booking] = field(default_factory=list)
     #: figures read from the strategy's ledgers once the bookings are made, added to ``metrics``
     ledger_figures: Optional[Callable[[], Mapping[str, float]]] = None
+    #: figures for the server's operator only (counts that move with who replied, un-noised statistics of the
+    #: replies): logged once and kept in :attr:`AccountedRound.server_figures`, never published
+    server_only: dict[str, float] = field(default_factory=dict)
+
+    def keep_on_server(self, *keys: str) -> "RoundRelease":
+        """Move ``keys`` (those present) from :attr:`metrics` to :attr:`server_only`; this release."""
+        if self.metrics is not None:
+            for key in keys:
+                if key in self.metrics:
+                    self.server_only[key] = float(self.metrics.pop(key))  # type: ignore[arg-type]
+        return self
 
 
 @dataclass
@@ -299,11 +312,33 @@ class AccountedRound(ClientAccountingMixin):
             raise
 
     def _publish(self, release: RoundRelease, screened: Screened) -> MetricRecord:
+        self._keep_server_figures(screened.server_round, release.server_only)
         metrics = self.round_metrics(release.metrics, screened.rejected)
         if release.ledger_figures is not None:
             for key, value in release.ledger_figures().items():
                 metrics[key] = float(value)
         return metrics
+
+    def _keep_server_figures(self, server_round: int, figures: Mapping[str, float]) -> None:
+        """Log the release's server-only figures (one INFO line) and keep them in :attr:`server_figures` under the
+        phase just screened; they never reach the round's metrics."""
+        phase = self.__dict__.get("_screened", (None, "train"))[1] or "train"
+        kept = {key: float(value) for key, value in figures.items()}
+        self.__dict__.setdefault("_server_figures", {})[phase] = kept
+        if kept:
+            log(
+                INFO,
+                "Round %d, %s (server log only, not published): %s",
+                server_round,
+                phase,
+                ", ".join(f"{key}={value:g}" for key, value in sorted(kept.items())),
+            )
+
+    @property
+    def server_figures(self) -> dict[str, dict[str, float]]:
+        """``{phase: {name: value}}`` of the last round of each phase: the figures a release keeps for the
+        operator (:attr:`RoundRelease.server_only`), as :attr:`rejections` keeps the rejection counts."""
+        return self.__dict__.setdefault("_server_figures", {})
 
     def _screen(
         self,

@@ -43,8 +43,10 @@ unsupervised evaluation to every evaluate round:
 3. Up to ``cluster_client_num`` accepted points are scored with scikit-learn on
    labels = argmax (:func:`flwr_dp_strategies.cluster_scores.cluster_scores`):
    ``cluster/silhouette``, ``cluster/calinski-harabasz``, ``cluster/davies-bouldin``,
-   ``cluster/points``, ``cluster/labels``, and ``unsupervised-eval`` = the
-   configured ``eval-type``'s score (MindSpore's metric).
+   ``cluster/labels``, and ``unsupervised-eval`` = the configured ``eval-type``'s score
+   (MindSpore's metric). ``cluster/points``, ``cluster/missing`` and ``cluster/length-mismatch``
+   (counts of the replies) stay in the server log and
+   :attr:`~.template.AccountedRound.server_figures`.
 
 Failed replies (a SuperNode that died mid-round) are skipped, logged and counted
 (reason ``error``) with the rejected ones in :attr:`rejections` (training through a
@@ -393,7 +395,10 @@ class ClusterEvaluation(AccountedRound, Strategy):
         if self.eval_type != "NOT_EVAL":
             for key, value in self._score(with_points, decoded).items():
                 metrics[key] = value
-        return RoundRelease(metrics=metrics, bookings=bookings)
+        # counts of the replies with (and without) an inference point move with who replied
+        return RoundRelease(metrics=metrics, bookings=bookings).keep_on_server(
+            "cluster/missing", "cluster/length-mismatch", "cluster/points"
+        )
 
     def _wrapped_evaluate(self, server_round: int, accepted: list[Message]) -> Optional[MetricRecord]:
         """The wrapped strategy's evaluation of the accepted replies.

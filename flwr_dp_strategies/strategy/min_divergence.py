@@ -24,7 +24,7 @@ draws (:func:`~flwr_dp_strategies.privacy.gumbel_top_k`). The paper writes
 ε/(2nΔ): its extra 1/n is the same as passing ``epsilon / n`` here. With
 ``epsilon=None``: the paper's "non-sampling" variant, the k lowest divergences
 (ties broken by reply order). With fewer than k accepted replies, all are used
-(``selection/k`` < ``selection/k-requested`` in the metrics).
+(``selection/k`` < ``selection/k-requested``; ``selection/k`` is in the server log).
 
 Privacy accounting. The selection is computed from the updates the clients
 released to the server, so *against the server* it is post-processing of those
@@ -60,11 +60,12 @@ Caveat: ε_sel bounds what the *choice* reveals. The new global model also
 contains the picked updates themselves; their content is protected only by what
 the clients released (:attr:`ledger`), not by this selection.
 
-Round metrics: FedAvg's aggregate of all accepted replies' metrics, plus
-``selection/k``, ``selection/k-requested``, ``selection/candidates``,
-``selection/layers``, ``selection/mean-divergence`` (all candidates),
-``selection/mean-divergence-selected`` and ``selection/epsilon`` (the selection
-ledger's ε), and the ``privacy/*`` entries of the base class.
+Round metrics: FedAvg's aggregate of all accepted replies' metrics, plus the public
+``selection/k-requested`` and ``selection/layers``, ``selection/epsilon`` (the selection
+ledger's ε), and the ``privacy/*`` entries of the base class. ``selection/k``,
+``selection/candidates`` (the number of accepted replies), ``selection/mean-divergence`` (all
+candidates) and ``selection/mean-divergence-selected`` (un-noised statistics of the updates) stay in
+the server log and :attr:`~.template.AccountedRound.server_figures` (:data:`SERVER_ONLY`).
 """
 
 from __future__ import annotations
@@ -152,6 +153,17 @@ def selection_event(epsilon: Optional[float], k: int, num_layers: int) -> DpEven
     if epsilon is None:
         return NonPrivateDpEvent()
     return SelfComposedDpEvent(ExponentialMechanismDpEvent(epsilon / 2.0), k * num_layers)
+
+
+SERVER_ONLY = (
+    "selection/k",
+    "selection/candidates",
+    "selection/mean-divergence",
+    "selection/mean-divergence-selected",
+)
+"""Figures of the selection kept in the server log (:attr:`~.template.AccountedRound.server_figures`), never
+published: the number of candidates is the number of accepted replies, and the divergences are un-noised
+statistics of the clients' updates."""
 
 
 class MinDivergenceExpSampling(AccountedFedAvg):
@@ -242,7 +254,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
             metrics,
             [Booking(event, SELECTION_LABEL, ledger=self.selection_ledger)],
             ledger_figures=self._selection_epsilon,
-        )
+        ).keep_on_server(*SERVER_ONLY)
 
     def _select(self, server_round: int, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         if self._global_meta is None:

@@ -33,7 +33,7 @@ are a larger release *surface* than a head (q² + qc numbers instead of qc), but
 not a larger privacy loss: a head computed by the client is itself a function of
 them. Each node's objective is summed once: a node's later replies (identical,
 since the trainer releases once) are ignored, so re-sampled clients are not
-counted twice (``objective/clients`` counts the contributors so far).
+counted twice (``objective/clients``, in the server log only, counts the contributors so far).
 
 Replies are screened as in :class:`~.accounted_fedavg.AccountedFedAvg`, against
 the arrays the server expects back (``linear_key`` of shape (q, c') and
@@ -178,7 +178,10 @@ class NoisyObjectiveSum(AccountedFedAvg):
         if result is None:
             return RoundRelease()
         arrays, metrics = result
-        return RoundRelease(arrays, metrics)
+        # the contributor counts move with who replied; the ridge adapts to the noise of that many objectives
+        return RoundRelease(arrays, metrics).keep_on_server(
+            "objective/clients", "objective/new-clients", "objective/ridge"
+        )
 
     def _sum_and_solve(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord]:
         """Add the new contributors' objectives to the running sum, solve, return the head.

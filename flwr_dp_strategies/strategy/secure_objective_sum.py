@@ -281,9 +281,10 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
                 "objective/noisy-count": float(self.objective.count),
             }
         )
+        # the noise std is a function of the exact survivor count, the ridge adapts to it
         return RoundRelease(
             ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics, [*revealed.bookings, event]
-        )
+        ).keep_on_server("objective/noise-std", "objective/ridge")
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""

@@ -48,11 +48,12 @@ two or more compose to an infinite ε at δ (logged once).
 which every layer of every client still appears) and it is never booked.
 
 Train metrics: FedAvg's metric aggregation of the accepted replies, plus
-``shuffle/reports`` (n), ``shuffle/layers`` (m), ``shuffle/epsilon0`` (ε₀; inf
+``shuffle/layers`` (m), ``shuffle/epsilon0`` (ε₀; inf
 if some reply declared no finite pure ε), ``shuffle/epsilon`` and
 ``shuffle/delta``: ``shuffle_ledger``'s composed ε when every round was
 amplified, else the clients' own worst ε from ``self.ledger`` (no amplification
-claimed; the reason is logged once at INFO).
+claimed; the reason is logged once at INFO). ``shuffle/reports`` (n, the number of accepted
+reports) stays in the server log and :attr:`~.template.AccountedRound.server_figures`.
 
 Not covered by any figure here: the clients' train metrics, which reach the
 server unshuffled (not accounted, as elsewhere in this package).
@@ -205,7 +206,10 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         figures, bookings = self._shuffle_metrics(server_round, declared, weights, layers)
         for key, value in figures.items():
             metrics[key] = float(value)
-        return RoundRelease(arrays, metrics, bookings, ledger_figures=self._shuffle_epsilon)
+        # n, the number of reports, moves with who replied
+        return RoundRelease(arrays, metrics, bookings, ledger_figures=self._shuffle_epsilon).keep_on_server(
+            "shuffle/reports"
+        )
 
     def _shuffle_and_average(self, replies: list[Message]) -> tuple[ArrayRecord, MetricRecord, list[float], int]:
         reports, weights, keys = split_into_layers([r.content for r in replies], self.weighted_by_key, self.layer_of)

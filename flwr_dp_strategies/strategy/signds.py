@@ -218,7 +218,10 @@ class SignDS(AccountedRound, FedAvg):
             **self._upload_sizes(accepted),
         }.items():
             metrics[f"signds/{key}"] = float(value)
-        return RoundRelease(arrays, metrics, self._undeclared_bookings(screened))
+        # the debiased count of ones and the fallback flag are functions of how many uploads arrived
+        return RoundRelease(arrays, metrics, self._undeclared_bookings(screened)).keep_on_server(
+            "signds/debiased-ones", "signds/fallback"
+        )
 
     def _hint_missing_mod(self, server_round: int, replies: list[Message], model_keys: list[str]) -> None:
         """Once: say that replies carrying the model's own arrays come from clients without ``signds_mod``."""

@@ -125,7 +125,8 @@ class RoundLog:
             "client_accuracy": _finite(metrics.get("eval-acc")),
             "unsupervised_eval": _finite(metrics.get("unsupervised-eval")),
             **{name: _finite(metrics.get(f"cluster/{name}")) for name in SCORE_KEYS},
-            "points": int(metrics.get("cluster/points", 0)),
+            # a count of the replies: kept in the server's log, never in the published metrics
+            "points": int(getattr(self.strategy, "server_figures", {}).get("evaluate", {}).get("cluster/points", 0)),
             "labels": int(metrics.get("cluster/labels", 0)),
             "epsilon": _finite(metrics.get("privacy/epsilon")) if protected else None,
             "rejected": dict(getattr(self.strategy, "rejections", {}).get("evaluate", {})),  # server-side counts
