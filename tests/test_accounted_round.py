@@ -6,6 +6,7 @@ Also the worked example of docs/architecture.md ("Add a strategy"), which lives 
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from pathlib import Path
@@ -229,3 +230,16 @@ def test_reject_takes_the_accepted_replies_themselves():
     replies[0].content["metrics"] = MetricRecord({"num-examples": -1.0})  # screening rejects it (weight)
     with pytest.raises(ValueError, match="not one of the accepted replies"):
         strategy.aggregate_train(1, replies)
+
+
+def test_one_undeclared_client_leaves_the_published_epsilon_finite_and_is_counted_in_the_log(caplog):
+    strategy = AccountedFedAvg(min_train_nodes=3, min_available_nodes=3)
+    messages = list(strategy.configure_train(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(3)))
+    replies = [_declared_reply(messages[0], np.ones(3)), _declared_reply(messages[1], np.ones(3))]
+    replies.append(_reply(messages[2], np.ones(3)))  # declares nothing: its raw update reached the server
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        _, metrics = strategy.aggregate_train(1, replies)
+    plain, declared = (int(m.metadata.dst_node_id) for m in (messages[2], messages[0]))
+    assert strategy.ledger.epsilon(plain) == math.inf and strategy.ledger.epsilon() == math.inf
+    assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon(declared))  # before: inf from now on
+    assert "1 client(s) sent a non-private release" in caplog.text and str(plain) in caplog.text

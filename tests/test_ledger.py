@@ -215,3 +215,23 @@ def test_epsilon_at_a_given_delta():
     assert ledger.report(1, delta=1e-3).delta == 1e-3
     with pytest.raises(ValueError, match="delta"):
         ledger.epsilon(delta=2.0)
+
+
+def test_one_non_private_client_does_not_switch_off_the_published_epsilon():
+    """Issue 37 item 4: the published worst case is over the clients that followed the protocol; the one at inf
+    keeps its own inf, and when no client followed the protocol the figure is inf."""
+    ledger = PrivacyLedger(1e-5)
+    for rnd in (1, 2):
+        ledger.record(dp_event.GaussianDpEvent(2.0), server_round=rnd, client="a")
+        ledger.record(dp_event.GaussianDpEvent(4.0), server_round=rnd, client="b")
+    honest = ledger.metrics()["privacy/epsilon"]
+    assert honest == pytest.approx(ledger.epsilon("a")) and math.isfinite(honest)
+    ledger.record(dp_event.NonPrivateDpEvent(), server_round=2, client="c")
+    assert ledger.non_private_clients() == ["c"] and ledger.epsilon("c") == math.inf and ledger.epsilon() == math.inf
+    assert ledger.metrics()["privacy/epsilon"] == pytest.approx(honest)  # before: inf for the rest of the run
+    ledger.record(dp_event.GaussianDpEvent(1.0), server_round=3)  # a central event counts for everyone
+    assert ledger.metrics()["privacy/epsilon"] == pytest.approx(ledger.epsilon("a"))  # a is the worst honest one
+    assert ledger.epsilon("a") > honest
+    alone = PrivacyLedger(1e-5)
+    alone.record(dp_event.NonPrivateDpEvent(), server_round=1, client="c")
+    assert alone.metrics()["privacy/epsilon"] == math.inf  # nobody followed the protocol: nobody is protected

@@ -267,6 +267,15 @@ class PrivacyLedger:
         """Ids of the clients that have events."""
         return list(self._clients)
 
+    def non_private_clients(self) -> list[str]:
+        """Ids of the clients with a ``NonPrivateDpEvent`` of their own (a raw or undeclared release reached the
+        server): their ε is infinite, whatever else is booked."""
+        return [
+            client
+            for client, keys in self._clients.items()
+            if any(isinstance(self._events[key], dp_event.NonPrivateDpEvent) for key in keys)
+        ]
+
     def rounds(self, client: Optional[ClientId] = None) -> list[int]:
         """Sorted rounds in which ``client`` (or the federation, if None) had a release."""
         source = self._central if client is None else self._clients.get(str(client), {})
@@ -401,9 +410,10 @@ class PrivacyLedger:
         delta: float,
         extra: Optional[Mapping[str, Sequence[dp_event.DpEvent]]] = None,
         extra_central: Sequence[dp_event.DpEvent] = (),
+        exclude: frozenset[str] = frozenset(),
     ) -> PrivacyReport:
         extra = extra or {}
-        names = set(self._clients) | set(extra)
+        names = (set(self._clients) - exclude) | set(extra)
         by_signature: dict[Signature, Optional[str]] = {}
         for name in sorted(names) or [None]:
             planned = list(extra_central) + (list(extra.get(name, ())) if name is not None else [])
@@ -477,9 +487,22 @@ class PrivacyLedger:
         return bounds.textbook_bounds(events, self.target_delta)
 
     # ------------------------------------------------------------------ metrics
+    def protocol_report(self) -> PrivacyReport:
+        """The worst ε over the clients that followed the protocol: every client but
+        :meth:`non_private_clients` (whose ε is infinite), central events included. Equal to :meth:`report`
+        (so infinite) when every client sent a non-private release, and when none did: a federation in which no
+        client followed the protocol protects no one."""
+        excluded = frozenset(self.non_private_clients())
+        if not excluded or excluded == set(self._clients):
+            return self.report()
+        return self._worst(self._method(None), self.target_delta, exclude=excluded)
+
     def metrics(self, prefix: str = "privacy/") -> dict[str, float]:
-        """Round metrics: worst-client ε and δ (plus both accountants' values and the client count)."""
-        rep = self.report()
+        """Round metrics: the worst ε of the clients that followed the protocol (:meth:`protocol_report`; one
+        client that sends a raw update must not set the federation's figure to ∞ for the rest of the run, its
+        own ε stays ∞ in :meth:`epsilon` and the per-node figures) and δ, both accountants' values and the
+        client count."""
+        rep = self.protocol_report()
         out = {
             f"{prefix}epsilon": float(rep.epsilon),
             f"{prefix}delta": float(rep.delta),

@@ -391,10 +391,25 @@ class ClientAccountingMixin:
         :meth:`note_rejections`, not published."""
         self.note_rejections(rejected)
         merged = with_privacy_metrics(metrics, self.ledger)
+        self._log_non_private()
         if self.per_client_metrics:
             for client in self.ledger.clients:
                 merged[f"privacy/epsilon/node-{client}"] = float(self.ledger.epsilon(client))
         return merged
+
+    def _log_non_private(self) -> None:
+        """One WARNING when the number of clients at ε = ∞ (left out of ``privacy/epsilon``) grows; the count
+        and the node ids stay in the server log."""
+        at_infinity = self.ledger.non_private_clients()
+        if len(at_infinity) > self.__dict__.get("_non_private_logged", 0):
+            self.__dict__["_non_private_logged"] = len(at_infinity)
+            log(
+                WARNING,
+                "%d client(s) sent a non-private release (their epsilon is inf) and are left out of the published "
+                "privacy/epsilon, the worst case over the clients that followed the protocol: %s",
+                len(at_infinity),
+                ", ".join(sorted(at_infinity)),
+            )
 
     @property
     def rejections(self) -> dict[str, Counter[str]]:

@@ -24,7 +24,8 @@ POST = "post-processing of an accounted release"
 
 PUBLISHED: dict[str, tuple[str, str]] = {
     # the ledger (every strategy)
-    "privacy/epsilon": (LEDGER, "worst client's ε so far at the ledger's δ"),
+    "privacy/epsilon": (LEDGER, "worst ε so far at the ledger's δ over the clients that followed the protocol"),
+    "privacy/max-epsilon": (PUBLIC, "the ledger's budget, when one is set"),
     "privacy/delta": (LEDGER, "the ledger's δ"),
     "privacy/epsilon-rdp": (LEDGER, "ε from the RDP accountant"),
     "privacy/epsilon-pld": (LEDGER, "ε from the PLD accountant"),
