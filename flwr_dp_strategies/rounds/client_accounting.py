@@ -398,18 +398,27 @@ class ClientAccountingMixin:
         return merged
 
     def _log_non_private(self) -> None:
-        """One WARNING when the number of clients at ε = ∞ (left out of ``privacy/epsilon``) grows; the count
-        and the node ids stay in the server log."""
+        """Log when the number of clients at ε = ∞ grows: a WARNING while they are left out of the published
+        ``privacy/epsilon`` (some clients followed the protocol), INFO when every client is (the figure is ∞,
+        as with an app whose ClientApps declare nothing). The count and node ids stay in the server log."""
         at_infinity = self.ledger.non_private_clients()
-        if len(at_infinity) > self.__dict__.get("_non_private_logged", 0):
-            self.__dict__["_non_private_logged"] = len(at_infinity)
+        if len(at_infinity) <= self.__dict__.get("_non_private_logged", 0):
+            return
+        self.__dict__["_non_private_logged"] = len(at_infinity)
+        if len(at_infinity) == len(self.ledger.clients):
             log(
-                WARNING,
-                "%d client(s) sent a non-private release (their epsilon is inf) and are left out of the published "
-                "privacy/epsilon, the worst case over the clients that followed the protocol: %s",
+                INFO,
+                "Every client so far (%d) sent a non-private release: privacy/epsilon is inf",
                 len(at_infinity),
-                ", ".join(sorted(at_infinity)),
             )
+            return
+        log(
+            WARNING,
+            "%d client(s) sent a non-private release (their epsilon is inf) and are left out of the published "
+            "privacy/epsilon, the worst case over the clients that followed the protocol: %s",
+            len(at_infinity),
+            ", ".join(sorted(at_infinity)),
+        )
 
     @property
     def rejections(self) -> dict[str, Counter[str]]:
