@@ -71,7 +71,7 @@ def test_canary_update_is_the_received_model_plus_its_direction(task_identity):
     assert reply.content["metrics"]["num-examples"] == 1
     assert grid.models["1"].shape == (DIM,)
     (ev,) = grid.send_and_receive([Message(RecordDict(), canary, "evaluate", group_id="1")])
-    assert dict(ev.content["metrics"]) == {"num-examples": 1}
+    assert ev.has_error() and "no part in evaluation" in ev.error.reason  # no data: nothing to evaluate
 
 
 def test_push_and_pull_route_canaries_in_process(task_identity):
@@ -333,3 +333,27 @@ def test_client_mods_adding_half_their_noise_share_are_caught(task_identity, mon
     _, _, _, _, report = distributed_dp_audit(20, halved=True)
     assert max(report.shift_lower_bound_final, report.shift_lower_bound_all_iterates) > report.ledger_epsilon
     assert report.alarm
+
+
+def test_canaries_never_enter_the_published_evaluation_means(task_identity):
+    """Issue 37 item 5: a canary sampled for evaluation answers with an error reply (skipped, counted in the server
+    log); the evaluation metrics are aggregated over the real clients' replies only."""
+    seen: list[int] = []
+
+    def aggregate(contents, weighted_by_key):
+        seen.append(len(contents))
+        total = sum(c["metrics"][weighted_by_key] for c in contents)
+        return MetricRecord(
+            {"loss": sum(c["metrics"]["loss"] * c["metrics"][weighted_by_key] for c in contents) / total}
+        )
+
+    k = 5
+    strategy = AccountedServerSideFixedClipping(
+        FedAvg(fraction_evaluate=1.0, evaluate_metrics_aggr_fn=aggregate), 5.0, 1.0, len(REAL) + k, rng=3
+    )
+    audit = CanaryAudit(strategy, num_canaries=k, seed=3)
+    result, _ = audit.start(LoopbackGrid(real_app(), REAL), model(), num_rounds=1)
+    assert seen == [len(REAL)]  # before: 15 replies, the 5 canaries' among them
+    assert result.evaluate_metrics_clientapp[1]["loss"] == pytest.approx(1.0)
+    assert strategy.rejections["evaluate"] == {"error": k}  # skipped as failed replies: server log only
+    assert not audit.grid.canary_errors

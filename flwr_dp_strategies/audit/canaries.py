@@ -22,9 +22,9 @@ in a round's sample with probability q, with fixed-size sampling they compete fo
 
 What it costs. k extra clients: with fixed-size sampling they take slots (and their clipped updates
 enter the average) as k extra clients would; with Poisson sampling of expected size m over N nodes
-the population becomes N + k (q = m/(N + k) unless ``num_clients`` is given). Their evaluate replies
-carry weight 1 and no metric (a strategy's weighted evaluation averages are diluted by
-k/(Σ n_i + k)). To leave the real model untouched, run the audit as a separate *rehearsal* with the
+the population becomes N + k (q = m/(N + k) unless ``num_clients`` is given). A canary sampled for
+evaluation answers with an error reply (it has no data), which every strategy skips as a failed reply:
+the published evaluation means are the real clients' alone. To leave the real model untouched, run the audit as a separate *rehearsal* with the
 same configuration (same strategy settings, same mods, same number of rounds) on the real or a proxy
 federation, and train the real model without canaries.
 
@@ -73,6 +73,7 @@ are random 63-bit integers drawn by the SuperLink; the audit refuses to run if a
 ``[CANARY_ID_BASE, CANARY_ID_BASE + 2k)``."""
 DEFAULT_CANARY_NORM_FACTOR = 10.0
 """``canary_norm`` default: this times the strategy's ``clipping_norm`` (the paper's canaries exceed C)."""
+CANARY_EVALUATE_REASON = "a canary client takes no part in evaluation"
 CHUNK = 64  # canary vectors generated at a time when scoring (memory: CHUNK·d floats)
 
 Direction = Callable[[int, int], np.ndarray]  # (canary node id, d) -> unit vector of length d
@@ -104,7 +105,8 @@ def canary_client_app(
 
     Train: replies with the received arrays + ``canary_norm · direction(node_id, d)`` (d = the model's size) and a
     MetricRecord ``{weighted_by_key: 1}``. Evaluate: a MetricRecord ``{weighted_by_key: 1}`` (what the screening of
-    :mod:`flwr_dp_strategies.rounds.reply_screening` needs: one MetricRecord with a valid weight).
+    :mod:`flwr_dp_strategies.rounds.reply_screening` needs: one MetricRecord with a valid weight), for an app run
+    outside :class:`CanaryGrid`, which never hands it an evaluate message (a canary's evaluate reply is an error).
     """
     app = ClientApp(mods=list(mods))
 
@@ -223,13 +225,18 @@ class CanaryGrid(Grid):
         message_id = str(uuid4())
         msg.metadata.__dict__["_message_id"] = message_id
         node = int(msg.metadata.dst_node_id)
-        try:
-            reply = self.app(copy.deepcopy(msg), self.contexts[node])
-        except Exception as err:  # noqa: BLE001 - a failed ClientApp becomes an error reply, as in Flower
-            from flwr.app import Error
+        from flwr.app import Error
 
-            self.canary_errors.append(f"{node}: {err}")
-            reply = Message(Error(code=0, reason=str(err)), reply_to=msg)
+        if msg.metadata.message_type.startswith(MessageType.EVALUATE):
+            # a canary has no data: its reply must not enter the published evaluation means (nor dilute them), so
+            # it answers as a node that cannot evaluate; the strategy skips it as a failed reply (server log only)
+            reply = Message(Error(code=0, reason=CANARY_EVALUATE_REASON), reply_to=msg)
+        else:
+            try:
+                reply = self.app(copy.deepcopy(msg), self.contexts[node])
+            except Exception as err:  # noqa: BLE001 - a failed ClientApp becomes an error reply, as in Flower
+                self.canary_errors.append(f"{node}: {err}")
+                reply = Message(Error(code=0, reason=str(err)), reply_to=msg)
         reply.metadata.__dict__["_message_id"] = str(uuid4())
         reply.metadata.__dict__["_reply_to_message_id"] = message_id
         reply.metadata.__dict__["_src_node_id"] = node
