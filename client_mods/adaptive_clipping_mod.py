@@ -22,13 +22,21 @@ for a small :math:`C_t`), and shrinks the update until it fits (at worst it send
 :math:`w`, the zero update).
 
 Nothing is noised here: this is central DP, the server noises the sum and the
-count and books the round (no declaration is sent). The client's own train
-metrics go to the server as they are, which does not publish them by default.
+count and books the round (no declaration is sent). The reply's other train metrics
+(``train-loss``, the exact ``num-examples``, ...) are computed from the client's data
+and nothing would noise them, so by default they never leave the client: the reply's
+one MetricRecord holds the public weight ``{weighted_by_key: 1.0}`` (central DP
+averages over the public m anyway) and the two bits
+(:func:`client_mods.reply_metrics.withhold_metrics`). ``make_adaptive_clipping_mod(
+release_metrics=True)`` sends them as they are and declares a ``NonPrivateDpEvent``
+(the ledger then reports ε = ∞ for that client: the truth about an un-noised release).
+Evaluate messages pass through untouched.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
@@ -36,8 +44,10 @@ from flwr.clientapp.typing import ClientAppCallable
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
 
 from flwr_dp_strategies.npy_codec import npy_view, to_array
-from flwr_dp_strategies.privacy.validation import check_positive
+from flwr_dp_strategies.privacy.validation import check_bool, check_positive
 from flwr_dp_strategies.wire import KEY_UNCLIPPED_BIT, flat_update
+
+from .reply_metrics import settle_metrics
 
 _SHRINK_ATTEMPTS = 8
 
@@ -90,8 +100,32 @@ def _single(msg: Message, kind: type, what: str) -> tuple[str, object]:
     return items[0]
 
 
+def make_adaptive_clipping_mod(
+    *, release_metrics: bool = False, weighted_by_key: str = "num-examples"
+) -> Callable[[Message, Context, ClientAppCallable], Message]:
+    """The mod (module docstring); ``release_metrics``: send the client's own train metrics, declared non-private
+    (default: withheld, only the public weight and the bits are sent); ``weighted_by_key``: the strategy's weight
+    key, under which the public weight is sent."""
+    release_metrics = check_bool("release_metrics", release_metrics)
+    if not isinstance(weighted_by_key, str) or not weighted_by_key:
+        raise TypeError(f"weighted_by_key must be a non-empty str, got {weighted_by_key!r}")
+
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        """Flower mod: clip the train update to the server's C_t, add the unclipped bit (module docstring)."""
+        return _clip_reply(msg, context, call_next, release_metrics=release_metrics, weighted_by_key=weighted_by_key)
+
+    return mod
+
+
 def adaptive_clipping_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Flower mod: clip the train update to the server's C_t and add the unclipped bit (see module docstring)."""
+    """Flower mod: clip the train update to the server's C_t and add the unclipped bit; the client's own train
+    metrics are withheld (module docstring; :func:`make_adaptive_clipping_mod` for the options)."""
+    return _clip_reply(msg, context, call_next, release_metrics=False, weighted_by_key="num-examples")
+
+
+def _clip_reply(
+    msg: Message, context: Context, call_next: ClientAppCallable, *, release_metrics: bool, weighted_by_key: str
+) -> Message:
     if msg.metadata.message_type.split(".")[0] != "train":
         return call_next(msg, context)
     clipping_norm = _clipping_norm(msg)
@@ -107,9 +141,11 @@ def adaptive_clipping_mod(msg: Message, context: Context, call_next: ClientAppCa
         raise ValueError("the reply's ArrayRecord must have the keys of the received one")
     out, bit = clip_to_norm(received, [npy_view(trained[k]) for k in keys], clipping_norm)  # type: ignore[index]
     reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, out)})
+    settle_metrics(reply.content, release_metrics=release_metrics, weighted_by_key=weighted_by_key)
+    _, metrics = _single(reply, MetricRecord, "reply")
     metrics[KEY_UNCLIPPED_BIT] = bit  # type: ignore[index]
     metrics[KEY_NORM_BIT] = 1 - bit  # type: ignore[index]
     return reply
 
 
-__all__ = ["adaptive_clipping_mod", "clip_to_norm"]
+__all__ = ["adaptive_clipping_mod", "clip_to_norm", "make_adaptive_clipping_mod"]

@@ -92,3 +92,24 @@ def test_released_metrics_are_declared_non_private(name):
 def test_plain_signds_mod_withholds_metrics():
     reply = signds_mod(train_message(SIGNDS_CONFIG), context(), trainer)
     assert _metrics(reply) == {"num-examples": 1.0}
+
+
+def test_adaptive_clipping_mod_sends_only_the_public_weight_and_its_bits():
+    """Issue 37 item 3: the central-DP clipping mod passed the raw train-loss and num-examples to the server."""
+    from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, KEY_NORM_BIT
+
+    from client_mods import adaptive_clipping_mod
+    from client_mods.adaptive_clipping_mod import make_adaptive_clipping_mod
+    from flwr_dp_strategies.wire import KEY_UNCLIPPED_BIT
+
+    message = lambda: train_message({KEY_CLIPPING_NORM: 1.0})  # noqa: E731
+    bits = {KEY_UNCLIPPED_BIT: 1, KEY_NORM_BIT: 0}  # the update's norm is 0.14 < 1
+    reply = adaptive_clipping_mod(message(), context(), trainer)
+    assert _metrics(reply) == {"num-examples": 1.0, **bits} and not read_declarations(reply.content)
+    released = make_adaptive_clipping_mod(release_metrics=True)(message(), context(), trainer)
+    assert _metrics(released) == pytest.approx({**SECRET, **bits})
+    assert [d.label for d in read_declarations(released.content)] == [NON_PRIVATE_METRICS_LABEL]
+    weighted = make_adaptive_clipping_mod(weighted_by_key="n")(message(), context(), trainer)
+    assert _metrics(weighted) == {"n": 1.0, **bits}
+    with pytest.raises(ValueError, match="release_metrics"):
+        make_adaptive_clipping_mod(release_metrics="yes")
