@@ -243,3 +243,43 @@ def test_one_undeclared_client_leaves_the_published_epsilon_finite_and_is_counte
     assert strategy.ledger.epsilon(plain) == math.inf and strategy.ledger.epsilon() == math.inf
     assert metrics["privacy/epsilon"] == pytest.approx(strategy.ledger.epsilon(declared))  # before: inf from now on
     assert "1 client(s) sent a non-private release" in caplog.text and str(plain) in caplog.text
+
+
+class _Collecting(AccountedFedAvg):
+    """A two-message protocol: its collect stage gathers a value (and books what its messages released) that the
+    release then reads."""
+
+    def collect_train(self, server_round, screened):
+        from flwr_dp_strategies.rounds.template import Collected
+
+        self.ledger_before_release = len(self.ledger.events())
+        return Collected(value=len(screened.accepted), bookings=[Booking(GaussianDpEvent(3.0), "collect stage")])
+
+    def release_train(self, server_round, screened):
+        self.collected = screened.collected
+        assert len(self.ledger.events()) == self.ledger_before_release  # nothing booked before the book step
+        return super().release_train(server_round, screened)
+
+
+def test_the_collect_stage_runs_between_screening_and_the_release_and_is_booked_with_it():
+    strategy = _Collecting(min_train_nodes=2, min_available_nodes=2)
+    arrays, metrics = _round(strategy, 1, np.zeros(3), [np.ones(3), np.ones(3)])
+    assert strategy.collected == 2 and arrays is not None
+    assert [label for _, _, label in strategy.ledger.events()] == ["collect stage"]
+
+
+def test_secure_aggregation_unmasks_in_the_collect_stage():
+    """DistributedDpFedAvg's unmask stage is the template's collect stage: its release only decodes."""
+    from flwr_dp_strategies.rounds.secure_aggregation import Revealed
+    from strategy_registry import REGISTRY
+
+    entry = REGISTRY["DistributedDpFedAvg"]
+    strategy, grid = entry.make(), entry.grid()
+    seen = {}
+    release = strategy.release_train
+    strategy.release_train = lambda rnd, screened: (
+        seen.setdefault("collected", screened.collected) and release(rnd, screened)
+    )
+    msgs = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
+    arrays, _ = strategy.aggregate_train(1, entry.train_replies(grid, msgs))
+    assert isinstance(seen["collected"], Revealed) and seen["collected"].total is not None and arrays is not None

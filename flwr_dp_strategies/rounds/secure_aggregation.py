@@ -10,9 +10,9 @@ is handed:
 * the accounted round (:class:`~flwr_dp_strategies.rounds.template.AccountedRound`) of
   ``aggregate_train``: :meth:`SecureAggregationMixin.skip_train` (no protocol round was opened
   and no stage rejected anyone), the screening with :meth:`SecureAggregationMixin.train_check`
-  (:meth:`check_secure_reply` against the open round), then, inside the strategy's
-  ``release_train``, :meth:`SecureAggregationMixin.reveal_sum`: the masked vectors added, the
-  *unmask* stage, the revealed sum mod 2^b, or None when the round aborts (nothing revealed; only
+  (:meth:`check_secure_reply` against the open round), then the template's collect stage,
+  :meth:`SecureAggregationMixin.collect_train` (:meth:`~SecureAggregationMixin.reveal_sum`): the
+  masked vectors added, the *unmask* stage, the revealed sum mod 2^b, or None when the round aborts (nothing revealed; only
   the un-noised records some replies carried are booked, :meth:`SecureAggregationMixin.unmasked_bookings`).
 
 The subclass calibrates (vector length, public fields, the DpEvent it will book) for
@@ -52,7 +52,7 @@ from ..secure_aggregation.protocol import (
 from ..secure_aggregation.server_protocol import PROTOCOL_REJECTION, SecureAggregationAborted, SecureAggregationRound
 from .central_release import log_budget_stop, require_configured
 from .client_accounting import ContentCheck
-from .template import AccountedRound, Booking, Screened
+from .template import AccountedRound, Booking, Collected, Screened
 
 UNMASKED_METRICS_LABEL = "reply carried un-noised records next to its masked vector (non-private)"
 
@@ -132,7 +132,8 @@ class Revealed:
 class SecureAggregationMixin(AccountedRound):
     """SecAgg+ stages for an accounted FedAvg strategy (see the module docstring): it opens the protocol in
     ``configure_train`` and supplies the accounted round's :meth:`skip_train` and :meth:`train_check`;
-    the strategy's ``release_train`` calls :meth:`reveal_sum` and returns its bookings with its own."""
+    the template's collect stage runs :meth:`reveal_sum`, and the strategy's ``release_train`` reads its
+    :meth:`revealed` sum."""
 
     num_shares: Optional[int | float]
     reconstruction_threshold: Optional[int | float]
@@ -330,6 +331,18 @@ class SecureAggregationMixin(AccountedRound):
         if secure is None:
             return lambda content: "identity"
         return lambda content: self.check_secure_reply(secure, content)
+
+    def collect_train(self, server_round: int, screened: Screened) -> Collected:
+        """The collect stage: :meth:`reveal_sum` (the unmask stage); the release reads the :class:`Revealed` from
+        ``screened.collected``, the un-noised records replies carried are booked with the release's events."""
+        revealed = self.reveal_sum(server_round, screened)
+        return Collected(revealed, revealed.bookings)
+
+    @staticmethod
+    def revealed(screened: Screened) -> Revealed:
+        """What the collect stage revealed this round (nothing if the round never opened)."""
+        collected = screened.collected
+        return collected if isinstance(collected, Revealed) else Revealed(None, None, [])
 
     def reveal_sum(self, server_round: int, screened: Screened) -> Revealed:
         """Close the round's protocol: the accepted replies' masked vectors added, the unmask stage, the revealed

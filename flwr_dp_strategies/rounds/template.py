@@ -12,7 +12,9 @@ dp-accounting's ``compose()`` owns the bookkeeping):
 1. **screen** (:meth:`ClientAccountingMixin.screen`, which books nothing): failed replies, identity,
    declarations (to be booked for the replying node in step 3), then the strategy's content check
    (:meth:`AccountedRound.train_check` / :meth:`AccountedRound.evaluate_check`);
-2. **release**: the strategy's mechanism, :meth:`AccountedRound.release_train` /
+2. **collect** (multi-message protocols only, :meth:`AccountedRound.collect_train`): the further
+   message rounds of the protocol (SecAgg's unmask), whose result the release gets;
+   **release**: the strategy's mechanism, :meth:`AccountedRound.release_train` /
    :meth:`AccountedRound.release_evaluate`, which gets the :class:`Screened` replies and
    returns a :class:`RoundRelease`: the arrays, the metrics and the :class:`Booking` of every DP
    event it caused; it books nothing itself;
@@ -54,6 +56,16 @@ from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, reply_arrays
 from .streaming_aggregation import ClippedSum, NonFiniteReplies, single_threaded_blas
 
 TEMPLATE_METHODS = ("configure_train", "configure_evaluate", "aggregate_train", "aggregate_evaluate")
+
+
+@dataclass
+class Collected:
+    """What a multi-message protocol's collect stage gathered after the round's replies were screened (the
+    revealed sum of a secure-aggregation round): ``value`` for the release, ``bookings`` for the book step
+    (what the stage's messages released)."""
+
+    value: Any = None
+    bookings: list[Booking] = field(default_factory=list)
 
 
 @dataclass
@@ -100,6 +112,8 @@ class Screened:
     passed: list[Message] = field(default_factory=list)
     #: what screening found to book (declarations; undeclared rejected updates), booked with the release's
     bookings: list[Booking] = field(default_factory=list)
+    #: what the collect stage gathered (:meth:`AccountedRound.collect_train`), for the release; None without one
+    collected: Any = None
 
     def __post_init__(self) -> None:
         self.passed = list(self.accepted)
@@ -227,6 +241,13 @@ class AccountedRound(ClientAccountingMixin):
         """The content check of a train reply (a reason to reject it, or None); None: no check."""
         return None
 
+    def collect_train(self, server_round: int, screened: Screened) -> Optional[Collected]:
+        """The collect stage of a multi-message protocol, between screening and the release: the further
+        message rounds it runs on the grid it kept from configure (SecAgg's unmask), with their own screening;
+        what it gathered becomes ``screened.collected`` and its bookings are booked with the release's. None
+        (default): the round's replies are all there is."""
+        return None
+
     def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
         """The mechanism: what is released from the screened train replies, and its bookings."""
         raise NotImplementedError
@@ -281,6 +302,10 @@ class AccountedRound(ClientAccountingMixin):
         if self.skip_train(server_round):
             return None, None
         screened = self._screen(server_round, replies, "train", self.train_check(), self.undeclared_label)
+        collected = self._run_release(server_round, screened, self.collect_train)
+        if collected is not None:
+            screened.collected = collected.value
+            screened.bookings += collected.bookings
         release = self._run_release(server_round, screened, self.release_train)
         bookings = list(screened.bookings) + list(release.bookings)
         if self.undeclared_label is not None:
@@ -300,9 +325,7 @@ class AccountedRound(ClientAccountingMixin):
         self._book(server_round, list(screened.bookings) + list(release.bookings))
         return self._publish(release, screened)
 
-    def _run_release(
-        self, server_round: int, screened: Screened, mechanism: Callable[[int, Screened], RoundRelease]
-    ) -> RoundRelease:
+    def _run_release(self, server_round: int, screened: Screened, mechanism: Callable[[int, Screened], Any]) -> Any:
         """``mechanism(server_round, screened)``; if it raises, what screening found is booked first (the
         clients' declared releases reached the server all the same), then the error goes on."""
         try:
@@ -368,4 +391,4 @@ def reply_contents(replies: Iterable[Message]) -> list[RecordDict]:
     return [reply.content for reply in replies]
 
 
-__all__ = ["AccountedRound", "Booking", "RoundRelease", "Screened", "TEMPLATE_METHODS", "reply_contents"]
+__all__ = ["AccountedRound", "Booking", "Collected", "RoundRelease", "Screened", "TEMPLATE_METHODS", "reply_contents"]

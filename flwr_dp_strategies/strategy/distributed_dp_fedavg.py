@@ -260,10 +260,10 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         """Add the masked vectors, unmask, decode, apply FedAvg's (uniform) update; the round's Skellam event
         (add/remove) is booked when the sum is revealed, nothing but the un-noised records replies carried when
         the round aborts."""
-        revealed = self.reveal_sum(server_round, screened)
+        revealed = self.revealed(screened)  # the collect stage's unmask
         total, secure = revealed.total, revealed.secure
         if total is None or secure is None:
-            return RoundRelease(bookings=revealed.bookings)
+            return RoundRelease()
         assert self._params is not None and self._calibration is not None
         peak = peak_fraction(total, self._params.bits)
         if peak > WRAP_WARNING:
@@ -281,7 +281,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             {"dp/noise-multiplier": float(self._calibration.effective_noise_multiplier), "secagg/peak-fraction": peak}
         )
         event = Booking(self._calibration.event, EVENT_LABEL, neighboring_relation="add_or_remove_one")
-        return RoundRelease(arrays, metrics, [*revealed.bookings, event])
+        return RoundRelease(arrays, metrics, [event])
 
     def summary(self) -> None:
         """The ledger so far, the trust model, then FedAvg's summary."""

@@ -252,10 +252,10 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
         """Add the masked vectors, unmask, decode, repair and solve once; the release's Skellam event (add/remove,
         with its replace-one form) is booked when the sum is revealed, nothing but the un-noised records replies
         carried when the round aborts."""
-        revealed = self.reveal_sum(server_round, screened)
+        revealed = self.revealed(screened)  # the collect stage's unmask
         total, secure = revealed.total, revealed.secure
         if total is None or secure is None:
-            return RoundRelease(bookings=revealed.bookings)
+            return RoundRelease()
         calibration = self._calibration
         assert calibration is not None
         event = Booking(
@@ -283,7 +283,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
         )
         # the noise std is a function of the exact survivor count, the ridge adapts to it
         return RoundRelease(
-            ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics, [*revealed.bookings, event]
+            ArrayRecord({self.weights_key: Array(head.astype(self._head_dtype))}), metrics, [event]
         ).keep_on_server("objective/noise-std", "objective/ridge")
 
     def summary(self) -> None:
