@@ -50,6 +50,7 @@ class RoundLog:
         self.rows: list[dict[str, Any]] = []
         self.train_metrics: dict[int, dict[str, float]] = {}
         self.rejected: dict[int, dict[str, int]] = {}
+        self.server_figures: dict[int, dict[str, float]] = {}
         self.state_used: dict[int, tuple[float, int]] = {}
         self.started = time.perf_counter()
 
@@ -66,6 +67,8 @@ class RoundLog:
             )
             # rejection counts stay on the server (never in the round's metrics): read from the strategy
             self.rejected[server_round] = dict(getattr(strategy, "rejections", {}).get("train", {}))
+            # counts that move with who replied (the debiased ones, the fallback flag): the server's log only
+            self.server_figures[server_round] = dict(getattr(strategy, "server_figures", {}).get("train", {}))
             return arrays, metrics
 
         strategy.aggregate_train = aggregate_train
@@ -122,8 +125,8 @@ class RoundLog:
             is_reached_next=finite(metrics.get("signds/is-reached")),
             step=finite(metrics.get("signds/step")),
             majority=finite(metrics.get("signds/majority")),
-            debiased_ones=finite(metrics.get("signds/debiased-ones")),
-            fallback=finite(metrics.get("signds/fallback")),
+            debiased_ones=finite(self.server_figures.get(server_round, {}).get("signds/debiased-ones")),
+            fallback=finite(self.server_figures.get(server_round, {}).get("signds/fallback")),
             values_per_client=finite(values),
             indices_per_client=finite(values - 2.0),
             payload_bytes_per_client=finite(INT64_BYTES * values),
