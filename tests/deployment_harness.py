@@ -42,6 +42,8 @@ BINARIES = ("flwr", "flower-superlink", "flower-supernode", "flower-superexec")
 TAG_VAR = "FLWR_DP_DEPLOY_TAG"
 CONNECTION = "test-deploy"
 REPO = str(Path(__file__).resolve().parents[1])
+#: ``sitecustomize`` of every started process: the heartbeat at Flower's 10 s minimum (tests/deployment_site/)
+SITE = str(Path(__file__).resolve().parent / "deployment_site")
 
 #: Offline, quiet, no ``uv sync`` of the app's dependencies.
 BASE_ENV = {
@@ -217,7 +219,7 @@ class LocalDeployment:
         env["FLWR_HOME"] = str(home)
         env["PATH"] = os.pathsep.join([str(BIN_DIR), env.get("PATH", "")])
         env["PYTHONPATH"] = os.pathsep.join(
-            [REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO]
+            [SITE, REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (REPO, SITE)]
         )
         env[TAG_VAR] = self.tag
         return env
