@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
@@ -93,7 +94,10 @@ def _clipping_norm(msg: Message) -> float:
     return check_positive("clipping_norm", configs[0][KEY_CLIPPING_NORM])
 
 
-def _single(msg: Message, kind: type, what: str) -> tuple[str, object]:
+_R = TypeVar("_R", ArrayRecord, MetricRecord)
+
+
+def _single(msg: Message, kind: type[_R], what: str) -> tuple[str, _R]:
     items = [(name, record) for name, record in msg.content.items() if isinstance(record, kind)]
     if len(items) != 1:
         raise ValueError(f"adaptive_clipping_mod expects exactly one {kind.__name__} in the {what}, got {len(items)}")
@@ -130,21 +134,21 @@ def _clip_reply(
         return call_next(msg, context)
     clipping_norm = _clipping_norm(msg)
     _, sent = _single(msg, ArrayRecord, "train message")
-    keys = list(sent.keys())  # type: ignore[attr-defined]
-    received = [npy_view(sent[k]) for k in keys]  # type: ignore[index]
+    keys = list(sent.keys())
+    received = [npy_view(sent[k]) for k in keys]
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     name, trained = _single(reply, ArrayRecord, "reply")
     _, metrics = _single(reply, MetricRecord, "reply")
-    if list(trained.keys()) != keys:  # type: ignore[attr-defined]
+    if list(trained.keys()) != keys:
         raise ValueError("the reply's ArrayRecord must have the keys of the received one")
-    out, bit = clip_to_norm(received, [npy_view(trained[k]) for k in keys], clipping_norm)  # type: ignore[index]
+    out, bit = clip_to_norm(received, [npy_view(trained[k]) for k in keys], clipping_norm)
     reply.content[name] = ArrayRecord({k: to_array(v) for k, v in zip(keys, out)})
     settle_metrics(reply.content, release_metrics=release_metrics, weighted_by_key=weighted_by_key)
     _, metrics = _single(reply, MetricRecord, "reply")
-    metrics[KEY_UNCLIPPED_BIT] = bit  # type: ignore[index]
-    metrics[KEY_NORM_BIT] = 1 - bit  # type: ignore[index]
+    metrics[KEY_UNCLIPPED_BIT] = bit
+    metrics[KEY_NORM_BIT] = 1 - bit
     return reply
 
 

@@ -58,9 +58,9 @@ import math
 import secrets
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -346,7 +346,7 @@ def as_dataset(data: DataSource) -> Dataset:
         data = TensorDataset(x, y)
     if not isinstance(data, Dataset) or not hasattr(data, "__len__"):
         raise ValueError("dataset must be a sized torch Dataset of (input, target) pairs or an (x, y) tuple")
-    if len(data) < 1:  # type: ignore[arg-type]
+    if len(cast(Sized, data)) < 1:
         raise ValueError("dataset must hold at least 1 example")
     return data
 
@@ -590,7 +590,7 @@ class DpSgdTrainer:
     ) -> tuple[float, int]:
         """(z, planned total steps): the given z, the stored calibration, or a new one (first round only)."""
         if self.target_epsilon is None:
-            return float(self.noise_multiplier), 0  # type: ignore[arg-type]
+            return float(cast(float, self.noise_multiplier)), 0  # set whenever target_epsilon is not
         if record is not None and float(record.get("target-epsilon", 0.0)) > 0:
             if float(record["target-epsilon"]) != self.target_epsilon:
                 raise ValueError(
@@ -603,7 +603,7 @@ class DpSgdTrainer:
                 "target_epsilon needs a state without earlier releases (z is calibrated "
                 "once for the whole run); use a new state"
             )
-        planned = int(self.planned_rounds) * round_steps  # type: ignore[arg-type]
+        planned = int(cast(int, self.planned_rounds)) * round_steps  # required with target_epsilon
         with warnings.catch_warnings():  # the bisection visits z far from the answer: edge orders there are fine
             warnings.filterwarnings("ignore", message="Optimal order is the")
             z = get_noise_multiplier(
@@ -678,7 +678,7 @@ class DpSgdTrainer:
             noise_multiplier=plan.z,
             sample_rate=plan.sample_rate,
             steps=sum(s for _, _, s in added),
-            num_examples=len(data),  # type: ignore[arg-type]
+            num_examples=len(cast(Sized, data)),
             rounds=plan.rounds + 1,
             train_loss=loss,
             grad_sample_mode=self.grad_sample_mode,
@@ -791,7 +791,7 @@ class DpSgdTrainer:
                 )
             finally:
                 module.to_standard_module()  # removes hooks and per-sample state (#608, #433)
-        return [tuple(e) for e in engine.accountant.history], loss  # type: ignore[misc]
+        return cast(History, [tuple(e) for e in engine.accountant.history]), loss
 
     def _fingerprint(self, num_examples: int, z: float) -> tuple:
         """What a cached wrapped model was built from (see the module docstring)."""
@@ -911,7 +911,7 @@ class DpSgdTrainer:
         kernel = entry.optimizer
         batches = _poisson_batches(plan.loader) if self.poisson_sampling else plan.loader
         sample_rate = 1.0 / len(batches)  # Opacus' q: 1 / len(DP loader)
-        expected_batch_size = int(len(data) * sample_rate)  # type: ignore[arg-type]  # Opacus' make_private
+        expected_batch_size = int(len(cast(Sized, data)) * sample_rate)  # Opacus' make_private
         accountant = create_accountant(mechanism=self.accountant)
         accountant.history = list(plan.history)  # the client's true history, from its state
         generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)
@@ -937,8 +937,8 @@ class DpSgdTrainer:
             kernel.close()
         else:
             _keep_wrapped(key, entry)
-        history = [tuple(e) for e in accountant.history]
-        return entry.module, keys, history, float(total / count) if count else float("nan")  # type: ignore[return-value]
+        history = cast(History, [tuple(e) for e in accountant.history])
+        return entry.module, keys, history, float(total / count) if count else float("nan")
 
     def _check_combined_z(self, optimizer: Any, z: float) -> None:
         """Per-layer clipping: the combined z* of Opacus' optimizer must equal the accounted z."""

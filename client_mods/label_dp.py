@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any, Optional, TypeVar
+from typing import Any, Optional, TypeVar, cast
 
 import numpy as np
 from dp_accounting import dp_event
@@ -103,7 +103,7 @@ def to_numpy(labels: object) -> np.ndarray:
     torch = _torch_of(labels)
     if torch is None:
         return np.asarray(labels)
-    tensor = labels.detach().cpu()  # type: ignore[attr-defined]
+    tensor = cast(Any, labels).detach().cpu()  # a torch tensor (_torch_of found its module)
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; 0/1 and small ints are exact in float32
         tensor = tensor.to(torch.float32)
     return tensor.numpy()
@@ -114,9 +114,10 @@ def like(values: np.ndarray, template: LabelsT) -> LabelsT:
     torch = _torch_of(template)
     if torch is not None:
         out = torch.from_numpy(np.ascontiguousarray(values))
-        return out.to(device=template.device, dtype=template.dtype)  # type: ignore[attr-defined,return-value]
+        tensor_template = cast(Any, template)  # a torch tensor
+        return cast(LabelsT, out.to(device=tensor_template.device, dtype=tensor_template.dtype))
     dtype = np.asarray(template).dtype
-    return np.asarray(values).astype(dtype, copy=False)  # type: ignore[return-value]
+    return cast(LabelsT, np.asarray(values).astype(dtype, copy=False))
 
 
 def _show(rows: np.ndarray) -> str:

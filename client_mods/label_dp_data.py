@@ -54,8 +54,8 @@ Example (a horizontal-FL ClientApp)::
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Any, Optional, TypeVar, Union
+from collections.abc import Sequence, Sized
+from typing import Any, Optional, TypeVar, Union, cast
 
 import numpy as np
 import torch
@@ -87,7 +87,7 @@ def _dataset_labels(dataset: Dataset) -> np.ndarray:
         targets = dataset.tensors[1]
     if targets is not None:
         return to_numpy(targets)
-    n = len(dataset)  # type: ignore[arg-type]
+    n = len(cast(Sized, dataset))
     return np.stack([to_numpy(dataset[i][1]) for i in range(n)]) if n else np.zeros(0, dtype=np.int64)
 
 

@@ -18,7 +18,7 @@ This module imports no strategy: only numpy and the ``Array`` payload codec.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Union
+from typing import Any, Union, cast
 
 import numpy as np
 
@@ -85,16 +85,19 @@ def flat_update(received: Arrays, trained: Arrays) -> np.ndarray:
     """
     if isinstance(received, Mapping) != isinstance(trained, Mapping):
         raise ValueError("received and trained must both be mappings or both be sequences of arrays")
-    if isinstance(received, Mapping):
-        keys = list(received.keys())
-        if list(trained.keys()) != keys:  # type: ignore[union-attr]
+    if isinstance(received, Mapping) and isinstance(trained, Mapping):
+        keys: list[Any] = list(received.keys())
+        if list(trained.keys()) != keys:
             raise ValueError("the trained arrays must have the received keys, in the received order")
+        before = [npy_view(received[k]) for k in keys]
+        after = [npy_view(trained[k]) for k in keys]
     else:
-        if len(trained) != len(received):
-            raise ValueError(f"got {len(trained)} trained arrays for {len(received)} received ones")
-        keys = list(range(len(received)))
-    before = [npy_view(received[k]) for k in keys]  # type: ignore[index]
-    after = [npy_view(trained[k]) for k in keys]  # type: ignore[index]
+        received_list, trained_list = list(cast(Sequence[Any], received)), list(cast(Sequence[Any], trained))
+        if len(trained_list) != len(received_list):
+            raise ValueError(f"got {len(trained_list)} trained arrays for {len(received_list)} received ones")
+        keys = list(range(len(received_list)))
+        before = [npy_view(a) for a in received_list]
+        after = [npy_view(a) for a in trained_list]
     out = np.empty(sum(b.size for b in before), dtype=np.float64)
     start = 0
     for key, b, a in zip(keys, before, after):

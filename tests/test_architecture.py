@@ -250,3 +250,19 @@ def test_importing_every_client_mod_loads_no_server_module_at_run_time():
     import json
 
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+MAX_TYPE_IGNORES = 10
+"""Issue 36: a ``# type: ignore`` hides a type the code could state; 34 in the two packages before, 9 after."""
+
+
+def test_the_packages_keep_few_type_ignores():
+    root = Path(__file__).resolve().parent.parent
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for package in ("flwr_dp_strategies", "client_mods")
+        for path in sorted((root / package).rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "# type: ignore" in line
+    ]
+    assert len(found) <= MAX_TYPE_IGNORES, found

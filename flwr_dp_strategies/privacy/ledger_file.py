@@ -1095,7 +1095,9 @@ class LedgerStore:
                 write_atomic(self.path, data)
             except OSError as err:
                 raise LedgerFileError(self.path, f"could not be written ({err.strerror or err})") from err
-            self._checksum = _HEADER.match(data).group(1).decode("ascii")  # type: ignore[union-attr]
+            header = _HEADER.match(data)
+            assert header is not None  # written by this class: it starts with the header
+            self._checksum = header.group(1).decode("ascii")
             self.generation = generation
             for ledger in self._ledgers.values():
                 _ORIGIN[ledger] = (self.path, self._checksum)

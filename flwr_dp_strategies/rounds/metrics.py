@@ -20,7 +20,7 @@ import math
 
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
-from typing import Optional
+from typing import Any, Optional, cast
 
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.common.logger import log
@@ -80,20 +80,21 @@ def aggregate_reply_metrics(
     """
     if fn is not aggregate_metricrecords:
         return fn(list(contents), weighted_by_key)
-    columns: dict[str, list[tuple[float, object]]] = {}
+    columns: dict[str, list[tuple[float, Any]]] = {}
     for content in contents:
         for record in records_of(content, MetricRecord):
-            weight = record[weighted_by_key]
+            weight = cast(float, record[weighted_by_key])  # screened: a finite positive number
             for key, value in record.items():
                 if key != weighted_by_key:
-                    columns.setdefault(key, []).append((weight, value))  # type: ignore[arg-type]
-    return MetricRecord({key: _mean_of_column(column) for key, column in columns.items()})  # type: ignore[misc]
+                    columns.setdefault(key, []).append((weight, value))
+    means: dict[str, Any] = {key: _mean_of_column(column) for key, column in columns.items()}
+    return MetricRecord(means)
 
 
-def _mean_of_column(column: list[tuple[float, object]]) -> object:
+def _mean_of_column(column: list[tuple[float, Any]]) -> Any:
     """The weighted mean of one key's values: a scalar if all are scalars, else element-wise per index."""
     if not any(isinstance(value, list) for _, value in column):
-        return _weighted_mean(column)  # type: ignore[arg-type]
+        return _weighted_mean(column)
     lists = [(w, v if isinstance(v, list) else [v]) for w, v in column]
     length = max(len(v) for _, v in lists)
     return [_weighted_mean([(w, v[j]) for w, v in lists if len(v) > j]) for j in range(length)]
@@ -102,14 +103,15 @@ def _mean_of_column(column: list[tuple[float, object]]) -> object:
 def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
     """Σ (w_i/Σw) v_i as Flower computes it; rescaled by max |v| if that overflows."""
     total = sum(w for w, _ in pairs)
-    acc = None
+    acc: Optional[float] = None
     for weight, value in pairs:
         term = value * (weight / total)
         acc = term if acc is None else acc + term
     if acc is not None and not math.isfinite(acc) and all(math.isfinite(v) for _, v in pairs):
         scale = max(abs(float(v)) for _, v in pairs)
         acc = scale * math.fsum((w / total) * (float(v) / scale) for w, v in pairs)
-    return acc  # type: ignore[return-value]
+    assert acc is not None  # a column holds at least one value
+    return acc
 
 
 def failed_replies(replies: Iterable[Message], server_round: Optional[int] = None) -> int:

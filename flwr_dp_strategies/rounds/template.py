@@ -87,7 +87,7 @@ class RoundRelease:
         if self.metrics is not None:
             for key in keys:
                 if key in self.metrics:
-                    self.server_only[key] = float(self.metrics.pop(key))  # type: ignore[arg-type]
+                    self.server_only[key] = float(cast(float, self.metrics.pop(key)))
         return self
 
 

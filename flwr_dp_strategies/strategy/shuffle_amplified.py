@@ -341,9 +341,10 @@ def _declared_epsilon(declarations: list[Declaration]) -> _Declared:
     except (ValueError, TypeError):
         return _Declared(None, ())
     parts = [basic_pure_epsilon(e) for e in events]
-    if not parts or any(p is None for p in parts):
+    finite_parts = [p for p in parts if p is not None]
+    if not parts or len(finite_parts) != len(parts):
         return _Declared(None, signature)
-    total = float(sum(parts))  # type: ignore[arg-type]
+    total = float(sum(finite_parts))
     return _Declared(total if math.isfinite(total) and total > 0 else None, signature)
 
 
