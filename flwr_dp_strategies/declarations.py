@@ -41,7 +41,8 @@ from typing import Optional, Union
 from dp_accounting.dp_event import DpEvent
 from flwr.app import ConfigRecord, RecordDict
 
-from .privacy import Release, event_from_dict, event_to_dict
+from .privacy import Release
+from .privacy.events import event_from_dict, event_to_dict
 from .privacy.event_validation import validate_event
 from .privacy.relations import ADD_OR_REMOVE_ONE, check_relation
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
+from flwr_dp_strategies.privacy.accountants import LedgerRdpAccountant
 from flwr_dp_strategies.privacy import (
     ExponentialMechanismDpEvent,
-    LedgerRdpAccountant,
     PrivacyLedger,
     PureDpEvent,
     ApproxDpEvent,

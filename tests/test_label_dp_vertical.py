@@ -25,7 +25,8 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from flwr_dp_strategies.privacy import PrivacyLedger, event_to_dict, keep_probability, rr_event
+from flwr_dp_strategies.privacy import PrivacyLedger, keep_probability, rr_event
+from flwr_dp_strategies.privacy.events import event_to_dict
 
 APP_DIR = Path(__file__).resolve().parents[1] / "examples" / "label-dp"
 

@@ -54,6 +54,17 @@ MOVED = [
         "with_privacy_metrics",
     ),
     ("flwr_dp_strategies.privacy", "resolve_rng", "flwr_dp_strategies.privacy.rng", "resolve_rng"),
+    *[
+        ("flwr_dp_strategies.privacy", name, f"flwr_dp_strategies.privacy.{module}", name)
+        for module, names in {
+            "accountants": ("LedgerRdpAccountant", "LedgerPldAccountant"),
+            "bounds": ("amplify_by_subsampling", "basic_composition", "strong_composition", "textbook_bounds"),
+            "events": ("event_from_dict", "event_to_dict"),
+            "exponential": ("gumbel_top_k",),
+            "gaussian": ("classical_gaussian_sigma",),
+        }.items()
+        for name in names
+    ],
     ("client_mods", "LabelDP", "client_mods", "LabelDp"),
     ("client_mods", "LabelDPDataset", "client_mods", "LabelDpDataset"),
     ("client_mods.label_dp", "LabelDP", "client_mods", "LabelDp"),
@@ -84,8 +95,6 @@ def test_privacy_surface_drops_internal_helpers_only():
     for kept in (
         "PrivacyLedger",
         "LedgerStore",
-        "LedgerRdpAccountant",
-        "LedgerPldAccountant",
         "gaussian_mechanism",
         "laplace_mechanism",
         "exponential_mechanism",
@@ -94,6 +103,17 @@ def test_privacy_surface_drops_internal_helpers_only():
         "Release",
     ):
         assert kept in privacy.__all__, kept
+
+
+MAX_PUBLIC_NAMES = 70
+"""Issue 36: the union of the four packages' ``__all__`` held 79 names; the accountants behind the ledger, the
+comparison bounds, the event codec and two helpers left the privacy package's surface (still importable from their
+modules; the old path warns)."""
+
+
+def test_the_public_surface_stays_small():
+    names = set().union(*(importlib.import_module(package).__all__ for package in PACKAGES))
+    assert len(names) <= MAX_PUBLIC_NAMES, len(names)
 
 
 def test_one_spelling_of_dp_in_client_mods():

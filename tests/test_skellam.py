@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from scipy import stats
 from scipy.special import gammaln, logsumexp
 
-from flwr_dp_strategies.privacy import LedgerRdpAccountant, PrivacyLedger
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.privacy.accountants import LedgerRdpAccountant
 from flwr_dp_strategies.privacy.event_validation import validate_event
 from flwr_dp_strategies.privacy.events import event_from_dict, event_to_dict
 from flwr_dp_strategies.privacy.skellam import SkellamDpEvent, sample_skellam, skellam_event, skellam_rdp

@@ -5,11 +5,11 @@ import math
 import numpy as np
 import pytest
 
+from flwr_dp_strategies.privacy.gaussian import classical_gaussian_sigma
 from flwr_dp_strategies.privacy import (
     ApproxDpEvent,
     ExponentialMechanismDpEvent,
     binary_randomized_response,
-    classical_gaussian_sigma,
     exponential_mechanism,
     gaussian_mechanism,
     gaussian_sigma,

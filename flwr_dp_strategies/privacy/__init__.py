@@ -6,11 +6,9 @@ Every mechanism returns a :class:`Release` (output + dp-accounting DpEvent);
 """
 
 from ._logging import route_absl_warnings as _route_absl_warnings
-from .accountants import LedgerPldAccountant, LedgerRdpAccountant
-from .bounds import amplify_by_subsampling, basic_composition, strong_composition, textbook_bounds
-from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent, event_from_dict, event_to_dict
-from .exponential import exponential_mechanism, gumbel_top_k
-from .gaussian import classical_gaussian_sigma, gaussian_mechanism, gaussian_sigma
+from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
+from .exponential import exponential_mechanism
+from .gaussian import gaussian_mechanism, gaussian_sigma
 from .laplace import laplace_mechanism, laplace_scale
 from .ledger import PrivacyBudgetExceeded, PrivacyLedger, PrivacyReport, privacy_metrics
 from .ledger_file import LedgerFileError, LedgerStore
@@ -31,25 +29,17 @@ __all__ = [
     "ApproxDpEvent",
     "ExponentialMechanismDpEvent",
     "LedgerFileError",
-    "LedgerPldAccountant",
-    "LedgerRdpAccountant",
     "LedgerStore",
     "PrivacyBudgetExceeded",
     "PrivacyLedger",
     "PrivacyReport",
     "PureDpEvent",
     "Release",
-    "amplify_by_subsampling",
-    "basic_composition",
     "binary_randomized_response",
-    "classical_gaussian_sigma",
-    "event_from_dict",
-    "event_to_dict",
     "exponential_mechanism",
     "flip_probability",
     "gaussian_mechanism",
     "gaussian_sigma",
-    "gumbel_top_k",
     "kary_randomized_response",
     "keep_probability",
     "laplace_mechanism",
@@ -58,12 +48,23 @@ __all__ = [
     "rr_event",
     "shuffle_amplified_epsilon",
     "shuffle_amplified_event",
-    "strong_composition",
-    "textbook_bounds",
 ]
 
-#: internal helpers that left this package's surface -> "module:name" (DeprecationWarning; PEP 562)
-_MOVED = {"resolve_rng": "flwr_dp_strategies.privacy.rng:resolve_rng"}
+#: names that left this package's surface (internal helpers, the comparison bounds, the accountants behind the
+#: ledger, the event codec) -> "module:name" (DeprecationWarning; PEP 562)
+_MOVED = {
+    "resolve_rng": "flwr_dp_strategies.privacy.rng:resolve_rng",
+    "LedgerPldAccountant": "flwr_dp_strategies.privacy.accountants:LedgerPldAccountant",
+    "LedgerRdpAccountant": "flwr_dp_strategies.privacy.accountants:LedgerRdpAccountant",
+    "amplify_by_subsampling": "flwr_dp_strategies.privacy.bounds:amplify_by_subsampling",
+    "basic_composition": "flwr_dp_strategies.privacy.bounds:basic_composition",
+    "strong_composition": "flwr_dp_strategies.privacy.bounds:strong_composition",
+    "textbook_bounds": "flwr_dp_strategies.privacy.bounds:textbook_bounds",
+    "event_from_dict": "flwr_dp_strategies.privacy.events:event_from_dict",
+    "event_to_dict": "flwr_dp_strategies.privacy.events:event_to_dict",
+    "gumbel_top_k": "flwr_dp_strategies.privacy.exponential:gumbel_top_k",
+    "classical_gaussian_sigma": "flwr_dp_strategies.privacy.gaussian:classical_gaussian_sigma",
+}
 
 
 def __getattr__(name: str):
