@@ -526,13 +526,27 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; the exit status (0 verified or written, 1 refused or unreadable, 2 usage: argparse's
-    SystemExit(2), as for any usage error)."""
+    SystemExit(2), as for any usage error). A reader that closes the pipe early (``flwr-dp ledger show FILE |
+    head``) ends it quietly, as Unix tools do: no traceback, status 141 (128 + SIGPIPE)."""
+    try:
+        status = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, inside the try, not at interpreter exit
+        return status
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return 128 + 13
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
     args = _parser().parse_args(argv)
     if args.handler is not None:
         try:
             return args.handler(args)
         except _UsageError as err:
             args.usage.error(str(err))  # SystemExit(2)
+        except BrokenPipeError:
+            raise
         except (ValueError, OSError) as err:
             print(f"flwr-dp: error: {err}", file=sys.stderr)
             return 1

@@ -147,3 +147,29 @@ def test_the_module_runs_as_a_command(tmp_path):
     report = json.loads(proc.stdout)
     assert report["verified"].startswith("sha256 (integrity only")
     assert report["ledgers"][0]["worst_case"]["epsilon"] == pytest.approx(ledger.epsilon())
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path):
+    """Issue 38 item 5: ``flwr-dp ledger show FILE | head -1`` ended with a BrokenPipeError traceback."""
+    path = str(tmp_path / "ledger.json")
+    ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
+    store = LedgerStore(path, key=None, resume=False)
+    store.claim("main", ledger, lambda: ledger)
+    for client in range(5000):  # a report far larger than a pipe's buffer (64 KiB)
+        ledger.record(GaussianDpEvent(2.0), server_round=1, client=client, label="local-noise")
+    store.save()
+    store.close()
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    env.pop(ledger_file.KEY_ENV, None)
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "flwr_dp_strategies.cli", "ledger", "show", path, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    first = writer.stdout.readline()  # the reader takes one line, then closes its end (as head does)
+    writer.stdout.close()
+    _, stderr = writer.communicate(timeout=120)
+    assert first.startswith(b"{")
+    assert b"Traceback" not in stderr and b"BrokenPipe" not in stderr, stderr.decode()
+    assert writer.returncode in (0, 141)  # 141 = 128 + SIGPIPE when the write met the closed pipe
