@@ -357,3 +357,19 @@ def test_canaries_never_enter_the_published_evaluation_means(task_identity):
     assert result.evaluate_metrics_clientapp[1]["loss"] == pytest.approx(1.0)
     assert strategy.rejections["evaluate"] == {"error": k}  # skipped as failed replies: server log only
     assert not audit.grid.canary_errors
+
+
+def test_pull_messages_takes_every_flower_form(task_identity):
+    """Issue 38: Flower 1.43's ``pull_messages(reply_to_message_ids=None, *, message_ids=None)``; the old positional
+    and keyword forms keep working, None pulls every reply not yet pulled."""
+    real = LoopbackGrid(real_app(), REAL)
+    real.push_messages = lambda msgs: [f"r{m.metadata.dst_node_id}" for m in msgs]  # type: ignore[assignment]
+    real.pull_messages = lambda ids=None: ["everything"] if ids is None else [f"reply-{i}" for i in ids]  # type: ignore[assignment]
+    canaries = [CANARY_ID_BASE, CANARY_ID_BASE + 1, CANARY_ID_BASE + 2]
+    grid = CanaryGrid(real, canaries, canary_client_app(local_direction, 1.0))
+    ids = grid.push_messages([Message(RecordDict({"arrays": model()}), c, "train", group_id="1") for c in canaries])
+    assert len(grid.pull_messages(reply_to_message_ids=[ids[0]])) == 1
+    assert len(grid.pull_messages(message_ids=[ids[1]])) == 1
+    rest = grid.pull_messages()
+    assert [r for r in rest if isinstance(r, Message)][0].metadata.src_node_id == canaries[2]
+    assert "everything" in rest and grid.pull_messages([ids[2]]) == []

@@ -198,12 +198,21 @@ class CanaryGrid(Grid):
             ids.extend(self.grid.push_messages(real))
         return ids
 
-    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        ids = list(message_ids)
+    def pull_messages(
+        self, reply_to_message_ids: Optional[Iterable[str]] = None, *, message_ids: Optional[Iterable[str]] = None
+    ) -> list[Message]:
+        """The replies to the instructions ``reply_to_message_ids`` (Flower 1.43's name; ``message_ids=``, the name
+        of Flower 1.41-1.42, is accepted too); None: every reply not yet pulled (1.43: no filter)."""
+        wanted = reply_to_message_ids if reply_to_message_ids is not None else message_ids
+        if wanted is None:
+            replies = list(self._pending.values())
+            self._pending.clear()
+            return replies + list(self.grid.pull_messages())
+        ids = list(wanted)
         replies = [self._pending.pop(i) for i in ids if i in self._pending]
         real = [i for i in ids if i not in self._delivered]
         if real:
-            replies.extend(self.grid.pull_messages(real))
+            replies.extend(self.grid.pull_messages(real))  # positional: the instructions' ids in every version
         return replies
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: Optional[float] = None) -> list[Message]:
