@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Message, RecordDict
 
 from flwr_dp_strategies.privacy import PrivacyLedger, keep_probability, rr_event
 from flwr_dp_strategies.privacy.events import event_to_dict
@@ -259,3 +259,26 @@ def test_vertical_run_end_to_end(tmp_path):
     assert p == pytest.approx(9 / (math.exp(4) + 9))
     assert abs(privacy["changed_fraction"] - p) < 5 * math.sqrt(p * (1 - p) / n)
     assert dp_run["final_accuracy"] > 0.3
+
+
+def test_a_message_flower_could_not_push_aborts_the_step_at_once(task_identity):
+    """Issue 38: Flower 1.43's HttpGrid returns "" for a failed push; the server app used to wait on it until its
+    reply timeout and then fail with a misleading count."""
+    sys.path.insert(0, str(APP_DIR))
+    try:
+        from label_dp_app import server_app
+
+        class FailingPush:
+            def push_messages(self, messages):
+                return ["id-1", ""]
+
+            def pull_messages(self, ids):  # never reached
+                raise AssertionError("pulled although a push failed")
+
+        messages = [Message(RecordDict(), dst_node_id=n, message_type="query") for n in (11, 12)]
+        with pytest.raises(RuntimeError, match=r"could not send to feature parties \[12\]"):
+            server_app.exchange(FailingPush(), messages)
+    finally:
+        sys.path.remove(str(APP_DIR))
+        for name in [m for m in sys.modules if m == "label_dp_app" or m.startswith("label_dp_app.")]:
+            del sys.modules[name]

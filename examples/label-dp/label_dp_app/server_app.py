@@ -66,9 +66,15 @@ def wait_for_parties(grid: Grid, num_parties: int) -> list[int]:
 def exchange(grid: Grid, messages: Iterable[Message]) -> list[Message]:
     """Push ``messages`` and pull every reply, polling every 10 ms (``send_and_receive`` may sleep 3 s).
 
-    Vertical FL needs every party in every step, so an error reply or a timeout aborts the run.
+    Vertical FL needs every party in every step, so a message that could not be sent (Flower 1.43's ``""`` id), an
+    error reply or a timeout aborts the run.
     """
-    pending = set(grid.push_messages(messages))
+    messages = list(messages)
+    ids = list(grid.push_messages(messages))
+    failed = [int(m.metadata.dst_node_id) for m, i in zip(messages, ids) if not i]
+    if failed:  # Flower 1.43's HttpGrid returns "" for a message it could not push: no reply will ever come
+        raise RuntimeError(f"could not send to feature parties {failed}: every party is needed in every step")
+    pending = set(ids)
     replies: list[Message] = []
     deadline = time.monotonic() + REPLY_TIMEOUT_S
     while pending:
