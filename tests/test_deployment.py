@@ -14,7 +14,8 @@ reading flwr 1.41 and by the second test):
   the last one. Neither interval can be set from the command line
   (``flower-supernode``/``flower-superlink`` have no heartbeat flags;
   ``HEARTBEAT_DEFAULT_INTERVAL`` is a constant in ``flwr.common.constant``).
-* So about 40-60 s after a node is killed (SIGKILL: it cannot deactivate itself)
+* So about 40-60 s after a node is killed (SIGKILL: it cannot deactivate itself; in these tests about
+  20 s: tests/deployment_site/sitecustomize.py sets the interval to Flower's 10 s minimum)
   the SuperLink answers the ServerApp's pull for that node's message with an
   error reply, ``ErrorCode.NODE_UNAVAILABLE`` (5), "The destination node failed
   to report a heartbeat within 2 x its expected interval". ``Grid.send_and_receive``
