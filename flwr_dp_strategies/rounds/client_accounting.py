@@ -56,7 +56,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
-from typing import Optional
+from typing import Any, Optional
 
 from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
 from flwr.app import Message, MetricRecord, RecordDict
@@ -232,20 +232,11 @@ class ClientAccountingMixin:
 
     # ------------------------------------------------------------------ screening
     def screen_and_book(
-        self,
-        server_round: int,
-        replies: Iterable[Message],
-        check: Optional[ContentCheck] = None,
-        *,
-        phase: Optional[str] = None,
-        undeclared_label: Optional[str] = None,
-        declared: Optional[dict[int, list[Declaration]]] = None,
+        self, server_round: int, replies: Iterable[Message], check: Optional[ContentCheck] = None, **options: Any
     ) -> tuple[list[Message], Counter[str]]:
-        """:meth:`screen`, then :meth:`book` its bookings under ``server_round``: for a helper that runs its
-        own message round outside the accounted round (``LdpFederatedPCA``)."""
-        accepted, rejected, bookings = self.screen(
-            server_round, replies, check, phase=phase, undeclared_label=undeclared_label, declared=declared
-        )
+        """:meth:`screen` (``options``: its keyword arguments), then :meth:`book` its bookings under ``server_round``:
+        for a helper that runs its own message round outside the accounted round (``LdpFederatedPCA``)."""
+        accepted, rejected, bookings = self.screen(server_round, replies, check, **options)
         self.book(server_round, bookings)
         return accepted, rejected
 
