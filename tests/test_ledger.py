@@ -235,3 +235,35 @@ def test_one_non_private_client_does_not_switch_off_the_published_epsilon():
     alone = PrivacyLedger(1e-5)
     alone.record(dp_event.NonPrivateDpEvent(), server_round=1, client="c")
     assert alone.metrics()["privacy/epsilon"] == math.inf  # nobody followed the protocol: nobody is protected
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+@given(
+    bookings=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", None]), st.sampled_from([1.0, 4.0, "non-private"])),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_the_published_epsilon_is_the_worst_protocol_following_client_never_nan(bookings):
+    """Property: privacy/epsilon equals the worst ε among clients without a non-private booking (central events
+    included), is never NaN nor above the all-client worst case, and is that worst case when no client, or every
+    client, sent a non-private release."""
+    ledger = PrivacyLedger(1e-5)
+    for rnd, (client, what) in enumerate(bookings, 1):
+        event = dp_event.NonPrivateDpEvent() if what == "non-private" else dp_event.GaussianDpEvent(what)
+        if client is None and what == "non-private":
+            continue  # a central non-private release makes every figure inf: not what this property is about
+        ledger.record(event, server_round=rnd, client=client)
+    published = ledger.metrics()["privacy/epsilon"]
+    assert not math.isnan(published) and published <= ledger.epsilon()
+    excluded = set(ledger.non_private_clients())
+    following = [c for c in ledger.clients if c not in excluded]
+    if excluded and following:
+        assert published == pytest.approx(max(ledger.epsilon(c) for c in following))
+    else:
+        assert published == ledger.epsilon()
