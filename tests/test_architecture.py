@@ -266,3 +266,45 @@ def test_the_packages_keep_few_type_ignores():
         if "# type: ignore" in line
     ]
     assert len(found) <= MAX_TYPE_IGNORES, found
+
+
+def test_no_module_calls_a_private_method_of_a_flower_class():
+    """Issue 36 item 5: Flower's DP wrappers keep their accountant's bookkeeping in private methods
+    (``_prepare_accounting``, ``_pop_pending_event``, ``_compose_release``, ...) that may change in any release;
+    the packages use only Flower's public API. An attribute ``_name`` read on anything but ``self``/``cls`` or a
+    module of these packages is reported when Flower's strategy classes define ``_name``."""
+    import inspect
+
+    import flwr.serverapp.strategy as flower_strategies
+
+    flower_private = {
+        name
+        for _, cls in inspect.getmembers(flower_strategies, inspect.isclass)
+        for klass in cls.__mro__
+        if klass.__module__.startswith("flwr.")
+        for name in vars(klass)
+        if name.startswith("_") and not name.startswith("__")
+    }
+    assert {"_prepare_accounting", "_pop_pending_event", "_compose_release"} <= flower_private  # the check can see them
+    found = []
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr in flower_private:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.attr}")
+                if isinstance(node, ast.Constant) and node.value in flower_private:  # getattr(x, "_name")
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert found == [], found
+
+
+def test_bandmf_is_the_central_round_with_a_banded_stream_not_a_second_implementation():
+    """Issue 36 item 5: BandMF configures the one central-Gaussian round (participation ``cyclic``, noise
+    ``banded``) and re-implements none of its stages (configure, clip, sum, noise, release)."""
+    from flwr_dp_strategies.rounds.central_gaussian import CentralGaussianRound
+    from flwr_dp_strategies.strategy.banded_matrix_factorization import AccountedBandedMatrixFactorization as BandMF
+
+    for stage in ("instruct_train", "release_train", "add_updates", "_fixed_release", "train_check"):
+        assert stage not in vars(BandMF), stage
+        assert stage in vars(CentralGaussianRound), stage
+    source = (ROOT / "flwr_dp_strategies/strategy/banded_matrix_factorization.py").read_text()
+    assert "ClippedSum" not in source and "fixed_denominator_release" not in source

@@ -220,6 +220,60 @@ def test_poisson_fixed_clipping_composes_into_a_flower_poisson_accountant(task_i
     assert list(tight.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4))) == [] and tight.budget_exhausted
 
 
+def test_fixed_clipping_drives_a_flower_accountant_through_its_public_protocol_only(task_identity, monkeypatch):
+    """Issue 36 item 5: no call into Flower's private ``_prepare_accounting`` / ``_pop_pending_event`` /
+    ``_compose_release``; the accountant gets one Gaussian(z) per release, also around FedAdam (which Flower's own
+    wrapper refuses with an accountant: it adds the noise after the optimizer's step)."""
+    import numpy as np
+    from dp_accounting.dp_event import GaussianDpEvent
+    from dp_accounting.rdp import RdpAccountant as DpAccountingRdp
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping as Flower
+    from flwr.serverapp.strategy import FedAdam, FedAvg
+    from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
+    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+    from loopback import LoopbackGrid
+    from flwr_dp_strategies import AccountedServerSideFixedClipping
+
+    for private in ("_prepare_accounting", "_pop_pending_event", "_compose_release"):
+        monkeypatch.setattr(Flower, private, lambda *a, **k: pytest.fail(f"{private} called"))
+
+    def accountant(method=SamplingMethod.NO_AMPLIFICATION, max_epsilon=None):
+        config = PrivacyConfig(1e-5, 4, NeighboringRelation.ADD_OR_REMOVE_ONE, method, max_epsilon)
+        return RdpAccountant(config)
+
+    with pytest.raises(ValueError, match="NO_AMPLIFICATION"):
+        AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(SamplingMethod.POISSON))
+    with pytest.raises(ValueError, match="population_size"):
+        AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 5, accountant=accountant())
+    with pytest.raises(ValueError, match="noise_sampler"):
+        AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(), noise_sampler="secure")
+    current = ArrayRecord({"w": Array(np.zeros(3))})
+    for wrapped in (FedAvg(fraction_train=0.5), FedAdam(fraction_train=0.5)):
+        flower = accountant()
+        strategy = AccountedServerSideFixedClipping(wrapped, 2.0, 1.0, 2, accountant=flower, rng=0)
+        for server_round in (1, 2):
+            messages = list(strategy.configure_train(server_round, current, ConfigRecord(), LoopbackGrid.of(4)))
+            replies = [
+                Message(
+                    RecordDict(
+                        {"arrays": ArrayRecord({"w": Array(np.ones(3))}), "metrics": MetricRecord({"num-examples": 1})}
+                    ),
+                    reply_to=m,
+                )
+                for m in messages[:1]  # fewer replies than m: the fixed denominator makes it the same mechanism
+            ]
+            arrays, _ = strategy.aggregate_train(server_round, replies)
+            assert arrays is not None
+        reference = DpAccountingRdp()
+        reference.compose(GaussianDpEvent(2.0), 2)
+        assert flower.num_releases == 2
+        assert flower.get_epsilon(1e-5) == pytest.approx(reference.get_epsilon(1e-5), rel=1e-6)
+    tight = AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 2, accountant=accountant(max_epsilon=0.5))
+    assert list(tight.configure_train(1, current, ConfigRecord(), LoopbackGrid.of(4))) == [] and tight.budget_exhausted
+
+
 # ---------------------------------------------------------------------------- 3. Flower's log lines
 def _messages(strategy, phase, rnd, n=3):
     import numpy as np

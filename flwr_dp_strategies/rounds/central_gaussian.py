@@ -5,17 +5,24 @@ Every central-DP strategy of this package releases, per round,
 .. math:: \tilde w = w + \frac1m \sum_{i \in S} \bar\Delta_i + \mathcal N\!\big(0, \sigma^2 I\big),
           \qquad \bar\Delta_i = \Delta_i \min(1, C_t/\lVert\Delta_i\rVert_2),
 
-over a public denominator m (:mod:`.central_release`), and books one Gaussian event of
-noise multiplier z per round under ``add_or_remove_one`` (user-level DP). Two settings
-select the variant (as Opacus chooses an optimizer variant by configuration):
+over a public denominator m (:mod:`.central_release`), and books its event under ``add_or_remove_one``
+(user-level DP). Three settings select the variant (as Opacus chooses an optimizer variant by
+configuration), and every check (screening, clipping, the budget stop, the public denominator) is made
+once, here:
 
-* ``sampling``: ``"fixed"`` (the wrapped FedAvg's fixed-size sample, booked as
-  ``GaussianDpEvent(z)``: no amplification claimed) or ``"poisson"`` (each node asked
+* ``sampling`` (participation): ``"fixed"`` (the wrapped FedAvg's fixed-size sample, booked as
+  ``GaussianDpEvent(z)``: no amplification claimed), ``"poisson"`` (each node asked
   independently with q = m/N from OS entropy, :func:`.central_release.poisson_sample`,
   booked as ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``: the contribution of one
   client is bounded whatever the sample, so the round is a sampled Gaussian mechanism;
-  Mironov, Talwar & Zhang 2019). Either way the wrapped strategy's ``configure_train``
-  makes the instruction (config, records); the sampler chooses only the nodes.
+  Mironov, Talwar & Zhang 2019), or ``"cyclic"`` / ``"cyclic-poisson"`` (b-min-separated groups with a
+  participation cap, for a banded factorisation:
+  :mod:`flwr_dp_strategies.strategy.banded_matrix_factorization`, which implements :meth:`choose_nodes`,
+  :meth:`admit` and the event). Either way the wrapped strategy's ``configure_train`` makes the
+  instruction (config, records); the participation rule chooses only the nodes.
+* ``noise_sampler`` (noise): i.i.d. Gaussian from OS entropy (``"os-entropy"``), the discrete Gaussian
+  on a grid (``"secure"``, booked as ``ZCDpEvent``), Flower's NumPy helper (``"flower"``), or a
+  correlated stream (``"banded"``: :meth:`noise_row` gives row t of :math:`C_b^{-1}Z`).
 * ``clipping``: ``"fixed"`` (C constant, σ = zC/m) or ``"adaptive"`` (Andrew et al.,
   NeurIPS 2021, Algorithm 1: the round releases the pair (clipped sum, centred unclipped
   count) with noise :math:`z_\Delta C_t` and :math:`\sigma_b`, a Gaussian mechanism of
@@ -31,7 +38,10 @@ then booking, saving (the learnt C is saved with the ledger: public, it costs no
 and publishing (the ledger's figures; ``dp/clipping-norm`` and ``dp/unclipped-fraction``
 with adaptive clipping; the clients' train metrics only with
 ``publish_client_metrics=True``, which books the round as non-private). Training stops
-before a round would exceed ``ledger.max_epsilon`` (or a Flower accountant's).
+before a round would exceed ``ledger.max_epsilon`` (or a Flower accountant's). A user's Flower
+``PrivacyAccountant`` is driven through its public protocol only (``would_exceed``, ``compose``,
+``get_privacy_spent``; :meth:`CentralGaussianRound.compose_flower`), never through the private
+bookkeeping of Flower's wrappers.
 """
 
 from __future__ import annotations
@@ -68,8 +78,13 @@ from .streaming_aggregation import ClippedSum, npy_view, to_array
 from .template import AccountedRound, Booking, RoundRelease, Screened
 
 SAMPLING = ("poisson", "fixed")
+#: every participation rule of the round: SAMPLING (a user's choice) and the cyclic schedules of a banded
+#: factorisation (b-min-separation, :class:`~flwr_dp_strategies.privacy.participation.CyclicParticipation`)
+PARTICIPATION = SAMPLING + ("cyclic", "cyclic-poisson")
 CLIPPING = ("fixed", "adaptive")
 NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
+#: the round's noise: NOISE_SAMPLERS (i.i.d., a user's choice) and "banded" (correlated across rounds)
+NOISES = NOISE_SAMPLERS + ("banded",)
 CLIPPING_NORM_METRIC = "dp/clipping-norm"
 UNCLIPPED_FRACTION_METRIC = "dp/unclipped-fraction"
 #: C is kept in [MIN_CLIPPING_NORM, MAX_CLIPPING_NORM] (post-processing: no privacy cost), so a
@@ -160,12 +175,17 @@ class CentralGaussianRound(AccountedRound):
         clipping_side: str = "server",
     ) -> None:
         """The configuration of the round (after the ledger is open: ``_init_accounting``)."""
-        if sampling not in SAMPLING:
-            raise ValueError(f"sampling must be one of {SAMPLING}, got {sampling!r}")
+        if sampling not in PARTICIPATION:
+            raise ValueError(f"sampling must be one of {PARTICIPATION}, got {sampling!r}")
         if clipping not in CLIPPING:
             raise ValueError(f"clipping must be one of {CLIPPING}, got {clipping!r}")
-        if noise_sampler not in NOISE_SAMPLERS:
-            raise ValueError(f"noise_sampler must be one of {NOISE_SAMPLERS}, got {noise_sampler!r}")
+        if noise_sampler not in NOISES:
+            raise ValueError(f"noise_sampler must be one of {NOISES}, got {noise_sampler!r}")
+        cls = type(self)
+        if sampling not in SAMPLING and cls.choose_nodes is CentralGaussianRound.choose_nodes:
+            raise TypeError(f"{cls.__name__}: sampling={sampling!r} needs a choose_nodes that implements it")
+        if noise_sampler == "banded" and cls.noise_row is CentralGaussianRound.noise_row:
+            raise TypeError(f"{cls.__name__}: noise_sampler='banded' needs a noise_row that draws the stream")
         self.sampling, self.clipping, self.clipping_side = sampling, clipping, clipping_side
         self.noise_sampler, self.event_label = noise_sampler, event_label
         self.num_clients = (
@@ -209,8 +229,11 @@ class CentralGaussianRound(AccountedRound):
     nominal_event = round_event
 
     def flower_event(self) -> Any:
-        """The round for a Flower ``PrivacyAccountant`` configured for Poisson sampling (None without one)."""
-        if self.accountant is None or self.sampling != "poisson":
+        """The round for a user's Flower ``PrivacyAccountant`` (None without one), through its public protocol
+        only: ``GaussianPrivacyEvent(z, sample_size=m, population_size=N)``, which the accountant reads as
+        the plain Gaussian (``NO_AMPLIFICATION``, fixed-size sampling) or the Poisson(m/N)-sampled one
+        (``POISSON``, Poisson sampling). Composed once per release (:meth:`compose_flower`)."""
+        if self.accountant is None:
             return None
         from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
 
@@ -218,6 +241,21 @@ class CentralGaussianRound(AccountedRound):
             noise_multiplier=self.noise_multiplier,
             sample_size=self.num_sampled_clients,
             population_size=self.accountant.config.population_size,
+        )
+
+    def compose_flower(self) -> None:
+        """Compose this release into the user's Flower accountant (if any) and log what it has spent."""
+        event = self.flower_event()
+        if event is None:
+            return
+        self.accountant.compose(event)
+        spent = self.accountant.get_privacy_spent()
+        log(
+            INFO,
+            "Privacy spent: epsilon=%.6f at delta=%g after %d releases",
+            spent.epsilon,
+            spent.delta,
+            spent.num_releases,
         )
 
     def _ledger_would_exceed(self) -> bool:
@@ -263,43 +301,58 @@ class CentralGaussianRound(AccountedRound):
     def instruct_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Sample the nodes and send them the wrapped strategy's instruction; nothing once one more round
-        would exceed the budget, nor in a round the wrapped strategy configures no training (then nothing is
-        released nor booked)."""
+        """Choose the nodes (:meth:`choose_nodes`) and send them the wrapped strategy's instruction; nothing once
+        the plan is done (:meth:`plan_exhausted`) or one more round would exceed the budget, nor in a round the
+        wrapped strategy configures no training (then nothing is released nor booked)."""
         nodes = sorted(grid.get_node_ids())
+        self.start_round(arrays, nodes)
+        if self.budget_exhausted or self.plan_exhausted():
+            self.budget_exhausted = True
+            return []
+        if self._would_exceed():
+            self._stop(server_round)
+            return []
+        config = self.train_config(config)
+        chosen = self.choose_nodes(server_round, nodes)
+        if chosen is None:
+            messages = list(self.strategy.configure_train(server_round, arrays, config, grid)) or None
+        else:
+            messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
+        self._idle_round = server_round if messages is None else None
+        if messages is None:
+            log(INFO, "configure_train: the wrapped strategy configures no training in round %d", server_round)
+        if self.clipping == "adaptive":
+            log(INFO, "configure_train: clipping norm %.6g, %s sampling", self.clipping_norm, self.sampling)
+        return messages or []
+
+    def start_round(self, arrays: ArrayRecord, nodes: list[int]) -> None:
+        """Fix the round's model (the reference every update is clipped against) and, under Poisson sampling,
+        N from the first round's nodes."""
         if self.sampling == "poisson" and self.num_clients is None:
             self.num_clients = check_int("num_clients", len(nodes), minimum=self.num_sampled_clients)
         self.current_arrays = arrays
         self._spec = array_spec(arrays)
         self._dimension = sum(math.prod(shape) for shape, _, _ in self._spec.values())
         self._secure_bound = self.clipping_norm * max(1, len(nodes)) / self.num_sampled_clients
-        if self._would_exceed():
-            self._stop(server_round)
-            return []
-        config = self.train_config(config)
-        if self.sampling == "poisson":
-            chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
-            messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
-        else:
-            messages = list(self.strategy.configure_train(server_round, arrays, config, grid))
-            if self.accountant is not None:  # Flower's accountant: its budget check and pending event
-                messages = list(self._flower_wrapper()._prepare_accounting(server_round, messages))
-            messages = messages or None
-        self._idle_round = server_round if messages is None else None
-        if messages is None:
-            log(INFO, "configure_train: the wrapped strategy configures no training in round %d", server_round)
-        elif self.sampling == "poisson":
-            log(
-                INFO,
-                "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)",
-                len(messages),
-                self.sampling_rate,
-                len(nodes),
-            )
-        if self.clipping == "adaptive":
-            log(INFO, "configure_train: clipping norm %.6g, %s sampling", self.clipping_norm, self.sampling)
-        messages = messages or []
-        return messages
+
+    def plan_exhausted(self) -> bool:
+        """True once the planned releases are made (a participation schedule's end; never for the i.i.d. rounds)."""
+        return False
+
+    def choose_nodes(self, server_round: int, nodes: list[int]) -> Optional[list[int]]:
+        """The participation rule: None keeps the wrapped strategy's fixed-size choice (``"fixed"``); a list (the
+        nodes to train) replaces it: each node independently with q = m/N (``"poisson"``)."""
+        if self.sampling != "poisson":
+            return None
+        chosen = poisson_sample(nodes, self.sampling_rate, self.rng())
+        log(
+            INFO,
+            "configure_train: Poisson sample of %d nodes (q=%.4f, N=%d)",
+            len(chosen),
+            self.sampling_rate,
+            len(nodes),
+        )
+        return chosen
 
     def instruct_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -326,22 +379,20 @@ class CentralGaussianRound(AccountedRound):
         )
 
     def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
-        """Clip and add the updates, divide by m, add the noise; with adaptive clipping also the noisy
-        unclipped fraction and the next C. The round's event is booked even for an empty sample (it is a
-        release: w + noise), except with fixed clipping and fixed-size sampling, where a round without a
-        valid reply releases nothing (Flower's wrapper, whose accountant assumes m equal replies)."""
-        flower_pending = None
-        if self.sampling == "fixed" and self.accountant is not None:
-            flower_pending = self._flower_wrapper()._pop_pending_event(server_round)
+        """Admit (:meth:`admit`), clip and add the updates, divide by m, add the noise (:meth:`noise_row` for a
+        correlated stream); with adaptive clipping also the noisy unclipped fraction and the next C. The round's
+        event (:meth:`release_event`) is booked even for an empty sample (it is a release: w + noise), except
+        with fixed clipping and fixed-size sampling, where a round without a valid reply releases nothing
+        (Flower's wrapper does the same). :meth:`released` then records what the round used."""
+        self.admit(server_round, screened)
         clipping_norm = self.clipping_norm
         summed = ClippedSum({k: npy_view(a) for k, a in self.current_arrays.items()}, clipping_norm)
         unclipped = self.add_updates(server_round, summed, screened)
         accepted = screened.accepted
-        if self.clipping == "fixed" and self.sampling == "fixed":
-            if not accepted or (self.accountant is not None and not _flower_valid(accepted, self.num_sampled_clients)):
-                return RoundRelease()
+        if self.clipping == "fixed" and self.sampling == "fixed" and not accepted:
+            return RoundRelease()
         m = self.num_sampled_clients
-        generator = self.rng()
+        generator = self.noise_generator(server_round)
         metrics: Optional[MetricRecord] = None
         if self.clipping == "adaptive":
             arrays = fixed_denominator_release(summed, m, self.update_noise_multiplier * clipping_norm / m, generator)
@@ -358,8 +409,10 @@ class CentralGaussianRound(AccountedRound):
                 self.ledger_store.set_state(self.state_name, {"clipping_norm": float(self.clipping_norm)})
         else:
             arrays = self._fixed_release(summed, generator)
-        bookings = [Booking(self.add_remove_event(), self.event_label, neighboring_relation=ADD_OR_REMOVE_ONE)]
-        self._compose_release(flower_pending if flower_pending is not None else self.flower_event())
+        event = self.release_event()
+        bookings = [] if event is None else [Booking(event, self.event_label, neighboring_relation=ADD_OR_REMOVE_ONE)]
+        self.compose_flower()
+        self.released(server_round, screened)
         if self.publish_client_metrics:
             bookings.append(Booking(NonPrivateDpEvent(), NON_PRIVATE_METRICS_LABEL))
             published = (
@@ -371,6 +424,25 @@ class CentralGaussianRound(AccountedRound):
             )
             metrics = published if metrics is None else _merged(published, metrics)
         return RoundRelease(arrays, metrics, bookings)
+
+    def admit(self, server_round: int, screened: Screened) -> None:
+        """Reject the screened replies the participation rule refuses (none for ``"fixed"`` and ``"poisson"``)."""
+
+    def released(self, server_round: int, screened: Screened) -> None:
+        """Record what the release used (a participation schedule, a noise stream's position): nothing here."""
+
+    def release_event(self) -> Optional[DpEvent]:
+        """The event this release books under ``add_or_remove_one`` (None: nothing, e.g. past a participation cap)."""
+        return self.add_remove_event()
+
+    def noise_generator(self, server_round: int) -> np.random.Generator:
+        """The generator of the round's noise: a fresh OS-entropy one (a seed or Generator only in tests)."""
+        return self.rng()
+
+    def noise_row(self, generator: np.random.Generator) -> Optional[np.ndarray]:
+        """The round's correlated noise as d standard-normal-scale values (the flattened keys in order), or None
+        for i.i.d. noise: a banded matrix factorisation's row of :math:`C_b^{-1}Z` (:mod:`..privacy.matrix_factorization`)."""
+        return None
 
     def server_step(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:
         """The wrapped strategy's server update on the DP release (:func:`.central_release.server_step`:
@@ -396,24 +468,10 @@ class CentralGaussianRound(AccountedRound):
             arrays = ArrayRecord({key: to_array(v) for key, v in zip(arrays.keys(), values)})
         else:
             bound = self._secure_bound if self.noise_sampler == "secure" else None
-            arrays = fixed_denominator_release(summed, m, sigma, generator, secure_bound=bound)
+            row = self.noise_row(generator)
+            arrays = fixed_denominator_release(summed, m, sigma, generator, secure_bound=bound, correlated=row)
         log(INFO, "aggregate_fit: central DP noise with %.4f stdev added", sigma)
         return arrays
-
-    def _flower_wrapper(self) -> Any:
-        """The Flower DP wrapper this round is mixed into (next in the MRO): its accountant's bookkeeping."""
-        return super()
-
-    def _compose_release(self, event: Any) -> None:  # Flower's wrappers define it; adaptive ones have none
-        parent = getattr(self._flower_wrapper(), "_compose_release", None)
-        if parent is not None:
-            parent(event)
-
-
-def _flower_valid(replies: list[Message], num_sampled_clients: int) -> bool:
-    from flwr.serverapp.strategy.dp_fixed_clipping import validate_replies
-
-    return validate_replies(replies, num_sampled_clients, strict=True)
 
 
 def _merged(first: MetricRecord, second: MetricRecord) -> MetricRecord:

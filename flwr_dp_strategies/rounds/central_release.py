@@ -47,17 +47,25 @@ def fixed_denominator_release(
     sigma: float,
     generator: np.random.Generator,
     secure_bound: float | None = None,
+    correlated: np.ndarray | None = None,
 ) -> ArrayRecord:
     r""":math:`w + S/m + \mathcal N(0, \sigma^2 I)` per key, in each array's dtype (consumes ``summed``).
+
+    With ``correlated`` (d values, the keys flattened in order): :math:`w + S/m + \sigma\,r` instead, r the
+    caller's noise row (a banded factorisation's :math:`(C_b^{-1}Z)_t`); ``generator`` is then unused.
 
     With ``secure_bound`` B: :math:`S/m` is clamped to [−B, B], rounded to the grid of
     :func:`~flwr_dp_strategies.privacy.discrete_gaussian.gaussian_grid` and perturbed with
     discrete Gaussian noise (:func:`secure_release_event` is then the event to book).
     """
-    out = {}
+    out, start = {}, 0
     for key, total in summed.result().items():
         np.divide(total, denominator, out=total)
-        if secure_bound is None:
+        if correlated is not None:
+            flat = total.reshape(-1)
+            flat += sigma * correlated[start : start + flat.size]
+            start += flat.size
+        elif secure_bound is None:
             add_gaussian_noise(total, sigma, generator)
         else:
             noisy = secure_gaussian_mechanism(

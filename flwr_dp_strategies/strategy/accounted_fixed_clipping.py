@@ -39,8 +39,9 @@ Scope of the guarantee.
   clients' train metrics (losses, example counts) are not aggregated into the
   round's metrics unless ``publish_client_metrics=True``, which books the round
   as non-private (ε = ∞), the truth about publishing them.
-* Only a ``FedAvg`` whose ``aggregate_train`` is not overridden is accepted: a
-  server optimiser or a robust aggregator changes the analysis above.
+* The wrapped strategy's server update must be a function of the mean update
+  (FedAvg, FedAvgM, FedAdam, FedYogi, FedAdagrad, FedProx): it runs on the DP
+  release, as post-processing; a robust aggregator is refused.
 * Noise from OS entropy (``rng``); ``noise_sampler="secure"`` draws the discrete
   Gaussian on a data-independent grid (floating-point safe, booked as ``ZCDpEvent``;
   :class:`AccountedPoissonFixedClipping` has no such option: dp-accounting bounds
@@ -53,9 +54,15 @@ Replies go through the shared screening (:mod:`flwr_dp_strategies.rounds.reply_s
 duplicate or unexpected replies are rejected and counted per reason (server log)
 while the round goes on; a reply whose update holds NaN/inf is rejected
 (``non-finite``) before any of it is added. Failed replies are counted
-(``error``, server log). With Flower's own ``accountant`` (which assumes exactly
-``num_sampled_clients`` equally weighted replies) a round with fewer valid replies
-releases nothing, as in Flower.
+(``error``, server log).
+
+Flower's own ``accountant`` (``SamplingMethod.NO_AMPLIFICATION``) is driven through its
+public protocol only (``would_exceed``, ``compose``, ``get_privacy_spent``): every release
+composes ``GaussianPrivacyEvent(z, m, N)`` into it, the same Gaussian of multiplier z the
+ledger books (the denominator is the public m, so a round with fewer replies is the same
+mechanism; Flower's own wrapper, which divides by the replies' weights, needs exactly m
+equal ones), and its ``max_epsilon`` stops training cleanly before a release would exceed it,
+as the ledger's does.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from typing import Optional
 
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
-from flwr.supercore.privacy_accounting import PrivacyAccountant
+from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
 from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
@@ -138,7 +145,10 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         if noise_sampler not in NOISE_SAMPLERS:
             raise ValueError(f"noise_sampler must be one of {NOISE_SAMPLERS}, got {noise_sampler!r}")
         _check_accountable(strategy)
-        super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients, accountant=accountant)
+        _check_fixed_accountant(accountant, num_sampled_clients, noise_sampler)
+        # Flower's wrapper gets no accountant: this class composes into it (its public protocol), on the DP release
+        super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients)
+        self.accountant = accountant
         self.init_accounted_round(
             ledger=ledger,
             ledger_path=ledger_path,
@@ -188,6 +198,28 @@ def _check_accountable(strategy: Strategy) -> None:
     """Refuse set-ups the Gaussian-mechanism analysis does not cover: a server update that is not a function of
     the released mean (:func:`~flwr_dp_strategies.rounds.central_release.check_mean_based`)."""
     check_mean_based(strategy, "AccountedServerSideFixedClipping")
+
+
+def _check_fixed_accountant(accountant: Optional[PrivacyAccountant], m: int, noise_sampler: str) -> None:
+    """A Flower accountant must describe this release: fixed-size sampling without amplification, m <= N, and
+    the continuous Gaussian (the discrete one of ``noise_sampler="secure"`` is a ``ZCDpEvent`` it has no form
+    for); ValueError naming what to change otherwise."""
+    if accountant is None:
+        return
+    config = accountant.config
+    if config.sampling_method is not SamplingMethod.NO_AMPLIFICATION:
+        raise ValueError(
+            "accountant must be configured with sampling_method=SamplingMethod.NO_AMPLIFICATION for fixed-size "
+            f"sampling (got {config.sampling_method.value!r}); use AccountedPoissonFixedClipping for Poisson "
+            "sampling with amplification"
+        )
+    if m > config.population_size:
+        raise ValueError(f"num_sampled_clients={m} exceeds the accountant's population_size={config.population_size}")
+    if noise_sampler == "secure":
+        raise ValueError(
+            "accountant must be None with noise_sampler='secure': the discrete Gaussian's cost (a ZCDpEvent, "
+            "rounding included) has no GaussianPrivacyEvent form; the ledger books it"
+        )
 
 
 __all__ = ["AccountedServerSideFixedClipping", "EVENT_LABEL", "NOISE_SAMPLERS"]

@@ -17,6 +17,11 @@ The noise is generated row by row with O(b·d) memory
 prefix sums :math:`A x + zC\,BZ` with :math:`B = AC_b^{-1}`, whose error grows much more slowly than the
 independent noise of DP-FedAvg (docs/bandmf.md).
 
+The round is :class:`~flwr_dp_strategies.rounds.central_gaussian.CentralGaussianRound`'s (screening, clip,
+sum over m, the budget stop, booking) with participation ``"cyclic"`` / ``"cyclic-poisson"`` and noise
+``"banded"``: this class adds only the participation rule (:meth:`choose_nodes`, :meth:`admit`), the noise
+stream (:meth:`noise_row`), the events and the restart state.
+
 Participation is enforced, not assumed
 (:class:`~flwr_dp_strategies.privacy.participation.CyclicParticipation`): the nodes of the grid are split
 into b groups, release t asks group (t − 1) mod b (the wrapped strategy makes the instruction; only its
@@ -57,9 +62,8 @@ from logging import INFO
 from typing import Any, Optional
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
 from ..privacy import PrivacyLedger
@@ -78,10 +82,9 @@ from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import CentralGaussianRound
-from ..rounds.central_release import check_mean_based, poisson_sample, sampled_train_instructions
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec
-from ..rounds.streaming_aggregation import ClippedSum, npy_view, to_array
-from ..rounds.template import Booking, RoundRelease, Screened
+from ..rounds.central_release import check_mean_based, poisson_sample
+from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
+from ..rounds.template import Screened
 
 EVENT_LABEL = "central-gaussian/banded-matrix-factorization"
 STATE_NAME = "banded-matrix-factorization"
@@ -176,15 +179,16 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             max_weight=max_weight,
         )
         self._init_central(
-            sampling="fixed",
+            sampling=sampling,
             clipping="fixed",
             num_clients=None,
             rng=rng,
             publish_client_metrics=False,
             event_label=EVENT_LABEL,
+            noise_sampler="banded",
         )
         self.num_bands, self.num_rounds, self.max_participations = b, rounds, k
-        self.factorization, self.participation_sampling = factorization, sampling
+        self.factorization = factorization
         self.population = population
         self._seed = int(rng) if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) else None
         self.participation = CyclicParticipation(b, k, rng)
@@ -196,7 +200,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     @property
     def group_sampling_rate(self) -> Optional[float]:
         """q = m·b/N with ``"cyclic-poisson"`` once N is known (None otherwise)."""
-        if self.participation_sampling != "cyclic-poisson" or self.population is None:
+        if self.sampling != "cyclic-poisson" or self.population is None:
             return None
         return self.num_sampled_clients * self.num_bands / self.population
 
@@ -228,7 +232,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "num_bands": self.num_bands,
                 "max_participations": self.max_participations,
                 "coefficients": [float(c) for c in self.coefficients],
-                "sampling": self.participation_sampling,
+                "sampling": self.sampling,
             }
             for key, value in expected.items():
                 if state.get(key) != value:
@@ -295,7 +299,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "num_bands": self.num_bands,
                 "max_participations": self.max_participations,
                 "coefficients": [float(c) for c in self.coefficients],
-                "sampling": self.participation_sampling,
+                "sampling": self.sampling,
                 "num_clients": self.population,
                 "releases": self.releases,
                 "noise": noise_entry,
@@ -305,19 +309,19 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         )
 
     # ------------------------------------------------------------------ accounting
-    def next_event(self) -> Any:
+    def release_event(self) -> Any:
         """What the next release adds (None: nothing, k releases of every pattern are booked)."""
-        return self.release_event(self.releases + 1)
+        return self.event_of_release(self.releases + 1)
 
-    def release_event(self, release: int) -> Any:
+    def event_of_release(self, release: int) -> Any:
         """The event release t books: its sensitivity increment (un-amplified), or the epoch's Poisson-sampled
         Gaussian at t ≡ 1 mod b (``"cyclic-poisson"``; q needs N, known from the first release on)."""
-        if self.participation_sampling == "cyclic-poisson":
+        if self.sampling == "cyclic-poisson":
             return amplified_round_event(release, self.noise_multiplier, self.num_bands, self._check_rate())
         return round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
 
     def add_remove_event(self) -> Any:
-        event = self.next_event()
+        event = self.release_event()
         if event is None:
             from dp_accounting.dp_event import NoOpDpEvent
 
@@ -325,7 +329,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         return event
 
     def _ledger_would_exceed(self) -> bool:
-        event = self.next_event()
+        event = self.release_event()
         return event is not None and self.ledger.would_exceed(
             central_events=[event], neighboring_relation=ADD_OR_REMOVE_ONE
         )
@@ -333,34 +337,33 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     def booking_round(self, server_round: int) -> int:
         return self.releases
 
-    # ------------------------------------------------------------------ configure
-    def instruct_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> list[Message]:
-        """Send the wrapped strategy's instruction to the group of the next release (nodes the rule admits)."""
-        self.current_arrays = arrays
-        self._spec = array_spec(arrays)
-        self._dimension = sum(math.prod(shape) for shape, _, _ in self._spec.values())
+    # ------------------------------------------------------------------ participation and noise (the round is the base's)
+    def start_round(self, arrays: ArrayRecord, nodes: list[int]) -> None:
+        """The base's, then: the restored noise stream must be for this model; N fixed from the first release."""
+        super().start_round(arrays, nodes)
         if self.noise is not None and self.noise.dimension != self._dimension:
             raise ValueError(
                 f"the model has {self._dimension} values, the restored noise stream {self.noise.dimension}: "
                 "the correlated noise cannot continue on another model"
             )
-        node_ids = list(grid.get_node_ids())
-        if self.participation_sampling == "cyclic-poisson" and self.population is None:
-            self.population = check_int("num_clients", len(node_ids), minimum=1)  # N: fixed from the first release
-        if self.num_rounds is not None and self.releases >= self.num_rounds:
-            if not self.budget_exhausted:
-                log(INFO, "BandMF: the planned num_rounds=%d releases are made; no further training", self.num_rounds)
-            self.budget_exhausted = True
-            return []
-        if self._would_exceed():
-            self._stop(server_round)
-            return []
+        if self.sampling == "cyclic-poisson" and self.population is None:
+            self.population = check_int("num_clients", len(nodes), minimum=1)
+
+    def plan_exhausted(self) -> bool:
+        """The planned ``num_rounds`` releases are made (logged once)."""
+        if self.num_rounds is None or self.releases < self.num_rounds:
+            return False
+        if not self.budget_exhausted:
+            log(INFO, "BandMF: the planned num_rounds=%d releases are made; no further training", self.num_rounds)
+        return True
+
+    def choose_nodes(self, server_round: int, nodes: list[int]) -> list[int]:
+        """The group of the next release (the nodes the rule admits); each member with q = m·b/N under
+        ``"cyclic-poisson"``."""
         release = self.releases + 1
-        chosen = self.participation.select(node_ids, release)
-        if self.participation_sampling == "cyclic-poisson":
+        chosen = self.participation.select(nodes, release)
+        if self.sampling == "cyclic-poisson":
             chosen = poisson_sample(chosen, self._check_rate(), self._generator(release, "sample"))
-        messages = sampled_train_instructions(self.strategy, server_round, arrays, config, grid, chosen)
-        self._idle_round = server_round if messages is None else None
         self._release = release
         log(
             INFO,
@@ -368,50 +371,44 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             release,
             self.participation.group_of_release(release),
             self.num_bands,
-            len(messages or []),
+            len(chosen),
         )
-        messages = messages or []
-        return messages
+        return chosen
 
-    # ------------------------------------------------------------------ the release
     def _generator(self, release: int, purpose: str = "noise") -> np.random.Generator:
         if self._seed is not None:
             return np.random.default_rng([self._seed, release, 0 if purpose == "noise" else 1])
         return self.rng()  # a fresh OS-entropy generator per release unless a Generator was given
 
-    def release_train(self, server_round: int, screened: Screened) -> RoundRelease:
-        """Refuse the replies that break the rule, clip and add the others, add row t of zC·C_b⁻¹Z, divide
-        by m; book release t's increment; keep the noise state and the participation with the ledger."""
-        release = self._release if self._release is not None else self.releases + 1
+    def _this_release(self) -> int:
+        return self._release if self._release is not None else self.releases + 1
+
+    def admit(self, server_round: int, screened: Screened) -> None:
+        """Reject (``participation``) every reply from a node the rule does not admit to this release."""
+        release = self._this_release()
         refused = [
             reply
             for reply in screened.accepted
             if self.participation.violation(int(reply.metadata.src_node_id), release) is not None
         ]
         screened.reject(refused, PARTICIPATION)
-        summed = ClippedSum({key: npy_view(a) for key, a in self.current_arrays.items()}, self.clipping_norm)
-        screened.add_clipped(summed)
-        self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
+
+    def noise_generator(self, server_round: int) -> np.random.Generator:
+        return self._generator(self._this_release())
+
+    def noise_row(self, generator: np.random.Generator) -> np.ndarray:
+        """Row t of :math:`C_b^{-1}Z` (the stream continues across restarts)."""
         if self.noise is None:
             self.noise = BandedNoise(self.coefficients, self._dimension)
-        row = self.noise.next(self._generator(release))
-        m = self.num_sampled_clients
-        scale = self.noise_multiplier * self.clipping_norm / m
-        out, start = {}, 0
-        for key, total in summed.result().items():
-            np.divide(total, m, out=total)
-            flat = total.reshape(-1)
-            flat += scale * row[start : start + flat.size]
-            start += flat.size
-            reference = summed.reference[key]
-            np.add(total, reference, out=total, casting="same_kind")
-            out[key] = to_array(total.astype(reference.dtype, copy=False))
+        return self.noise.next(generator)
+
+    def released(self, server_round: int, screened: Screened) -> None:
+        """Record the participants and the release; keep the noise state and the participation with the ledger."""
+        release = self._this_release()
+        self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
         self.releases = release
         self._release = None
         self._save_state()
-        event = self.release_event(release)
-        bookings = [] if event is None else [Booking(event, EVENT_LABEL, neighboring_relation=ADD_OR_REMOVE_ONE)]
-        return RoundRelease(ArrayRecord(out), None, bookings)
 
     def summary(self) -> None:
         """The factorisation, the rule and the privacy spent, then Flower's DP settings and the FedAvg's."""
