@@ -44,6 +44,7 @@ from flwr_dp_strategies import (
     SignDS,
 )
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
+from flwr_dp_strategies.rounds.client_metrics import AccountedMetrics
 from flwr_dp_strategies.strategy.client_side_adaptive_clipping import KEY_UNCLIPPED_BIT
 from flwr_dp_strategies.strategy.noisy_objective_sum import LINEAR_KEY, QUADRATIC_KEY
 import loopback
@@ -156,6 +157,12 @@ class Entry:
     def secure(self) -> bool:
         return self.kind.startswith("secagg")
 
+    def build(self, **kw: Any) -> Any:
+        """``make(**kw)`` publishing Flower's mean of the evaluate metrics (``evaluate_metrics="flower"``, booked
+        non-private): for the suites that check screening through the published mean; the default (accounted,
+        declared metrics only) is tested in ``test_evaluate_metrics.py`` and ``test_published_keys.py``."""
+        return self.make(**{"evaluate_metrics": "flower", **kw})
+
     def grid(self) -> Any:
         """The grid ``configure_*`` get: a client-less loopback grid, or a secagg LoopbackGrid running the client app."""
         return _secure_grid(self.kind, self.nodes) if self.secure else loopback.LoopbackGrid.of(self.nodes)
@@ -225,7 +232,9 @@ def _entries() -> list[Entry]:
         Entry(
             "ClusterEvaluation(AccountedFedAvg)",
             ClusterEvaluation,
-            lambda **kw: ClusterEvaluation(AccountedFedAvg(**kwargs()), **kw),
+            lambda evaluate_metrics=AccountedMetrics(), **kw: ClusterEvaluation(
+                AccountedFedAvg(**kwargs(), evaluate_metrics=evaluate_metrics), **kw
+            ),
         ),
         Entry(
             "AccountedServerSideFixedClipping",
@@ -288,8 +297,8 @@ def _entries() -> list[Entry]:
         Entry(
             "DistributedDpFedAvg",
             DistributedDpFedAvg,
-            lambda: DistributedDpFedAvg(
-                **kwargs(s), noise_multiplier=0.5, clipping_norm=1.0, bits=20, rotation_seed=3, min_survivors=0.6
+            lambda **kw: DistributedDpFedAvg(
+                **kwargs(s), noise_multiplier=0.5, clipping_norm=1.0, bits=20, rotation_seed=3, min_survivors=0.6, **kw
             ),
             kind="secagg-dense",
             nodes=s,
@@ -297,8 +306,8 @@ def _entries() -> list[Entry]:
         Entry(
             "SecureObjectiveSum",
             SecureObjectiveSum,
-            lambda: SecureObjectiveSum(
-                **kwargs(s), num_classes=2, max_records=50, epsilon=5.0, bits=32, min_survivors=0.6
+            lambda **kw: SecureObjectiveSum(
+                **kwargs(s), num_classes=2, max_records=50, epsilon=5.0, bits=32, min_survivors=0.6, **kw
             ),
             kind="secagg-objective",
             nodes=s,

@@ -181,7 +181,13 @@ def test_ledger_path_persists_and_restores(tmp_path):
 
 
 def test_per_client_metrics_and_evaluate_declarations():
-    strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, per_client_metrics=True)
+    strategy = AccountedFedAvg(
+        min_train_nodes=N,
+        min_available_nodes=N,
+        min_evaluate_nodes=N,
+        per_client_metrics=True,
+        evaluate_metrics="flower",
+    )
     msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(3)]), ConfigRecord(), LoopbackGrid.of(N)))
     replies = []
     for m in msgs:

@@ -392,7 +392,7 @@ def test_a_malformed_reply_is_rejected_counted_and_the_round_released_as_without
 
 
 def test_evaluate_replies_are_screened():
-    strategy = server(m=4, rng=0)
+    strategy = server(m=4, rng=0, evaluate_metrics="flower")
     msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(2)]), ConfigRecord(), LoopbackGrid.of(4)))
     good = [
         Message(RecordDict({"metrics": MetricRecord({"num-examples": 1.0, "eval-acc": a})}), reply_to=m)

@@ -196,7 +196,7 @@ BAD_EVAL = {
 @pytest.mark.parametrize("bad", sorted(BAD_EVAL))
 def test_a_malformed_evaluate_reply_is_rejected_and_the_accuracy_is_the_honest_mean(name, bad):
     """Audit: Flower's FedAvg evaluated these unscreened (InconsistentMessageReplies, or a NaN accuracy)."""
-    strategy = STRATEGIES[name](rng=0)
+    strategy = STRATEGIES[name](rng=0, evaluate_metrics="flower")  # screening, seen through Flower's mean
     msgs = list(strategy.configure_evaluate(1, ArrayRecord([np.zeros(5)]), ConfigRecord(), LoopbackGrid.of(M)))
     assert len(msgs) == M
     honest = [

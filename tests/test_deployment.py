@@ -128,7 +128,10 @@ def test_flwr_run_on_superlink_and_two_supernodes(tmp_path):
         train = results["train_metrics"][rnd]
         assert train["privacy/epsilon"] == pytest.approx(epsilons[int(rnd) - 1])
         assert no_reply_counts(train)
-        assert results["evaluate_metrics"][rnd]["eval-acc"] > 0.1
+        # the clients' own evaluate metrics are a statistic of their data: withheld unless declared (issue 37)
+        assert (
+            "eval-acc" not in results["evaluate_metrics"][rnd] and "privacy/epsilon" in results["evaluate_metrics"][rnd]
+        )
     for row in results["replies"]:  # both nodes replied to every train and evaluate message
         assert (row["sent"], row["replies"], row["failed"]) == (2, 2, 0), results["replies"]
     assert {(row["round"], row["phase"]) for row in results["replies"]} == {

@@ -50,7 +50,10 @@ def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
     assert set(results) == set(DROP_IN)
     for name, result in results.items():
         assert result["changed"], name  # the model was trained and released
-        assert 0.0 <= result["evaluate"]["accuracy"] <= 1.0, name  # the app's own evaluation still runs
+        if name == "FedAvg":
+            assert 0.0 <= result["evaluate"]["accuracy"] <= 1.0  # the app's own evaluation runs
+        else:  # the clients' accuracy is a statistic of their data: withheld unless declared (issue 37)
+            assert "accuracy" not in result["evaluate"] and "privacy/epsilon" in result["evaluate"], name
         assert not any(key.startswith(("rejected/", "replies/")) for key in result["train"]), name
     for name in (
         "AccountedServerSideFixedClipping",
@@ -70,11 +73,9 @@ def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
         "ClusterEvaluation",
         "MinDivergenceExpSampling",
         "ShuffleAmplifiedFedAvg",
-    ):  # no noise: same training as FedAvg
-        assert results[name]["evaluate"]["accuracy"] == pytest.approx(
-            results["FedAvg"]["evaluate"]["accuracy"], abs=1e-6
-        )
-        assert results[name]["evaluate"]["accuracy"] > 0.5
+    ):  # no noise: same training as FedAvg, the same final model
+        assert results[name]["model"] == pytest.approx(results["FedAvg"]["model"], rel=1e-5), name
+    assert results["FedAvg"]["evaluate"]["accuracy"] > 0.5
     # plain clients declare nothing: their dense updates are booked as non-private, never as epsilon = 0
     assert results["AccountedFedAvg"]["train"]["privacy/epsilon"] == math.inf
     assert results["SignDS"]["train"]["signds/values-per-client"] <= 100

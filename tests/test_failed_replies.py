@@ -93,7 +93,7 @@ def test_every_strategy_goes_on_without_a_failed_node_and_books_nothing_for_it(n
     """A node that dies before its train (and evaluate) reply: the others are aggregated, the failure is
     counted under ``error``, the dead node is not booked, no metric is NaN (issue 25, F)."""
     entry = REGISTRY[name]
-    strategy, grid = entry.make(), entry.grid()
+    strategy, grid = entry.build(), entry.grid()
     msgs = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
     replies = [failed(msgs[FAILED])] + entry.train_replies(grid, msgs[FAILED + 1 :])
     arrays, metrics = strategy.aggregate_train(1, replies)
@@ -143,7 +143,9 @@ def test_fedavg_family_aggregates_the_survivors_and_books_only_them(make):
 
 
 def test_accounted_fedavg_evaluate_counts_failed_replies():
-    strategy = AccountedFedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N)
+    strategy = AccountedFedAvg(
+        min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N, evaluate_metrics="flower"
+    )
     msgs, metrics = evaluate_round(strategy, lambda i, m: evaluate_reply(m, LaplaceDpEvent(1.0)))
     assert_failed_count(strategy, metrics, 1, "evaluate")
     assert metrics["accuracy"] == pytest.approx(0.75)
@@ -170,7 +172,7 @@ def test_no_failure_reports_zero():
 def test_server_side_fixed_clipping_releases_the_survivors_over_the_fixed_denominator():
     z = 0.8
     strategy = AccountedServerSideFixedClipping(
-        FedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N), z, 1.0, N
+        FedAvg(min_train_nodes=N, min_available_nodes=N, min_evaluate_nodes=N), z, 1.0, N, evaluate_metrics="flower"
     )
     np.random.seed(0)
     _, (arrays, metrics) = train_round(strategy, [np.zeros(50)], lambda i, m: train_reply(m, [np.full(50, 0.01 * i)]))

@@ -166,7 +166,12 @@ def test_cluster_evaluation_sends_mode_scores_and_rejects_bad_vectors():
     n = 12
     inner = FedAvg(min_evaluate_nodes=n, min_available_nodes=n)
     strategy = ClusterEvaluation(
-        inner, eval_type="CALINSKI_HARABASZ_SCORE", laplace_eval_eps=50.0, cluster_client_num=1000, num_classes=3
+        inner,
+        eval_type="CALINSKI_HARABASZ_SCORE",
+        laplace_eval_eps=50.0,
+        cluster_client_num=1000,
+        num_classes=3,
+        evaluate_metrics="flower",
     )
     points = list(clustered_points(n))
     points[0] = np.array([np.nan, 0.5, 0.5])

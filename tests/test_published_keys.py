@@ -105,9 +105,11 @@ def test_every_listed_key_says_what_protects_it():
             "public",
             "the privacy ledger's figure",
             "post-processing of an accounted release",
+            "noised and booked in the ledger",
         ), key
         assert what, key
     assert protection("privacy/epsilon/node-17") is not None and protection("privacy/epsilon/node-x") is None
+    assert protection("dp-eval/accuracy") == "noised and booked in the ledger" and protection("dp-eval/") is None
 
 
 def test_the_docs_list_every_published_key():

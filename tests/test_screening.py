@@ -86,7 +86,7 @@ def test_every_strategy_rejects_duplicate_and_unknown_senders_in_both_phases(nam
     """A second reply of a node and a reply of a node never asked are rejected as ``identity``; the
     round goes on with the valid replies, whatever the strategy (issue 25, F)."""
     entry = REGISTRY[name]
-    strategy, grid = entry.make(), entry.grid()
+    strategy, grid = entry.build(), entry.grid()
     for phase in ("train", "evaluate"):
         configure = strategy.configure_train if phase == "train" else strategy.configure_evaluate
         msgs = list(configure(1, entry.model(), ConfigRecord(), grid))
@@ -139,7 +139,7 @@ def test_a_reply_to_another_message_id_is_rejected_as_identity():
 
 
 def test_identity_is_checked_in_the_evaluate_phase_too():
-    strategy = AccountedFedAvg(**fedavg_kwargs())
+    strategy = AccountedFedAvg(**fedavg_kwargs(), evaluate_metrics="flower")
     msgs = configure_evaluate(strategy)
     replies = [reply(m, metrics={"num-examples": 5.0, "accuracy": 0.5}) for m in msgs]
     replies.append(other_node_reply(msgs, lambda m: reply(m, metrics={"num-examples": 5.0, "accuracy": 0.0})))
@@ -170,7 +170,7 @@ BAD_EVALUATE = {
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_malformed_evaluate_replies_are_rejected_and_the_round_goes_on(name, bad):
     entry = REGISTRY[name]
-    strategy = entry.make()
+    strategy = entry.build()
     msgs = list(strategy.configure_evaluate(1, entry.model(), ConfigRecord(), entry.grid()))
     replies = [reply(m, metrics={"num-examples": 5.0, "accuracy": 0.75}) for m in msgs[1:]] + [bad(msgs[0])]
     metrics = strategy.aggregate_evaluate(1, replies)
@@ -179,7 +179,7 @@ def test_malformed_evaluate_replies_are_rejected_and_the_round_goes_on(name, bad
 
 
 def test_mismatched_evaluate_metric_keys_are_averaged_per_key_not_an_abort():
-    strategy = ClusterEvaluation(FedAvg(**fedavg_kwargs()))
+    strategy = ClusterEvaluation(FedAvg(**fedavg_kwargs()), evaluate_metrics="flower")
     msgs = configure_evaluate(strategy)
     replies = [reply(m, metrics={"num-examples": 5.0, "accuracy": 0.75}) for m in msgs[1:]]
     replies.append(reply(msgs[0], metrics={"num-examples": 5.0, "accuracy": 0.75, "extra": 3.0}))

@@ -82,8 +82,9 @@ def test_t_minus_1_shares_are_consistent_with_every_secret():
 
 def test_fewer_than_t_shares_look_uniform_for_two_different_secrets():
     """Statistically: the first t − 1 shares of secret 0 and of secret 2^256 − 1 fall into 8 equal bins of
-    GF(p) with the same (uniform) frequencies (chi-square, 8 bins, 2 000 splits each; 26.1 is the 0.1 %
-    critical value at 7 degrees of freedom)."""
+    GF(p) with the same (uniform) frequencies (chi-square, 8 bins, 2 000 splits each; 45.7 is the 1e-7
+    critical value at 7 degrees of freedom: the shares come from OS entropy, which no test may seed, so the
+    false-alarm rate is set by the threshold; a share that leaked the secret, all 4 000 in one bin, gives 28 000)."""
     t, draws, bins = 3, 2000, 8
     for secret in (b"\x00", b"\xff" * 32):
         counts = np.zeros(bins)
@@ -91,7 +92,7 @@ def test_fewer_than_t_shares_look_uniform_for_two_different_secrets():
             for row in shamir.split([secret], t, t)[: t - 1]:
                 counts[shamir.parse_share(row[0])[1] * bins // P] += 1
         expected = draws * (t - 1) / bins
-        assert ((counts - expected) ** 2 / expected).sum() < 26.1
+        assert ((counts - expected) ** 2 / expected).sum() < 45.7
 
 
 def test_the_lagrange_coefficients_are_computed_once_per_holder_set():

@@ -24,7 +24,7 @@ def test_every_exported_strategy_is_in_the_registry():
 def test_each_entry_builds_its_strategy_and_runs_a_clean_round(name):
     """Valid replies (as the registry describes them) are all aggregated: a finite model, no rejection."""
     entry = REGISTRY[name]
-    strategy, grid = entry.make(), entry.grid()
+    strategy, grid = entry.build(), entry.grid()
     assert isinstance(strategy, entry.covers)
     messages = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
     assert len(messages) == entry.nodes

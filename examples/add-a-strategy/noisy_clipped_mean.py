@@ -18,6 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.rng import RngSource
 from flwr_dp_strategies.rounds.central_release import fixed_denominator_release
+from flwr_dp_strategies.rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from flwr_dp_strategies.rounds.reply_screening import array_spec, screen_train_content
 from flwr_dp_strategies.rounds.streaming_aggregation import ClippedSum, npy_view
 from flwr_dp_strategies.rounds.template import AccountedRound, Booking, RoundRelease, Screened
@@ -36,11 +37,16 @@ class NoisyClippedMean(AccountedRound, FedAvg):
         ledger_path: Optional[str] = None,
         resume: bool = False,
         rng: Any = None,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self.init_accounted_round(
-            ledger=ledger, ledger_path=ledger_path, resume=resume, neighboring_relation="add_or_remove_one"
+            ledger=ledger,
+            ledger_path=ledger_path,
+            resume=resume,
+            neighboring_relation="add_or_remove_one",
+            evaluate_metrics=evaluate_metrics,  # the clients' evaluate metrics: noised and booked when declared
         )
         self.clipping_norm, self.noise_multiplier = float(clipping_norm), float(noise_multiplier)
         self.num_sampled_clients = int(num_sampled_clients)

@@ -83,3 +83,47 @@ def gaussian_mechanism(
     noisy = gen.normal(0.0, sigma, size=x.shape)
     noisy += x  # in place: x + noise without a second d-sized array
     return Release(noisy, dp_event.GaussianDpEvent(noise_multiplier=z))
+
+
+def bounded_mean(
+    values: object,
+    *,
+    lower: float,
+    upper: float,
+    denominator: int,
+    noise_multiplier: float,
+    rng: RngLike = None,
+) -> Release[float]:
+    r"""The noised mean of per-client scalars known to lie in a declared range, over a public denominator.
+
+    .. math:: \tilde\mu = \ell + \frac1m\Big(\sum_{i} \big(\operatorname{clip}(v_i, \ell, u) - \ell\big)
+              + \mathcal N\!\big(0, (z\,(u - \ell))^2\big)\Big)
+
+    with m = ``denominator`` fixed before the values are seen (the clients asked, never the number of
+    values), ``[lower, upper]`` = [ℓ, u] declared before the round and z = ``noise_multiplier``.
+
+    Derivation. Each shifted term :math:`\operatorname{clip}(v_i) - \ell` lies in [0, u − ℓ]. Adding or
+    removing one client's value changes the sum by at most u − ℓ; replacing one client's value by another
+    changes it by at most u − ℓ as well (both terms are in [0, u − ℓ]). So the sum has L2 sensitivity
+    u − ℓ under both ``add_or_remove_one`` and ``replace_one``; the noise std z(u − ℓ) makes it a Gaussian
+    mechanism of multiplier z, ``GaussianDpEvent(z)`` under either relation (no conversion). Dividing by
+    the public m and adding ℓ is post-processing. The estimate is unbiased when m values arrive (fewer
+    pull it towards ℓ, as the fixed-denominator estimator of DP-FedAvg does; McMahan et al. 2018).
+
+    Args:
+        values: the clients' scalars (1-D; NaN/inf rejected: the caller drops them first).
+        lower, upper: the declared range, finite, lower < upper.
+        denominator: m >= 1, public.
+        noise_multiplier: z in (0, inf).
+        rng: None (OS entropy), an int seed or a numpy Generator.
+    """
+    x = as_finite_array("values", values).reshape(-1)
+    lo, hi = float(lower), float(upper)
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"lower and upper must be finite with lower < upper, got lower={lower!r}, upper={upper!r}")
+    if isinstance(denominator, bool) or not isinstance(denominator, (int, np.integer)) or denominator < 1:
+        raise ValueError(f"denominator must be an integer >= 1, got {denominator!r}")
+    z = check_positive("noise_multiplier", noise_multiplier)
+    total = float(np.sum(np.clip(x, lo, hi) - lo))
+    noisy = total + float(resolve_rng(rng).normal(0.0, z * (hi - lo)))
+    return Release(lo + noisy / int(denominator), dp_event.GaussianDpEvent(noise_multiplier=z))

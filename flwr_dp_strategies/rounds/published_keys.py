@@ -21,6 +21,7 @@ from typing import Optional
 PUBLIC = "public: fixed by the configuration"
 LEDGER = "the privacy ledger's figure"
 POST = "post-processing of an accounted release"
+ACCOUNTED = "noised and booked in the ledger"
 
 PUBLISHED: dict[str, tuple[str, str]] = {
     # the ledger (every strategy)
@@ -31,6 +32,11 @@ PUBLISHED: dict[str, tuple[str, str]] = {
     "privacy/epsilon-pld": (LEDGER, "ε from the PLD accountant"),
     "privacy/clients": (LEDGER, "clients with a booked event so far"),
     "privacy/epsilon/node-<id>": (LEDGER, "a node's own ε (per_client_metrics=True)"),
+    # the clients' evaluate metrics, every strategy (evaluate_metrics=AccountedMetrics(ranges, z))
+    "dp-eval/<key>": (
+        ACCOUNTED,
+        "a declared evaluate metric: the bounded mean over the nodes asked, noised (rounds.client_metrics)",
+    ),
     # central Gaussian strategies
     "dp/clipping-norm": (POST, "adaptive clipping: the next C, from the noised unclipped count"),
     "dp/unclipped-fraction": (POST, "adaptive clipping: the noised unclipped fraction"),
@@ -67,7 +73,8 @@ PUBLISHED: dict[str, tuple[str, str]] = {
 
 CLIENT_METRICS = (
     "the clients' own metric keys (Flower's weighted mean of what each client sent, as Flower's FedAvg "
-    "publishes it): not noised by this package yet"
+    "publishes it): only when asked for by name (evaluate_metrics='flower', publish_client_metrics=True), "
+    "booked non-private; or post-processing of what every client declared"
 )
 
 
@@ -76,9 +83,10 @@ def protection(key: str) -> Optional[str]:
     if key in PUBLISHED:
         return PUBLISHED[key][0]
     for pattern, (protected_by, _) in PUBLISHED.items():
-        if "<id>" in pattern and re.fullmatch(re.escape(pattern).replace("<id>", r"\d+"), key):
+        regex = re.escape(pattern).replace("<id>", r"\d+").replace("<key>", r".+")
+        if "<" in pattern and re.fullmatch(regex, key):
             return protected_by
     return None
 
 
-__all__ = ["CLIENT_METRICS", "LEDGER", "POST", "PUBLIC", "PUBLISHED", "protection"]
+__all__ = ["ACCOUNTED", "CLIENT_METRICS", "LEDGER", "POST", "PUBLIC", "PUBLISHED", "protection"]

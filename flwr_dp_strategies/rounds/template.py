@@ -50,8 +50,9 @@ from flwr.serverapp import Grid
 
 from ..declarations import Declaration
 from ..privacy import PrivacyLedger
+from ..privacy.rng import RngSource
 from .client_accounting import Booking, ClientAccountingMixin, ContentCheck, undeclared_replies
-from .metrics import aggregate_reply_metrics
+from .client_metrics import AccountedMetrics, EvaluateMetrics, check_evaluate_metrics, release_evaluate_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, reply_arrays
 from .streaming_aggregation import ClippedSum, NonFiniteReplies, single_threaded_blas
 
@@ -193,11 +194,18 @@ class AccountedRound(ClientAccountingMixin):
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
         neighboring_relation: str = "replace_one",
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        rng: Any = None,
     ) -> None:
         """Open the strategy's ledger (restored from ``ledger_path``, see
         :func:`~.client_accounting.open_ledgers`) and set the screening limits; call it in ``__init__``
         after the Flower strategy's own constructor. ``neighboring_relation``: the default ledger's
-        (``add_or_remove_one`` for central DP, ``replace_one`` for client-declared releases)."""
+        (``add_or_remove_one`` for central DP, ``replace_one`` for client-declared releases);
+        ``evaluate_metrics``: how the clients' evaluate metrics are released (:mod:`.client_metrics`), its
+        noise from ``rng`` (None: OS entropy; a seed or Generator in tests only)."""
+        self.evaluate_metrics = check_evaluate_metrics(evaluate_metrics)
+        self._metrics_rng = RngSource(rng)
+        self._withheld_logged: set[str] = set()
         self._init_accounting(
             ledger,
             ledger_path,
@@ -258,15 +266,30 @@ class AccountedRound(ClientAccountingMixin):
         return lambda content: check_weight(content, key, self.max_weight)
 
     def release_evaluate(self, server_round: int, screened: Screened) -> RoundRelease:
-        """Flower's evaluate metrics over the accepted replies (``evaluate_metrics_aggr_fn``)."""
-        if not screened.accepted:
-            return RoundRelease()
+        """The clients' evaluate metrics as ``evaluate_metrics`` says (:mod:`.client_metrics`): by default each
+        declared metric a noised bounded mean over the m nodes asked, booked; ``"flower"``: Flower's mean,
+        booked non-private."""
+        policy = self.__dict__.get("evaluate_metrics", AccountedMetrics())
         fedavg = self.fedavg
-        return RoundRelease(
-            metrics=aggregate_reply_metrics(
-                fedavg.evaluate_metrics_aggr_fn, [r.content for r in screened.accepted], fedavg.weighted_by_key
-            )
+        metrics, bookings = release_evaluate_metrics(
+            policy,
+            [r.content for r in screened.accepted],
+            denominator=self.evaluated_nodes(server_round, screened),
+            weighted_by_key=fedavg.weighted_by_key,
+            aggregation=fedavg.evaluate_metrics_aggr_fn,
+            generator=self.__dict__.setdefault("_metrics_rng", RngSource(None))(),
+            withheld_logged=self.__dict__.setdefault("_withheld_logged", set()),
+            all_declared=not any(id(r) in screened.undeclared for r in screened.accepted),
         )
+        return RoundRelease(metrics=metrics, bookings=bookings)
+
+    def evaluated_nodes(self, server_round: int, screened: Screened) -> int:
+        """m of the evaluate metrics: the nodes this round's ``configure_evaluate`` asked (the server's choice,
+        fixed before any reply); the number of replies received when no instruction was remembered."""
+        expected = self._expected_senders(server_round, "evaluate")
+        if expected is None:
+            return len(screened.replies)
+        return len(expected)
 
     def booking_round(self, server_round: int) -> int:
         """The round number events of ``server_round`` are booked under."""

@@ -16,7 +16,9 @@ A train reply that declares nothing is a non-private release of its update: it
 is booked as ``NonPrivateDpEvent`` and that client's ε is reported as infinite,
 never as 0 (a mechanism whose later replies are post-processing of an earlier
 release declares ``NoOpDpEvent``, as the label-DP wrapper does). Evaluate
-metrics are not accounted (as everywhere in this package).
+metrics are released as every strategy of this package releases them
+(``evaluate_metrics``, :mod:`flwr_dp_strategies.rounds.client_metrics`): noised and booked
+when declared, withheld otherwise.
 
 A train reply that declares nothing and is *rejected* (NaN, wrong shape, bad
 keys, an unreadable declaration, ...) is booked as ``NonPrivateDpEvent`` too: the
@@ -25,9 +27,9 @@ server received its raw update all the same.
 What it checks and reports: see :mod:`flwr_dp_strategies.rounds.reply_screening` and
 :mod:`flwr_dp_strategies.rounds.client_accounting` (train and evaluate replies alike: identity, structure,
 finite weights in (0, ``max_weight``], finite metrics, keys, shapes, payload size);
-evaluate metrics are aggregated by :func:`.metrics.aggregate_reply_metrics`
-(Flower's arithmetic, per key over the replies that carry it), never by an
-unscreened FedAvg call; failed replies (a SuperNode that died mid-round) are
+evaluate metrics are released by :mod:`flwr_dp_strategies.rounds.client_metrics`
+(with ``evaluate_metrics="flower"`` Flower's arithmetic, per key over the replies that carry it),
+never by an unscreened FedAvg call; failed replies (a SuperNode that died mid-round) are
 counted in the server's log (reason ``error``) and the round goes on with the others.
 
 Aggregation is streamed (:mod:`flwr_dp_strategies.rounds.streaming_aggregation`): the released model is
@@ -51,6 +53,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from ..privacy import PrivacyLedger
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.client_accounting import ContentCheck
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import (
@@ -111,6 +114,7 @@ class AccountedFedAvg(AccountedRound, FedAvg):
             not counted) exceed this many bytes.
         max_weight: reject replies whose ``weighted_by_key`` exceeds this (default
             1e9, see :data:`.reply_screening.DEFAULT_MAX_WEIGHT`).
+        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
         **kwargs: passed on to the next constructor of the MRO, for a FedAvg variant combined
             with this class (``class AccountedFedProx(AccountedFedAvg, FedProx)`` takes
             ``proximal_mu=``); FedAvg itself accepts none.
@@ -141,10 +145,12 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
         **kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_arguments(locals()), **kwargs)
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

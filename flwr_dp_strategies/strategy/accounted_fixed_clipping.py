@@ -75,6 +75,7 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE
@@ -108,6 +109,7 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
             booking every such round as non-private (default False).
         max_weight: replies whose ``weighted_by_key`` value is not in (0, max_weight] are rejected.
+        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
         per_client_metrics, max_reply_bytes: as :class:`AccountedFedAvg`.
 
     Behaviour per round:
@@ -138,6 +140,7 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         max_weight: float = DEFAULT_MAX_WEIGHT,
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         check_positive("noise_multiplier", noise_multiplier)
         check_positive("clipping_norm", clipping_norm)
@@ -150,6 +153,7 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients)
         self.accountant = accountant
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

@@ -105,6 +105,7 @@ from typing import Any, Optional, Union, cast
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
 
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
 from ..privacy.ledger_file import LedgerFileError
@@ -157,6 +158,7 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         publish_client_metrics: also publish the clients' aggregated train metrics, booking every such
             round as non-private.
         max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
+        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
     """
 
     event_label = EVENT_LABEL
@@ -182,6 +184,7 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         rng: RngLike = None,
         publish_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         check_mean_based(strategy, type(self).__name__)
         z = check_positive("noise_multiplier", noise_multiplier)
@@ -202,6 +205,7 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         self.target_unclipped_quantile = 1.0 - clipped_target
         check_ledger_arguments(ledger, ledger_path, sampling)
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=check_bool('per_client_metrics', per_client_metrics),

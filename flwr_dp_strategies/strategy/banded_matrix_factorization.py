@@ -81,6 +81,7 @@ from ..privacy.participation import CyclicParticipation
 from ..privacy.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_gaussian import CentralGaussianRound
 from ..rounds.central_release import check_mean_based, poisson_sample
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
@@ -117,6 +118,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         rng: noise and group assignment (default: OS entropy; an int seed gives release t the stream
             ``default_rng([seed, t, 0])``, reproducible across a restart: tests only).
         max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
+        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         per_client_metrics: bool = False,
         rng: RngLike = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         check_mean_based(strategy, 'AccountedBandedMatrixFactorization')
         if accountant is not None:
@@ -170,6 +173,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self.coefficients = strategy_coefficients(factorization, b, rounds)
         super().__init__(strategy, z, clip, m)
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

@@ -95,9 +95,11 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
 from ..privacy import PrivacyLedger
+from ..privacy.rng import RngSource
 from ..privacy.validation import check_epsilon, check_int
 from ..declarations import Declaration
 from ..rounds.client_accounting import ContentCheck, replies_already_logged
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics, check_evaluate_metrics, release_evaluate_metrics
 from ..rounds.metrics import aggregate_reply_metrics, failed_replies
 from ..rounds.reply_screening import (
     DEFAULT_MAX_WEIGHT,
@@ -149,6 +151,10 @@ class ClusterEvaluation(AccountedRound, Strategy):
             wrapped strategy's, else 1e9).
         book_unaccounted_training: book the train replies of a wrapped strategy without a
             ledger as non-private (default True; see the module docstring).
+        evaluate_metrics: how the clients' evaluate metrics are published when the wrapped strategy is not one
+            of this package's (a Flower FedAvg, ...): as :class:`AccountedFedAvg`'s (default: declared metrics
+            only, noised and booked; ``"flower"``: Flower's mean, booked non-private). A wrapped strategy of
+            this package releases its own (give it ``evaluate_metrics``).
     """
 
     def __init__(
@@ -169,12 +175,21 @@ class ClusterEvaluation(AccountedRound, Strategy):
         max_inference_abs: float = MAX_INFERENCE_ABS,
         max_weight: Optional[float] = None,
         book_unaccounted_training: bool = True,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise TypeError(
                 f"strategy must be a Flower Strategy instance (e.g. FedAvg()), got {type(strategy).__name__} {strategy!r}"
             )
         self.strategy = strategy
+        self.evaluate_metrics = check_evaluate_metrics(evaluate_metrics)
+        if isinstance(strategy, AccountedRound) and self.evaluate_metrics != AccountedMetrics():
+            raise ValueError(
+                f"evaluate_metrics must be given to the wrapped {type(strategy).__name__}, not to ClusterEvaluation: "
+                "the wrapped strategy releases (and books) its own evaluate metrics"
+            )
+        self._metrics_rng = RngSource(None)
+        self._withheld_logged: set[str] = set()
         self.eval_type = "NOT_EVAL" if str(eval_type).upper() == "NOT_EVAL" else check_eval_type(eval_type)
         self.privacy_eval_type = str(privacy_eval_type).upper()
         if self.privacy_eval_type not in PRIVACY_EVAL_TYPES:
@@ -386,7 +401,8 @@ class ClusterEvaluation(AccountedRound, Strategy):
         mismatch = self._pin_length(with_points, decoded)
         if mismatch:
             with_points = []
-        metrics = self._wrapped_evaluate(server_round, accepted) if accepted else None
+        metrics, wrapped_bookings = self._wrapped_evaluate(server_round, screened)
+        bookings += wrapped_bookings
         if accepted:  # the wrapped strategy's own rejections are added, never overwritten
             screened.rejected.update(Counter(getattr(self.strategy, "rejections", {}).get("evaluate", {})))
         metrics = MetricRecord() if metrics is None else metrics
@@ -400,20 +416,26 @@ class ClusterEvaluation(AccountedRound, Strategy):
             "cluster/missing", "cluster/length-mismatch", "cluster/points"
         )
 
-    def _wrapped_evaluate(self, server_round: int, accepted: list[Message]) -> Optional[MetricRecord]:
-        """The wrapped strategy's evaluation of the accepted replies.
-
-        Flower's own ``FedAvg.aggregate_evaluate`` (unchanged by a subclass) is computed with
-        :func:`.metrics.aggregate_reply_metrics` instead: its consistency check would abort
-        the round on honest replies with different metric keys.
-        """
-        strategy = self.strategy
-        if isinstance(strategy, FedAvg) and type(strategy).aggregate_evaluate is FedAvg.aggregate_evaluate:
-            return aggregate_reply_metrics(
-                strategy.evaluate_metrics_aggr_fn, [r.content for r in accepted], strategy.weighted_by_key
-            )
-        with replies_already_logged():  # logged by this strategy's screening
-            return strategy.aggregate_evaluate(server_round, accepted)
+    def _wrapped_evaluate(self, server_round: int, screened: Screened) -> tuple[Optional[MetricRecord], list[Booking]]:
+        """The clients' evaluate metrics and their bookings: a wrapped strategy of this package releases (and books)
+        its own; for any other (Flower's FedAvg, ...) they are released as ``evaluate_metrics`` says
+        (:mod:`flwr_dp_strategies.rounds.client_metrics`), never as Flower's un-noised mean by default."""
+        strategy, accepted = self.strategy, screened.accepted
+        if isinstance(strategy, AccountedRound):
+            if not accepted:
+                return None, []
+            with replies_already_logged():  # logged by this strategy's screening
+                return strategy.aggregate_evaluate(server_round, accepted), []
+        return release_evaluate_metrics(
+            self.evaluate_metrics,
+            [r.content for r in accepted],
+            denominator=self.evaluated_nodes(server_round, screened),
+            weighted_by_key=getattr(strategy, "weighted_by_key", "num-examples"),
+            aggregation=getattr(strategy, "evaluate_metrics_aggr_fn", None),
+            generator=self._metrics_rng(),
+            withheld_logged=self._withheld_logged,
+            all_declared=not any(id(r) in screened.undeclared for r in accepted),
+        )
 
     def _pin_length(self, with_points: list[Message], decoded: dict[int, np.ndarray]) -> bool:
         """Without ``num_classes``: pin the length once the valid points of a round agree; True if they do not."""

@@ -85,6 +85,7 @@ from ..privacy.distributed_dp import (
 from ..privacy.validation import check_int, check_positive
 from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
 from ..rounds.template import Booking, RoundRelease, Screened
@@ -158,6 +159,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         super().__init__(**fedavg_arguments(locals()))
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
@@ -178,6 +180,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             failure_probability=failure_probability,
         )
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

@@ -85,6 +85,7 @@ from ..privacy.exponential import gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.template import Booking, RoundRelease, Screened
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
@@ -210,8 +211,10 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         super().__init__(
+            evaluate_metrics=evaluate_metrics,
             **fedavg_arguments(locals()),
             ledger=ledger,
             ledger_path=ledger_path,

@@ -59,6 +59,7 @@ from ..privacy import PrivacyLedger
 from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_sum_ridge, solve_noisy_sum
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies
@@ -121,8 +122,10 @@ class NoisyObjectiveSum(AccountedFedAvg):
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         super().__init__(
+            evaluate_metrics=evaluate_metrics,
             **fedavg_arguments(locals()),
             ledger=ledger,
             ledger_path=ledger_path,

@@ -61,6 +61,7 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
 from ..privacy.relations import ADD_OR_REMOVE_ONE
@@ -98,6 +99,7 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
             booking every such round as non-private (default False: un-noised client metrics
             next to a DP release would void it).
         max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
+        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
         rng: RngLike = None,
         publish_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         check_mean_based(strategy, 'AccountedPoissonFixedClipping')
         check_positive("noise_multiplier", noise_multiplier)
@@ -127,6 +130,7 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

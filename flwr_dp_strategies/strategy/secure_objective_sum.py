@@ -63,6 +63,7 @@ from ..privacy.secure_objective import (
 from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
 from ..rounds.template import Booking, RoundRelease, Screened
@@ -133,6 +134,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
         high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         super().__init__(**fedavg_arguments(locals()))
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
@@ -164,6 +166,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             failure_probability=failure_probability,
         )
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

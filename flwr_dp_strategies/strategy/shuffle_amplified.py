@@ -80,6 +80,7 @@ from ..privacy.events import event_key
 from ..privacy.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.template import Booking, RoundRelease, Screened
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, metric_scalar, records_of, reply_arrays
@@ -147,10 +148,12 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         per_client_metrics: bool = False,
         max_reply_bytes: Optional[int] = None,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         if amplification not in AMPLIFICATIONS:
             raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
         super().__init__(
+            evaluate_metrics=evaluate_metrics,
             **fedavg_arguments(locals()),
             ledger=ledger,
             ledger_path=ledger_path,

@@ -77,6 +77,7 @@ from ..privacy.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
+from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.client_accounting import ContentCheck
 from ..rounds.metrics import aggregate_reply_metrics
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
@@ -132,6 +133,7 @@ class SignDS(AccountedRound, FedAvg):
         high_water_path: Optional[str] = None,
         per_client_metrics: bool = False,
         max_weight: float = DEFAULT_MAX_WEIGHT,
+        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
     ) -> None:
         super().__init__(**fedavg_arguments(locals()))
         self.params = SignDSParams(sign_k, sign_eps, sign_thr_ratio, sign_dim_out)
@@ -140,6 +142,7 @@ class SignDS(AccountedRound, FedAvg):
         self.magrr = magrr
         self.state = MagRRState(r_est=magrr.initial_r_est)
         self.init_accounted_round(
+            evaluate_metrics=evaluate_metrics,
             ledger=ledger,
             ledger_path=ledger_path,
             per_client_metrics=per_client_metrics,

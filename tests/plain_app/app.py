@@ -143,6 +143,7 @@ def main(grid: Grid, context: Context) -> None:
             "train": {k: float(v) for k, v in dict(train).items() if isinstance(v, (int, float))},
             "evaluate": {k: float(v) for k, v in dict(evaluate).items() if isinstance(v, (int, float))},
             "changed": bool(np.abs(result.arrays.to_numpy_ndarrays()[0]).sum() > 0),
+            "model": [float(np.abs(a).sum()) for a in result.arrays.to_numpy_ndarrays()],
         }
     with open(str(context.run_config.get("out", "")) or os.environ["PLAIN_APP_OUT"], "w") as handle:
         json.dump(out, handle)

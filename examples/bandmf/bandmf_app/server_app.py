@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_dp_strategies import AccountedBandedMatrixFactorization, PrivacyLedger
+from flwr_dp_strategies.rounds.client_metrics import AccountedMetrics
 
 from . import task
 
@@ -40,6 +41,8 @@ def build_strategy(config: dict) -> AccountedBandedMatrixFactorization:
         ledger=PrivacyLedger(float(config["target-delta"])),
         ledger_path=str(config["ledger-path"]) or None,
         resume=bool(config["resume-ledger"]),
+        # the clients' accuracy is a statistic of their data: released noised, in [0, 1], booked in the ledger
+        evaluate_metrics=AccountedMetrics({"accuracy": (0.0, 1.0)}, float(config["eval-noise-multiplier"])),
     )
 
 
@@ -55,5 +58,5 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_config=ConfigRecord(),
     )
     for rnd, metrics in sorted(result.evaluate_metrics_clientapp.items()):
-        epsilon = result.train_metrics_clientapp.get(rnd, {}).get("privacy/epsilon", float("nan"))
-        print(f"round {rnd}  accuracy {metrics['accuracy']:.3f}  epsilon {epsilon:.2f}", flush=True)
+        epsilon = metrics.get("privacy/epsilon", float("nan"))  # training and the noised accuracies so far
+        print(f"round {rnd}  accuracy {metrics['dp-eval/accuracy']:.3f} (noised)  epsilon {epsilon:.2f}", flush=True)

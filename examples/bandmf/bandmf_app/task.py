@@ -12,6 +12,7 @@ DEFAULTS: dict[str, Any] = {
     "num-partitions": 40,
     "num-bands": 4,
     "noise-multiplier": 1.0,
+    "eval-noise-multiplier": 5.0,
     "clipping-norm": 1.0,
     "factorization": "banded-sqrt",
     "target-delta": 1e-5,
