@@ -16,7 +16,9 @@ exceeds 1 (silhouette, Calinski–Harabasz and Davies–Bouldin are invariant un
 common scaling, so nothing changes but the range: values like ±1e308 cannot
 overflow the squared distances); a score that is still not finite (e.g. a
 degenerate clustering) is reported as 0, like an undefined one, never as NaN.
-No Flower import: usable on any array of points.
+No Flower import: usable on any array of points. scikit-learn is imported when a score is first computed
+(the ``clustering`` extra: ``pip install "flwr-dp-strategies[clustering]"``), so importing the strategies does not
+need it.
 """
 
 from __future__ import annotations
@@ -25,14 +27,24 @@ import math
 from typing import Optional
 
 import numpy as np
-from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score, silhouette_score
 
 EVAL_TYPES = ("SILHOUETTE_SCORE", "CALINSKI_HARABASZ_SCORE", "DAVIES_BOULDIN_SCORE")
-_SCORERS = {
-    "SILHOUETTE_SCORE": silhouette_score,
-    "CALINSKI_HARABASZ_SCORE": calinski_harabasz_score,
-    "DAVIES_BOULDIN_SCORE": davies_bouldin_score,
+_SCORER_NAMES = {
+    "SILHOUETTE_SCORE": "silhouette_score",
+    "CALINSKI_HARABASZ_SCORE": "calinski_harabasz_score",
+    "DAVIES_BOULDIN_SCORE": "davies_bouldin_score",
 }
+
+
+def _scorer(eval_type: str):
+    """scikit-learn's scorer of ``eval_type`` (ImportError naming the extra when scikit-learn is missing)."""
+    try:
+        from sklearn import metrics
+    except ImportError as err:  # pragma: no cover - exercised in a core-only install (tests/test_packaging.py)
+        raise ImportError('cluster scores need scikit-learn: pip install "flwr-dp-strategies[clustering]"') from err
+    return getattr(metrics, _SCORER_NAMES[eval_type])
+
+
 METRIC_NAMES = {
     "SILHOUETTE_SCORE": "silhouette",
     "CALINSKI_HARABASZ_SCORE": "calinski-harabasz",
@@ -72,7 +84,7 @@ def cluster_scores(points: np.ndarray, eval_types: Optional[tuple[str, ...]] = N
     for eval_type in eval_types or EVAL_TYPES:
         eval_type = check_eval_type(eval_type)
         name = METRIC_NAMES[eval_type]
-        value = float(_SCORERS[eval_type](scaled, labels)) if defined else 0.0
+        value = float(_scorer(eval_type)(scaled, labels)) if defined else 0.0
         out[name] = value if math.isfinite(value) else 0.0
     return out
 

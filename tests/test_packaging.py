@@ -127,3 +127,62 @@ def test_wheel_installs_and_imports(dist, tmp_path):
     import flwr_dp_strategies
 
     assert proc.stdout.strip() == flwr_dp_strategies.__version__
+
+
+HEAVY = ("torch", "opacus", "sklearn", "ray", "pandas")
+"""What a server-only user must not have to install or import (issue 38 item 3): they come with extras."""
+
+
+def test_the_metadata_keeps_torch_opacus_sklearn_and_ray_in_extras(dist):
+    """Issue 38 item 3: the wheel's core requirements are Flower (without its simulation extra), numpy, scipy,
+    dp-accounting, threadpoolctl and cryptography; torch/Opacus, scikit-learn and Ray are extras."""
+    import re
+
+    with zipfile.ZipFile(_one(dist, "*.whl")) as wheel:
+        (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = wheel.read(name).decode()
+    core = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    core = [req for req in core if "extra ==" not in req]
+    names = {re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0].lower() for req in core}
+    assert names == {"flwr", "numpy", "scipy", "dp-accounting", "threadpoolctl", "cryptography"}, core
+    assert not any("[simulation]" in req for req in core), core
+    extras = {line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Provides-Extra:")}
+    assert {"torch", "clustering", "simulation", "examples", "dev"} <= extras
+
+
+@pytest.mark.integration
+def test_a_core_install_imports_every_strategy_without_the_heavy_packages(dist, tmp_path):
+    """A fresh venv gets the wheel with its core dependencies only (from the package index, as a user's ``pip install``
+    would) and imports every strategy, the privacy core and the client mods: none of torch, Opacus, scikit-learn,
+    Ray or pandas is installed there, nor imported."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    proc = subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(_one(dist, "*.whl"))],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    code = (
+        "import importlib.util, sys\n"
+        "import flwr_dp_strategies as fds\n"
+        "strategies = [getattr(fds, name) for name in fds._STRATEGIES]\n"
+        "import flwr_dp_strategies.privacy, flwr_dp_strategies.federated_pca, flwr_dp_strategies.layer_shuffler\n"
+        "import flwr_dp_strategies.audit, flwr_dp_strategies.cli, client_mods\n"
+        "from client_mods import LocalUpdateNoiseMod, LaplaceInferenceMod, distributed_dp_mod, signds_mod\n"
+        "from flwr.serverapp.strategy import FedAvg\n"
+        "fds.AccountedServerSideFixedClipping(FedAvg(), 1.0, 1.0, 2)\n"
+        f"heavy = {HEAVY!r}\n"
+        "print(len(strategies), [h for h in heavy if importlib.util.find_spec(h) is not None],"
+        " sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    proc = subprocess.run([str(python), "-c", code], check=False, capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    import flwr_dp_strategies
+
+    assert proc.stdout.split() == [str(len(flwr_dp_strategies._STRATEGIES)), "[]", "[]"], proc.stdout
