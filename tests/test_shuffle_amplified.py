@@ -154,10 +154,12 @@ def test_planned_rounds_split_the_target_delta_so_the_composition_stays_finite()
 
 
 def test_start_takes_num_rounds_as_the_planned_rounds(monkeypatch):
-    from flwr.serverapp.strategy import Strategy
+    from flwr_dp_strategies.rounds.template import AccountedRound  # the template owns the run
 
     seen = {}
-    monkeypatch.setattr(Strategy, "start", lambda self, grid, arrays, num_rounds=3, *a, **k: seen.update(n=num_rounds))
+    monkeypatch.setattr(
+        AccountedRound, "start", lambda self, grid, arrays, num_rounds=3, *a, **k: seen.update(n=num_rounds)
+    )
     strategy = make(4, reports_are_ldp=True)
     assert strategy.shuffle_round_delta == pytest.approx(1e-5)  # no plan known yet: one round at the full delta
     strategy.start(LoopbackGrid.of(4), model(), num_rounds=5)

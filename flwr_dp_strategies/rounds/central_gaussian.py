@@ -274,6 +274,15 @@ class CentralGaussianRound(AccountedRound):
             and self.accountant.would_exceed(flower)
         )
 
+    def budget_spent(self) -> bool:
+        """After a round: the plan is done or the next round's event would exceed the ledger's (or the Flower
+        accountant's) budget, from the ledger and the configuration only."""
+        if self.budget_exhausted or self.plan_exhausted():
+            return True
+        if self.sampling == "poisson" and self.num_clients is None:
+            return False  # q is fixed at the first round's configure
+        return self._would_exceed()
+
     def _stop(self, server_round: int) -> None:
         """Mark the budget as exhausted from ``server_round`` on and say so (once)."""
         if not self.budget_exhausted:

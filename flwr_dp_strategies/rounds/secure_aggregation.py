@@ -268,6 +268,16 @@ class SecureAggregationMixin(AccountedRound):
         """Forget the previous round's protocol state (first thing in ``configure_train``)."""
         self._round, self._grid, self._protocol_rejected = None, grid, Counter()
 
+    def budget_spent(self) -> bool:
+        """After a round: the budget is spent, or one more round with this round's event would exceed it (the
+        event is a function of the configuration and the planned sizes, not of the replies: a ledger-only check)."""
+        if self.budget_exhausted:
+            return True
+        planned = self.__dict__.get("_round_event")
+        return planned is not None and self.ledger.would_exceed(
+            central_events=[planned[0]], neighboring_relation=planned[1]
+        )
+
     def open_secure_round(
         self,
         server_round: int,
@@ -286,9 +296,10 @@ class SecureAggregationMixin(AccountedRound):
         collect messages (their content + the protocol record + ``public``); [] if it cannot go on."""
         ledger = self.ledger
         tighter = replace_one_event is not None and ledger.neighboring_relation == "replace_one"
+        self._round_event = (replace_one_event if tighter else event, "replace_one" if tighter else "add_or_remove_one")
         if ledger.would_exceed(
-            central_events=[replace_one_event if tighter else event],
-            neighboring_relation="replace_one" if tighter else "add_or_remove_one",
+            central_events=[self._round_event[0]],
+            neighboring_relation=self._round_event[1],
         ):
             log_budget_stop(server_round, self.ledger)
             self.budget_exhausted = True

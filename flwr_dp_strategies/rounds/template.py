@@ -36,8 +36,10 @@ runs SecAgg stages); it cannot replace the template: defining ``configure_train`
 
 from __future__ import annotations
 
+import io
 import os
-from logging import INFO
+import time
+from logging import INFO, WARNING
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,6 +49,8 @@ from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from ..declarations import Declaration
 from ..privacy import PrivacyLedger
@@ -300,6 +304,130 @@ class AccountedRound(ClientAccountingMixin):
         step); nothing it does is booked. The release itself by default."""
         return arrays
 
+    def budget_spent(self) -> bool:
+        """After a round: True when the ledger says the next round cannot run (its release would exceed the
+        budget, or the plan is done). Read from the ledger and the configuration only (free,
+        :mod:`.early_stop`); False here: a strategy whose next release is known overrides it."""
+        return bool(self.__dict__.get("budget_exhausted", False))
+
+    # ------------------------------------------------------------------ the run
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: Optional[ConfigRecord] = None,
+        evaluate_config: Optional[ConfigRecord] = None,
+        evaluate_fn: Optional[Callable[[int, ArrayRecord], Optional[MetricRecord]]] = None,
+        should_stop: Optional[Any] = None,
+    ) -> Result:
+        """Flower's ``Strategy.start`` (its arguments, its log lines, its ``Result``; on every supported Flower,
+        1.43's ``should_stop`` included, ``num_rounds`` a maximum), stopping early only without a hidden release
+        (:mod:`.early_stop`): after a round, when :meth:`budget_spent` (the ledger says the next round cannot
+        run: free), when an :class:`~.early_stop.AccountedEarlyStop` given as ``should_stop`` halts (booked), or
+        when a user's ``should_stop(round, result)`` says so, shown only the public and accounted metrics."""
+        from .early_stop import AccountedEarlyStop, stop_reason
+
+        early = should_stop if isinstance(should_stop, AccountedEarlyStop) else None
+        user = None if early is not None else should_stop
+        if user is not None and not callable(user):
+            raise TypeError(f"should_stop must be callable or an AccountedEarlyStop, got {type(user).__name__}")
+        self.__dict__["_early_stop"] = early
+        log(INFO, "Starting %s strategy:", self.__class__.__name__)
+        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
+        self.summary()
+        log(INFO, "")
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result = Result()
+        result.arrays = initial_arrays
+        started = time.time()
+        if evaluate_fn:
+            res = evaluate_fn(0, initial_arrays)
+            log(INFO, "Initial global evaluation results: %s", res)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        arrays = initial_arrays
+        for current_round in range(1, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
+            replies = grid.send_and_receive(
+                messages=self.configure_train(current_round, arrays, train_config, grid), timeout=timeout
+            )
+            agg_arrays, train_metrics = self.aggregate_train(current_round, replies)
+            if agg_arrays is not None:
+                result.arrays = arrays = agg_arrays
+            if train_metrics is not None:
+                log(INFO, "\t└──> Aggregated MetricRecord: %s", train_metrics)
+                result.train_metrics_clientapp[current_round] = train_metrics
+            replies = grid.send_and_receive(
+                messages=self.configure_evaluate(current_round, arrays, evaluate_config, grid), timeout=timeout
+            )
+            evaluate_metrics = self.aggregate_evaluate(current_round, replies)
+            if evaluate_metrics is not None:
+                log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluate_metrics)
+                result.evaluate_metrics_clientapp[current_round] = evaluate_metrics
+            if evaluate_fn:
+                log(INFO, "Global evaluation")
+                res = evaluate_fn(current_round, arrays)
+                log(INFO, "\t└──> MetricRecord: %s", res)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[current_round] = res
+            if current_round < num_rounds and self.budget_spent():
+                log(
+                    INFO,
+                    "Privacy budget: stopping after round %s, the next round would exceed max_epsilon (the ledger "
+                    "alone says so: no cost)",
+                    current_round,
+                )
+                break
+            reason = stop_reason(early)
+            if reason is not None:
+                log(INFO, "Accounted early stop after round %s: %s", current_round, reason)
+                break
+            if user is not None and user(current_round, self._public_view(result)):
+                log(INFO, "Stopping early after round %s", current_round)
+                break
+        log(INFO, "")
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - started)
+        log(INFO, "")
+        log(INFO, "Final results:")
+        log(INFO, "")
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        log(INFO, "")
+        return result
+
+    def _public_view(self, result: Result) -> Result:
+        """``result`` with only the round metrics a stop decision may read for free: public keys, ledger figures,
+        accounted releases (:mod:`.published_keys`); the server's own evaluation (``evaluate_fn``) as it is. The
+        hidden keys are named in a WARNING, once."""
+        from .published_keys import protection
+
+        hidden: set[str] = set()
+        view = Result()
+        view.arrays = result.arrays
+        view.evaluate_metrics_serverapp = dict(result.evaluate_metrics_serverapp)
+        for source, target in (
+            (result.train_metrics_clientapp, view.train_metrics_clientapp),
+            (result.evaluate_metrics_clientapp, view.evaluate_metrics_clientapp),
+        ):
+            for rnd, record in source.items():
+                kept = {key: value for key, value in record.items() if protection(key) is not None}
+                hidden.update(key for key in record if key not in kept)
+                target[rnd] = MetricRecord(kept)
+        new = sorted(hidden - self.__dict__.setdefault("_hidden_from_stop", set()))
+        if new:
+            self.__dict__["_hidden_from_stop"].update(new)
+            log(
+                WARNING,
+                "should_stop is not shown %s: a stop decision read from un-noised client metrics would be a release "
+                "nobody booked (give an AccountedEarlyStop, or declare the metric: evaluate_metrics=AccountedMetrics)",
+                ", ".join(new),
+            )
+        return view
+
     # ------------------------------------------------------------------ template
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -345,7 +473,13 @@ class AccountedRound(ClientAccountingMixin):
         """Screen → release (metrics) → book → save → publish."""
         screened = self._screen(server_round, replies, "evaluate", self.evaluate_check(), None)
         release = self._run_release(server_round, screened, self.release_evaluate)
-        self._book(server_round, list(screened.bookings) + list(release.bookings))
+        bookings = list(screened.bookings) + list(release.bookings)
+        early = self.__dict__.get("_early_stop")
+        if early is not None:  # the accounted early stop's query (booked once per chain)
+            bookings += early.observe(
+                [r.content for r in screened.accepted], self.evaluated_nodes(server_round, screened)
+            )
+        self._book(server_round, bookings)
         return self._publish(release, screened)
 
     def _run_release(self, server_round: int, screened: Screened, mechanism: Callable[[int, Screened], Any]) -> Any:

@@ -75,17 +75,23 @@ def main(app_dir: str, out_json: str, num_supernodes: int, run_config: dict) -> 
     from flwr.supercore.telemetry import EventType
 
     results = []
-    start = Strategy.start
 
-    def recording_start(self, *args, **kwargs):
-        result = start(self, *args, **kwargs)
-        results.append({"strategy": type(self).__name__,
-                        "train_metrics_clientapp": _records(result.train_metrics_clientapp),
-                        "evaluate_metrics_clientapp": _records(result.evaluate_metrics_clientapp),
-                        "evaluate_metrics_serverapp": _records(result.evaluate_metrics_serverapp)})
-        return result
+    def recording(start):
+        def recording_start(self, *args, **kwargs):
+            result = start(self, *args, **kwargs)
+            results.append({"strategy": type(self).__name__,
+                            "train_metrics_clientapp": _records(result.train_metrics_clientapp),
+                            "evaluate_metrics_clientapp": _records(result.evaluate_metrics_clientapp),
+                            "evaluate_metrics_serverapp": _records(result.evaluate_metrics_serverapp)})
+            return result
+        return recording_start
 
-    Strategy.start = recording_start
+    Strategy.start = recording(Strategy.start)
+    try:  # our strategies run their own start (the template owns the run): recorded the same way
+        from flwr_dp_strategies.rounds.template import AccountedRound
+        AccountedRound.start = recording(AccountedRound.start)
+    except ImportError:  # Flower's own example, without this package on the path
+        pass
 
     # As flwr/simulation/app.py: a Run with the --run-config overrides, the fused config in the context
     run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
