@@ -233,3 +233,55 @@ def test_cyclic_poisson_asks_each_group_member_with_rate_q_and_books_one_event_p
 def test_cyclic_poisson_needs_q_at_most_one():
     with pytest.raises(ValueError, match="num_sampled_clients"):
         make(m=10, num_clients=12, sampling="cyclic-poisson")  # q = 10·3/12 > 1
+
+
+def _poisson_run(path, rounds, resume=False, start=1):
+    strategy = make(m=2, rng=5, ledger_path=path, resume=resume, num_rounds=6, sampling="cyclic-poisson")
+    grid = LoopbackGrid.of(N)  # groups of 4, q = 2·3/12 = 0.5
+    sampled = []
+    for r in range(start, start + rounds):
+        msgs, _, _ = run_round(strategy, r, grid)
+        sampled.append(nodes(msgs))
+    strategy.ledger_store.close()
+    return strategy, sampled
+
+
+def test_the_secret_sample_of_cyclic_poisson_is_not_in_the_ledger_file(tmp_path):
+    """Issue 39 item 2. Before: the signed ledger state held one [node, group, count, last] row per node, so the
+    ledger file (and ``flwr-dp ledger show``) said who was sampled in which release. Now the rows are in
+    ``<ledger_path>.bandmf-participation.<t>`` (0600); the ledger names it by release and SHA-256."""
+    import json
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    path = tmp_path / "l.json"
+    strategy, sampled = _poisson_run(path, 3)
+    ledger_text = path.read_text()
+    state = json.loads(ledger_text)
+    assert any(sampled) and strategy.participation.to_state()["nodes"]  # the positive control: there is a sample
+    assert '"nodes"' not in ledger_text
+    entry = json.dumps(state)
+    assert "secret" in entry and "sha256" in entry
+    secret = tmp_path / "l.json.bandmf-participation.3"
+    assert stat.S_IMODE(os.stat(secret).st_mode) == 0o600
+    assert json.loads(secret.read_text()) == strategy.participation.to_state()
+    shown = subprocess.run(
+        [sys.executable, "-m", "flwr_dp_strategies.cli", "ledger", "show", str(path)], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, shown.stderr
+    last_sampled = sampled[-1][0]
+    assert f"[{last_sampled}, " not in shown.stdout
+
+
+def test_a_cyclic_poisson_restart_continues_the_secret_history_and_refuses_an_altered_one(tmp_path):
+    whole, straight = _poisson_run(tmp_path / "a.json", 6)
+    _, before = _poisson_run(tmp_path / "b.json", 3)
+    resumed, after = _poisson_run(tmp_path / "b.json", 3, resume=True)
+    assert before + after == straight  # the same samples: the history (and the seeded draws) continue
+    assert resumed.participation.to_state() == whole.participation.to_state()
+    secret = tmp_path / "b.json.bandmf-participation.6"
+    secret.write_text(secret.read_text().replace("[", "[ ", 1))
+    with pytest.raises(LedgerFileError, match="participation history"):
+        make(m=2, rng=5, ledger_path=tmp_path / "b.json", resume=True, num_rounds=6, sampling="cyclic-poisson")

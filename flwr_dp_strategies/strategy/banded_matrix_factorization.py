@@ -56,6 +56,7 @@ re-use nor lose correlated noise).
 from __future__ import annotations
 
 import glob
+import json
 import math
 import os
 from logging import INFO
@@ -67,7 +68,7 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
 from ..privacy import PrivacyLedger
-from ..privacy.ledger_file import LedgerFileError
+from ..privacy.ledger_file import LedgerFileError, write_atomic
 from ..privacy.matrix_factorization import (
     FACTORIZATIONS,
     BandedNoise,
@@ -75,6 +76,7 @@ from ..privacy.matrix_factorization import (
     load_noise_state,
     round_event,
     save_noise_state,
+    state_checksum,
     strategy_coefficients,
 )
 from ..privacy.participation import CyclicParticipation
@@ -254,7 +256,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                         f"{key} was {state.get(key)!r} in the saved run, this run has {value!r}: the restored noise "
                         f"stream is in the saved run's units (a restart must keep z, C and m)"
                     )
-            self.participation.load_state(state.get(PARTICIPATION))
+            self.participation.load_state(self._load_participation(state.get(PARTICIPATION), releases))
             population = state.get("num_clients")
             if population is not None:
                 if self.population is not None and population != self.population:
@@ -278,6 +280,50 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             releases,
             path,
         )
+
+    def _participation_path(self, release: int) -> str:
+        return f"{self.ledger_path}.bandmf-participation.{release}"
+
+    def _participation_entry(self) -> Any:
+        """What the signed ledger state holds of the participation history. Under ``"cyclic"`` the history itself
+        (each group's members train in every b-th release: nothing secret). Under ``"cyclic-poisson"`` the
+        amplification needs the sample to stay secret, so the rows (who was sampled in which release) go to their
+        own file, ``<ledger_path>.bandmf-participation.<t>`` (mode 0600, beside the secret noise state), and the
+        ledger holds only its release and SHA-256; without a ledger file they stay in memory."""
+        state = self.participation.to_state()
+        if self.sampling != "cyclic-poisson":
+            return state
+        if self.ledger_path is None:
+            return {"secret": None}
+        data = json.dumps(state, sort_keys=True).encode()
+        write_atomic(self._participation_path(self.releases), data)
+        for stale in glob.glob(glob.escape(self.ledger_path) + ".bandmf-participation.*"):
+            suffix = stale.rsplit(".", 1)[-1]
+            if suffix.isdigit() and int(suffix) < self.releases - 1:  # release t−1's is the saved ledger's
+                os.unlink(stale)
+        return {"secret": {"release": self.releases, "sha256": state_checksum(data)}}
+
+    def _load_participation(self, entry: Any, releases: int) -> Any:
+        """The participation state an entry of :meth:`_participation_entry` names (ValueError when its file is
+        missing, altered or of another release)."""
+        if not (isinstance(entry, dict) and set(entry) == {"secret"}):
+            if self.sampling == "cyclic-poisson" and releases:
+                raise ValueError("the participation history of a cyclic-poisson run must be kept in its secret file")
+            return entry
+        secret = entry["secret"]
+        if secret is None:
+            raise ValueError("the saved run kept its participation history in memory only: it cannot continue")
+        if not isinstance(secret, dict) or set(secret) != {"release", "sha256"} or secret["release"] != releases:
+            raise ValueError(f"participation must name the secret file of release {releases}, got {secret!r}")
+        path = self._participation_path(releases)
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except OSError as err:
+            raise ValueError(f"participation history {path} cannot be read ({err})") from err
+        if state_checksum(data) != secret["sha256"]:
+            raise ValueError(f"participation history {path} does not match the checksum in the ledger file")
+        return json.loads(data)
 
     def _stream_units(self) -> dict[str, Any]:
         """What the noise stream's scale z·C/m depends on, kept in the signed state and checked on a restart."""
@@ -307,7 +353,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "num_clients": self.population,
                 "releases": self.releases,
                 "noise": noise_entry,
-                PARTICIPATION: self.participation.to_state(),
+                PARTICIPATION: self._participation_entry(),
                 **self._stream_units(),
             },
         )
