@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 import pytest
+from flwr import __version__ as _flower_version
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from deployment_harness import (  # noqa: E402
@@ -60,6 +61,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "examples" / "quickstart"
 NODE_UNAVAILABLE = 5  # flwr.common.constant.ErrorCode.NODE_UNAVAILABLE
+FLOWER = tuple(int(part) for part in _flower_version.split(".")[:2])
 
 pytestmark = [
     pytest.mark.integration,
@@ -176,13 +178,16 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
         output = cli.log_text()
         finished_run(dep, output)
         # reported in the ServerApp's log (streamed by `flwr run`) and the results, not in the round's metrics
-        assert "round 2  train: 1 of 2 nodes replied, 1 failed" in output, dep.diagnostics()
-
         results = json.loads((tmp_path / "results-1" / "results.json").read_text())
         train = {row["round"]: row for row in results["replies"] if row["phase"] == "train"}
         assert (train[1]["sent"], train[1]["replies"], train[1]["failed"]) == (2, 2, 0), results["replies"]
-        assert (train[2]["sent"], train[2]["replies"], train[2]["failed"]) == (2, 1, 1), results["replies"]
-        assert [(e["node"], e["code"]) for e in train[2]["errors"]] == [(int(ids["victim"]), NODE_UNAVAILABLE)]
+        if FLOWER < (1, 43):  # the SuperLink answers for the dead node with an error reply
+            assert "round 2  train: 1 of 2 nodes replied, 1 failed" in output, dep.diagnostics()
+            assert (train[2]["sent"], train[2]["replies"], train[2]["failed"]) == (2, 1, 1), results["replies"]
+            assert [(e["node"], e["code"]) for e in train[2]["errors"]] == [(int(ids["victim"]), NODE_UNAVAILABLE)]
+        else:  # Flower 1.43 drops its reply: the node left the federation, and the round does not wait for it
+            assert "round 2  train: 1 of 2 nodes replied, 0 failed" in output, dep.diagnostics()
+            assert (train[2]["sent"], train[2]["replies"], train[2]["missing"]) == (2, 1, 1), results["replies"]
         assert no_reply_counts(results["train_metrics"]["1"]) and no_reply_counts(results["train_metrics"]["2"])
         assert [row["round"] for row in results["rounds"]] == [1, 2]
         assert all(row["released"] for row in results["rounds"])  # round 2 released a model (one reply)

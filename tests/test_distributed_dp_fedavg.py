@@ -252,17 +252,20 @@ def test_the_ledger_survives_a_restart(tmp_path):
     assert len(second.ledger.events()) == 2 and second.ledger.epsilon() > epsilon_one
 
 
-def test_flowers_start_runs_the_secure_rounds_and_its_timeout_bounds_every_stage():
+def test_flowers_start_runs_the_secure_rounds_and_its_timeout_bounds_every_stage(monkeypatch):
+    from flwr_dp_strategies.rounds import exchange as exchange_module, template
+    from flwr_dp_strategies.secure_aggregation import server_protocol
+
     deltas = {n: np.full(60, 0.01) for n in NODES}
     timeouts = []
     grid = LoopbackGrid(shifting_app(deltas, rng=8), NODES)
-    send = grid.send_and_receive
 
-    def recording(messages, *, timeout=None):
+    def recording(grid, messages, timeout):
         timeouts.append(timeout)
-        return send(messages, timeout=timeout)
+        return exchange_module.exchange(grid, messages, timeout)
 
-    grid.send_and_receive = recording
+    for module in (template, server_protocol):  # every exchange of the run: the round's and each stage's
+        monkeypatch.setattr(module, "exchange", recording)
     strategy = DistributedDpFedAvg(fraction_evaluate=0.0, min_evaluate_nodes=0, noise_multiplier=1.0, clipping_norm=1.0)
     result = strategy.start(grid, model(), num_rounds=2, timeout=42.0)
     assert [m["dp/noise-multiplier"] > 0 for m in result.train_metrics_clientapp.values()] == [True, True]

@@ -87,3 +87,42 @@ def test_run_round_evaluates_too():
         strategy, LoopbackGrid.of(2, evaluate), ArrayRecord([np.ones(1)]), 1, phase="evaluate"
     )
     assert len(replies) == 2 and metrics["acc"] == pytest.approx(0.5)
+
+
+def test_exchange_stops_waiting_for_a_node_that_left_the_federation():
+    """Flower 1.43 drops the reply of a node that died (1.41–1.42 answer with an error reply): the round's
+    exchange must not wait for it until the timeout (issue 38 item 1)."""
+    import time
+
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from flwr_dp_strategies.rounds.exchange import push_and_pull as exchange  # a Flower Grid's path
+    from loopback import LoopbackGrid
+
+    class Dropping(LoopbackGrid):
+        """Node 103 never answers, and leaves the node list after its message was pushed."""
+
+        def push_messages(self, messages):
+            ids = super().push_messages(messages)
+            self.left = True
+            return ids
+
+        def pull_messages(self, message_ids):
+            return [r for r in super().pull_messages(message_ids) if int(r.metadata.src_node_id) != 103]
+
+        def get_node_ids(self):
+            nodes = super().get_node_ids()
+            return [n for n in nodes if n != 103] if getattr(self, "left", False) else nodes
+
+    grid = Dropping(lambda msg: Message(RecordDict({"c": ConfigRecord({"ok": 1})}), reply_to=msg), [101, 102, 103])
+    messages = [Message(RecordDict(), dst_node_id=n, message_type="train") for n in (101, 102, 103)]
+    started = time.monotonic()
+    replies = exchange(grid, messages, timeout=600)
+    assert sorted(int(r.metadata.src_node_id) for r in replies) == [101, 102]
+    assert time.monotonic() - started < 5  # before: the whole timeout
+    # a node still listed is waited for, until the timeout
+    grid = Dropping(lambda msg: Message(RecordDict({"c": ConfigRecord({"ok": 1})}), reply_to=msg), [101, 102, 103])
+    grid.get_node_ids = lambda: [101, 102, 103]
+    started = time.monotonic()
+    assert len(exchange(grid, [Message(RecordDict(), dst_node_id=103, message_type="train")], timeout=0.5)) == 0
+    assert 0.4 < time.monotonic() - started < 5

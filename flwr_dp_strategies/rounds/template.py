@@ -56,6 +56,7 @@ from ..declarations import Declaration
 from ..privacy import PrivacyLedger
 from ..privacy.rng import RngSource
 from .client_accounting import Booking, ClientAccountingMixin, ContentCheck, undeclared_replies
+from .exchange import exchange
 from .client_metrics import AccountedMetrics, EvaluateMetrics, check_evaluate_metrics, release_evaluate_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, reply_arrays
 from .streaming_aggregation import ClippedSum, NonFiniteReplies, single_threaded_blas
@@ -352,18 +353,14 @@ class AccountedRound(ClientAccountingMixin):
         for current_round in range(1, num_rounds + 1):
             log(INFO, "")
             log(INFO, "[ROUND %s/%s]", current_round, num_rounds)
-            replies = grid.send_and_receive(
-                messages=self.configure_train(current_round, arrays, train_config, grid), timeout=timeout
-            )
+            replies = exchange(grid, self.configure_train(current_round, arrays, train_config, grid), timeout)
             agg_arrays, train_metrics = self.aggregate_train(current_round, replies)
             if agg_arrays is not None:
                 result.arrays = arrays = agg_arrays
             if train_metrics is not None:
                 log(INFO, "\t└──> Aggregated MetricRecord: %s", train_metrics)
                 result.train_metrics_clientapp[current_round] = train_metrics
-            replies = grid.send_and_receive(
-                messages=self.configure_evaluate(current_round, arrays, evaluate_config, grid), timeout=timeout
-            )
+            replies = exchange(grid, self.configure_evaluate(current_round, arrays, evaluate_config, grid), timeout)
             evaluate_metrics = self.aggregate_evaluate(current_round, replies)
             if evaluate_metrics is not None:
                 log(INFO, "\t└──> Aggregated MetricRecord: %s", evaluate_metrics)

@@ -52,6 +52,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Rec
 from flwr.common.logger import log
 from flwr.supercore.primitives.asymmetric import bytes_to_private_key, public_key_to_bytes
 
+from ..rounds.exchange import exchange
 from ..npy_codec import npy_view
 from . import shamir
 from .client_protocol import check_public_key, mask_keys, private_key_from_scalar
@@ -194,7 +195,7 @@ class SecureAggregationRound:
         """Send, then ``read`` each reply's protocol record (and its run id, ``with_run``); the nodes whose
         reply was read."""
         asked = {int(m.metadata.dst_node_id) for m in messages}
-        replies = grid.send_and_receive(messages, timeout=self.timeout) if messages else []
+        replies = exchange(grid, messages, self.timeout)  # a node that leaves is not waited for (Flower 1.43)
 
         def read_reply(node: int, reply: Message) -> None:
             if set(reply.content.keys()) != {RECORD}:

@@ -71,8 +71,9 @@ class ReplyLog:
     Wraps the ServerApp's Grid for ``Strategy.start``: a node that dies during a
     round shows up as an error reply (in deployment, Flower's SuperLink answers
     ``NODE_UNAVAILABLE`` once the node missed its heartbeats), which the strategy
-    drops. This records it with the error's code and reason, so ``results.json``
-    says which round lost a node; everything else is delegated to the Grid.
+    drops; Flower 1.43 drops such a reply instead, and the node is counted as ``missing``. This records it with
+    the error's code and reason, so ``results.json`` says which round lost a node; everything else is delegated
+    to the Grid.
     """
 
     def __init__(self, grid: Any) -> None:
@@ -84,8 +85,10 @@ class ReplyLog:
 
     def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> list[Message]:
         """The Grid's send_and_receive; logs sent/ok/failed and prints a line when replies failed."""
+        from flwr_dp_strategies.rounds.exchange import exchange  # Flower's, without waiting for a node that left
+
         messages = list(messages)
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        replies = exchange(self._grid, messages, timeout)
         if not messages:
             return replies
         # An error reply made by the SuperLink comes from the SuperLink's node ID, not from the
