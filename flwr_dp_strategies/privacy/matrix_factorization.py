@@ -432,18 +432,23 @@ def save_noise_state(path: "os.PathLike[str] | str", noise: BandedNoise) -> str:
     return state_checksum(data)
 
 
-def load_noise_state(path: "os.PathLike[str] | str", checksum: str) -> BandedNoise:
-    """The stream saved at ``path``; ValueError (naming the file) when it is missing or its SHA-256 is not
-    ``checksum`` (a restart never continues with other noise than the run's)."""
+def read_checked(path: "os.PathLike[str] | str", checksum: str, what: str) -> bytes:
+    """The bytes of a secret state file the signed ledger names by ``checksum``; ValueError (naming ``what`` and
+    the file) when it is missing or its SHA-256 differs (a restart never continues from another run's state)."""
     path = os.fspath(path)
     try:
         with open(path, "rb") as handle:
             data = handle.read()
     except OSError as err:
-        raise ValueError(f"noise state {path} cannot be read ({err}): the correlated noise cannot continue") from err
+        raise ValueError(f"{what} {path} cannot be read ({err}): the run cannot continue") from err
     if state_checksum(data) != checksum:
-        raise ValueError(f"noise state {path} does not match the checksum in the ledger file")
-    return BandedNoise.from_bytes(data)
+        raise ValueError(f"{what} {path} does not match the checksum in the ledger file")
+    return data
+
+
+def load_noise_state(path: "os.PathLike[str] | str", checksum: str) -> BandedNoise:
+    """The stream saved at ``path`` (:func:`read_checked`: the correlated noise never continues from other noise)."""
+    return BandedNoise.from_bytes(read_checked(path, checksum, "noise state"))
 
 
 __all__ = [
@@ -465,6 +470,7 @@ __all__ = [
     "round_increment",
     "run_event",
     "save_noise_state",
+    "read_checked",
     "state_checksum",
     "strategy_coefficients",
     "toeplitz_matrix",

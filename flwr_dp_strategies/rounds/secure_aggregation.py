@@ -31,7 +31,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from logging import WARNING
-from typing import Any, Optional, Protocol, cast
+from typing import Any, Optional
 
 import numpy as np
 from dp_accounting import dp_event
@@ -101,21 +101,6 @@ def resolve_count(name: str, value: int | float, n: int) -> int:
     if isinstance(value, float):
         return max(1, math.ceil(check_probability(name, value, low_open=True) * n))
     return check_int(name, value, minimum=1)
-
-
-class _Startable(Protocol):
-    """The strategy after the mixin in the MRO: Flower's ``Strategy.start``."""
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        *args: Any,
-        **kwargs: Any,
-    ) -> Any:
-        """Flower's ``Strategy.start``."""
 
 
 @dataclass
@@ -195,10 +180,10 @@ class SecureAggregationMixin(AccountedRound):
         *args: Any,
         **kwargs: Any,
     ) -> Any:
-        """Flower's ``Strategy.start``; its ``timeout`` also bounds the extra stages unless
-        ``stage_timeout`` was given."""
+        """The template's ``start`` (:meth:`.template.AccountedRound.start`); its ``timeout`` also bounds the extra
+        stages unless ``stage_timeout`` was given."""
         self._start_timeout = check_positive("timeout", timeout)
-        return cast(_Startable, super()).start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)
+        return super().start(grid, initial_arrays, num_rounds, timeout, *args, **kwargs)  # the template's run
 
     def protocol_sizes(self, n_sampled: int) -> ProtocolSizes:
         """The sizes for ``n_sampled`` nodes (ValueError naming the setting that cannot be met):

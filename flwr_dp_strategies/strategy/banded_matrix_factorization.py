@@ -75,6 +75,7 @@ from ..privacy.matrix_factorization import (
     amplified_round_event,
     load_noise_state,
     round_event,
+    read_checked,
     save_noise_state,
     state_checksum,
     strategy_coefficients,
@@ -315,15 +316,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             raise ValueError("the saved run kept its participation history in memory only: it cannot continue")
         if not isinstance(secret, dict) or set(secret) != {"release", "sha256"} or secret["release"] != releases:
             raise ValueError(f"participation must name the secret file of release {releases}, got {secret!r}")
-        path = self._participation_path(releases)
-        try:
-            with open(path, "rb") as handle:
-                data = handle.read()
-        except OSError as err:
-            raise ValueError(f"participation history {path} cannot be read ({err})") from err
-        if state_checksum(data) != secret["sha256"]:
-            raise ValueError(f"participation history {path} does not match the checksum in the ledger file")
-        return json.loads(data)
+        return json.loads(read_checked(self._participation_path(releases), secret["sha256"], "participation history"))
 
     def _stream_units(self) -> dict[str, Any]:
         """What the noise stream's scale z·C/m depends on, kept in the signed state and checked on a restart."""
