@@ -181,13 +181,17 @@ def test_supernode_dies_mid_round_and_ledger_survives_restart(tmp_path):
         results = json.loads((tmp_path / "results-1" / "results.json").read_text())
         train = {row["round"]: row for row in results["replies"] if row["phase"] == "train"}
         assert (train[1]["sent"], train[1]["replies"], train[1]["failed"]) == (2, 2, 0), results["replies"]
-        if FLOWER < (1, 43):  # the SuperLink answers for the dead node with an error reply
+        # the dead node is either answered for by the SuperLink with an error reply (Flower 1.41-1.42, when that
+        # reply comes first) or seen to have left the federation, and not waited for (Flower 1.43 drops its reply;
+        # on 1.42 too when the node list drops it first): either way one node replied and the round went on
+        row = train[2]
+        assert (row["sent"], row["replies"], row["failed"] + row["missing"]) == (2, 1, 1), results["replies"]
+        if row["failed"]:
             assert "round 2  train: 1 of 2 nodes replied, 1 failed" in output, dep.diagnostics()
-            assert (train[2]["sent"], train[2]["replies"], train[2]["failed"]) == (2, 1, 1), results["replies"]
-            assert [(e["node"], e["code"]) for e in train[2]["errors"]] == [(int(ids["victim"]), NODE_UNAVAILABLE)]
-        else:  # Flower 1.43 drops its reply: the node left the federation, and the round does not wait for it
+            assert [(e["node"], e["code"]) for e in row["errors"]] == [(int(ids["victim"]), NODE_UNAVAILABLE)]
+        else:
             assert "round 2  train: 1 of 2 nodes replied, 0 failed" in output, dep.diagnostics()
-            assert (train[2]["sent"], train[2]["replies"], train[2]["missing"]) == (2, 1, 1), results["replies"]
+        assert FLOWER < (1, 43) or row["missing"] == 1
         assert no_reply_counts(results["train_metrics"]["1"]) and no_reply_counts(results["train_metrics"]["2"])
         assert [row["round"] for row in results["rounds"]] == [1, 2]
         assert all(row["released"] for row in results["rounds"])  # round 2 released a model (one reply)
