@@ -39,6 +39,7 @@ public names of the other two).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -104,6 +105,10 @@ def dp_sgd_train_reply(
     ``release_metrics``: also send the exact ``num-examples`` (under ``weighted_by_key``) and the
     round's ``train-loss``, un-noised, and declare them as a ``NonPrivateDpEvent`` (the client's ε
     is then ∞, the truth about sending them); default False: neither leaves the client.
+    A trainer without a public ``sample_rate`` (Opacus' convention) declares a q and a step count that are
+    functions of the dataset size N (``ceil(N/B)``); the reply then also declares that size as a
+    ``NonPrivateDpEvent`` (label :data:`DATASET_SIZE_LABEL`: the client's ε is ∞, the truth about it) and a
+    warning says so once per process. Give the trainer ``sample_rate`` to send only public values.
     ``keep_wrapped``: keep the client's wrapped model between rounds while this process lives on
     (``cache_key=(run_id, node_id)``, see :mod:`client_mods.dp_sgd_trainer`; the round is the same).
     """
@@ -129,6 +134,11 @@ def dp_sgd_train_reply(
         }
     )
     declare_release(content, result.event, label=label, neighboring_relation=result.neighboring_relation)
+    if result.reveals_dataset_size:
+        _warn_dataset_size_once()
+        declare_release(
+            content, NonPrivateDpEvent(), label=DATASET_SIZE_LABEL, neighboring_relation=result.neighboring_relation
+        )
     if release_metrics:
         declare_release(
             content,
@@ -139,8 +149,31 @@ def dp_sgd_train_reply(
     return Message(content=content, reply_to=msg)
 
 
+#: The label of the ``NonPrivateDpEvent`` a reply declares when its DP-SGD event reveals the dataset size.
+DATASET_SIZE_LABEL = "dp-sgd/dataset-size (non-private: Opacus' q and steps are functions of N)"
+_WARNED: set[str] = set()
+
+
+def _warn_dataset_size_once() -> None:
+    if "size" in _WARNED:
+        return
+    _WARNED.add("size")
+    warnings.warn(
+        "DpSgdTrainer without sample_rate: Opacus' q = 1/ceil(N/B) and its step count reveal the dataset size "
+        "N under add/remove-one, so the reply declares it as non-private (epsilon = inf); give the trainer a "
+        "public sample_rate",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
 def declare_opacus_round(
-    content: RecordDict, privacy_engine: Any, *, poisson_sampling: bool = True, label: str = "opacus dp-sgd"
+    content: RecordDict,
+    privacy_engine: Any,
+    *,
+    poisson_sampling: bool = True,
+    label: str = "opacus dp-sgd",
+    public_sample_rate: bool = False,
 ) -> RecordDict:
     """Declare in a reply's ``content`` the DP-SGD release an Opacus ``PrivacyEngine`` made; return ``content``.
 
@@ -154,6 +187,12 @@ def declare_opacus_round(
     The engine must be this round's (a fresh ``PrivacyEngine`` per round, as in Flower's example);
     an engine kept across rounds would declare its earlier rounds again (over-counting, never
     under-counting). Raises ``ValueError`` when the engine has no history (it has not trained).
+
+    Opacus' ``make_private`` sets q = 1/len(loader) = 1/ceil(N/B) and ceil(N/B) steps an epoch, functions of
+    the dataset size N, which add/remove-one changes: with Poisson batches the declaration then also holds a
+    ``NonPrivateDpEvent`` for that size (label :data:`DATASET_SIZE_LABEL`, ε = ∞, the truth). Pass
+    ``public_sample_rate=True`` only when the loader's rate is a public setting (a ``DPDataLoader`` built with
+    a fixed ``sample_rate``, the step count fixed by it), as :class:`DpSgdTrainer`'s ``sample_rate`` does.
     """
     history = getattr(getattr(privacy_engine, "accountant", None), "history", None)
     if not history:
@@ -168,6 +207,13 @@ def declare_opacus_round(
         label=label,
         neighboring_relation=dp_sgd_relation(poisson_sampling),
     )
+    if poisson_sampling and not public_sample_rate:
+        declare_release(
+            content,
+            NonPrivateDpEvent(),
+            label=DATASET_SIZE_LABEL,
+            neighboring_relation=dp_sgd_relation(poisson_sampling),
+        )
     return content
 
 
@@ -175,6 +221,7 @@ __all__ = [
     "ACCOUNTANTS",
     "declare_opacus_round",
     "CLIPPING_MODES",
+    "DATASET_SIZE_LABEL",
     "DECLARATION_LABEL",
     "DpSgdBudgetExhausted",
     "DpSgdRound",

@@ -142,6 +142,8 @@ class DpSgdRound:
         rounds: rounds this client has trained so far, this one included.
         train_loss: mean training loss of the round (local use only: it is not privatised).
         grad_sample_mode: the Opacus per-sample gradient mode used.
+        public_sampling: True when q, ``steps`` and the divisor are public settings (the trainer's
+            ``sample_rate``); False under Opacus' convention, where ``event`` reveals ceil(N/B).
     """
 
     state_dict: dict[str, torch.Tensor]
@@ -157,6 +159,14 @@ class DpSgdRound:
     train_loss: float
     grad_sample_mode: str
     neighboring_relation: str = "add_or_remove_one"
+    public_sampling: bool = False
+
+    @property
+    def reveals_dataset_size(self) -> bool:
+        """True when ``event`` is a function of N under the relation it is declared under: Poisson batches
+        under Opacus' convention (add/remove-one changes N); a public ``sample_rate``, or shuffled batches
+        (replace-one: N is the same in both neighbours), reveal nothing about it."""
+        return not self.public_sampling and self.neighboring_relation == "add_or_remove_one"
 
     def metrics(self, weighted_by_key: str = "num-examples") -> dict[str, Union[int, float]]:
         """The reply's metrics: the public weight ``{weighted_by_key: 1.0}``, cumulative and round-only ε, z.
@@ -307,11 +317,13 @@ class _PoissonTensorBatches:
     as ``DPDataLoader``'s). Only sampling is touched: clipping, noise and accounting are Opacus'.
     """
 
-    def __init__(self, dataset: TensorDataset, loader: DataLoader) -> None:
+    def __init__(self, dataset: TensorDataset, loader: DataLoader, sample_rate: Optional[float] = None) -> None:
         self.tensors = dataset.tensors
         self.generator = loader.generator
         self.sampler = UniformWithReplacementSampler(
-            num_samples=len(dataset), sample_rate=1.0 / len(loader), generator=loader.generator
+            num_samples=len(dataset),
+            sample_rate=1.0 / len(loader) if sample_rate is None else sample_rate,
+            generator=loader.generator,
         )
 
     def __len__(self) -> int:
@@ -327,12 +339,22 @@ class _PoissonTensorBatches:
 
 
 def _poisson_batches(
-    loader: DataLoader, dp_loader: Optional[DataLoader] = None
+    loader: DataLoader,
+    dp_loader: Optional[DataLoader] = None,
+    *,
+    sample_rate: Optional[float] = None,
+    virtual: bool = False,
 ) -> Union[DataLoader, _PoissonTensorBatches]:
     """The round's Poisson batches over ``loader``'s data: indexed from a plain ``TensorDataset`` with a
     seeded generator (see :class:`_PoissonTensorBatches`), else ``dp_loader`` (or
-    ``DPDataLoader.from_data_loader(loader)``)."""
-    if type(loader.dataset) is TensorDataset and loader.generator is not None:
+    ``DPDataLoader.from_data_loader(loader)``). ``sample_rate``: the public rate q (``int(1/q)`` batches an
+    epoch, Opacus' ``DPDataLoader``) instead of Opacus' ``1/len(loader)``; ``virtual``: a ``DPDataLoader``
+    always (what ``BatchMemoryManager`` splits)."""
+    if sample_rate is not None:
+        if type(loader.dataset) is TensorDataset and loader.generator is not None and not virtual:
+            return _PoissonTensorBatches(loader.dataset, loader, sample_rate)
+        return DPDataLoader(loader.dataset, sample_rate=sample_rate, generator=loader.generator)
+    if type(loader.dataset) is TensorDataset and loader.generator is not None and not virtual:
         return _PoissonTensorBatches(loader.dataset, loader)
     return dp_loader if dp_loader is not None else DPDataLoader.from_data_loader(loader)
 
@@ -398,7 +420,18 @@ class DpSgdTrainer:
         local_epochs: epochs per round (integer >= 1).
         max_grad_norm: C in (0, inf); with ``clipping="per_layer"`` one bound per
             trainable parameter tensor, or one number split as C/sqrt(M).
-        batch_size: expected logical batch size B (q = 1/ceil(N/B)).
+        batch_size: expected logical batch size B. Without ``sample_rate``, Opacus' convention: q = 1/ceil(N/B),
+            ceil(N/B) steps an epoch, the noisy sum divided by int(N q) -- all functions of the dataset size N,
+            which the declared event then reveals (see ``sample_rate``). With ``sample_rate``, the public divisor
+            of the noisy gradient sum.
+        sample_rate: the public Poisson rate q in (0, 1] (keyword; recommended for a ClientApp). Every record
+            joins each batch with probability q, an epoch is ``int(1/q)`` steps (Opacus' ``DPDataLoader``), the
+            noisy sum is divided by ``batch_size``: the event ``SelfComposed(PoissonSampled(q, Gaussian(z)),
+            local_epochs * int(1/q))`` and the update's scale are functions of public settings only, so nothing
+            about N leaves the client (Opacus' convention ties q, the step count and the divisor to N, and a
+            neighbouring dataset one record larger can change ceil(N/B): the event then tells the two apart).
+            Needs ``poisson_sampling=True``. None: Opacus' convention (see ``batch_size``);
+            :func:`~client_mods.dp_sgd.dp_sgd_train_reply` then declares the size it reveals as non-private.
         max_physical_batch_size: split logical batches into physical ones of at most
             this size (virtual steps); None: no split.
         clipping: ``"flat"`` or ``"per_layer"``.
@@ -438,6 +471,7 @@ class DpSgdTrainer:
         accountant: str = "rdp",
         device: Union[None, str, torch.device] = None,
         seed: Optional[int] = None,
+        sample_rate: Optional[float] = None,
     ) -> None:
         self._model_source = model
         probe = self._new_model()
@@ -459,6 +493,7 @@ class DpSgdTrainer:
         self.clipping = self._check_choice("clipping", clipping, CLIPPING_MODES)
         self.max_grad_norm = self._check_clip(max_grad_norm, probe)
         self.poisson_sampling = bool(poisson_sampling)
+        self.sample_rate = self._check_sample_rate(sample_rate)
         self.secure_mode = self._check_secure(secure_mode, seed)
         self.grad_sample_mode = self._resolve_mode(grad_sample_mode, probe)
         self.accountant = self._check_choice("accountant", accountant, ACCOUNTANTS)
@@ -498,6 +533,23 @@ class DpSgdTrainer:
             raise ValueError("criterion must be a callable loss such as nn.CrossEntropyLoss()")
         if getattr(criterion, "reduction", "mean") != "mean":
             raise ValueError(f"criterion.reduction must be 'mean', got {criterion.reduction!r}")
+
+    def _check_sample_rate(self, sample_rate: Optional[float]) -> Optional[float]:
+        if sample_rate is None:
+            return None
+        if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, float)):
+            raise TypeError(f"sample_rate must be a number in (0, 1] or None, got {type(sample_rate).__name__}")
+        q = float(sample_rate)
+        if not 0.0 < q <= 1.0:
+            raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        if not self.poisson_sampling:
+            raise ValueError("sample_rate is the rate of Poisson batches: it needs poisson_sampling=True")
+        return q
+
+    @property
+    def public_sampling(self) -> bool:
+        """True when q, the step count and the divisor are public settings (``sample_rate`` given)."""
+        return self.sample_rate is not None
 
     @staticmethod
     def _check_momentum(momentum: float) -> float:
@@ -682,6 +734,7 @@ class DpSgdTrainer:
             rounds=plan.rounds + 1,
             train_loss=loss,
             grad_sample_mode=self.grad_sample_mode,
+            public_sampling=self.public_sampling,
         )
 
     def _plan(self, data: Dataset, state: RecordDict, state_key: str) -> "_RoundPlan":
@@ -694,7 +747,10 @@ class DpSgdTrainer:
         rounds = int(record["rounds"]) if record is not None else 0
         sample_seed, noise_seed = _round_seeds(self.seed, rounds)
         loader = self._loader(data, sample_seed)
-        sample_rate, round_steps = 1.0 / len(loader), self.local_epochs * len(loader)  # Opacus' q and T
+        if self.sample_rate is not None:  # public: q given, int(1/q) steps an epoch (Opacus' DPDataLoader)
+            sample_rate, round_steps = self.sample_rate, self.local_epochs * int(1.0 / self.sample_rate)
+        else:  # Opacus' q = 1/ceil(N/B) and T: functions of N
+            sample_rate, round_steps = 1.0 / len(loader), self.local_epochs * len(loader)
         z, planned = self._noise_for(record, history, sample_rate, round_steps)
         self._check_budget(history, z, sample_rate, round_steps)
         return _RoundPlan(history, rounds, loader, sample_rate, z, planned, noise_seed)
@@ -763,8 +819,12 @@ class DpSgdTrainer:
             noise_generator=generator,
         )
         if self.grad_sample_mode == "ghost":
-            return out  # (module, optimizer, criterion, loader)
-        module, dp_optimizer, dp_loader = out
+            module, dp_optimizer, criterion, dp_loader = out
+        else:
+            module, dp_optimizer, dp_loader = out
+        if self.sample_rate is not None:  # the public q in the accountant, the public B as the divisor
+            dp_optimizer.expected_batch_size = self.batch_size
+            dp_optimizer.attach_step_hook(engine.accountant.get_optimizer_hook_fn(sample_rate=self.sample_rate))
         return module, dp_optimizer, criterion, dp_loader
 
     def _train(
@@ -776,7 +836,11 @@ class DpSgdTrainer:
             if history:
                 engine.accountant.load_state_dict({"history": list(history), "mechanism": self.accountant})
             module, optimizer, criterion, dp_loader = self._make_private(engine, model, loader, z, noise_seed)
-            if self.poisson_sampling and not self.max_physical_batch_size:
+            if self.sample_rate is not None:
+                dp_loader = _poisson_batches(
+                    loader, sample_rate=self.sample_rate, virtual=bool(self.max_physical_batch_size)
+                )
+            elif self.poisson_sampling and not self.max_physical_batch_size:
                 dp_loader = _poisson_batches(loader, dp_loader)
             self._check_combined_z(optimizer, z)
             try:
@@ -810,6 +874,7 @@ class DpSgdTrainer:
             str(self.device),
             self.batch_size,
             int(num_examples),
+            self.sample_rate,
         )
 
     def _train_cached(
@@ -832,7 +897,11 @@ class DpSgdTrainer:
                     engine, model, plan.loader, plan.z, plan.noise_seed
                 )
                 self._check_combined_z(optimizer, plan.z)
-                if self.poisson_sampling and not self.max_physical_batch_size:
+                if self.sample_rate is not None:
+                    loader = _poisson_batches(
+                        plan.loader, sample_rate=self.sample_rate, virtual=bool(self.max_physical_batch_size)
+                    )
+                elif self.poisson_sampling and not self.max_physical_batch_size:
                     loader = _poisson_batches(plan.loader, loader)
                 nbytes = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
                 entry = _Wrapped(
@@ -845,6 +914,10 @@ class DpSgdTrainer:
                 loader = (
                     plan.loader
                     if not self.poisson_sampling
+                    else _poisson_batches(
+                        plan.loader, sample_rate=self.sample_rate, virtual=bool(self.max_physical_batch_size)
+                    )
+                    if self.sample_rate is not None
                     else DPDataLoader.from_data_loader(plan.loader)
                     if self.max_physical_batch_size
                     else _poisson_batches(plan.loader)
@@ -909,9 +982,12 @@ class DpSgdTrainer:
             entry.optimizer.optimizer.state.clear()
             entry.optimizer.attach_grads()
         kernel = entry.optimizer
-        batches = _poisson_batches(plan.loader) if self.poisson_sampling else plan.loader
-        sample_rate = 1.0 / len(batches)  # Opacus' q: 1 / len(DP loader)
-        expected_batch_size = int(len(cast(Sized, data)) * sample_rate)  # Opacus' make_private
+        batches = _poisson_batches(plan.loader, sample_rate=self.sample_rate) if self.poisson_sampling else plan.loader
+        if self.sample_rate is not None:  # public q and divisor B
+            sample_rate, expected_batch_size = self.sample_rate, float(self.batch_size)
+        else:
+            sample_rate = 1.0 / len(batches)  # Opacus' q: 1 / len(DP loader)
+            expected_batch_size = int(len(cast(Sized, data)) * sample_rate)  # Opacus' make_private
         accountant = create_accountant(mechanism=self.accountant)
         accountant.history = list(plan.history)  # the client's true history, from its state
         generator = torch.Generator(device=self.device).manual_seed(plan.noise_seed)

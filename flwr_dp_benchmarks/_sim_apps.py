@@ -41,6 +41,7 @@ functional mechanism).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import traceback
@@ -308,17 +309,31 @@ def _evaluate_mod(msg: Message, context: Context, call_next: ClientAppCallable) 
     return call_next(msg, context)
 
 
-def _dp_sgd_trainer(config: ConfigRecord, **extra: Any):
-    """The trainer a ClientApp builds once at import and reuses (cached per setting: the config is per run)."""
-    return _dp_sgd_trainer_for(float(config["lr"]), int(config["batch-size"]), int(config["local-epochs"]), **extra)
+def _dp_sgd_trainer(config: ConfigRecord, context: Context, **extra: Any):
+    """The trainer a ClientApp builds once at import and reuses (cached per setting: the config is per run).
+    Its public sample_rate is B over the shard size the public partitioning gives this node (q = 1/⌈N/B⌉'s
+    counterpart that no record decides)."""
+    pid, parts = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+    size = len(_shard_indices(parts, "train")[pid])
+    rate = min(1.0, 1.0 / math.ceil(size / int(config["batch-size"])))
+    return _dp_sgd_trainer_for(
+        float(config["lr"]), int(config["batch-size"]), int(config["local-epochs"]), rate, **extra
+    )
 
 
 @lru_cache(maxsize=8)
-def _dp_sgd_trainer_for(lr: float, batch_size: int, local_epochs: int, **extra: Any):
+def _dp_sgd_trainer_for(lr: float, batch_size: int, local_epochs: int, sample_rate: float, **extra: Any):
     from client_mods.dp_sgd import DpSgdTrainer
 
     return DpSgdTrainer(
-        _mlp, lr=lr, noise_multiplier=1.0, max_grad_norm=1.0, batch_size=batch_size, local_epochs=local_epochs, **extra
+        _mlp,
+        lr=lr,
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        batch_size=batch_size,
+        local_epochs=local_epochs,
+        sample_rate=sample_rate,
+        **extra,
     )
 
 
@@ -351,7 +366,9 @@ def train(msg: Message, context: Context) -> Message:
         from client_mods.dp_sgd import dp_sgd_train_reply
 
         trainer = (
-            _dp_sgd_trainer(config, grad_sample_mode="hooks") if kind == "dp-sgd-hooks" else _dp_sgd_trainer(config)
+            _dp_sgd_trainer(config, context, grad_sample_mode="hooks")
+            if kind == "dp-sgd-hooks"
+            else _dp_sgd_trainer(config, context)
         )
         return dp_sgd_train_reply(msg, context, trainer, (x, y), keep_wrapped=kind != "dp-sgd-anew")
     if kind == "dp-sgd-before":

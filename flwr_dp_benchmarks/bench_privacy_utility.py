@@ -691,8 +691,9 @@ def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
     from flwr_dp_experiments.baselines import evaluate, make_mlp
 
     n, batch = fed.num_clients, cfg["dpsgd_batch"]
-    steps = math.ceil(fed.shard_size / batch)  # Opacus: q = 1/⌈N/B⌉, ⌈N/B⌉ steps per epoch
-    q = 1.0 / steps
+    # the shards' common size is public here: q = 1/⌈N/B⌉ as a public sample_rate, int(1/q) steps an epoch
+    q = 1.0 / math.ceil(fed.shard_size / batch)
+    steps = int(1.0 / q)
 
     def eps_of(z: float, method: str) -> float:
         return ledger_epsilon("add_or_remove_one", per_client=[dp_sgd_event([(z, q, steps)])] * rounds, method=method)
@@ -709,6 +710,7 @@ def run_dp_sgd(fed: Federation, cfg: dict[str, Any], target: float, rounds: int,
             noise_multiplier=z,
             max_grad_norm=cfg["dpsgd_clip"],
             batch_size=batch,
+            sample_rate=q,
             device="cpu",
             seed=seed * 1000 + i,
         )

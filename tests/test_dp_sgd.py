@@ -44,6 +44,7 @@ from client_mods.dp_sgd import (
     dp_sgd_event,
     dp_sgd_relation,
     dp_sgd_train_reply,
+    DATASET_SIZE_LABEL,
     history_delta,
     load_history,
 )
@@ -496,7 +497,7 @@ def test_train_reply_is_accounted_by_accounted_fedavg(task_identity):
 
     def client(msg, context):  # each node keeps its Context (and its accountant's state) across rounds
         node = int(context.node_id)
-        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=node)
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, sample_rate=0.25, seed=node)
         reply = dp_sgd_train_reply(msg, context, trainer, data[node], num_threads=None)
         assert list(reply.content["arrays"].keys()) == keys
         assert PRIVACY_RECORD in reply.content
@@ -523,16 +524,17 @@ def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
         1, arrays, ConfigRecord(), LoopbackGrid(None, [11])
     )
     sent = []
-    for n in (33, 48):  # ceil(n/16) = 3 batches both: the declared q and steps are the same
+    for n in (32, 33, 48):  # ceil(n/16) = 2, 3, 3 batches: Opacus' q and steps would differ; the public ones do not
         context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
-        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, sample_rate=1 / 3, seed=1)
         reply = dp_sgd_train_reply(msg, context, trainer, toy_data(n=n), num_threads=None)
-        assert [type(d.event) for d in read_declarations(reply.content)] == [dp_event.SelfComposedDpEvent]
-        sent.append(dict(reply.content["metrics"]))
-    assert sent[0]["num-examples"] == 1.0
-    assert sent[0] == sent[1]  # nothing in the metrics tells 33 records from 48
+        declared = read_declarations(reply.content)
+        assert [type(d.event) for d in declared] == [dp_event.SelfComposedDpEvent]
+        sent.append((dict(reply.content["metrics"]), declared[0].event))
+    assert sent[0][0]["num-examples"] == 1.0
+    assert sent[0] == sent[1] == sent[2]  # nothing in the metrics or the event tells 32, 33 or 48 records apart
     context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
-    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1)
+    trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, sample_rate=1 / 3, seed=1)
     reply = dp_sgd_train_reply(
         msg, context, trainer, toy_data(n=33), num_threads=None, release_metrics=True, weighted_by_key="n"
     )
@@ -540,6 +542,103 @@ def test_train_reply_sends_a_public_weight_not_the_dataset_size(task_identity):
     declared = read_declarations(reply.content)
     assert [type(d.event) for d in declared] == [dp_event.SelfComposedDpEvent, dp_event.NonPrivateDpEvent]
     assert declared[1].neighboring_relation == declared[0].neighboring_relation
+
+
+@pytest.mark.filterwarnings("ignore:DpSgdTrainer without sample_rate")
+def test_opacus_convention_reveals_the_dataset_size_and_the_reply_declares_it(task_identity):
+    """Opacus' q = 1/ceil(N/B): 32 and 33 records (add one) give different events, so the reply books the size
+    as non-private; a public sample_rate gives the same event for both and declares nothing else."""
+    arrays = ArrayRecord(mlp().state_dict())
+    (msg,) = FedAvg(min_train_nodes=1, min_available_nodes=1).configure_train(
+        1, arrays, ConfigRecord(), LoopbackGrid(None, [11])
+    )
+
+    def declared(n: int, **kw) -> list:
+        context = Context(run_id=1, node_id=11, node_config={}, state=RecordDict(), run_config={})
+        trainer = DpSgdTrainer(mlp, noise_multiplier=1.0, batch_size=16, seed=1, **kw)
+        return read_declarations(dp_sgd_train_reply(msg, context, trainer, toy_data(n=n), num_threads=None).content)
+
+    small, large = declared(32), declared(33)
+    assert small[0].event != large[0].event  # positive control: Opacus' event tells the neighbours apart
+    for d in (small, large):
+        assert [type(x.event) for x in d] == [dp_event.SelfComposedDpEvent, dp_event.NonPrivateDpEvent]
+        assert d[1].label == DATASET_SIZE_LABEL and d[1].neighboring_relation == d[0].neighboring_relation
+    public = [declared(n, sample_rate=0.4) for n in (32, 33)]
+    assert public[0] == public[1] and len(public[0]) == 1
+    # int(1/0.4) = 2 steps an epoch at the public rate, whatever N is
+    assert public[0][0].event == dp_sgd_event([(1.0, 0.4, 2)], True)
+
+
+@pytest.mark.parametrize(
+    "mode,physical,cache_key",
+    [
+        ("hooks", None, None),
+        ("hooks", 8, None),
+        ("ghost", None, "c"),
+        ("fused", None, None),
+        ("fused", None, "c"),
+    ],
+)
+def test_public_sample_rate_sets_q_steps_and_the_divisor(mode, physical, cache_key):
+    """Every path books the public q and local_epochs * int(1/q) steps, and divides the noisy sum by the
+    public batch_size: zero gradients leave noise of std z C / B (a divisor of N q, or z 10 % off, fails)."""
+    z, clip, batch, n = 1.3, 0.7, 40, 64  # N q = 64: a divisor taken from the data would be 1.6x off
+    model = nn.Linear(200, 100, bias=False)
+    nn.init.zeros_(model.weight)
+    x, y = torch.zeros(n, 200), torch.zeros(n, dtype=torch.long)  # zero input: zero gradient
+    trainer = DpSgdTrainer(
+        model,
+        noise_multiplier=z,
+        lr=1.0,
+        batch_size=batch,
+        max_grad_norm=clip,
+        max_physical_batch_size=physical,
+        grad_sample_mode=mode,
+        sample_rate=1.0,
+        seed=11,
+    )
+    for round_index in range(2 if cache_key else 1):  # the second round runs on the kept model
+        state = RecordDict()
+        result = trainer.train_round(model.state_dict(), (x, y), state, cache_key=cache_key)
+        assert result.public_sampling and not result.reveals_dataset_size
+        assert (result.sample_rate, result.steps) == (1.0, 1)
+        assert result.event == dp_sgd_event([(z, 1.0, 1)], True)
+        step = result.state_dict["weight"].flatten().double()
+        d = step.numel()
+        expected = z * clip / batch
+        tolerance = 5 / math.sqrt(2 * d)
+        assert abs(float(step.std()) / expected - 1) < tolerance, round_index
+        assert abs(float(step.std()) / (1.1 * expected) - 1) > tolerance
+    two = DpSgdTrainer(
+        mlp,
+        noise_multiplier=z,
+        batch_size=8,
+        sample_rate=0.3,
+        local_epochs=2,
+        seed=1,
+        grad_sample_mode=mode,
+        max_physical_batch_size=physical,
+    )
+    for n_records in (20, 21, 50):
+        r = two.train_round(mlp().state_dict(), toy_data(n=n_records), RecordDict(), cache_key=cache_key)
+        assert r.event == dp_sgd_event([(z, 0.3, 6)], True), n_records  # 2 epochs x int(1/0.3) = 3 steps
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        ({"sample_rate": 0.0}, ValueError),
+        ({"sample_rate": 1.5}, ValueError),
+        ({"sample_rate": "0.1"}, TypeError),
+        ({"sample_rate": True}, TypeError),
+        ({"sample_rate": 0.1, "poisson_sampling": False}, ValueError),
+    ],
+)
+def test_bad_sample_rate_is_refused_naming_it(kwargs, error):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(error, match="sample_rate"):
+            DpSgdTrainer(mlp, noise_multiplier=1.0, **kwargs)
 
 
 # ---------------------------------------------------------------------- (viii) the example app
@@ -635,10 +734,16 @@ def test_declare_opacus_round_declares_the_engines_history_under_its_relation():
     from flwr_dp_strategies.declarations import read_declarations
 
     engine = SimpleNamespace(accountant=SimpleNamespace(history=[(1.1, 0.05, 40)]))
-    content = declare_opacus_round(RecordDict(), engine)
+    content = declare_opacus_round(RecordDict(), engine, public_sample_rate=True)
     (declaration,) = read_declarations(content)
     assert declaration.event == SelfComposedDpEvent(PoissonSampledDpEvent(0.05, GaussianDpEvent(1.1)), 40)
     assert declaration.neighboring_relation == "add_or_remove_one"
+    # Opacus' default q = 1/ceil(N/B) is a function of N: the size is declared non-private with it
+    declaration, size = read_declarations(declare_opacus_round(RecordDict(), engine))
+    assert declaration.event == SelfComposedDpEvent(PoissonSampledDpEvent(0.05, GaussianDpEvent(1.1)), 40)
+    assert size.event == dp_event.NonPrivateDpEvent() and size.label == DATASET_SIZE_LABEL
+    (shuffled,) = read_declarations(declare_opacus_round(RecordDict(), engine, poisson_sampling=False))
+    assert shuffled.neighboring_relation == "replace_one"  # N is the same in both neighbours
     with pytest.raises(ValueError, match="privacy_engine"):
         declare_opacus_round(RecordDict(), SimpleNamespace(accountant=SimpleNamespace(history=[])))
 

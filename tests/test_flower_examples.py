@@ -123,7 +123,7 @@ OPACUS_CLIENT_REPLY = (
 OPACUS_CLIENT_DECLARED_REPLY = (  # the documented two-line change: this line and the import
     "    return Message(\n"
     "        content=declare_opacus_round(RecordDict({\"arrays\": out_arrays, \"metrics\": out_metrics}), "
-    "privacy_engine),\n"
+    "privacy_engine, public_sample_rate=True),\n"
 )
 
 # Every strategy runs in at least one of Flower's apps (the adaptive wrapper in both); the cheap

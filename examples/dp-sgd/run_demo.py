@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clipping", choices=("flat", "per_layer"), default="flat")
     parser.add_argument("--local-epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32, help="expected Poisson batch size")
+    parser.add_argument("--sample-rate", type=float, default=0.1, help="public Poisson rate q")
     parser.add_argument("--max-physical-batch-size", type=int, default=0, help="> 0: virtual steps")
     parser.add_argument("--grad-sample-mode", choices=("auto", "hooks", "ghost", "functorch"), default="auto")
     parser.add_argument("--lr", type=float, default=0.5)
@@ -66,6 +67,7 @@ def settings_from(args: argparse.Namespace) -> dict[str, Any]:
         "clipping": args.clipping,
         "local-epochs": args.local_epochs,
         "batch-size": args.batch_size,
+        "sample-rate": args.sample_rate,
         "max-physical-batch-size": args.max_physical_batch_size,
         "grad-sample-mode": args.grad_sample_mode,
         "lr": args.lr,

@@ -52,6 +52,7 @@ def build_trainer(config: ConfigRecord, partition_id: int) -> DpSgdTrainer:
         local_epochs=int(config["local-epochs"]),
         max_grad_norm=float(config["max-grad-norm"]),
         batch_size=int(config["batch-size"]),
+        sample_rate=float(config["sample-rate"]),
         max_physical_batch_size=physical if physical > 0 else None,
         clipping=str(config["clipping"]),
         grad_sample_mode=str(config["grad-sample-mode"]),

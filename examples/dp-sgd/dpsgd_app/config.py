@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "max-grad-norm": 1.0,
     "clipping": "flat",
     "batch-size": 32,
+    "sample-rate": 0.1,
     "max-physical-batch-size": 0,
     "grad-sample-mode": "auto",
     "local-epochs": 2,

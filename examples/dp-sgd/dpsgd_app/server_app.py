@@ -42,6 +42,7 @@ CLIENT_KEYS = (
     "max-grad-norm",
     "clipping",
     "batch-size",
+    "sample-rate",
     "max-physical-batch-size",
     "grad-sample-mode",
     "local-epochs",

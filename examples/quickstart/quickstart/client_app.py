@@ -61,6 +61,7 @@ def dp_sgd_trainer(config: ConfigRecord) -> DpSgdTrainer:
         local_epochs=int(config["local-epochs"]),
         max_grad_norm=float(config["clipping-norm"]),
         batch_size=int(config["batch-size"]),
+        sample_rate=float(config["dp-sgd-sample-rate"]),
     )  # device None: CUDA when the simulation gave this client a GPU
 
 

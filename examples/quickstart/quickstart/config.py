@@ -27,6 +27,7 @@ DEFAULTS: dict[str, Any] = {
     "clients-per-round": 5,
     "local-noise-multiplier": 0.05,
     "dp-sgd-noise-multiplier": 1.0,
+    "dp-sgd-sample-rate": 0.2,
     "min-clients": 0,
     "target-delta": 1e-5,
     "max-epsilon": 0.0,

@@ -103,6 +103,7 @@ def client_config(config: dict[str, Any]) -> ConfigRecord:
             "clipping-norm": float(config["clipping-norm"]),
             "local-noise-multiplier": float(config["local-noise-multiplier"]),
             "dp-sgd-noise-multiplier": float(config["dp-sgd-noise-multiplier"]),
+            "dp-sgd-sample-rate": float(config["dp-sgd-sample-rate"]),
             "target-delta": float(config["target-delta"]),
         }
     )
