@@ -2,7 +2,9 @@
 
 The subclasses only add cases to ``_maybe_compose`` (the extension point of
 ``dp_accounting.PrivacyAccountant``); every native event is composed by
-dp-accounting itself.
+dp-accounting itself, and every :class:`~.custom_events.CustomDpEvent` by its own
+``rdp`` / ``approx_dp`` / ``pld`` rules (no case per class here). The rules of this
+package's events, with their derivations in the events' docstrings:
 
 RDP (Mironov 2017), per order α:
 
@@ -32,20 +34,18 @@ from typing import Optional
 
 import numpy as np
 from dp_accounting import dp_event
-from dp_accounting.pld import common as pld_common
 from dp_accounting.privacy_accountant import NeighboringRelation
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
-from .skellam import SkellamDpEvent, skellam_rdp
+from .custom_events import CustomDpEvent
 
 
 def pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
     """ε of an event known only as pure ε-DP (EM, Pure, discrete Laplace), else None."""
-    if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent)):
-        return float(event.epsilon)
+    if isinstance(event, CustomDpEvent):
+        return event.pure_epsilon()
     if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
         return float(event.noise_parameter) * float(event.sensitivity)
     return None
@@ -80,20 +80,21 @@ class LedgerRdpAccountant(rdp_privacy_accountant.RdpAccountant):
         self.approx_delta = 0.0
 
     def _maybe_compose(self, event, count, do_compose):
-        eps = pure_epsilon(event)
-        if eps is not None:
+        if isinstance(event, CustomDpEvent):
+            curve, approx = event.rdp(self._orders), event.approx_dp()
+            if curve is None and approx is None:
+                return super()._maybe_compose(event, count, do_compose)  # unsupported: refused
             if do_compose:
-                factor = 8.0 if isinstance(event, ExponentialMechanismDpEvent) else 2.0
-                self._rdp += count * np.minimum(eps, self._orders * eps * eps / factor)
+                if curve is not None:
+                    self._rdp += count * np.asarray(curve, dtype=float)
+                if approx is not None:
+                    self.approx_epsilon += count * float(approx[0])
+                    self.approx_delta += count * float(approx[1])
             return None
-        if isinstance(event, ApproxDpEvent):
+        if isinstance(event, dp_event.DiscreteLaplaceDpEvent):  # ε-DP: ε²/2-zCDP (Bun & Steinke 2016, 3.3)
             if do_compose:
-                self.approx_epsilon += count * float(event.epsilon)
-                self.approx_delta += count * float(event.delta)
-            return None
-        if isinstance(event, SkellamDpEvent):
-            if do_compose:
-                self._rdp += count * skellam_rdp(self._orders, event.l1_sensitivity, event.l2_sensitivity, event.mu)
+                eps = float(event.noise_parameter) * float(event.sensitivity)
+                self._rdp += count * np.minimum(eps, self._orders * eps * eps / 2.0)
             return None
         return super()._maybe_compose(event, count, do_compose)
 
@@ -139,11 +140,11 @@ class LedgerPldAccountant(pld_privacy_accountant.PLDAccountant):
                         )
                     )
             return None
-        if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent)):
+        if isinstance(event, CustomDpEvent):
+            pld = event.pld(self._value_discretization_interval)
+            if pld is None:
+                return super()._maybe_compose(event, count, do_compose)  # unknown to PLD: its epsilon is inf
             if do_compose:
-                delta = float(event.delta) if isinstance(event, ApproxDpEvent) else 0.0
-                params = pld_common.DifferentialPrivacyParameters(float(event.epsilon), delta)
-                pld = pld_lib.from_privacy_parameters(params, self._value_discretization_interval)
                 self._pld = self._pld.compose(pld.self_compose(count) if count > 1 else pld)
             return None
         return super()._maybe_compose(event, count, do_compose)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dp_accounting import dp_event
 from dp_accounting import gaussian_mechanism as _analytic
 
-from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
+from .custom_events import CustomDpEvent
 from .validation import check_delta, check_epsilon, check_int, check_probability
 
 
@@ -56,10 +56,11 @@ def event_epsilon_delta(event: dp_event.DpEvent, delta: float) -> tuple[float, f
     if isinstance(event, dp_event.RandomizedResponseDpEvent):
         p, k = event.noise_parameter, event.num_buckets
         return math.log1p(k * (1.0 - p) / p), 0.0
-    if isinstance(event, (ExponentialMechanismDpEvent, PureDpEvent)):
-        return float(event.epsilon), 0.0
-    if isinstance(event, ApproxDpEvent):
-        return float(event.epsilon), float(event.delta)
+    if isinstance(event, CustomDpEvent):
+        bound = event.textbook(delta)
+        if bound is None:
+            raise ValueError(f"no textbook (epsilon, delta) for {type(event).__name__}")
+        return bound
     if isinstance(event, dp_event.GaussianDpEvent):
         return float(_analytic.get_epsilon_gaussian(event.noise_multiplier, delta)), delta
     if isinstance(event, dp_event.PoissonSampledDpEvent):

@@ -54,8 +54,8 @@ from typing import Any
 
 from dp_accounting import dp_event
 
-from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
-from .skellam import MAX_MU, SkellamDpEvent
+from . import events as _events  # noqa: F401  (registers this package's custom events)
+from .custom_events import CustomDpEvent
 
 MAX_DEPTH = 32
 MAX_NODES = 4096
@@ -79,7 +79,7 @@ def _validate(event: Any, path: str, depth: int, budget: list[int]) -> None:
         raise ValueError(f"{path}: event tree has more than {MAX_NODES} events")
     if not isinstance(event, dp_event.DpEvent):
         raise ValueError(f"{path} must be a dp_accounting DpEvent, got {type(event).__name__}")
-    check = _CHECKS.get(type(event))
+    check = _custom if isinstance(event, CustomDpEvent) else _CHECKS.get(type(event))
     if check is None:
         raise ValueError(f"{path}: event type {type(event).__name__} cannot be bounded by the ledger")
     check(event, path, depth, budget)
@@ -175,33 +175,26 @@ def _with_replacement(event: Any, path: str, depth: int, budget: list[int]) -> N
     _validate(event.event, f"{path}.event", depth + 1, budget)
 
 
-def _pure(event: Any, path: str, depth: int, budget: list[int]) -> None:
-    _real(event, "epsilon", path, low=0.0, low_open=True)
-
-
-def _approx(event: Any, path: str, depth: int, budget: list[int]) -> None:
-    _real(event, "epsilon", path, low=0.0, low_open=True)
-    _real(event, "delta", path, low=0.0, low_open=True, high=1.0, high_open=True)
-
-
-def _skellam(event: Any, path: str, depth: int, budget: list[int]) -> None:
-    _real(event, "l1_sensitivity", path, low=0.0, low_open=True)
-    _real(event, "l2_sensitivity", path, low=0.0, low_open=True)
-    _real(event, "mu", path, low=0.0, low_open=True, high=MAX_MU, high_open=False)
+def _custom(event: Any, path: str, depth: int, budget: list[int]) -> None:
+    """A :class:`~.custom_events.CustomDpEvent`: each field in the domain its class states (``FIELDS``)."""
+    for field, domain in type(event).FIELDS.items():
+        _real(event, field, path, **domain)
 
 
 def _refuse_sampled_skellam(event: Any, path: str) -> None:
-    """A sampled event must not contain a SkellamDpEvent: dp-accounting amplifies only Gaussians
-    and no amplification bound for Skellam is implemented here (book the un-sampled event)."""
+    """A sampled event must not contain a custom event that is not ``AMPLIFIABLE`` (Skellam: dp-accounting
+    amplifies only Gaussians and no amplification bound for Skellam is implemented here; book the un-sampled
+    event)."""
     stack, seen = [(event.event, f"{path}.event")], 0
     while stack and seen < MAX_NODES:
         inner, where = stack.pop()
         seen += 1
-        if isinstance(inner, SkellamDpEvent):
+        if isinstance(inner, CustomDpEvent) and not inner.AMPLIFIABLE:
+            name = type(inner).__name__
             raise ValueError(
-                f"{where}: SkellamDpEvent inside {type(event).__name__} is refused: no privacy "
-                f"amplification by sampling is derived for the Skellam mechanism; book the "
-                f"SkellamDpEvent itself (unamplified)"
+                f"{where}: {name} inside {type(event).__name__} is refused: no privacy "
+                f"amplification by sampling is derived for it; book the "
+                f"{name} itself (unamplified)"
             )
         if isinstance(inner, dp_event.SelfComposedDpEvent):
             stack.append((inner.event, f"{where}.event"))
@@ -231,10 +224,6 @@ _CHECKS = {
     dp_event.PoissonSampledDpEvent: _poisson,
     dp_event.SampledWithoutReplacementDpEvent: _without_replacement,
     dp_event.SampledWithReplacementDpEvent: _with_replacement,
-    ExponentialMechanismDpEvent: _pure,
-    PureDpEvent: _pure,
-    ApproxDpEvent: _approx,
-    SkellamDpEvent: _skellam,
 }
 
 __all__ = ["MAX_DEPTH", "MAX_NODES", "validate_event"]

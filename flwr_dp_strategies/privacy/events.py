@@ -30,45 +30,114 @@ file cannot name arbitrary code.
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Any, ClassVar
 
 import attr
+import numpy as np
 from dp_accounting import dp_event
 
-from .skellam import SkellamDpEvent
+from .custom_events import CUSTOM_EVENTS, CustomDpEvent, real
+from . import skellam as _skellam  # noqa: F401  (registers SkellamDpEvent for deserialisation)
 from .validation import check_delta, check_epsilon
 
 
-@attr.s(frozen=True)
-class ExponentialMechanismDpEvent(dp_event.DpEvent):
-    """One draw of the ε exponential mechanism (ε-DP, ε-bounded-range)."""
+def _pure_pld(epsilon: float, delta: float, interval: float) -> Any:
+    """The pessimistic PLD of an (ε, δ) mechanism (binary randomized response, mass δ at +∞)."""
+    from dp_accounting.pld import common as pld_common
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
 
+    return pld_lib.from_privacy_parameters(pld_common.DifferentialPrivacyParameters(epsilon, delta), interval)
+
+
+@attr.s(frozen=True)
+class ExponentialMechanismDpEvent(CustomDpEvent):
+    """One draw of the ε exponential mechanism (ε-DP, ε-bounded-range).
+
+    RDP ``min(ε, α ε²/8)`` (ε-bounded range ⇒ ε²/8-zCDP, Cesar & Rogers 2021); PLD of (ε, 0); replace-one: 2ε
+    (group privacy of size 2)."""
+
+    FIELDS: ClassVar[dict] = {"epsilon": real(0.0)}
     epsilon: float = attr.ib()
 
     def __attrs_post_init__(self) -> None:
         check_epsilon(self.epsilon)
 
+    def rdp(self, orders: np.ndarray) -> np.ndarray:
+        eps = float(self.epsilon)
+        return np.minimum(eps, np.asarray(orders) * eps * eps / 8.0)
+
+    def pld(self, value_discretization_interval: float) -> Any:
+        return _pure_pld(float(self.epsilon), 0.0, value_discretization_interval)
+
+    def pure_epsilon(self) -> float:
+        return float(self.epsilon)
+
+    def replace_one(self) -> dp_event.DpEvent:
+        return ExponentialMechanismDpEvent(2.0 * float(self.epsilon))
+
+    def textbook(self, delta: float) -> tuple[float, float]:
+        return float(self.epsilon), 0.0
+
 
 @attr.s(frozen=True)
-class PureDpEvent(dp_event.DpEvent):
-    """A release that is ε-DP and about which nothing finer is known."""
+class PureDpEvent(CustomDpEvent):
+    """A release that is ε-DP and about which nothing finer is known.
 
+    RDP ``min(ε, α ε²/2)`` (ε-DP ⇒ ε²/2-zCDP, Bun & Steinke 2016, Prop. 3.3); PLD of (ε, 0); replace-one: 2ε."""
+
+    FIELDS: ClassVar[dict] = {"epsilon": real(0.0)}
     epsilon: float = attr.ib()
 
     def __attrs_post_init__(self) -> None:
         check_epsilon(self.epsilon)
 
+    def rdp(self, orders: np.ndarray) -> np.ndarray:
+        eps = float(self.epsilon)
+        return np.minimum(eps, np.asarray(orders) * eps * eps / 2.0)
+
+    def pld(self, value_discretization_interval: float) -> Any:
+        return _pure_pld(float(self.epsilon), 0.0, value_discretization_interval)
+
+    def pure_epsilon(self) -> float:
+        return float(self.epsilon)
+
+    def replace_one(self) -> dp_event.DpEvent:
+        return PureDpEvent(2.0 * float(self.epsilon))
+
+    def textbook(self, delta: float) -> tuple[float, float]:
+        return float(self.epsilon), 0.0
+
 
 @attr.s(frozen=True)
-class ApproxDpEvent(dp_event.DpEvent):
-    """A release that is (ε, δ)-DP and about which nothing finer is known."""
+class ApproxDpEvent(CustomDpEvent):
+    """A release that is (ε, δ)-DP and about which nothing finer is known.
 
+    RDP cannot express δ > 0: composed basically beside the curve (ε sums, δ sums); PLD: the pessimistic
+    (ε, δ) PLD; replace-one: (2ε, (1 + e^ε)δ) by group privacy (Vadhan 2017, Lemma 2.2), non-private when
+    that δ reaches 1."""
+
+    FIELDS: ClassVar[dict] = {"epsilon": real(0.0), "delta": real(0.0, high=1.0)}
     epsilon: float = attr.ib()
     delta: float = attr.ib()
 
     def __attrs_post_init__(self) -> None:
         check_epsilon(self.epsilon)
         check_delta(self.delta)
+
+    def approx_dp(self) -> tuple[float, float]:
+        return float(self.epsilon), float(self.delta)
+
+    def pld(self, value_discretization_interval: float) -> Any:
+        return _pure_pld(float(self.epsilon), float(self.delta), value_discretization_interval)
+
+    def replace_one(self) -> dp_event.DpEvent:
+        eps, delta = float(self.epsilon), float(self.delta)
+        group_delta = (1.0 + math.exp(eps)) * delta if eps < 700 else math.inf
+        return ApproxDpEvent(2.0 * eps, group_delta) if group_delta < 1.0 else dp_event.NonPrivateDpEvent()
+
+    def textbook(self, delta: float) -> tuple[float, float]:
+        return float(self.epsilon), float(self.delta)
 
 
 MAX_EVENT_DEPTH = 32
@@ -87,16 +156,21 @@ _NATIVE = (
     dp_event.SampledWithReplacementDpEvent,
     dp_event.ZCDpEvent,
 )
-EVENT_CLASSES: dict[str, type[dp_event.DpEvent]] = {
-    cls.__name__: cls for cls in (*_NATIVE, ExponentialMechanismDpEvent, PureDpEvent, ApproxDpEvent, SkellamDpEvent)
-}
+_NATIVE_CLASSES: dict[str, type[dp_event.DpEvent]] = {cls.__name__: cls for cls in _NATIVE}
+
+
+def event_classes() -> dict[str, type[dp_event.DpEvent]]:
+    """Every class a serialised event may name: dp-accounting's native events and each registered
+    :class:`~.custom_events.CustomDpEvent`."""
+    return {**_NATIVE_CLASSES, **CUSTOM_EVENTS}
 
 
 def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
     """Serialise an event (recursively) to a JSON-compatible dict."""
     name = type(event).__name__
-    if EVENT_CLASSES.get(name) is not type(event):
-        raise ValueError(f"event type {name} is not supported by the ledger; known: {sorted(EVENT_CLASSES)}")
+    known = event_classes()
+    if known.get(name) is not type(event):
+        raise ValueError(f"event type {name} is not supported by the ledger; known: {sorted(known)}")
     out: dict[str, Any] = {"type": name}
     for field in attr.fields(type(event)):
         value = getattr(event, field.name)
@@ -109,7 +183,7 @@ def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
 
 
 def event_from_dict(data: dict[str, Any], _depth: int = 0) -> dp_event.DpEvent:
-    """Inverse of :func:`event_to_dict`, restricted to :data:`EVENT_CLASSES`.
+    """Inverse of :func:`event_to_dict`, restricted to :func:`event_classes`.
 
     Strict: the dict must name a known class and hold exactly that class's fields
     (a missing or unknown field is a ``ValueError``, not a silent default), and
@@ -118,9 +192,10 @@ def event_from_dict(data: dict[str, Any], _depth: int = 0) -> dp_event.DpEvent:
     """
     if _depth > MAX_EVENT_DEPTH:
         raise ValueError(f"event description nested deeper than {MAX_EVENT_DEPTH} levels")
-    if not isinstance(data, dict) or data.get("type") not in EVENT_CLASSES:
+    known = event_classes()
+    if not isinstance(data, dict) or data.get("type") not in known:
         raise ValueError(f"not a known DpEvent description: {data!r:.200}")
-    cls = EVENT_CLASSES[data["type"]]
+    cls = known[data["type"]]
     names = [field.name for field in attr.fields(cls)]
     unknown = set(data) - set(names) - {"type"}
     missing = set(names) - set(data)

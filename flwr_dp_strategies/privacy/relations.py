@@ -51,12 +51,10 @@ sensitivity 1), so no sound conversion exists; calibrate under add/remove.
 
 from __future__ import annotations
 
-import math
 
 from dp_accounting import dp_event
 
-from .events import ApproxDpEvent, ExponentialMechanismDpEvent, PureDpEvent
-from .skellam import SkellamDpEvent
+from .custom_events import CustomDpEvent
 
 ADD_OR_REMOVE_ONE = "add_or_remove_one"
 REPLACE_ONE = "replace_one"
@@ -108,20 +106,12 @@ def _add_remove_to_replace(event: dp_event.DpEvent) -> dp_event.DpEvent:
         return dp_event.LaplaceDpEvent(float(event.noise_multiplier) / 2.0)
     if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
         return dp_event.DiscreteLaplaceDpEvent(event.noise_parameter, 2 * int(event.sensitivity))
-    if isinstance(event, ExponentialMechanismDpEvent):
-        return ExponentialMechanismDpEvent(2.0 * float(event.epsilon))
-    if isinstance(event, PureDpEvent):
-        return PureDpEvent(2.0 * float(event.epsilon))
-    if isinstance(event, ApproxDpEvent):
-        eps, delta = float(event.epsilon), float(event.delta)
-        group_delta = (1.0 + math.exp(eps)) * delta if eps < 700 else math.inf
-        return ApproxDpEvent(2.0 * eps, group_delta) if group_delta < 1.0 else dp_event.NonPrivateDpEvent()
+    if isinstance(event, CustomDpEvent):  # its own rule (PureDpEvent, EM: 2ε; ApproxDpEvent: group privacy)
+        return event.replace_one()
     if isinstance(event, dp_event.ZCDpEvent):
         if event.xi != 0:
             raise ValueError("ZCDpEvent with xi > 0 has no group-privacy conversion to 'replace_one'")
         return dp_event.ZCDpEvent(4.0 * float(event.rho), 0.0)
-    if isinstance(event, SkellamDpEvent):  # x - x' of two integer vectors within (L1, L2): (2 L1, 2 L2)
-        return SkellamDpEvent(2.0 * float(event.l1_sensitivity), 2.0 * float(event.l2_sensitivity), event.mu)
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return dp_event.SelfComposedDpEvent(_add_remove_to_replace(event.event), event.count)
     if isinstance(event, dp_event.ComposedDpEvent):

@@ -57,11 +57,13 @@ against the exact pmf (``scipy.stats.skellam``).
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import attr
 import numpy as np
 from dp_accounting import dp_event
 
+from .custom_events import CustomDpEvent, real
 from .rng import RngLike, resolve_rng
 from .validation import check_int, check_positive
 
@@ -77,7 +79,7 @@ MAX_POISSON_LAMBDA = 1e11
 
 
 @attr.s(frozen=True)
-class SkellamDpEvent(dp_event.DpEvent):
+class SkellamDpEvent(CustomDpEvent):
     """One release of an integer vector plus :math:`\\mathrm{Sk}(\\mu)` noise per coordinate.
 
     ``l1_sensitivity`` / ``l2_sensitivity`` bound the L1 / L2 distance between the
@@ -96,12 +98,25 @@ class SkellamDpEvent(dp_event.DpEvent):
     refused by :func:`~.event_validation.validate_event`.
     """
 
+    FIELDS: ClassVar[dict] = {
+        "l1_sensitivity": real(0.0),
+        "l2_sensitivity": real(0.0),
+        "mu": real(0.0, high=MAX_MU, high_open=False),
+    }
+    AMPLIFIABLE: ClassVar[bool] = False
     l1_sensitivity: float = attr.ib()
     l2_sensitivity: float = attr.ib()
     mu: float = attr.ib()
 
     def __attrs_post_init__(self) -> None:
         check_skellam_parameters(self.l1_sensitivity, self.l2_sensitivity, self.mu)
+
+    def rdp(self, orders: np.ndarray) -> np.ndarray:
+        return skellam_rdp(orders, self.l1_sensitivity, self.l2_sensitivity, self.mu)
+
+    def replace_one(self) -> dp_event.DpEvent:
+        """x - x' of two integer vectors each within (Δ₁, Δ₂) of x without the record: (2Δ₁, 2Δ₂)."""
+        return SkellamDpEvent(2.0 * float(self.l1_sensitivity), 2.0 * float(self.l2_sensitivity), self.mu)
 
 
 def check_skellam_parameters(l1_sensitivity: object, l2_sensitivity: object, mu: object) -> tuple[float, float, float]:
