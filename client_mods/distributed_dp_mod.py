@@ -18,7 +18,7 @@ the received order, float64) and sends
 
 .. math:: \mathrm{pack}_b\Bigl(\mathrm{encode}(\Delta) + \mathrm{masks} \bmod 2^b\Bigr),
 
-where ``encode`` is :func:`flwr_dp_strategies.privacy.distributed_dp.encode_update`
+where ``encode`` is :func:`flwr_dp_strategies.privacy.mechanisms.distributed_dp.encode_update`
 (clip to C, rotate, scale, conditional randomized rounding, Skellam share
 :math:`\mathrm{Sk}(\mu/m)`, wrap) with the public parameters the server sent,
 and the masks those of SecAgg+. The reply holds nothing else: the train
@@ -44,7 +44,7 @@ operator-signed roster of its peers, node-config keys ``dp-signing-key``, ``dp-r
 
 The protocol's order and fields are checked too (an out-of-order or malformed instruction raises, and
 Flower returns an error reply that the server counts as a dropout), and the DP parameters' domains
-(:class:`~flwr_dp_strategies.privacy.distributed_dp.DistributedDpParams`).
+(:class:`~flwr_dp_strategies.privacy.mechanisms.distributed_dp.DistributedDpParams`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
 
-from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, encode_update
+from flwr_dp_strategies.privacy.mechanisms.distributed_dp import DistributedDpParams, encode_update
 from flwr_dp_strategies.privacy.rng import RngLike, resolve_rng
 from flwr_dp_strategies.privacy.validation import check_int, check_nonnegative, check_positive
 from flwr_dp_strategies.secure_aggregation.client_protocol import answer_message, check_noise_floor

@@ -4,7 +4,7 @@ r"""Client side of LDP federated PCA (DELM Algorithm 2, lines 1-5 and 10-12).
   client's second-moment matrix :math:`\sum_r x_r x_r^\top` (rows clipped to unit
   norm) plus noise, and declares the release (Analyze Gauss by default,
   ``GaussianDpEvent``; the paper's Wishart noise is not DP and is declared as
-  ``NonPrivateDpEvent``, see :mod:`flwr_dp_strategies.privacy.covariance`).
+  ``NonPrivateDpEvent``, see :mod:`flwr_dp_strategies.privacy.mechanisms.covariance`).
 * :func:`store_projection` keeps the server's projection :math:`\tilde V_{[k]}`
   (message ``train.pca_projection``) in ``context.state``; :func:`project` maps a
   client's rows to :math:`x^\top\tilde V` for the functional-mechanism trainer.
@@ -27,8 +27,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 
 from flwr_dp_strategies.declarations import declare_release
-from flwr_dp_strategies.privacy.covariance import covariance_replace_one_event, private_second_moment
-from flwr_dp_strategies.privacy.functional_mechanism import clip_rows
+from flwr_dp_strategies.privacy.mechanisms.covariance import covariance_replace_one_event, private_second_moment
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import clip_rows
 from flwr_dp_strategies.privacy.rng import RngLike
 
 COVARIANCE_KEY = "covariance"
@@ -51,9 +51,9 @@ def covariance_reply(
     """Reply with the noisy second moment (float64, d × d) and declare its event.
 
     The declaration names ``neighboring_relation``, the relation the noise was calibrated for
-    (:func:`~flwr_dp_strategies.privacy.covariance.covariance_l2_sensitivity`: Δ₂ = 1 for
+    (:func:`~flwr_dp_strategies.privacy.mechanisms.covariance.covariance_l2_sensitivity`: Δ₂ = 1 for
     ``"add_or_remove_one"``, √2 for ``"replace_one"``); an add/remove declaration carries its
-    replace-one form (:func:`~flwr_dp_strategies.privacy.covariance.covariance_replace_one_event`),
+    replace-one form (:func:`~flwr_dp_strategies.privacy.mechanisms.covariance.covariance_replace_one_event`),
     so a replace-one ledger books the √2 bound rather than the generic 2.
     """
     release = private_second_moment(

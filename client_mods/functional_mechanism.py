@@ -10,7 +10,7 @@ What leaves the client, and why it is private:
 
 1. The first time it trains, the client computes the coefficients of its
    degree-2 Taylor objective, :math:`(A, \operatorname{triu}S)`, and perturbs them
-   once (:func:`flwr_dp_strategies.privacy.functional_mechanism.functional_mechanism`):
+   once (:func:`flwr_dp_strategies.privacy.mechanisms.functional_mechanism.functional_mechanism`):
    ε-DP for one record of its data (Laplace, FM) or (ε, δ)-DP (Gaussian).
    The noisy coefficients (after PSD repair, post-processing) are kept in
    ``context.state`` - on the node, never sent - and the release is declared.
@@ -50,7 +50,7 @@ from dp_accounting import dp_event
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from flwr_dp_strategies.declarations import declare_release
-from flwr_dp_strategies.privacy.functional_mechanism import (
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import (
     QuadraticStatistics,
     descend,
     functional_mechanism,
@@ -87,7 +87,7 @@ class FunctionalMechanismTrainer:
         local_steps: gradient steps per round, ≥ 0.
         learning_rate: step size on the objective divided by n, ≥ 0; ``None``: the
             smooth step 1/L of the client's noisy objective
-            (:func:`~flwr_dp_strategies.privacy.functional_mechanism.smooth_step_size`,
+            (:func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.smooth_step_size`,
             post-processing), capped at ``max_learning_rate``.
         max_learning_rate: cap of the ``None`` step, > 0.
         ridge: L2 regularisation λ (objective/n + ½λ‖W‖²), ≥ 0; data-independent.

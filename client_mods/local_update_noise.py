@@ -50,7 +50,7 @@ from flwr.clientapp.typing import ClientAppCallable
 from client_mods.reply_metrics import settle_metrics
 from flwr_dp_strategies.declarations import declare_release
 from flwr_dp_strategies.privacy import gaussian_mechanism, gaussian_sigma
-from flwr_dp_strategies.privacy.release import Release
+from flwr_dp_strategies.privacy.mechanisms.release import Release
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
 from flwr_dp_strategies.privacy.validation import check_positive, check_sensitivity
 from flwr_dp_strategies.npy_codec import npy_view, to_array

@@ -6,7 +6,7 @@ every canary on the trained model, guesses "in" for the ``k_plus`` highest score
 ``k_minus`` lowest (abstaining on the rest), and counts the correct guesses. If the run is ε-DP with
 respect to each canary's inclusion, the number of correct guesses is stochastically dominated by
 Bin(r, e^ε/(1 + e^ε)) (their Theorem 3.1; Theorem 5.2 with δ), which turns the count into a lower
-bound on ε at a stated confidence (:func:`flwr_dp_strategies.privacy.audit.one_run_lower_bound`).
+bound on ε at a stated confidence (:func:`flwr_dp_strategies.privacy.analyses.audit.one_run_lower_bound`).
 The bound is compared with the ε the trainer declares for the same run: a sound ledger is never
 contradicted except with probability ≤ 1 − confidence; a bound above the declared ε is evidence that
 the declaration (or the trainer) is wrong.
@@ -57,7 +57,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from flwr_dp_strategies.privacy.audit import one_run_lower_bound
+from flwr_dp_strategies.privacy.analyses.audit import one_run_lower_bound
 from flwr_dp_strategies.privacy.validation import check_int
 
 __all__ = [

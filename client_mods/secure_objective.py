@@ -17,11 +17,11 @@ norm, and uploads
 
 .. math:: \mathrm{pack}_b\bigl(\mathrm{round}(s\,c_i) + \mathrm{Sk}(\mu/m) + \mathrm{masks} \bmod 2^b\bigr)
 
-(:func:`flwr_dp_strategies.privacy.secure_objective.encode_objective`, with s and μ/m the
+(:func:`flwr_dp_strategies.privacy.mechanisms.secure_objective.encode_objective`, with s and μ/m the
 server's public parameters). Nothing else leaves the node: no count, no loss, no metric
 (under add/remove the count is private; it travels inside the secure sum). The privacy
 of the release is the server's single Skellam event (derivation:
-:mod:`flwr_dp_strategies.privacy.secure_objective`); the client declares nothing, its
+:mod:`flwr_dp_strategies.privacy.mechanisms.secure_objective`); the client declares nothing, its
 own vector being hidden by the masks.
 
 What the client checks before it spends anything: the protocol's order and fields
@@ -40,9 +40,9 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MessageType
 
-from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import quadratic_statistics
 from flwr_dp_strategies.privacy.rng import RngLike, RngSource
-from flwr_dp_strategies.privacy.secure_objective import (
+from flwr_dp_strategies.privacy.mechanisms.secure_objective import (
     SecureObjectiveParams,
     encode_objective,
     integer_l2_sensitivity,

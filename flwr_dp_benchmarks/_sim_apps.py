@@ -78,7 +78,7 @@ from flwr_dp_strategies import (
 )
 from flwr_dp_experiments.baselines import make_mlp
 from flwr_dp_experiments.datasets import load_digits_split
-from flwr_dp_strategies.privacy.functional_mechanism import clip_rows
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import clip_rows
 from flwr_dp_experiments.training import train_sgd
 
 torch.set_num_threads(1)

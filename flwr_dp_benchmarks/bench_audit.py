@@ -265,7 +265,11 @@ def calibrated_z(event_of: Callable[[float], Any], rounds: int, target: float) -
 
 
 def _ddp_event(z: float, n: int, dim: int) -> Any:
-    from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, calibrate_skellam, scale_for_bits
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import (
+        DistributedDpParams,
+        calibrate_skellam,
+        scale_for_bits,
+    )
 
     scale = scale_for_bits(bits=DDP_BITS, clip_norm=CLIP, dim=dim, n_clients=n, noise_multiplier=z, min_survivors=n)
     params = DistributedDpParams(dim=dim, clip_norm=CLIP, scale=scale, bits=DDP_BITS, rotation_seed=0)
@@ -579,7 +583,7 @@ def record_rows(size: dict[str, int], seed: int = 0) -> list[dict[str, Any]]:
 
 
 def _one_run_cap(size: dict[str, int]) -> float:
-    from flwr_dp_strategies.privacy.audit import one_run_lower_bound
+    from flwr_dp_strategies.privacy.analyses.audit import one_run_lower_bound
 
     r = 2 * size["guesses"]
     return float(one_run_lower_bound(r, r, size["canaries"], delta=DELTA, confidence=CONFIDENCE))
@@ -653,7 +657,7 @@ def _note(r: dict[str, Any]) -> str:
 def max_lower_bound(k: int) -> float:
     """The largest count bound k canaries can give (perfect separation), at DELTA and CONFIDENCE shared by the
     report's four bounds (each at error (1 − CONFIDENCE)/4, as :class:`AuditReport` computes them)."""
-    from flwr_dp_strategies.privacy.audit import epsilon_lower_bound
+    from flwr_dp_strategies.privacy.analyses.audit import epsilon_lower_bound
 
     level = 1.0 - (1.0 - CONFIDENCE) / 4.0
     return float(epsilon_lower_bound(np.ones(k), np.zeros(k), DELTA, confidence=level).epsilon)

@@ -11,7 +11,7 @@ division by m), reported as a multiple of un-amplified DP-FedAvg's:
 * **DP-FedAvg, no amplification**: independent Gaussian noise of multiplier z per round, k rounds per client:
   the composition of k ``GaussianDpEvent(z)``; prefix noise :math:`z\sqrt t`.
 * **BandMF** (banded square root, and its b coefficients optimised for T): one ``GaussianDpEvent(z / sens)``
-  with sens = √k (unit-norm coefficients, b-min-separation; :mod:`flwr_dp_strategies.privacy.matrix_factorization`);
+  with sens = √k (unit-norm coefficients, b-min-separation; :mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`);
   prefix noise z times the row norms of :math:`AC^{-1}`.
 * **Binary tree** with Honaker's least-squares decoder B = A C⁺: one ``GaussianDpEvent(z / sens)`` with sens the
   maximum over every b-min-separated pattern of at most k rounds of :math:`\sqrt{\sum_{i,j\in\pi}(C^\top C)_{ij}}`
@@ -72,7 +72,7 @@ from dp_accounting import LowerEndpointAndGuess, calibrate_dp_mechanism
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
-from flwr_dp_strategies.privacy import matrix_factorization as mf
+from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
 
 NAME = "bandmf"
 EPSILONS = (1.0, 2.0, 8.0)

@@ -207,7 +207,11 @@ def _restore_threads(saved: tuple[int, Any]) -> None:
 # ============================================================================ calibration
 def _ddp_parameters(bits: int, z: float, cfg: dict[str, Any], dim: int) -> tuple[Any, Any]:
     """(DistributedDpParams, SkellamCalibration) of a round: s from ``scale_for_bits``; ValueError if b cannot hold it."""
-    from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams, calibrate_skellam, scale_for_bits
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import (
+        DistributedDpParams,
+        calibrate_skellam,
+        scale_for_bits,
+    )
 
     m = cfg["clients_per_round"]
     scale = scale_for_bits(bits=bits, clip_norm=cfg["clip"], dim=dim, n_clients=m, noise_multiplier=z, min_survivors=m)
@@ -280,7 +284,7 @@ def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed
     """T rounds of one method (``fedavg``, ``central`` or ``ddp-<b>``) at noise multiplier z; accuracy per round."""
     from flwr_dp_experiments.baselines import evaluate, get_params, make_mlp
 
-    from flwr_dp_strategies.privacy.distributed_dp import decode_sum, encode_update, modular_sum
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import decode_sum, encode_update, modular_sum
 
     _quiet()
     fed = _federation(cfg["num_clients"], cfg.get("max_train"))
@@ -391,7 +395,7 @@ def accuracy_jobs(cfg: dict[str, Any], dim: int) -> list[tuple[str, float, float
 def upload_bytes(cfg: dict[str, Any], dim: int) -> list[dict]:
     """⌈D·b/8⌉ per b (the strategy's own ``upload_bytes``; D = d, the rotation pads nothing) against 4·d."""
     from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg  # not exported (report)
-    from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import DistributedDpParams
 
     rows = []
     for b in sorted(set(cfg["bits"]) | {cfg["timing_bits"]}, reverse=True):
@@ -1019,7 +1023,7 @@ def run_all_clients(seed: int = 0, workers: int = 1, rounds: Optional[int] = Non
     DP at the same z, distributed DP at b = 20, FedAvg (no redraw: each run is 40 000 local trainings); the Poisson rows (q = 0.1, central, trusted
     server) come from ``bench_user_level``'s committed results, same data, model and local training."""
     from flwr_dp_benchmarks._common import machine
-    from flwr_dp_strategies.privacy.distributed_dp import padded_dimension
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import padded_dimension
 
     cfg = {**CONFIG, "seed": seed, "bits": (20,)}
     if tiny:
@@ -1122,7 +1126,7 @@ def run(
     on_row: Callable[[dict], None] = lambda row: None,
 ) -> dict:
     """(a), (b) and (c) of ``mode``."""
-    from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import DistributedDpParams
 
     cfg = {**CONFIG, **MODES[mode], "seed": seed}
     if rounds is not None:

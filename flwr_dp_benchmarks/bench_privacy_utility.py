@@ -773,8 +773,8 @@ def run_delm_fm(fed: Federation, cfg: dict[str, Any], target: float, rounds: int
     from flwr_dp_strategies import AccountedFedAvg, NoisyObjectiveSum, PrivacyLedger
     from flwr_dp_experiments.feature_maps import hog_features
     from flwr_dp_strategies.privacy import gaussian_sigma
-    from flwr_dp_strategies.privacy.covariance import top_eigenvectors
-    from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
+    from flwr_dp_strategies.privacy.mechanisms.covariance import top_eigenvectors
+    from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import fm_noise_std
 
     n, c, k = fed.num_clients, fed.num_classes, cfg["fm_components"]
     hog, solve = cfg.get("fm_features") == "hog", cfg.get("fm_aggregation") == "sum"

@@ -39,8 +39,8 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples", "delm"))
 
 import fm_ceiling  # noqa: E402  (the DELM example's data, features and per-client computation)
-from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics, solve_noisy_sum  # noqa: E402
-from flwr_dp_strategies.privacy.secure_objective import (  # noqa: E402
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import quadratic_statistics, solve_noisy_sum  # noqa: E402
+from flwr_dp_strategies.privacy.mechanisms.secure_objective import (  # noqa: E402
     calibrate_secure_objective,
     decode_objective,
     encode_objective,

@@ -60,8 +60,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from .privacy.ledger import PrivacyLedger
-from .privacy.ledger_file import (
+from .privacy.accounting.ledger import PrivacyLedger
+from .privacy.accounting.ledger_file import (
     HIGH_WATER_SUFFIX,
     KEY_ENV,
     LedgerFileError,

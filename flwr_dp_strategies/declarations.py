@@ -11,7 +11,7 @@ Every declaration states the neighbouring relation its sensitivity was computed
 for (``neighboring_relation``, required): the server's ledger converts an
 add/remove event soundly into a replace-one ledger (sensitivity doubled, or the
 tighter ``replace_one_event`` the client gives) and refuses a replace-one event
-in an add/remove ledger (see :mod:`flwr_dp_strategies.privacy.relations`). A
+in an add/remove ledger (see :mod:`flwr_dp_strategies.privacy.accounting.relations`). A
 declaration without a relation is malformed.
 
 The declarations travel in one :class:`flwr.app.ConfigRecord` under the key
@@ -42,9 +42,9 @@ from dp_accounting.dp_event import DpEvent
 from flwr.app import ConfigRecord, RecordDict
 
 from .privacy import Release
-from .privacy.events import event_from_dict, event_to_dict
-from .privacy.event_validation import validate_event
-from .privacy.relations import ADD_OR_REMOVE_ONE, check_relation
+from .privacy.accounting.events import event_from_dict, event_to_dict
+from .privacy.accounting.event_validation import validate_event
+from .privacy.accounting.relations import ADD_OR_REMOVE_ONE, check_relation
 
 PRIVACY_RECORD = "privacy-declarations"
 EVENTS_FIELD = "events"
@@ -114,7 +114,7 @@ def read_declarations(content: RecordDict) -> list[Declaration]:
     Raises :class:`MalformedDeclaration` if the record is not a list of at most
     :data:`MAX_EVENTS` JSON strings of at most :data:`MAX_EVENT_CHARS` characters
     nested at most :data:`MAX_JSON_DEPTH` deep, each holding a known event type with
-    valid parameters (:func:`~flwr_dp_strategies.privacy.event_validation.validate_event`)
+    valid parameters (:func:`~flwr_dp_strategies.privacy.accounting.event_validation.validate_event`)
     and a neighbouring relation.
     """
     record = content.config_records.get(PRIVACY_RECORD)

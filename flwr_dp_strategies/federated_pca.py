@@ -23,7 +23,7 @@ from flwr.serverapp import Grid
 
 from .declarations import PRIVACY_RECORD
 from .privacy import PrivacyLedger
-from .privacy.covariance import top_eigenvectors
+from .privacy.mechanisms.covariance import top_eigenvectors
 from .privacy.validation import check_int
 from .rounds.client_accounting import ClientAccountingMixin
 

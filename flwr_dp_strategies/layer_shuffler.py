@@ -41,7 +41,7 @@ Privacy analysis.
    x̃_r^j = x^j_{σ(π'_j(r))}; σ∘π'_j are independent uniform permutations, which
    is exactly the layer-wise shuffle's distribution. So layer-wise shuffling is
    at least as private as whole-report shuffling, and Feldman-McMillan-Talwar
-   amplification by shuffling (FOCS 2021; :mod:`flwr_dp_strategies.privacy.shuffle`)
+   amplification by shuffling (FOCS 2021; :mod:`flwr_dp_strategies.privacy.analyses.shuffle`)
    applies: if every report (the weight included) is the output of the same
    ε₀-LDP randomizer on the client's *whole local data*, the shuffled output is
    (ε, δ)-DP under replacement of one client's whole data, with

@@ -19,7 +19,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 import importlib
-from flwr_dp_strategies.privacy.distributed_dp import DistributedDpParams
+from flwr_dp_strategies.privacy.mechanisms.distributed_dp import DistributedDpParams
 from flwr_dp_strategies.secure_aggregation import shamir
 from flwr_dp_strategies.secure_aggregation.client_protocol import agreed_key, private_key_from_scalar
 from flwr_dp_strategies.secure_aggregation.masks import apply_mask, pairwise_sign, prg_mask, reduce_mod

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from flwr_dp_strategies.privacy.accountants import LedgerRdpAccountant
+from flwr_dp_strategies.privacy.accounting.accountants import LedgerRdpAccountant
 from flwr_dp_strategies.privacy import (
     ExponentialMechanismDpEvent,
     PrivacyLedger,
@@ -113,7 +113,7 @@ def test_replace_one_gaussian_is_read_against_the_relations_own_sensitivity(roun
     from dp_accounting.dp_event import GaussianDpEvent
 
     from flwr_dp_strategies.privacy import PrivacyLedger
-    from flwr_dp_strategies.privacy.gaussian import gaussian_sigma
+    from flwr_dp_strategies.privacy.mechanisms.gaussian import gaussian_sigma
 
     z = gaussian_sigma(1.0, 1e-5, 1.0)
     epsilons = {}

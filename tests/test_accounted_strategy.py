@@ -310,7 +310,7 @@ def test_default_ledger():
 def test_secure_noise_sampler_releases_grid_points_and_books_the_discrete_gaussian():
     from dp_accounting.dp_event import ZCDpEvent
 
-    from flwr_dp_strategies.privacy.discrete_gaussian import gaussian_grid
+    from flwr_dp_strategies.privacy.mechanisms.discrete_gaussian import gaussian_grid
 
     d = 20_000
     strategy = make_strategy(noise_sampler="secure", rng=3)

@@ -220,7 +220,7 @@ def test_a_restarted_server_continues_with_the_learnt_clipping_norm(tmp_path):
 
 
 def test_a_restored_clipping_norm_out_of_its_domain_is_refused(tmp_path):
-    from flwr_dp_strategies.privacy import ledger_file as lf
+    from flwr_dp_strategies.privacy.accounting import ledger_file as lf
 
     path = tmp_path / "ledger.json"
     first = server(m=4, rng=2, ledger_path=path)

@@ -143,7 +143,10 @@ def test_the_graph_covers_the_three_packages_and_sees_their_imports():
     for package in PACKAGES:
         assert package in GRAPH.edges
     assert "flwr_dp_strategies.wire" in GRAPH.edges["client_mods.adaptive_clipping_mod"]
-    assert "flwr_dp_strategies.privacy.ledger_file" in GRAPH.edges["flwr_dp_strategies.privacy.ledger"]
+    assert (
+        "flwr_dp_strategies.privacy.accounting.ledger_file"
+        in GRAPH.edges["flwr_dp_strategies.privacy.accounting.ledger"]
+    )
 
 
 def test_client_mods_import_no_strategy_and_no_round_plumbing():

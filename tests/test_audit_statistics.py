@@ -1,4 +1,4 @@
-"""Statistics of the canary audit (:mod:`flwr_dp_strategies.privacy.audit`), checked against closed forms,
+"""Statistics of the canary audit (:mod:`flwr_dp_strategies.privacy.analyses.audit`), checked against closed forms,
 dp-accounting, numerical integration and simulation. Fixed seeds; every tolerance comes from a sample size
 (k standard errors) or from the numerical method it checks.
 """
@@ -15,7 +15,7 @@ from dp_accounting import gaussian_mechanism as analytic_gaussian
 from dp_accounting.pld import pld_privacy_accountant
 from scipy import stats
 
-from flwr_dp_strategies.privacy.audit import (
+from flwr_dp_strategies.privacy.analyses.audit import (
     canary_cosines,
     canary_vectors,
     cosine_null_sf,

@@ -11,7 +11,7 @@ from dp_accounting.dp_event import ComposedDpEvent
 
 from flwr_dp_benchmarks import bench_bandmf as bench
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy import matrix_factorization as mf
+from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
 
 
 def _epsilon(events) -> float:

@@ -1,5 +1,5 @@
 """The privacy core of DP-FTRL with banded matrix factorisation (issue 30):
-flwr_dp_strategies.privacy.matrix_factorization, no Flower."""
+flwr_dp_strategies.privacy.mechanisms.matrix_factorization, no Flower."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy import matrix_factorization as mf
+from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
 
 T, B = 6, 3
 SAMPLES = 200_000  # coordinates of one stream: each is an independent draw of the T-vector (C^{-1} Z)_{:, j}

@@ -1,4 +1,4 @@
-"""The participation rule of BandMF (issue 30): flwr_dp_strategies.privacy.participation, no Flower."""
+"""The participation rule of BandMF (issue 30): flwr_dp_strategies.privacy.accounting.participation, no Flower."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flwr_dp_strategies.privacy.participation import CyclicParticipation
+from flwr_dp_strategies.privacy.accounting.participation import CyclicParticipation
 
 ROOT = Path(__file__).resolve().parent.parent
 

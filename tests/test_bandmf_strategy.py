@@ -13,8 +13,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.serverapp.strategy import FedAvg
 
 from flwr_dp_strategies import AccountedBandedMatrixFactorization, PrivacyLedger
-from flwr_dp_strategies.privacy import matrix_factorization as mf
-from flwr_dp_strategies.privacy.ledger_file import LedgerFileError
+from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
+from flwr_dp_strategies.privacy.accounting.ledger_file import LedgerFileError
 from loopback import LoopbackGrid
 
 pytestmark = pytest.mark.usefixtures("task_identity")

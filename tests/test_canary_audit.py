@@ -2,7 +2,7 @@
 
 Real nodes run a ClientApp that trains trivially (a small fixed shift) on :class:`secagg_harness.LoopbackGrid`; the
 canaries run in process behind :class:`CanaryGrid`. The statistics tests need
-:mod:`flwr_dp_strategies.privacy.audit` and are skipped without it.
+:mod:`flwr_dp_strategies.privacy.analyses.audit` and are skipped without it.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_report_metric_record():
     }
 
 
-# ---------------------------------------------------------------------------- the statistics (privacy.audit)
+# ---------------------------------------------------------------------------- the statistics (privacy.analyses.audit)
 class UnderNoised(AccountedServerSideFixedClipping):
     """Books z but releases with ``release_fraction · z`` (the misconfiguration the audit must catch)."""
 
@@ -210,7 +210,7 @@ class UnderNoised(AccountedServerSideFixedClipping):
 
 
 def audited_run(cls, z: float, k: int, rounds: int, seed: int = 1, fraction: float = 0.1):
-    pytest.importorskip("flwr_dp_strategies.privacy.audit")
+    pytest.importorskip("flwr_dp_strategies.privacy.analyses.audit")
     if issubclass(cls, UnderNoised):
         cls = type(cls.__name__, (cls,), {"release_fraction": fraction})
     strategy = cls(FedAvg(fraction_evaluate=0.0), z, 1.0, len(REAL) + k, rng=seed)
@@ -232,7 +232,7 @@ def test_correct_noise_gives_a_lower_bound_within_the_ledger(task_identity, capl
     assert len(audit.iterates(model())) == 3  # initial, round 2's and round 3's models; the final one is apart
     assert "never a replacement for the ledger" in caplog.text and "misconfiguration" not in caplog.text
     # the canaries are regenerated from the seed: the reported cosines are those of the final model's change
-    from flwr_dp_strategies.privacy.audit import canary_cosines
+    from flwr_dp_strategies.privacy.analyses.audit import canary_cosines
 
     delta = flatten_arrays(result.arrays) - flatten_arrays(model())
     np.testing.assert_allclose(report.inserted_final, canary_cosines(delta, audit.vectors(audit.inserted_ids, DIM)))
@@ -276,7 +276,7 @@ def test_plot_audit(task_identity, tmp_path):
 
 
 def test_poisson_audit_samples_canaries_and_stays_within_the_ledger(task_identity):
-    pytest.importorskip("flwr_dp_strategies.privacy.audit")
+    pytest.importorskip("flwr_dp_strategies.privacy.analyses.audit")
     k, m = 150, 16
     strategy = AccountedPoissonFixedClipping(FedAvg(fraction_evaluate=0.0), 3.0, 1.0, m, rng=4)
     audit = CanaryAudit(strategy, num_canaries=k, seed=4)
@@ -289,7 +289,7 @@ def test_poisson_audit_samples_canaries_and_stays_within_the_ledger(task_identit
 
 
 def distributed_dp_audit(k: int, halved: bool):
-    pytest.importorskip("flwr_dp_strategies.privacy.audit")
+    pytest.importorskip("flwr_dp_strategies.privacy.analyses.audit")
     from client_mods.distributed_dp_mod import make_distributed_dp_mod
     from flwr_dp_benchmarks.bench_audit import halved_noise_mod
     from flwr_dp_strategies import DistributedDpFedAvg

@@ -11,8 +11,9 @@ import pytest
 from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent
 
 from flwr_dp_strategies.cli import main
-from flwr_dp_strategies.privacy import PrivacyLedger, ledger_file
-from flwr_dp_strategies.privacy.ledger_file import LedgerStore
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.privacy.accounting import ledger_file
+from flwr_dp_strategies.privacy.accounting.ledger_file import LedgerStore
 
 KEY = "a-secret-of-at-least-16-bytes"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

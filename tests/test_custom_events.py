@@ -17,11 +17,11 @@ from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.bounds import event_epsilon_delta
-from flwr_dp_strategies.privacy.custom_events import CUSTOM_EVENTS, CustomDpEvent, real
-from flwr_dp_strategies.privacy.event_validation import validate_event
-from flwr_dp_strategies.privacy.events import event_from_dict, event_to_dict
-from flwr_dp_strategies.privacy.relations import convert_event
+from flwr_dp_strategies.privacy.analyses.bounds import event_epsilon_delta
+from flwr_dp_strategies.privacy.accounting.custom_events import CUSTOM_EVENTS, CustomDpEvent, real
+from flwr_dp_strategies.privacy.accounting.event_validation import validate_event
+from flwr_dp_strategies.privacy.accounting.events import event_from_dict, event_to_dict
+from flwr_dp_strategies.privacy.accounting.relations import convert_event
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_a_name_already_registered_by_another_module_is_refused():
         class PureDpEvent(CustomDpEvent):  # noqa: F811  (the clash is the point)
             pass
 
-    assert CUSTOM_EVENTS["PureDpEvent"].__module__ == "flwr_dp_strategies.privacy.events"
+    assert CUSTOM_EVENTS["PureDpEvent"].__module__ == "flwr_dp_strategies.privacy.accounting.events"
 
 
 def test_no_module_dispatches_on_a_custom_event_class():

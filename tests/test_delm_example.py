@@ -10,8 +10,8 @@ import pytest
 from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent, NoOpDpEvent, NonPrivateDpEvent
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.functional_mechanism import fm_l2_sensitivity, fm_sensitivity
-from flwr_dp_strategies.privacy.gaussian import gaussian_sigma
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import fm_l2_sensitivity, fm_sensitivity
+from flwr_dp_strategies.privacy.mechanisms.gaussian import gaussian_sigma
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(os.path.dirname(HERE), "examples", "delm", "run_experiments.py")

@@ -11,7 +11,7 @@ from dp_accounting import dp_event
 from scipy import stats
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.discrete_gaussian import (
+from flwr_dp_strategies.privacy.mechanisms.discrete_gaussian import (
     gaussian_grid,
     sample_discrete_gaussian,
     sample_discrete_gaussian_exact,
@@ -115,8 +115,8 @@ def test_local_update_noise_mod_can_draw_secure_noise():
 
 
 def test_analyze_gauss_and_fm_gaussian_can_draw_secure_noise():
-    from flwr_dp_strategies.privacy.covariance import analyze_gauss
-    from flwr_dp_strategies.privacy.functional_mechanism import functional_mechanism, quadratic_statistics
+    from flwr_dp_strategies.privacy.mechanisms.covariance import analyze_gauss
+    from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import functional_mechanism, quadratic_statistics
 
     rows = np.random.default_rng(0).normal(size=(40, 5))
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)

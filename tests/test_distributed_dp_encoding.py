@@ -14,7 +14,7 @@ from dp_accounting import dp_event as d
 from scipy.linalg import hadamard
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.distributed_dp import (
+from flwr_dp_strategies.privacy.mechanisms.distributed_dp import (
     DistributedDpParams,
     _rotation_signs,
     calibrate_skellam,
@@ -32,7 +32,7 @@ from flwr_dp_strategies.privacy.distributed_dp import (
     to_modular,
     walsh_hadamard,
 )
-from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
+from flwr_dp_strategies.privacy.mechanisms.skellam import SkellamDpEvent
 
 
 def _params(**overrides) -> DistributedDpParams:

@@ -12,13 +12,13 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.exception import AggregationError
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.distributed_dp import (
+from flwr_dp_strategies.privacy.mechanisms.distributed_dp import (
     DistributedDpParams,
     calibrate_skellam,
     scale_for_bits,
     sum_headroom,
 )
-from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
+from flwr_dp_strategies.privacy.mechanisms.skellam import SkellamDpEvent
 from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD, STAGE_KEY
 from flwr_dp_strategies.strategy.distributed_dp_fedavg import EVENT_LABEL, DistributedDpFedAvg
 
@@ -337,7 +337,7 @@ def test_a_sum_pushed_past_the_range_by_aligned_clients_is_reported():
     """Ten clients aligned with the public rotation (each update rotates onto one coordinate, ‖Δ‖ = C) put
     10·s·C into it where the plan allows 6 standard deviations of a spread sum: the coordinate wraps.
     The round reports the share of the range the revealed sum uses and warns; a spread round does not."""
-    from flwr_dp_strategies.privacy.distributed_dp import inverse_randomized_hadamard
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import inverse_randomized_hadamard
     from flwr_dp_strategies.strategy.distributed_dp_fedavg import WRAP_WARNING
 
     d = 64

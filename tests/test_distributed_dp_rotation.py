@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import scipy.fft
 
-from flwr_dp_strategies.privacy.distributed_dp import (
+from flwr_dp_strategies.privacy.mechanisms.distributed_dp import (
     DistributedDpParams,
     _rotation_signs,
     calibrate_skellam,

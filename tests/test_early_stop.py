@@ -16,8 +16,8 @@ from flwr.serverapp.strategy import FedAvg
 from scipy import stats
 
 from flwr_dp_strategies import AccountedFedAvg, AccountedServerSideFixedClipping, PrivacyLedger
-from flwr_dp_strategies.privacy.events import PureDpEvent
-from flwr_dp_strategies.privacy.sparse_vector import AboveThreshold
+from flwr_dp_strategies.privacy.accounting.events import PureDpEvent
+from flwr_dp_strategies.privacy.mechanisms.sparse_vector import AboveThreshold
 from flwr_dp_strategies.rounds.client_metrics import AccountedMetrics
 from flwr_dp_strategies.rounds.early_stop import AccountedEarlyStop
 from loopback import LoopbackGrid

@@ -25,7 +25,7 @@ from flwr_dp_strategies import (
     PrivacyLedger,
     declare_release,
 )
-from flwr_dp_strategies.privacy.gaussian import bounded_mean
+from flwr_dp_strategies.privacy.mechanisms.gaussian import bounded_mean
 from flwr_dp_strategies.rounds.client_metrics import AccountedMetrics
 from loopback import LoopbackGrid
 from strategy_registry import REGISTRY

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flwr_dp_strategies.privacy import ApproxDpEvent, ExponentialMechanismDpEvent, PrivacyLedger, PureDpEvent
-from flwr_dp_strategies.privacy.event_validation import MAX_DEPTH, validate_event
-from flwr_dp_strategies.privacy.events import event_from_dict, event_to_dict
+from flwr_dp_strategies.privacy.accounting.event_validation import MAX_DEPTH, validate_event
+from flwr_dp_strategies.privacy.accounting.events import event_from_dict, event_to_dict
 
 BAD_EVENTS = [
     (d.DiscreteLaplaceDpEvent(-1, 1), "noise_parameter"),

@@ -14,7 +14,7 @@ from client_mods import covariance_reply, project, projection_from_state, store_
 from flwr_dp_strategies import declare_release
 from flwr_dp_strategies.federated_pca import LdpFederatedPCA
 from flwr_dp_strategies.privacy import PrivacyLedger, gaussian_sigma
-from flwr_dp_strategies.privacy.covariance import (
+from flwr_dp_strategies.privacy.mechanisms.covariance import (
     analyze_gauss,
     covariance_l2_sensitivity,
     paper_wishart_noise,

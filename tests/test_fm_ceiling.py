@@ -10,7 +10,7 @@ import pytest
 
 from flwr_dp_experiments.datasets import load_dataset
 from flwr_dp_experiments.feature_maps import hog_features
-from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics, solve_objective
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import quadratic_statistics, solve_objective
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "examples", "delm", "fm_ceiling.py")

@@ -14,7 +14,7 @@ from scipy import stats as st
 from client_mods import FunctionalMechanismTrainer
 from flwr_dp_strategies import read_declarations
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.functional_mechanism import (
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import (
     descend,
     fm_l2_sensitivity,
     fm_sensitivity,

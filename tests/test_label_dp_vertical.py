@@ -26,7 +26,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 
 from flwr_dp_strategies.privacy import PrivacyLedger, keep_probability, rr_event
-from flwr_dp_strategies.privacy.events import event_to_dict
+from flwr_dp_strategies.privacy.accounting.events import event_to_dict
 
 APP_DIR = Path(__file__).resolve().parents[1] / "examples" / "label-dp"
 

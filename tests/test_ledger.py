@@ -14,7 +14,7 @@ from flwr_dp_strategies.privacy import (
     privacy_metrics,
     rr_event,
 )
-from flwr_dp_strategies.privacy.bounds import (
+from flwr_dp_strategies.privacy.analyses.bounds import (
     amplify_by_subsampling,
     basic_composition,
     event_epsilon_delta,

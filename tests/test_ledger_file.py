@@ -16,8 +16,8 @@ from dp_accounting.dp_event import GaussianDpEvent, LaplaceDpEvent, NoOpDpEvent
 
 from flwr_dp_strategies import AccountedFedAvg
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy import ledger_file
-from flwr_dp_strategies.privacy.ledger_file import (
+from flwr_dp_strategies.privacy.accounting import ledger_file
+from flwr_dp_strategies.privacy.accounting.ledger_file import (
     FILE_FORMAT,
     LedgerFileError,
     LedgerStore,

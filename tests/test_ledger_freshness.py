@@ -20,8 +20,9 @@ import pytest
 from dp_accounting.dp_event import GaussianDpEvent
 
 from flwr_dp_strategies import AccountedFedAvg
-from flwr_dp_strategies.privacy import PrivacyLedger, ledger_file
-from flwr_dp_strategies.privacy.ledger_file import (
+from flwr_dp_strategies.privacy import PrivacyLedger
+from flwr_dp_strategies.privacy.accounting import ledger_file
+from flwr_dp_strategies.privacy.accounting.ledger_file import (
     FILE_FORMAT,
     HIGH_WATER_SUFFIX,
     LedgerFileError,

@@ -11,7 +11,7 @@ from scipy import stats
 from client_mods import LocalUpdateNoiseMod
 from flwr_dp_strategies import AccountedFedAvg, read_declarations
 from flwr_dp_strategies.privacy import PrivacyLedger, gaussian_sigma
-from flwr_dp_strategies.privacy.gaussian import classical_gaussian_sigma
+from flwr_dp_strategies.privacy.mechanisms.gaussian import classical_gaussian_sigma
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 D = 50_000

@@ -22,7 +22,7 @@ from flwr_dp_strategies.privacy import (
     kary_randomized_response,
     laplace_mechanism,
 )
-from flwr_dp_strategies.privacy.laplace import secure_grid
+from flwr_dp_strategies.privacy.mechanisms.laplace import secure_grid
 
 ALPHA = 1e-3
 OFF = (0.9, 1.1)

@@ -11,7 +11,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from client_mods import FunctionalMechanismTrainer
 from flwr_dp_strategies import NoisyObjectiveSum
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.functional_mechanism import (
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import (
     QuadraticStatistics,
     descend,
     fm_noise_std,

@@ -47,11 +47,11 @@ MOVED = [
     *[
         ("flwr_dp_strategies.privacy", name, f"flwr_dp_strategies.privacy.{module}", name)
         for module, names in {
-            "accountants": ("LedgerRdpAccountant", "LedgerPldAccountant"),
-            "bounds": ("amplify_by_subsampling", "basic_composition", "strong_composition", "textbook_bounds"),
-            "events": ("event_from_dict", "event_to_dict"),
-            "exponential": ("gumbel_top_k",),
-            "gaussian": ("classical_gaussian_sigma",),
+            "accounting.accountants": ("LedgerRdpAccountant", "LedgerPldAccountant"),
+            "analyses.bounds": ("amplify_by_subsampling", "basic_composition", "strong_composition", "textbook_bounds"),
+            "accounting.events": ("event_from_dict", "event_to_dict"),
+            "mechanisms.exponential": ("gumbel_top_k",),
+            "mechanisms.gaussian": ("classical_gaussian_sigma",),
         }.items()
         for name in names
     ],

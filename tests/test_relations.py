@@ -17,8 +17,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr_dp_strategies import AccountedFedAvg, declare_release, read_declarations
 from flwr_dp_strategies.declarations import PRIVACY_RECORD, MalformedDeclaration
 from flwr_dp_strategies.privacy import ApproxDpEvent, ExponentialMechanismDpEvent, PrivacyLedger, PureDpEvent
-from flwr_dp_strategies.privacy.gaussian import gaussian_sigma
-from flwr_dp_strategies.privacy.relations import convert_event
+from flwr_dp_strategies.privacy.mechanisms.gaussian import gaussian_sigma
+from flwr_dp_strategies.privacy.accounting.relations import convert_event
 
 from loopback import LoopbackGrid
 

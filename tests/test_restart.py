@@ -31,7 +31,7 @@ from flwr_dp_strategies import (
     declare_release,
 )
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.events import PureDpEvent
+from flwr_dp_strategies.privacy.accounting.events import PureDpEvent
 from flwr_dp_strategies.strategy import (
     AccountedAdaptiveClipping,
     AccountedClientSideAdaptiveClipping,

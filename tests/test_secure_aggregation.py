@@ -631,7 +631,7 @@ def test_through_the_mod_the_revealed_sum_is_exactly_the_clipped_rotated_rounded
     """The secure round reveals Σ to_modular(k_u) where k_u is each client's clipped, rotated, scaled,
     conditionally rounded update plus its Skellam noise share, replayed from the same generator (a client
     refuses a zero share: its noise floor is positive)."""
-    from flwr_dp_strategies.privacy.distributed_dp import (
+    from flwr_dp_strategies.privacy.mechanisms.distributed_dp import (
         DistributedDpParams,
         client_integer_vector,
         modular_sum,

@@ -15,8 +15,12 @@ from hypothesis.extra.numpy import arrays
 from client_mods.secure_objective import SecureObjectiveTrainer
 from flwr_dp_strategies import SecureObjectiveSum
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.functional_mechanism import quadratic_statistics, solve_objective, sum_statistics
-from flwr_dp_strategies.privacy.secure_objective import (
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import (
+    quadratic_statistics,
+    solve_objective,
+    sum_statistics,
+)
+from flwr_dp_strategies.privacy.mechanisms.secure_objective import (
     SecureObjectiveParams,
     calibrate_secure_objective,
     client_integer_objective,
@@ -32,7 +36,7 @@ from flwr_dp_strategies.privacy.secure_objective import (
     sum_integer_objectives,
     vector_length,
 )
-from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
+from flwr_dp_strategies.privacy.mechanisms.skellam import SkellamDpEvent
 from flwr_dp_strategies.secure_aggregation.protocol import MASKED_RECORD, RECORD
 from flwr_dp_strategies.strategy.secure_objective_sum import EVENT_LABEL
 
@@ -365,7 +369,7 @@ def test_the_ledger_survives_a_restart(tmp_path):
     assert 0 < booked <= 1.0 + 1e-9
     del first
     assert make(resume=True).ledger.epsilon() == pytest.approx(booked)
-    from flwr_dp_strategies.privacy.ledger_file import LedgerFileError
+    from flwr_dp_strategies.privacy.accounting.ledger_file import LedgerFileError
 
     with pytest.raises(LedgerFileError, match="already holds a ledger"):
         make()

@@ -22,7 +22,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from flwr_dp_strategies.privacy.shuffle import (
+from flwr_dp_strategies.privacy.analyses.shuffle import (
     fmt_closed_form_epsilon,
     fmt_closed_form_valid,
     fmt_numerical_delta,

@@ -13,8 +13,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr_dp_strategies import AccountedFedAvg, ShuffleAmplifiedFedAvg, declare_release
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.events import PureDpEvent
-from flwr_dp_strategies.privacy.shuffle import shuffle_amplified_epsilon
+from flwr_dp_strategies.privacy.accounting.events import PureDpEvent
+from flwr_dp_strategies.privacy.analyses.shuffle import shuffle_amplified_epsilon
 
 import loopback
 from loopback import LoopbackGrid

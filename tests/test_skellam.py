@@ -17,10 +17,10 @@ from scipy import stats
 from scipy.special import gammaln, logsumexp
 
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.accountants import LedgerRdpAccountant
-from flwr_dp_strategies.privacy.event_validation import validate_event
-from flwr_dp_strategies.privacy.events import event_from_dict, event_to_dict
-from flwr_dp_strategies.privacy.skellam import SkellamDpEvent, sample_skellam, skellam_event, skellam_rdp
+from flwr_dp_strategies.privacy.accounting.accountants import LedgerRdpAccountant
+from flwr_dp_strategies.privacy.accounting.event_validation import validate_event
+from flwr_dp_strategies.privacy.accounting.events import event_from_dict, event_to_dict
+from flwr_dp_strategies.privacy.mechanisms.skellam import SkellamDpEvent, sample_skellam, skellam_event, skellam_rdp
 
 
 # ---------------------------------------------------------------- sampler
@@ -273,8 +273,8 @@ def test_out_of_domain_skellam_parameters_are_never_booked(l1, l2, mu):
 
 def test_a_replace_one_ledger_books_an_add_remove_skellam_event_at_twice_the_sensitivities():
     """Replacing one client moves the integer sum by x − x': at most 2·L2 in L2 and 2·L1 in L1."""
-    from flwr_dp_strategies.privacy.relations import convert_event
-    from flwr_dp_strategies.privacy.skellam import SkellamDpEvent
+    from flwr_dp_strategies.privacy.accounting.relations import convert_event
+    from flwr_dp_strategies.privacy.mechanisms.skellam import SkellamDpEvent
 
     event = SkellamDpEvent(30.0, 3.0, 400.0)
     converted = convert_event(event, "add_or_remove_one", "replace_one")
@@ -290,7 +290,7 @@ def test_numpys_poisson_is_trusted_only_where_it_is_accurate_and_larger_variance
     """At λ = MAX_POISSON_LAMBDA one NumPy draw matches its normal limit (2e5 draws: variance within
     5 s.e., parity balanced); Sk(2e16), i.e. λ = 1e16 where a single NumPy draw is always even, is drawn
     in pieces and takes odd values; Sk(2e14), in 1000 pieces, has variance μ (a 10 % error would be seen)."""
-    from flwr_dp_strategies.privacy.skellam import MAX_POISSON_LAMBDA
+    from flwr_dp_strategies.privacy.mechanisms.skellam import MAX_POISSON_LAMBDA
 
     n = 200_000
     lam = MAX_POISSON_LAMBDA

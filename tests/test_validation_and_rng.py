@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from flwr_dp_strategies.privacy.gaussian import classical_gaussian_sigma
+from flwr_dp_strategies.privacy.mechanisms.gaussian import classical_gaussian_sigma
 from flwr_dp_strategies.privacy import (
     ApproxDpEvent,
     ExponentialMechanismDpEvent,

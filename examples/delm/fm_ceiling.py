@@ -4,7 +4,7 @@
     python examples/delm/fm_ceiling.py --seeds 1  # faster
 
 The functional mechanism (FM) replaces the softmax cross-entropy by its degree-2 Taylor
-expansion at 0 (flwr_dp_strategies.privacy.functional_mechanism), so the best any FM head
+expansion at 0 (flwr_dp_strategies.privacy.mechanisms.functional_mechanism), so the best any FM head
 can do on a feature map, **even without noise**, is the minimiser of that quadratic
 objective: a least-squares fit of the centred one-hot labels (``solve_objective`` with
 ridge 0). This script measures, for the feature maps we use, on the full training split:
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from flwr_dp_experiments.datasets import load_dataset, unit_norm_features  # noqa: E402
 from flwr_dp_experiments.feature_maps import hog_features  # noqa: E402
-from flwr_dp_strategies.privacy.functional_mechanism import (  # noqa: E402
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import (  # noqa: E402
     fm_noise_std,
     functional_mechanism,
     noise_adapted_ridge,

@@ -218,13 +218,13 @@ def run_delm(
     from dp_accounting.dp_event import NoOpDpEvent, NonPrivateDpEvent
 
     from flwr_dp_strategies import AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, ShuffleAmplifiedFedAvg
-    from flwr_dp_strategies.privacy.covariance import (
+    from flwr_dp_strategies.privacy.mechanisms.covariance import (
         num_components_for,
         private_second_moment,
         second_moment,
         top_eigenvectors,
     )
-    from flwr_dp_strategies.privacy.functional_mechanism import (
+    from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import (
         descend,
         fm_noise_std,
         functional_mechanism,

@@ -2,7 +2,7 @@
 
 :class:`~.canaries.CanaryAudit` runs any strategy of this package with k extra canary clients and
 estimates, from that one run, the ε of a worst-case client; the statistics live in
-:mod:`flwr_dp_strategies.privacy.audit` (Flower-free).
+:mod:`flwr_dp_strategies.privacy.analyses.audit` (Flower-free).
 """
 
 from .canaries import (

@@ -28,14 +28,14 @@ the published evaluation means are the real clients' alone. To leave the real mo
 same configuration (same strategy settings, same mods, same number of rounds) on the real or a proxy
 federation, and train the real model without canaries.
 
-Statistics (:mod:`flwr_dp_strategies.privacy.audit`). The estimate
-(:func:`~flwr_dp_strategies.privacy.audit.estimate_epsilon`) fits a Gaussian to the inserted canaries' scores
+Statistics (:mod:`flwr_dp_strategies.privacy.analyses.audit`). The estimate
+(:func:`~flwr_dp_strategies.privacy.analyses.audit.estimate_epsilon`) fits a Gaussian to the inserted canaries' scores
 and one to the k unseen canaries' scores and reports the ε at which the two Gaussians are
 (ε, δ)-indistinguishable; it is an estimate, neither a bound nor conservative. Two lower bounds, each for the
 final model and for all iterates, hold together with probability ``confidence``:
-:func:`~flwr_dp_strategies.privacy.audit.epsilon_lower_bound` (Clopper–Pearson counts on the best threshold
+:func:`~flwr_dp_strategies.privacy.analyses.audit.epsilon_lower_bound` (Clopper–Pearson counts on the best threshold
 test; no assumption on the scores' shape, but with k canaries it cannot exceed about log k − 2.5) and
-:func:`~flwr_dp_strategies.privacy.audit.shift_lower_bound` (the same test under the additive-shift model:
+:func:`~flwr_dp_strategies.privacy.analyses.audit.shift_lower_bound` (the same test under the additive-shift model:
 an inserted canary's cosine is the exact null law shifted by its contribution, whatever the noise, so the
 false-positive rate is exact and the true-positive rate follows from a confidence limit on the mean shift; it
 is limited by the signal, not by k). Both treat the k canaries' scores as independent trials, which the
@@ -396,7 +396,7 @@ class CanaryAudit:
     # ------------------------------------------------------------------ canaries
     def vectors(self, canary_ids: Sequence[int], dim: int) -> np.ndarray:
         """The unit canary vectors of ``canary_ids`` (rows), reproducible from ``(seed, id)``."""
-        from ..privacy.audit import canary_vectors
+        from ..privacy.analyses.audit import canary_vectors
 
         return np.asarray(canary_vectors(list(canary_ids), dim, self.seed), dtype=np.float64)
 
@@ -442,7 +442,7 @@ class CanaryAudit:
 
     def scores(self, deltas: Sequence[np.ndarray], canary_ids: Sequence[int]) -> np.ndarray:
         """``(len(deltas), len(canary_ids))`` cosines of each canary with each model delta (0 for a zero delta)."""
-        from ..privacy.audit import canary_cosines
+        from ..privacy.analyses.audit import canary_cosines
 
         dim = deltas[0].size
         out = np.zeros((len(deltas), len(canary_ids)))
@@ -487,7 +487,7 @@ class CanaryAudit:
     @single_threaded_blas  # the ServerApp shares the cores with the clients: one BLAS thread (8x faster when busy)
     def audit(self, initial: np.ndarray, iterates: Sequence[np.ndarray], final: np.ndarray) -> AuditReport:
         """The report of a run with these models (``iterates``: initial, then every later round's model)."""
-        from ..privacy.audit import epsilon_lower_bound, estimate_epsilon, shift_lower_bound
+        from ..privacy.analyses.audit import epsilon_lower_bound, estimate_epsilon, shift_lower_bound
 
         models = list(iterates) + [final]
         steps = [b - a for a, b in zip(models[:-1], models[1:])]

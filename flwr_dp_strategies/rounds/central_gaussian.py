@@ -58,7 +58,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.supercore.differential_privacy import add_gaussian_noise_inplace
 
-from ..privacy.relations import ADD_OR_REMOVE_ONE, convert_event
+from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE, convert_event
 from ..privacy.rng import RngSource
 from ..privacy.validation import check_int, check_positive
 from .central_release import (
@@ -79,7 +79,7 @@ from .template import AccountedRound, Booking, RoundRelease, Screened
 
 SAMPLING = ("poisson", "fixed")
 #: every participation rule of the round: SAMPLING (a user's choice) and the cyclic schedules of a banded
-#: factorisation (b-min-separation, :class:`~flwr_dp_strategies.privacy.participation.CyclicParticipation`)
+#: factorisation (b-min-separation, :class:`~flwr_dp_strategies.privacy.accounting.participation.CyclicParticipation`)
 PARTICIPATION = SAMPLING + ("cyclic", "cyclic-poisson")
 CLIPPING = ("fixed", "adaptive")
 NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
@@ -450,7 +450,7 @@ class CentralGaussianRound(AccountedRound):
 
     def noise_row(self, generator: np.random.Generator) -> Optional[np.ndarray]:
         """The round's correlated noise as d standard-normal-scale values (the flattened keys in order), or None
-        for i.i.d. noise: a banded matrix factorisation's row of :math:`C_b^{-1}Z` (:mod:`..privacy.matrix_factorization`)."""
+        for i.i.d. noise: a banded matrix factorisation's row of :math:`C_b^{-1}Z` (:mod:`..privacy.mechanisms.matrix_factorization`)."""
         return None
 
     def server_step(self, server_round: int, arrays: ArrayRecord) -> ArrayRecord:

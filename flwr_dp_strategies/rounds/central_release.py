@@ -34,7 +34,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYogi, Strategy
 
 from ..privacy import PrivacyLedger
-from ..privacy.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
+from ..privacy.mechanisms.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
 from .streaming_aggregation import ClippedSum, add_gaussian_noise, to_array
 
 #: Label of the clients' (un-noised) train metrics when a strategy is told to publish them anyway.
@@ -55,7 +55,7 @@ def fixed_denominator_release(
     caller's noise row (a banded factorisation's :math:`(C_b^{-1}Z)_t`); ``generator`` is then unused.
 
     With ``secure_bound`` B: :math:`S/m` is clamped to [−B, B], rounded to the grid of
-    :func:`~flwr_dp_strategies.privacy.discrete_gaussian.gaussian_grid` and perturbed with
+    :func:`~flwr_dp_strategies.privacy.mechanisms.discrete_gaussian.gaussian_grid` and perturbed with
     discrete Gaussian noise (:func:`secure_release_event` is then the event to book).
     """
     out, start = {}, 0

@@ -64,7 +64,7 @@ from flwr.common.logger import log
 
 from ..declarations import PRIVACY_RECORD, Declaration, MalformedDeclaration, read_declarations
 from ..privacy import PrivacyLedger
-from ..privacy.ledger_file import MAIN, LedgerStore
+from ..privacy.accounting.ledger_file import MAIN, LedgerStore
 from ..privacy.validation import check_bool, check_int
 from .metrics import log_failed_reply, with_privacy_metrics
 from .reply_screening import DEFAULT_MAX_WEIGHT, check_max_weight, has_config_record
@@ -440,7 +440,7 @@ class ClientAccountingMixin:
 
     def save_ledger(self) -> None:
         """Persist every ledger of the strategy (``self.ledger_store``) to ``ledger_path``, if configured:
-        one checksummed file, written atomically (:mod:`flwr_dp_strategies.privacy.ledger_file`).
+        one checksummed file, written atomically (:mod:`flwr_dp_strategies.privacy.accounting.ledger_file`).
 
         A ``ledger_path`` assigned after construction is bound (locked, checked against what is
         there, with the strategy's ``resume`` and ``high_water_path``) at the first save.
@@ -479,7 +479,7 @@ def open_ledgers(
     ``store``: the store of a wrapped strategy, shared (a wrapper books into the same
     ledgers and file). The main ledger is the file's, restored into ``ledger`` when one
     is passed (it must then be empty and have the file's ``target_delta`` and
-    ``neighboring_relation``, else :class:`~flwr_dp_strategies.privacy.ledger_file.LedgerFileError`:
+    ``neighboring_relation``, else :class:`~flwr_dp_strategies.privacy.accounting.ledger_file.LedgerFileError`:
     a conflict is never resolved silently; its ``max_epsilon`` and ``accounting`` apply), else
     ``ledger``, else a new ``PrivacyLedger(1e-5, neighboring_relation=neighboring_relation)``.
 
@@ -499,7 +499,7 @@ def open_ledgers(
     one whose high-water mark is missing, or one older than its high-water mark (a
     rollback) raises; it never starts from ε = 0. ``high_water_path``: where the
     high-water record lives (default beside the file, ``<ledger_path>.hwm``; see
-    :class:`~flwr_dp_strategies.privacy.ledger_file.LedgerStore` for what each place detects).
+    :class:`~flwr_dp_strategies.privacy.accounting.ledger_file.LedgerStore` for what each place detects).
     """
     if ledger is not None and not isinstance(ledger, PrivacyLedger):
         raise TypeError(

@@ -7,7 +7,7 @@ by default, per metric ``key`` the user declared a range ``[lower, upper]`` for,
 .. math:: \text{dp-eval/key} = \ell + \frac1m\Big(\sum_{i} \big(\operatorname{clip}(v_i, \ell, u) - \ell\big)
           + \mathcal N\!\big(0, (z\,(u - \ell))^2\big)\Big)
 
-(:func:`~flwr_dp_strategies.privacy.gaussian.bounded_mean`): m = the number of nodes the round's
+(:func:`~flwr_dp_strategies.privacy.mechanisms.gaussian.bounded_mean`): m = the number of nodes the round's
 ``configure_evaluate`` asked (chosen by the server before any reply, never the number of replies),
 uniform weights (a client-reported example count would make the sensitivity data dependent) and z =
 ``noise_multiplier``. Each metric is its own ``GaussianDpEvent(z)``, booked in the strategy's ledger as a
@@ -41,7 +41,7 @@ from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import MetricRecord, RecordDict
 from flwr.common.logger import log
 
-from ..privacy.gaussian import bounded_mean
+from ..privacy.mechanisms.gaussian import bounded_mean
 from ..privacy.validation import check_positive
 from .client_accounting import Booking
 from .metrics import MetricsAggregation, aggregate_reply_metrics

@@ -7,7 +7,7 @@ ends). :meth:`~.template.AccountedRound.start` therefore stops a run in three wa
   ``max_epsilon`` (the strategy's :meth:`~.template.AccountedRound.budget_spent`). It reads the ledger and the
   configuration only, both already public, so it costs nothing;
 * **the accounted early stop**, :class:`AccountedEarlyStop` given as ``should_stop``: a client evaluate
-  metric read through AboveThreshold (:class:`~flwr_dp_strategies.privacy.sparse_vector.AboveThreshold`,
+  metric read through AboveThreshold (:class:`~flwr_dp_strategies.privacy.mechanisms.sparse_vector.AboveThreshold`,
   Dwork & Roth §3.6; Lyu et al. 2017), booked once per stopping chain as ``PureDpEvent(ε)``;
 * **the user's own** ``should_stop(round, result)``, which is shown only the round metrics that are public,
   ledger figures or accounted (:mod:`.published_keys`); any other key (a client's own metric published by
@@ -33,7 +33,7 @@ import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
 from ..privacy.rng import RngLike
-from ..privacy.sparse_vector import AboveThreshold
+from ..privacy.mechanisms.sparse_vector import AboveThreshold
 from ..privacy.validation import check_epsilon
 from .client_accounting import Booking
 from .reply_screening import records_of

@@ -23,7 +23,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from ..privacy import binary_randomized_response, rr_event
-from ..privacy.events import PureDpEvent
+from ..privacy.accounting.events import PureDpEvent
 from ..privacy.rng import RngLike, resolve_rng
 from ..privacy.validation import as_finite_float_array, check_int
 from .magrr import MagRRConfig, magnitude_bit

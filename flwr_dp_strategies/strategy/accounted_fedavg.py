@@ -108,7 +108,7 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         high_water_path: where the ledger's high-water mark is kept (default
             ``<ledger_path>.hwm``); on storage the attacker cannot write, a rollback of the
             ledger file is refused even together with the default location's copy (see
-            :mod:`flwr_dp_strategies.privacy.ledger_file`).
+            :mod:`flwr_dp_strategies.privacy.accounting.ledger_file`).
         per_client_metrics: also publish ``privacy/epsilon/node-<id>`` per node.
         max_reply_bytes: reject train replies whose arrays' payloads (``.npy`` headers
             not counted) exceed this many bytes.

@@ -108,8 +108,8 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClippin
 from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
-from ..privacy.ledger_file import LedgerFileError
-from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.accounting.ledger_file import LedgerFileError
+from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_bool, check_int, check_positive, check_probability
 from ..rounds.central_gaussian import (

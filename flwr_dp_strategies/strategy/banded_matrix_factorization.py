@@ -13,7 +13,7 @@ clipping norm, :math:`C_b` the banded lower-triangular Toeplitz strategy matrix 
 (``factorization``: ``"banded-sqrt"``, Kalinin & Lampert's banded square root, or ``"banded-optimal"``,
 its b coefficients optimised for ``num_rounds``) and Z i.i.d. standard normal, drawn from OS entropy.
 The noise is generated row by row with O(b·d) memory
-(:class:`~flwr_dp_strategies.privacy.matrix_factorization.BandedNoise`): the model follows the noisy
+(:class:`~flwr_dp_strategies.privacy.mechanisms.matrix_factorization.BandedNoise`): the model follows the noisy
 prefix sums :math:`A x + zC\,BZ` with :math:`B = AC_b^{-1}`, whose error grows much more slowly than the
 independent noise of DP-FedAvg (docs/bandmf.md).
 
@@ -23,14 +23,14 @@ sum over m, the budget stop, booking) with participation ``"cyclic"`` / ``"cycli
 stream (:meth:`noise_row`), the events and the restart state.
 
 Participation is enforced, not assumed
-(:class:`~flwr_dp_strategies.privacy.participation.CyclicParticipation`): the nodes of the grid are split
+(:class:`~flwr_dp_strategies.privacy.accounting.participation.CyclicParticipation`): the nodes of the grid are split
 into b groups, release t asks group (t − 1) mod b (the wrapped strategy makes the instruction; only its
 choice of nodes is replaced), each node at most ``max_participations`` = k times (default ⌈T/b⌉). A
 train reply from a node whose last aggregated release is less than b ago, or that has k already, is
 rejected (reason ``participation``, counted in the server log) before anything of it is added; the round
 goes on.
 
-Privacy (:mod:`flwr_dp_strategies.privacy.matrix_factorization`): under b-min-separation and at most k
+Privacy (:mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`): under b-min-separation and at most k
 releases per client, the first t releases are one Gaussian mechanism of noise multiplier
 :math:`z / \mathrm{sens}_t` (``add_or_remove_one``, user-level: neighbours differ by one client's whole
 data, each of its rounds moving the round's sum by at most C); :math:`\mathrm{sens}_T = \sqrt k` (the
@@ -42,7 +42,7 @@ With ``sampling="cyclic-poisson"`` (amplified BandMF, Choquette-Choo et al., Neu
 member of the release's group is asked independently with probability q = m·b/N (N = ``num_clients``,
 default the nodes connected at the first release), from OS entropy; the cohort is never published. Each
 epoch of b releases then books ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` at its first release
-(⌈T/b⌉ in all; what this assumes is spelled out in :mod:`flwr_dp_strategies.privacy.matrix_factorization`).
+(⌈T/b⌉ in all; what this assumes is spelled out in :mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`).
 Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
 
 Restart. The participation history, the number of releases and the SHA-256 of the noise state are kept in
@@ -68,8 +68,8 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
 from ..privacy import PrivacyLedger
-from ..privacy.ledger_file import LedgerFileError, write_atomic
-from ..privacy.matrix_factorization import (
+from ..privacy.accounting.ledger_file import LedgerFileError, write_atomic
+from ..privacy.mechanisms.matrix_factorization import (
     FACTORIZATIONS,
     BandedNoise,
     amplified_round_event,
@@ -80,8 +80,8 @@ from ..privacy.matrix_factorization import (
     state_checksum,
     strategy_coefficients,
 )
-from ..privacy.participation import CyclicParticipation
-from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.accounting.participation import CyclicParticipation
+from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics

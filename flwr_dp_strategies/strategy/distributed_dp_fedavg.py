@@ -31,7 +31,7 @@ noise share stays), integer L2 sensitivity :math:`\tilde\Delta_2` enforced by th
 conditional rounding (KLS21 §4.1; includes the rounding's norm inflation), L1
 :math:`\min(\lfloor\tilde\Delta_2^2\rfloor, \sqrt D\tilde\Delta_2)`. Event:
 ``SkellamDpEvent(Δ₁, Δ₂, μ)`` with :math:`\mu = (z\tilde\Delta_2)^2`, RDP of Agarwal et
-al. 2021 Thm 3.5 (:mod:`flwr_dp_strategies.privacy.skellam`), booked once per
+al. 2021 Thm 3.5 (:mod:`flwr_dp_strategies.privacy.mechanisms.skellam`), booked once per
 round in which the sum is revealed, under ``add_or_remove_one`` (a replace-one ledger
 doubles both sensitivities), composed by the ledger's RDP accountant. No
 amplification by sampling: the server chooses the sample, so it is not secret from
@@ -73,7 +73,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..npy_codec import npy_view, to_array
 from ..privacy import PrivacyLedger
-from ..privacy.distributed_dp import (
+from ..privacy.mechanisms.distributed_dp import (
     DEFAULT_BETA,
     DEFAULT_OVERFLOW_SIGMAS,
     DistributedDpParams,

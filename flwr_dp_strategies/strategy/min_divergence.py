@@ -20,7 +20,7 @@ Selection (eqs. 15-16). With ``epsilon`` = ε > 0: k draws without replacement,
 each with :math:`P_i^j \propto \exp(-\varepsilon\, dvg_i^j / (2\Delta))`, Δ = 1
 (dvg ∈ [0, 1], and replacing one client's update changes only its own utility,
 by at most 1). Drawn by Gumbel top-k, which is distributed as k sequential ε-EM
-draws (:func:`~flwr_dp_strategies.privacy.exponential.gumbel_top_k`). The paper writes
+draws (:func:`~flwr_dp_strategies.privacy.mechanisms.exponential.gumbel_top_k`). The paper writes
 ε/(2nΔ): its extra 1/n is the same as passing ``epsilon / n`` here. With
 ``epsilon=None``: the paper's "non-sampling" variant, the k lowest divergences
 (ties broken by reply order). With fewer than k accepted replies, all are used
@@ -81,7 +81,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger
-from ..privacy.exponential import gumbel_top_k
+from ..privacy.mechanisms.exponential import gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments

@@ -15,12 +15,12 @@ of that size: harmless when the signal is strong, costly when q and m are large.
 This strategy receives the noisy coefficients themselves
 (:class:`client_mods.FunctionalMechanismTrainer` with ``upload="objective"``):
 :math:`(\tilde A_i, \tilde S_i)` and the client's count, sums them
-(:func:`~flwr_dp_strategies.privacy.functional_mechanism.sum_statistics`; the Taylor
+(:func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.sum_statistics`; the Taylor
 objective is a sum over records, so the sum is the federation's objective),
 repairs the sum once and returns its ridge-regularised minimiser in closed form
-(:func:`~flwr_dp_strategies.privacy.functional_mechanism.solve_objective`) as the
+(:func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.solve_objective`) as the
 new head, with a ridge the user sets, e.g. from the public noise level
-(:func:`~flwr_dp_strategies.privacy.functional_mechanism.noise_adapted_ridge`).
+(:func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.noise_adapted_ridge`).
 Measured (``examples/delm/results/RESULTS.md``): IID MNIST, q = 196, 100 clients,
 ε = 1: about +2 points over client-side repair with FedAvg; on the embedded
 digits (q = 64, 20-40 clients) the two are within ±2 points of each other. One
@@ -56,7 +56,7 @@ from flwr.serverapp import Grid
 
 from ..npy_codec import npy_view
 from ..privacy import PrivacyLedger
-from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, noisy_sum_ridge, solve_noisy_sum
+from ..privacy.mechanisms.functional_mechanism import LOSSES, QuadraticStatistics, noisy_sum_ridge, solve_noisy_sum
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
@@ -82,9 +82,9 @@ class NoisyObjectiveSum(AccountedFedAvg):
         ridge: λ ≥ 0 of the solved objective f̄/n + ½λ‖W‖² (n = the summed
             ``weighted_by_key`` of the contributors).
         client_noise_std: the per-coefficient noise std of one client's release
-            (:func:`~flwr_dp_strategies.privacy.functional_mechanism.fm_noise_std`, public),
+            (:func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.fm_noise_std`, public),
             > 0, or None. If given, every solve adds
-            :func:`~flwr_dp_strategies.privacy.functional_mechanism.noise_adapted_ridge` for
+            :func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.noise_adapted_ridge` for
             the m contributors so far (summed noise std σ√m) to ``ridge``.
         ridge_fraction: that ridge's fraction of the summed noise's spectral edge, ≥ 0.
         psd_floor: eigenvalue floor of the repaired summed quadratic, ≥ 0.

@@ -64,7 +64,7 @@ from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_release import check_mean_based
 from ..privacy import PrivacyLedger
-from ..privacy.relations import ADD_OR_REMOVE_ONE
+from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import CentralGaussianRound

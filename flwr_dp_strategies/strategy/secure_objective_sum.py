@@ -7,7 +7,7 @@ SecAgg+ masks; the server learns only the sum, which carries the noise of **one*
 release (√m times less noise at the same record-level ε). One round:
 
 1. FedAvg samples the nodes; ``configure_train`` calibrates the round
-   (:func:`~flwr_dp_strategies.privacy.secure_objective.calibrate_secure_objective`:
+   (:func:`~flwr_dp_strategies.privacy.mechanisms.secure_objective.calibrate_secure_objective`:
    s from ``bits`` and ``max_records``, μ from ``epsilon`` or ``noise_multiplier``), runs
    the SecAgg+ setup and key sharing (:class:`~flwr_dp_strategies.secure_aggregation.SecureAggregationRound`,
    as :class:`~.distributed_dp_fedavg.DistributedDpFedAvg` does) and sends the collect
@@ -15,7 +15,7 @@ release (√m times less noise at the same record-level ε). One round:
 2. ``aggregate_train`` (the accounted round) screens the replies; the release adds the masked
    vectors, unmasks, decodes
    the summed objective (count included), repairs it once and solves it in closed form
-   (:func:`~flwr_dp_strategies.privacy.functional_mechanism.solve_noisy_sum`, the solve
+   (:func:`~flwr_dp_strategies.privacy.mechanisms.functional_mechanism.solve_noisy_sum`, the solve
    NoisyObjectiveSum uses, with the ridge adapted to the revealed sum's noise
    √(|U₃|μ/m′)/s), and books the event.
 
@@ -23,7 +23,7 @@ Later rounds send nothing and keep the head (a second sum would be a second rele
 A round that aborts (fewer than m′ survivors, unrecoverable shares) reveals and books
 nothing, and the next round tries again.
 
-Privacy (derivation in :mod:`flwr_dp_strategies.privacy.secure_objective`). Mechanism: the
+Privacy (derivation in :mod:`flwr_dp_strategies.privacy.mechanisms.secure_objective`). Mechanism: the
 Skellam mechanism on the integer sum; neighbouring relation: one record of any client added
 or removed (or replaced, for a replace-one ledger); integer sensitivity Δ₂ = sΔ + √D (the
 record's coefficient vector, norm ≤ Δ, plus the randomized rounding, by a shared-uniform
@@ -52,8 +52,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
 from ..privacy import PrivacyLedger
-from ..privacy.functional_mechanism import LOSSES, QuadraticStatistics, solve_noisy_sum
-from ..privacy.secure_objective import (
+from ..privacy.mechanisms.functional_mechanism import LOSSES, QuadraticStatistics, solve_noisy_sum
+from ..privacy.mechanisms.secure_objective import (
     DEFAULT_BITS,
     DEFAULT_OVERFLOW_SIGMAS,
     SecureObjectiveCalibration,

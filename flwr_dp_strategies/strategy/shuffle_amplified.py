@@ -72,12 +72,12 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
 from ..declarations import Declaration
-from ..privacy.relations import convert_event
+from ..privacy.accounting.relations import convert_event
 from ..layer_shuffler import LayerShuffler, layer_groups
 from ..privacy import PrivacyLedger
-from ..privacy.accountants import basic_pure_epsilon
-from ..privacy.events import event_key
-from ..privacy.shuffle import shuffle_amplified_event
+from ..privacy.accounting.accountants import basic_pure_epsilon
+from ..privacy.accounting.events import event_key
+from ..privacy.analyses.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
 from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics

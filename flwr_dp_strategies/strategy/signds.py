@@ -73,7 +73,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from ..declarations import Declaration
 from ..privacy import PrivacyLedger
-from ..privacy.events import event_key
+from ..privacy.accounting.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int

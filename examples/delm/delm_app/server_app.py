@@ -32,7 +32,7 @@ from flwr.serverapp.strategy import Strategy
 from flwr_dp_strategies import AccountedFedAvg, MinDivergenceExpSampling, NoisyObjectiveSum, ShuffleAmplifiedFedAvg
 from flwr_dp_strategies.federated_pca import LdpFederatedPCA
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.functional_mechanism import fm_noise_std
+from flwr_dp_strategies.privacy.mechanisms.functional_mechanism import fm_noise_std
 from flwr_dp_strategies.rounds.client_accounting import resolve_ledger
 
 from . import task

@@ -38,7 +38,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies.privacy import PrivacyLedger
-from flwr_dp_strategies.privacy.events import event_to_dict
+from flwr_dp_strategies.privacy.accounting.events import event_to_dict
 
 from . import task
 from .config import label_epsilon, resolve_run_config

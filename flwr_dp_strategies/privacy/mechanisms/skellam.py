@@ -63,9 +63,9 @@ import attr
 import numpy as np
 from dp_accounting import dp_event
 
-from .custom_events import CustomDpEvent, real
-from .rng import RngLike, resolve_rng
-from .validation import check_int, check_positive
+from ..accounting.custom_events import CustomDpEvent, real
+from ..rng import RngLike, resolve_rng
+from ..validation import check_int, check_positive
 
 #: The largest variance a booked Skellam event may carry (NumPy's Poisson refuses λ above about 9.2e18).
 MAX_MU = 1e18

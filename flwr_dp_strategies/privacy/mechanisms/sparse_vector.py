@@ -26,9 +26,9 @@ from typing import Optional
 
 import numpy as np
 
-from .events import PureDpEvent
-from .rng import RngLike, resolve_rng
-from .validation import check_epsilon, check_sensitivity
+from ..accounting.events import PureDpEvent
+from ..rng import RngLike, resolve_rng
+from ..validation import check_epsilon, check_sensitivity
 
 
 class AboveThreshold:

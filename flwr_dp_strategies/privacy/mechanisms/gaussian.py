@@ -29,8 +29,8 @@ from dp_accounting import dp_event
 from dp_accounting import gaussian_mechanism as _analytic
 
 from .release import Release
-from .rng import RngLike, resolve_rng
-from .validation import as_finite_array, check_delta, check_epsilon, check_positive, check_sensitivity
+from ..rng import RngLike, resolve_rng
+from ..validation import as_finite_array, check_delta, check_epsilon, check_positive, check_sensitivity
 
 
 def gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

@@ -55,8 +55,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from .release import Release
-from .rng import RngLike, resolve_rng
-from .validation import as_finite_array, check_int, check_positive, check_sensitivity
+from ..rng import RngLike, resolve_rng
+from ..validation import as_finite_array, check_int, check_positive, check_sensitivity
 
 #: Grid resolution relative to the noise scale (2^-40) and to the value bound (2^-48, |k| < 2^53).
 _GRID_BITS_SCALE = 40

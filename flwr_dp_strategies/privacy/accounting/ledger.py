@@ -56,14 +56,14 @@ import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.privacy_accountant import NeighboringRelation
 
-from . import bounds
+from ..analyses import bounds
 from .accountants import LedgerPldAccountant, LedgerRdpAccountant, basic_pure_epsilon, epsilon_from_rdp
 from .events import event_from_dict, event_key, event_to_dict
 from .ledger_file import _ORIGIN, MAIN, LedgerFileError, LedgerStore, canonical_json, parse_body, read_file
-from .release import Release
+from ..mechanisms.release import Release
 from .event_validation import validate_event
 from .relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, check_relation, convert_event
-from .validation import check_delta, check_int, check_positive
+from ..validation import check_delta, check_int, check_positive
 
 ClientId = Union[int, str]
 Signature = tuple[tuple[str, int], ...]

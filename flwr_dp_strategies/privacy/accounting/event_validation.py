@@ -6,7 +6,7 @@ that: ``GaussianDpEvent(nan)`` or ``LaplaceDpEvent(nan)`` compose to ε = 0,
 ``DiscreteLaplaceDpEvent(-1, 1)`` makes an RDP curve negative (and with it the
 ε of every client that shares a central event), ``PoissonSampledDpEvent(0.5,
 event=5)`` is accepted until a query touches it. :func:`validate_event` closes
-that door once: :class:`~flwr_dp_strategies.privacy.ledger.PrivacyLedger` calls
+that door once: :class:`~flwr_dp_strategies.privacy.accounting.ledger.PrivacyLedger` calls
 it on ``record``, ``record_clients``, ``check_accountable`` and ``load``, and the
 declarations read from client replies pass through the same ledger calls, so
 no path books an event it has not validated.

@@ -4,7 +4,7 @@ Native events come from :mod:`dp_accounting.dp_event` (Gaussian, Laplace,
 DiscreteLaplace, RandomizedResponse, PoissonSampled, SelfComposed, Composed, …).
 dp-accounting 0.6.0 (the newest on PyPI) has no event for the exponential
 mechanism nor for a generic (ε, δ) release, so this module adds three, which
-:mod:`flwr_dp_strategies.privacy.accountants` knows how to compose:
+:mod:`flwr_dp_strategies.privacy.accounting.accountants` knows how to compose:
 
 * :class:`ExponentialMechanismDpEvent` (ε): one draw of the exponential
   mechanism ``P[r] ∝ exp(ε·u(r)/(2Δu))``. It is ε-DP and ε-bounded-range
@@ -19,7 +19,7 @@ mechanism nor for a generic (ε, δ) release, so this module adds three, which
   shuffle-amplified output). PLD: the pessimistic (ε, δ) PLD; RDP cannot express
   δ > 0, so the RDP path adds these by basic composition (ε sums, δ sums).
 
-:class:`~flwr_dp_strategies.privacy.skellam.SkellamDpEvent` (Δ₁, Δ₂, μ), defined
+:class:`~flwr_dp_strategies.privacy.mechanisms.skellam.SkellamDpEvent` (Δ₁, Δ₂, μ), defined
 in :mod:`.skellam` with its RDP bound, is registered here for serialisation.
 
 Events are serialised to plain JSON dicts (:func:`event_to_dict`) and restored
@@ -38,8 +38,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from .custom_events import CUSTOM_EVENTS, CustomDpEvent, real
-from . import skellam as _skellam  # noqa: F401  (registers SkellamDpEvent for deserialisation)
-from .validation import check_delta, check_epsilon
+from ..mechanisms import skellam as _skellam  # noqa: F401  (registers SkellamDpEvent for deserialisation)
+from ..validation import check_delta, check_epsilon
 
 
 def _pure_pld(epsilon: float, delta: float, interval: float) -> Any:
@@ -188,7 +188,7 @@ def event_from_dict(data: dict[str, Any], _depth: int = 0) -> dp_event.DpEvent:
     Strict: the dict must name a known class and hold exactly that class's fields
     (a missing or unknown field is a ``ValueError``, not a silent default), and
     nesting deeper than :data:`MAX_EVENT_DEPTH` is refused. Parameter domains are
-    checked by :func:`~flwr_dp_strategies.privacy.event_validation.validate_event`.
+    checked by :func:`~flwr_dp_strategies.privacy.accounting.event_validation.validate_event`.
     """
     if _depth > MAX_EVENT_DEPTH:
         raise ValueError(f"event description nested deeper than {MAX_EVENT_DEPTH} levels")

@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 from dp_accounting import dp_event
 
-from .events import ExponentialMechanismDpEvent
+from ..accounting.events import ExponentialMechanismDpEvent
 from .release import Release
-from .rng import RngLike, resolve_rng
-from .validation import as_finite_array, check_epsilon, check_int, check_sensitivity
+from ..rng import RngLike, resolve_rng
+from ..validation import as_finite_array, check_epsilon, check_int, check_sensitivity
 
 
 def gumbel_top_k(log_weights: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:

@@ -27,8 +27,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from .release import Release
-from .rng import RngLike, resolve_rng
-from .validation import check_epsilon, check_int
+from ..rng import RngLike, resolve_rng
+from ..validation import check_epsilon, check_int
 
 
 def flip_probability(epsilon: float) -> float:

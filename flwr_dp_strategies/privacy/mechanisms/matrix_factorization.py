@@ -97,8 +97,8 @@ from typing import Optional
 import numpy as np
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
 
-from .rng import RngLike, resolve_rng
-from .validation import check_int, check_positive, check_probability
+from ..rng import RngLike, resolve_rng
+from ..validation import check_int, check_positive, check_probability
 
 FACTORIZATIONS = ("banded-sqrt", "banded-optimal")
 
@@ -425,7 +425,7 @@ def state_checksum(data: bytes) -> str:
 
 def save_noise_state(path: "os.PathLike[str] | str", noise: BandedNoise) -> str:
     """Write ``noise``'s state to ``path`` (mode 0600, temp file + fsync + rename); returns its SHA-256."""
-    from .ledger_file import write_atomic
+    from ..accounting.ledger_file import write_atomic
 
     data = noise.to_bytes()
     write_atomic(os.fspath(path), data)

@@ -48,8 +48,8 @@ from .discrete_gaussian import secure_gaussian_mechanism
 from .functional_mechanism import RELATIONS, clip_rows
 from .gaussian import gaussian_sigma
 from .release import Release
-from .rng import RngLike, resolve_rng
-from .validation import as_finite_array, check_epsilon, check_int
+from ..rng import RngLike, resolve_rng
+from ..validation import as_finite_array, check_epsilon, check_int
 
 NOISES: tuple[str, ...] = ("analyze-gauss", "paper-wishart")
 

@@ -35,7 +35,7 @@ from typing import Optional
 import numpy as np
 from scipy import optimize, stats
 
-from .validation import as_finite_array, check_int, check_positive
+from ..validation import as_finite_array, check_int, check_positive
 
 __all__ = [
     "EpsilonEstimate",

@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .rng import RngLike, RngSource
-from .validation import check_int
+from ..rng import RngLike, RngSource
+from ..validation import check_int
 
 
 class CyclicParticipation:

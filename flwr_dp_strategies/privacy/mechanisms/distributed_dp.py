@@ -92,9 +92,9 @@ from typing import Iterable
 import numpy as np
 import scipy.fft
 
-from .rng import RngLike, resolve_rng
+from ..rng import RngLike, resolve_rng
 from .skellam import MAX_POISSON_LAMBDA, SkellamDpEvent, check_skellam_parameters, sample_skellam, skellam_event
-from .validation import as_finite_array, check_int, check_nonnegative, check_positive
+from ..validation import as_finite_array, check_int, check_nonnegative, check_positive
 
 #: KLS21's and TF Federated's default for the conditional rounding (success probability ≥ 1 − e^{-1/2} ≈ 0.39 per draw).
 DEFAULT_BETA = math.exp(-0.5)

@@ -35,8 +35,8 @@ import math
 import numpy as np
 from scipy import stats
 
-from .events import ApproxDpEvent
-from .validation import check_delta, check_int, check_nonnegative, check_positive
+from ..accounting.events import ApproxDpEvent
+from ..validation import check_delta, check_int, check_nonnegative, check_positive
 
 __all__ = [
     "fmt_closed_form_valid",

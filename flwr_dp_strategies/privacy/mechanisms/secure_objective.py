@@ -108,9 +108,9 @@ from .functional_mechanism import (
     released_vector,
     response_matrix,
 )
-from .rng import RngLike, resolve_rng
+from ..rng import RngLike, resolve_rng
 from .skellam import MAX_MU, SkellamDpEvent, sample_skellam, skellam_event
-from .validation import as_finite_array, check_delta, check_epsilon, check_int, check_nonnegative, check_positive
+from ..validation import as_finite_array, check_delta, check_epsilon, check_int, check_nonnegative, check_positive
 
 RELATIONS: tuple[str, ...] = ("add_or_remove_one", "replace_one")
 DEFAULT_BITS = 32
@@ -289,7 +289,7 @@ def objective_event(
 
 def event_epsilon(event: SkellamDpEvent, delta: float, neighboring_relation: str) -> float:
     """ε at δ of one event, from a fresh RDP ledger of that relation (as the strategy's ledger books it)."""
-    from .ledger import PrivacyLedger  # noqa: PLC0415 - the ledger imports the accountants; keep this module light
+    from ..accounting.ledger import PrivacyLedger  # noqa: PLC0415 - the ledger imports the accountants; keep this module light
 
     ledger = PrivacyLedger(delta, neighboring_relation=neighboring_relation, accounting="rdp")
     ledger.record(event, server_round=0)

@@ -85,8 +85,8 @@ from dp_accounting import dp_event
 from .gaussian import gaussian_mechanism, gaussian_sigma
 from .laplace import laplace_mechanism
 from .release import Release
-from .rng import RngLike
-from .validation import as_finite_array, check_epsilon, check_int, check_nonnegative
+from ..rng import RngLike
+from ..validation import as_finite_array, check_epsilon, check_int, check_nonnegative
 
 LOSSES: tuple[str, ...] = ("softmax", "logistic")
 RELATIONS: tuple[str, ...] = ("replace_one", "add_or_remove_one")

@@ -17,7 +17,7 @@ class Release(Generic[T]):
     ``event`` describes the release for *one unit of privacy* (one record, or
     one client's whole contribution, depending on what the caller's
     neighbouring relation protects): record it in a
-    :class:`~flwr_dp_strategies.privacy.ledger.PrivacyLedger` for that unit.
+    :class:`~flwr_dp_strategies.privacy.accounting.ledger.PrivacyLedger` for that unit.
     """
 
     value: T

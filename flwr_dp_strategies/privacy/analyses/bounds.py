@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dp_accounting import dp_event
 from dp_accounting import gaussian_mechanism as _analytic
 
-from .custom_events import CustomDpEvent
-from .validation import check_delta, check_epsilon, check_int, check_probability
+from ..accounting.custom_events import CustomDpEvent
+from ..validation import check_delta, check_epsilon, check_int, check_probability
 
 
 def basic_composition(params: Sequence[tuple[float, float]]) -> tuple[float, float]:

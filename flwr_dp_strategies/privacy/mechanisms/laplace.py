@@ -39,8 +39,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from .release import Release
-from .rng import RngLike, resolve_rng
-from .validation import as_finite_array, check_epsilon, check_positive, check_sensitivity
+from ..rng import RngLike, resolve_rng
+from ..validation import as_finite_array, check_epsilon, check_positive, check_sensitivity
 
 #: Grid resolution of the secure sampler, relative to the noise scale (2^-40)
 #: and to the value bound (2^-48, keeping |k| < 2^53 so outputs stay exact).

@@ -1,0 +1,1 @@
+"""Analyses: privacy amplification by shuffling, comparison bounds and the empirical audit."""
