@@ -466,6 +466,163 @@ def train(
     return done + reused_user_level_rows(rounds)
 
 
+# ============================================================================ --model-scale: aggregation cost (issue 39 item 3)
+SCALE_DIMS = (10**6, 10**7)
+SCALE_BIG = 10**8  # behind --with-1e8 (10 float32 replies are 4 GB, the ring of b − 1 float64 rows 7.2 GB)
+SCALE_CLIENTS, SCALE_BANDS = 10, 10
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.iterdir() if p.is_file()}
+
+
+def _written(before: dict, after: dict) -> dict:
+    """Bytes of the files created or rewritten between two snapshots: BandMF's secret files and the ledger's."""
+    out = {"bandmf": 0, "ledger": 0}
+    for name, (mtime, size) in after.items():
+        if before.get(name) != (mtime, size):
+            out["bandmf" if ".bandmf-" in name else "ledger"] += size
+    return out
+
+
+def scale_case(d: int, repeats: int = 3, clients: int = SCALE_CLIENTS, bands: int = SCALE_BANDS, seed: int = 0) -> dict:
+    """One model size: ``clients`` float32 replies of d values (bench_aggregation's), aggregated by Flower's FedAvg
+    and by AccountedBandMF (b bands, its group = the same ``clients`` replies, z = C = 1, a ledger file with the
+    default PLD ledger) in alternation, one release per BandMF call; seconds per round (medians), bytes written per
+    round, the state on disk and the tracemalloc peak of one round above the replies."""
+    import gc
+    import statistics
+    import tempfile
+
+    from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+    from flwr.serverapp.strategy import FedAvg
+
+    from flwr_dp_benchmarks._common import peak_bytes
+    from flwr_dp_benchmarks.bench_aggregation import _FakeGrid, _TaskIdentity, _updates
+    from flwr_dp_strategies import AccountedBandedMatrixFactorization
+
+    stacked = _updates(clients, d, seed)
+    records = [ArrayRecord([stacked[i]]) for i in range(clients)]  # serialised once, shared by both
+    del stacked
+    current = ArrayRecord([np.zeros(d, dtype=np.float32)])
+
+    def replies_to(msgs):
+        return [
+            Message(RecordDict({"arrays": rec, "metrics": MetricRecord({"num-examples": 10.0})}), reply_to=msg)
+            for msg, rec in zip(msgs, records)
+        ]
+
+    with _TaskIdentity(), tempfile.TemporaryDirectory() as folder:
+        folder = Path(folder)
+        fedavg = FedAvg(min_train_nodes=clients, min_available_nodes=clients)
+        fedavg_replies = replies_to(list(fedavg.configure_train(1, current, ConfigRecord(), _FakeGrid(clients))))
+        rounds = 4 * (repeats + 2)
+        bandmf = AccountedBandedMatrixFactorization(
+            FedAvg(fraction_train=1.0, min_available_nodes=1),
+            1.0,
+            1.0,
+            clients,
+            num_bands=bands,
+            num_rounds=rounds,
+            ledger_path=folder / "ledger.json",
+            rng=seed,
+        )
+        grid = _FakeGrid(clients * bands)
+        state = {"round": 0}
+
+        def bandmf_round() -> tuple[float, dict]:
+            state["round"] += 1
+            msgs = list(bandmf.configure_train(state["round"], current, ConfigRecord(), grid))
+            assert len(msgs) == clients, len(msgs)
+            replies = replies_to(msgs)
+            before = _snapshot(folder)
+            gc.collect()
+            t0 = time.perf_counter()
+            arrays, _ = bandmf.aggregate_train(state["round"], replies)
+            elapsed = time.perf_counter() - t0
+            assert arrays is not None and arrays["0"].shape == (d,)
+            return elapsed, _written(before, _snapshot(folder))
+
+        def fedavg_round() -> float:
+            gc.collect()
+            t0 = time.perf_counter()
+            arrays, _ = fedavg.aggregate_train(1, fedavg_replies)
+            elapsed = time.perf_counter() - t0
+            assert arrays is not None and arrays["0"].shape == (d,)
+            return elapsed
+
+        first = bandmf_round()  # warm-up: draws the key and writes its file
+        fedavg_round()
+        fed, band, written = [], [], []
+        for i in range(repeats):
+            if i % 2 == 0:
+                fed.append(fedavg_round())
+                seconds, files = bandmf_round()
+            else:
+                seconds, files = bandmf_round()
+                fed.append(fedavg_round())
+            band.append(seconds)
+            written.append(files)
+        fed_peak = peak_bytes(fedavg_round)
+        band_peak = peak_bytes(bandmf_round)
+        on_disk = {
+            name: size for name, (_, size) in _snapshot(folder).items() if ".bandmf-" in name or name == "ledger.json"
+        }
+        bandmf.ledger_store.close()
+    ring = (bands - 1) * d * 8
+    return {
+        "d": d,
+        "clients": clients,
+        "bands": bands,
+        "repeats": repeats,
+        "fedavg_s": statistics.median(fed),
+        "bandmf_s": statistics.median(band),
+        "ratio": statistics.median(band) / statistics.median(fed),
+        "fedavg_s_all": fed,
+        "bandmf_s_all": band,
+        "first_release_written_bytes": first[1],
+        "bandmf_state_written_bytes_per_round": max(w["bandmf"] for w in written),
+        "ledger_written_bytes_per_round": max(w["ledger"] for w in written),
+        "state_on_disk_bytes": on_disk,
+        "noise_ring_bytes": ring,
+        "fedavg_peak_bytes": fed_peak,
+        "bandmf_peak_bytes": band_peak,
+    }
+
+
+def scale_markdown(result: dict) -> str:
+    head = (
+        "| d | FedAvg s/round | BandMF s/round | ratio | BandMF state written per round | key file | ledger file "
+        "| noise ring (RAM) | peak FedAvg | peak BandMF |\n|" + "---|" * 10 + "\n"
+    )
+    body = ""
+    for r in result["rows"]:
+        key = sum(v for k, v in r["state_on_disk_bytes"].items() if ".bandmf-" in k)
+        body += (
+            f"| {r['d']:.0e} | {r['fedavg_s']:.3f} | {r['bandmf_s']:.3f} | {r['ratio']:.2f} | "
+            f"{r['bandmf_state_written_bytes_per_round']} B | {key} B | {r['state_on_disk_bytes'].get('ledger.json', 0)} B | "
+            f"{r['noise_ring_bytes'] / 2**20:.0f} MiB | {r['fedavg_peak_bytes'] / 2**20:.0f} MiB | "
+            f"{r['bandmf_peak_bytes'] / 2**20:.0f} MiB |\n"
+        )
+    return (
+        f"Aggregation per round, {SCALE_CLIENTS} float32 replies of d values, b = {SCALE_BANDS} (BandMF's group is the "
+        "same replies), z = C = 1, medians of the alternated rounds; BandMF with a ledger file (PLD ledger). "
+        "Peaks: tracemalloc above the replies (BandMF's ring of b − 1 float64 rows is held between rounds and "
+        f"not in its peak). Machine: {result['machine'].get('cpu_affinity')} CPUs, numpy {result['machine']['numpy']}."
+        "\n\n" + head + body
+    )
+
+
+def model_scale(dims=SCALE_DIMS, repeats: int = 3) -> dict:
+    from flwr_dp_benchmarks._common import machine
+
+    rows = []
+    for d in dims:
+        rows.append(scale_case(d, repeats=repeats))
+        print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_all")}), flush=True)
+    return {"machine": machine(), "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "rows": rows}
+
+
 def main() -> None:
     import argparse
 
@@ -477,9 +634,19 @@ def main() -> None:
     parser.add_argument("--no-cross-silo", action="store_true", help="--train: leave out the 10-client runs")
     parser.add_argument("--c-from", type=int, help="--train: only each method's best C of the runs at this T")
     parser.add_argument("--report-only", action="store_true", help="--train: tables from the finished runs only")
+    parser.add_argument("--model-scale", action="store_true", help="aggregation cost at d = 1e6, 1e7 (issue 39)")
+    parser.add_argument("--with-1e8", action="store_true", help="--model-scale: also d = 1e8 (about 16 GB)")
+    parser.add_argument("--repeats", type=int, default=3, help="--model-scale: timed rounds per d")
     args = parser.parse_args()
     start = time.time()
-    if not args.train:
+    if args.model_scale:
+        dims = SCALE_DIMS + ((SCALE_BIG,) if args.with_1e8 else ())
+        result = model_scale(dims, repeats=args.repeats)
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / "model_scale.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        (RESULTS / "model_scale.md").write_text(scale_markdown(result), encoding="utf-8")
+        print(scale_markdown(result))
+    elif not args.train:
         rows = table()
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "results.json").write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")

@@ -20,9 +20,8 @@ Z_LIMIT = 5.0  # |z-score| bound per covariance entry: P(|N(0,1)| > 5) = 5.7e-7,
 
 
 def stream(coefficients, rounds=T, dimension=SAMPLES, seed=3):
-    noise = mf.BandedNoise(coefficients, dimension)
-    generator = np.random.default_rng(seed)
-    return np.stack([noise.next(generator) for _ in range(rounds)])
+    noise = mf.BandedNoise(coefficients, dimension, mf.noise_key(seed))
+    return np.stack([noise.next().copy() for _ in range(rounds)])
 
 
 def covariance_z_scores(samples: np.ndarray, expected: np.ndarray) -> np.ndarray:
@@ -61,8 +60,8 @@ def test_a_band_coefficient_ten_percent_off_is_detected(index, factor):
 def test_the_stream_is_forward_substitution_of_c_and_keeps_b_minus_1_rows():
     c = mf.banded_sqrt_coefficients(4)
     z = np.random.default_rng(0).standard_normal((12, 5))
-    noise = mf.BandedNoise(c, 5)
-    rows = np.stack([noise.push(row) for row in z])
+    noise = mf.BandedNoise(c, 5, mf.noise_key(0))
+    rows = np.stack([noise.push(row).copy() for row in z])
     np.testing.assert_allclose(rows, np.linalg.solve(mf.toeplitz_matrix(c, 12), z), rtol=1e-12, atol=1e-12)
     assert noise.buffer.shape == (3, 5)  # O(b·d)
 
@@ -144,22 +143,19 @@ def test_rounds_past_k_participations_cost_nothing():
     assert [mf.round_event(c, t, 1.0, 2, 2) is None for t in range(1, 7)] == [False] * 4 + [True] * 2
 
 
-def test_noise_state_round_trips_and_is_checked(tmp_path):
-    noise = mf.BandedNoise(mf.banded_sqrt_coefficients(3), 4)
-    for _ in range(5):
-        noise.next(1)
-    path = tmp_path / "noise"
-    digest = mf.save_noise_state(path, noise)
-    assert (path.stat().st_mode & 0o777) == 0o600
-    again = mf.load_noise_state(path, digest)
-    assert again.count == 5
-    np.testing.assert_array_equal(again.buffer, noise.buffer)
-    z = np.ones(4)
-    np.testing.assert_array_equal(again.push(z), noise.push(z))
+def test_noise_key_round_trips_and_is_checked(tmp_path):
+    key = mf.noise_key()
+    path = tmp_path / "key"
+    digest = mf.save_noise_key(path, key)
+    assert (path.stat().st_mode & 0o777) == 0o600 and path.stat().st_size < 100  # O(1), whatever d
+    assert mf.load_noise_key(path, digest) == key
     with pytest.raises(ValueError, match="does not match the checksum"):
-        mf.load_noise_state(path, "0" * 64)
+        mf.load_noise_key(path, "0" * 64)
     with pytest.raises(ValueError, match="cannot be read"):
-        mf.load_noise_state(tmp_path / "missing", digest)
+        mf.load_noise_key(tmp_path / "missing", digest)
+    path.write_bytes(b"x" * 10)
+    with pytest.raises(ValueError, match="not a saved BandMF noise key"):
+        mf.load_noise_key(path, mf.state_checksum(b"x" * 10))
 
 
 @pytest.mark.parametrize(
@@ -168,8 +164,10 @@ def test_noise_state_round_trips_and_is_checked(tmp_path):
         (lambda: mf.banded_sqrt_coefficients(0), "num_bands"),
         (lambda: mf.optimal_banded_coefficients(0, 3), "num_rounds"),
         (lambda: mf.strategy_coefficients("tree", 3), "factorization"),
-        (lambda: mf.BandedNoise([0.0, 1.0], 3), "coefficients"),
-        (lambda: mf.BandedNoise([1.0], 0), "dimension"),
+        (lambda: mf.BandedNoise([0.0, 1.0], 3, bytes(32)), "coefficients"),
+        (lambda: mf.BandedNoise([1.0], 0, bytes(32)), "dimension"),
+        (lambda: mf.BandedNoise([1.0], 3, b"short"), "key"),
+        (lambda: mf.keyed_standard_normal(bytes(32), 0, 3), "release"),
         (lambda: mf.prefix_sensitivities([1.0], 3, 0, 1), "min_separation"),
         (lambda: mf.prefix_sensitivities([1.0], 3, 1, 0), "max_participations"),
         (lambda: mf.round_event(np.ones(1), 1, 0.0, 1, 1), "noise_multiplier"),

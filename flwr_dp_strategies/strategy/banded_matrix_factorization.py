@@ -11,7 +11,9 @@ whole run, restarts included) of the model is
 with m = ``num_sampled_clients`` the public expected cohort size (never the number of replies), C the
 clipping norm, :math:`C_b` the banded lower-triangular Toeplitz strategy matrix of ``num_bands`` = b bands
 (``factorization``: ``"banded-sqrt"``, Kalinin & Lampert's banded square root, or ``"banded-optimal"``,
-its b coefficients optimised for ``num_rounds``) and Z i.i.d. standard normal, drawn from OS entropy.
+its b coefficients optimised for ``num_rounds``) and Z i.i.d. standard normal: row t is generated from the
+run's secret 256-bit key (OS entropy, drawn at the first release) and t by a counter-based cryptographic
+generator (ChaCha20 + Box–Muller: the guarantee is computational with respect to the key, as for any CSPRNG).
 The noise is generated row by row with O(b·d) memory
 (:class:`~flwr_dp_strategies.privacy.mechanisms.matrix_factorization.BandedNoise`): the model follows the noisy
 prefix sums :math:`A x + zC\,BZ` with :math:`B = AC_b^{-1}`, whose error grows much more slowly than the
@@ -45,12 +47,15 @@ epoch of b releases then books ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` 
 (⌈T/b⌉ in all; what this assumes is spelled out in :mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`).
 Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
 
-Restart. The participation history, the number of releases and the SHA-256 of the noise state are kept in
-the ledger file's signed state; the noise state itself (the last b − 1 noise vectors: secret) goes to its
-own file beside the ledger, ``<ledger_path>.bandmf-noise.<t>`` (mode 0600, atomic, written before the
-ledger that names it). A restarted ServerApp given ``ledger_path`` and ``resume=True`` continues the same
-noise stream and participation history; a missing or altered noise file is refused (the run can neither
-re-use nor lose correlated noise).
+Restart. The participation history, the number of releases, the model's dimension, a keyed check value of
+the newest noise row and the SHA-256 of the noise key file are kept in the ledger file's signed state; the key
+itself (secret) goes to its own file beside the ledger, ``<ledger_path>.bandmf-key`` (mode 0600, atomic,
+written once, at the first release, before the ledger that names it): O(1) bytes on disk whatever d, nothing
+rewritten per release but the ledger. The last b − 1 noise rows stay in memory; a restarted ServerApp given
+``ledger_path`` and ``resume=True`` rebuilds them at its first release by regenerating Z_1..Z_t from the key and
+replaying the recurrence (O(t·b·d) once), and continues the same noise stream (bit-exact on the same numpy build
+and CPU) and participation history. A missing or altered key file, or a replay whose check value differs, is
+refused (the run can neither re-use nor lose correlated noise).
 """
 
 from __future__ import annotations
@@ -73,10 +78,11 @@ from ..privacy.mechanisms.matrix_factorization import (
     FACTORIZATIONS,
     BandedNoise,
     amplified_round_event,
-    load_noise_state,
+    load_noise_key,
+    noise_key,
     round_event,
     read_checked,
-    save_noise_state,
+    save_noise_key,
     state_checksum,
     strategy_coefficients,
 )
@@ -117,9 +123,10 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             the group with q = m·b/N, amplified).
         num_clients: N for ``"cyclic-poisson"`` (default: the nodes at the first release); q = m·b/N <= 1.
         ledger, ledger_path, resume, high_water_path, per_client_metrics: as
-            :class:`AccountedServerSideFixedClipping`; the noise state is saved beside ``ledger_path``.
-        rng: noise and group assignment (default: OS entropy; an int seed gives release t the stream
-            ``default_rng([seed, t, 0])``, reproducible across a restart: tests only).
+            :class:`AccountedServerSideFixedClipping`; the noise key is saved beside ``ledger_path``.
+        rng: noise key and group assignment (default: OS entropy; an int seed gives the public key
+            ``noise_key(seed)`` and the sampling of release t ``default_rng([seed, t, 1])``, reproducible across a
+            restart: tests and benchmarks only).
         max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
         evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
     """
@@ -201,6 +208,11 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self.participation = CyclicParticipation(b, k, rng)
         self.releases = 0  # releases made so far in the run (restarts included)
         self.noise: Optional[BandedNoise] = None
+        self._rng = rng
+        self._key: Optional[bytes] = None  # the noise key: drawn at the first release, or restored
+        self._key_entry: Optional[dict] = None  # {"sha256": ...} of the key file once written
+        self._noise_dimension: Optional[int] = None  # d of the restored stream (its rows are rebuilt lazily)
+        self._check_value: Optional[str] = None  # the restored stream's keyed check value
         self._release: Optional[int] = None  # the release the configured round makes
         self._restore()
 
@@ -221,8 +233,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         return rate
 
     # ------------------------------------------------------------------ persistence
-    def _noise_path(self, release: int) -> str:
-        return f"{self.ledger_path}.bandmf-noise.{release}"
+    def _key_path(self) -> str:
+        return f"{self.ledger_path}.bandmf-key"
 
     def _restore(self) -> None:
         """Continue the run saved in the ledger file (if any): releases, participation, noise stream."""
@@ -265,13 +277,19 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 self.population = population
             noise = state.get("noise")
             if releases and noise is not None:
-                if not isinstance(noise, dict) or set(noise) != {"release", "sha256"} or noise["release"] != releases:
-                    raise ValueError(f"noise must name the state of release {releases}, got {noise!r}")
-                self.noise = load_noise_state(self._noise_path(releases), noise["sha256"])
-                if self.noise.count != releases or not np.array_equal(self.noise.coefficients, self.coefficients):
-                    raise ValueError("the noise state is not this run's (count or coefficients differ)")
+                if not isinstance(noise, dict) or set(noise) != {"key_sha256", "dimension", "check"}:
+                    raise ValueError(
+                        f"noise must name the noise key file, the model's dimension and the check value, got {noise!r} "
+                        "(a run saved before the keyed noise stream cannot continue)"
+                    )
+                dimension = noise["dimension"]
+                if isinstance(dimension, bool) or not isinstance(dimension, int) or dimension < 1:
+                    raise ValueError(f"noise dimension must be an integer >= 1, got {dimension!r}")
+                self._key = load_noise_key(self._key_path(), noise["key_sha256"])
+                self._key_entry = {"sha256": noise["key_sha256"]}
+                self._noise_dimension, self._check_value = dimension, noise["check"]
             elif releases and self.num_bands > 1:
-                raise ValueError("the saved run has releases but no noise state")
+                raise ValueError("the saved run has releases but no noise key")
         except ValueError as err:
             raise LedgerFileError(path, f"state {STATE_NAME!r}: {err}") from err
         self.releases = releases
@@ -289,7 +307,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         """What the signed ledger state holds of the participation history. Under ``"cyclic"`` the history itself
         (each group's members train in every b-th release: nothing secret). Under ``"cyclic-poisson"`` the
         amplification needs the sample to stay secret, so the rows (who was sampled in which release) go to their
-        own file, ``<ledger_path>.bandmf-participation.<t>`` (mode 0600, beside the secret noise state), and the
+        own file, ``<ledger_path>.bandmf-participation.<t>`` (mode 0600, beside the secret noise key), and the
         ledger holds only its release and SHA-256; without a ledger file they stay in memory."""
         state = self.participation.to_state()
         if self.sampling != "cyclic-poisson":
@@ -327,15 +345,17 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         }
 
     def _save_state(self) -> None:
-        """Write the noise state (its own file, when there is a ledger file) and name it in the ledger's state."""
+        """Name the noise key file (written once, at the first release, before the ledger that names it), the
+        model's dimension and the stream's keyed check value in the ledger's state: O(1) bytes per release."""
         noise_entry = None
-        if self.ledger_path is not None and self.noise is not None and self.num_bands > 1:
-            digest = save_noise_state(self._noise_path(self.releases), self.noise)
-            noise_entry = {"release": self.releases, "sha256": digest}
-            for stale in glob.glob(glob.escape(self.ledger_path) + ".bandmf-noise.*"):
-                suffix = stale.rsplit(".", 1)[-1]
-                if suffix.isdigit() and int(suffix) < self.releases - 1:  # release t−1's is the saved ledger's
-                    os.unlink(stale)
+        if self.ledger_path is not None and self.noise is not None:
+            if self._key_entry is None:
+                self._key_entry = {"sha256": save_noise_key(self._key_path(), self.noise.key)}
+            noise_entry = {
+                "key_sha256": self._key_entry["sha256"],
+                "dimension": self.noise.dimension,
+                "check": self.noise.check_value(),
+            }
         self.ledger_store.set_state(
             STATE_NAME,
             {
@@ -384,9 +404,10 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     def start_round(self, arrays: ArrayRecord, nodes: list[int]) -> None:
         """The base's, then: the restored noise stream must be for this model; N fixed from the first release."""
         super().start_round(arrays, nodes)
-        if self.noise is not None and self.noise.dimension != self._dimension:
+        dimension = self.noise.dimension if self.noise is not None else self._noise_dimension
+        if dimension is not None and dimension != self._dimension:
             raise ValueError(
-                f"the model has {self._dimension} values, the restored noise stream {self.noise.dimension}: "
+                f"the model has {self._dimension} values, the restored noise stream {dimension}: "
                 "the correlated noise cannot continue on another model"
             )
         if self.sampling == "cyclic-poisson" and self.population is None:
@@ -440,13 +461,26 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         return self._generator(self._this_release())
 
     def noise_row(self, generator: np.random.Generator) -> np.ndarray:
-        """Row t of :math:`C_b^{-1}Z` (the stream continues across restarts)."""
+        """Row t of :math:`C_b^{-1}Z` under the run's key (``generator`` is unused). The first release draws the key
+        (:func:`~flwr_dp_strategies.privacy.mechanisms.matrix_factorization.noise_key`: OS entropy unless ``rng``
+        is a test seed); after a restart the first call rebuilds the last b − 1 rows from the key (replaying the
+        releases made) and refuses a replay whose check value differs from the saved one."""
         if self.noise is None:
-            self.noise = BandedNoise(self.coefficients, self._dimension)
-        return self.noise.next(generator)
+            if self._key is None:
+                self._key = noise_key(self._rng)
+            self.noise = BandedNoise(self.coefficients, self._dimension, self._key)
+            if self.releases:
+                self.noise.fast_forward(self.releases)
+                if self.num_bands > 1 and self.noise.check_value() != self._check_value:
+                    raise LedgerFileError(
+                        self.ledger_store.path,
+                        f"state {STATE_NAME!r}: the noise stream replayed from the key differs from the released one "
+                        "(another numpy build or CPU?): the correlated noise cannot continue",
+                    )
+        return self.noise.next()
 
     def released(self, server_round: int, screened: Screened) -> None:
-        """Record the participants and the release; keep the noise state and the participation with the ledger."""
+        """Record the participants and the release; name the noise key and keep the participation with the ledger."""
         release = self._this_release()
         self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
         self.releases = release

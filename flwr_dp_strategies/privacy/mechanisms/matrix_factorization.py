@@ -53,7 +53,8 @@ every prefix, never an under-count. For a banded Toeplitz C the increment of rou
 
 What the accounting assumes (un-amplified): every client's rounds are b-min-separated and at most k
 (enforced by :class:`~.participation.CyclicParticipation` and the strategy's screening, not assumed), the
-server's noise Z is secret and fresh (OS entropy), and nothing is amplified: the cohort of each round may be
+server's noise Z is secret (generated from a secret key drawn from OS entropy: computationally
+indistinguishable from fresh Gaussian noise, see :func:`keyed_standard_normal`), and nothing is amplified: the cohort of each round may be
 public. It does *not* assume Poisson sampling.
 
 Amplified (:func:`amplified_round_event`): cyclic Poisson sampling within bands (Choquette-Choo et al.,
@@ -78,23 +79,27 @@ matrix's largest column norm is 1 and :math:`\mathrm{sens}_T = \sqrt k\,C_{clip}
 rounds: the noise multiplier z means the same in both.
 
 Noise stream (:class:`BandedNoise`): row t of :math:`C^{-1}Z` is :math:`w_t = (z_t - \sum_{l=1}^{b-1} c_l
-w_{t-l}) / c_0` (forward substitution in the banded system), so the server keeps the last b−1 noise vectors:
-O(b·d) memory, float64. Its state is secret (whoever reads it can subtract the correlated part of later noise):
-:func:`save_noise_state` writes it to its own file (mode 0600, atomic), whose SHA-256 the caller keeps in the
-signed ledger file.
+w_{t-l}) / c_0` (forward substitution in the banded system), so the server keeps the last b−1 output rows in
+memory: O(b·d), float64. :math:`z_t` = :func:`keyed_standard_normal` (key, t), a pure function of a secret
+256-bit key (:func:`noise_key`: OS entropy) and t, so the persistent state is the key and the number of
+releases, O(1): :func:`save_noise_key` writes the key once to its own file (mode 0600, atomic), whose SHA-256
+the caller keeps in the signed ledger file, and :meth:`BandedNoise.fast_forward` rebuilds the rows after a
+restart. The key is secret: whoever reads it can subtract all the noise.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import io
+import hmac
 import math
 import os
+import secrets
 from collections.abc import Sequence
 from typing import Optional
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
 
 from ..rng import RngLike, resolve_rng
@@ -350,84 +355,221 @@ def run_event(
 
 
 # ---------------------------------------------------------------------- the noise stream
-class BandedNoise:
-    r"""Rows of :math:`C^{-1}Z` for the banded lower-triangular Toeplitz C of ``coefficients``, one per call
-    of :meth:`next`, Z with i.i.d. standard normal entries; O(b·d) memory (the last b−1 rows, float64).
+KEY_BYTES = 32
+"""The noise key: 256 bits."""
 
-    ``dimension``: d, the number of coordinates (the model's). :meth:`next` draws :math:`z_t` from the
-    generator it is given (the caller's OS-entropy source, a seed only in tests).
+BLOCK = 1 << 16
+"""Normals per keyed block: block j of release t is keystream (nonce t, j), and the recurrence runs block by block
+(every buffer of a block stays in cache)."""
+
+_KEY_MAGIC = b"flwr-dp-strategies bandmf noise key v1\n"
+_SEED_DOMAIN = b"flwr-dp-strategies bandmf test key from seed\x00"
+_CHECK_DOMAIN = b"flwr-dp-strategies bandmf replay check\x00"
+
+
+def noise_key(rng: RngLike = None) -> bytes:
+    """A new secret noise key: 32 bytes of OS entropy (:func:`secrets.token_bytes`) for ``rng=None``, the only
+    choice for a deployment. An ``int`` seed gives the key SHA-256(domain, seed) and a Generator its next 32 bytes:
+    reproducible, public, **tests and benchmarks only** (whoever knows the seed knows all the noise)."""
+    if rng is None:
+        return secrets.token_bytes(KEY_BYTES)
+    if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        if rng < 0:
+            raise ValueError(f"rng seed must be an integer in [0, inf), got {rng}")
+        return hashlib.sha256(_SEED_DOMAIN + int(rng).to_bytes(32, "little")).digest()
+    return resolve_rng(rng).bytes(KEY_BYTES)
+
+
+def _check_key(key: object) -> bytes:
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise ValueError(f"key must be {KEY_BYTES} bytes (a noise_key()), got {type(key).__name__}")
+    return bytes(key)
+
+
+class _Normals:
+    """Standard normals of (key, release, block) into caller buffers, with the scratch reused across blocks."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = _check_key(key)
+        pairs = (BLOCK + 1) // 2
+        self._zero = bytes(16 * pairs)
+        self._stream = bytearray(16 * pairs)
+        self._floats = np.empty((4, pairs))
+        self._bits = np.empty(pairs, dtype=np.uint64)
+        self._quadrant = np.empty(pairs, dtype=np.uint64)
+        self._mask = np.empty(pairs, dtype=bool)
+
+    def fill(self, release: int, block: int, out: np.ndarray) -> None:
+        """``out`` (float64, at most BLOCK values) := the first ``out.size`` normals of block ``block`` of release
+        ``release``: Box–Muller on the ChaCha20 keystream of key, nonce (release, block); the first ⌈n/2⌉ are the
+        pairs' cosine parts, the rest their sine parts."""
+        size = out.size
+        pairs = (size + 1) // 2
+        nonce = b"\x00\x00\x00\x00" + release.to_bytes(8, "little") + block.to_bytes(4, "little")
+        encryptor = Cipher(algorithms.ChaCha20(self.key, nonce), mode=None).encryptor()
+        encryptor.update_into(memoryview(self._zero)[: 16 * pairs], self._stream)
+        words = np.frombuffer(self._stream, dtype=np.uint64, count=2 * pairs)
+        bits, quadrant, mask = self._bits[:pairs], self._quadrant[:pairs], self._mask[:pairs]
+        radius, angle, cos, sin = (scratch[:pairs] for scratch in self._floats)
+        # radius sqrt(-2 ln u1), u1 = (k + 1)·2⁻⁵³ in (0, 1]: 53 uniform bits, exact in float64, log finite
+        np.right_shift(words[:pairs], np.uint64(11), out=bits)
+        np.add(bits, np.uint64(1), out=bits)
+        np.multiply(bits, 2.0**-53, out=radius)
+        np.log(radius, out=radius)
+        np.multiply(radius, -2.0, out=radius)
+        np.sqrt(radius, out=radius)  # <= sqrt(106 ln 2) ≈ 8.57
+        # angle θ = q·π/2 + φ, uniform on the circle: the quadrant q from the top 2 bits of the second word, φ
+        # uniform in [-π/4, π/4) from its next 53 bits (numpy's cos and sin are several times faster there than
+        # on [0, 2π)); (cos θ, sin θ) is (cos φ, sin φ) turned by q quarter turns: swapped for odd q, x negated
+        # for q in {1, 2}, y for q in {2, 3}
+        np.left_shift(words[pairs:], np.uint64(2), out=bits)
+        np.right_shift(bits, np.uint64(11), out=bits)
+        np.multiply(bits, 0.5 * math.pi * 2.0**-53, out=angle)
+        np.subtract(angle, 0.25 * math.pi, out=angle)
+        np.cos(angle, out=cos)
+        np.sin(angle, out=sin)
+        np.right_shift(words[pairs:], np.uint64(62), out=quadrant)
+        x, y = out[:pairs], out[pairs:]
+        n_y = y.size
+        np.bitwise_and(quadrant, np.uint64(1), out=bits)
+        np.not_equal(bits, 0, out=mask)  # odd q
+        np.copyto(x, cos)
+        np.copyto(x, sin, where=mask)
+        np.copyto(y, sin[:n_y])
+        np.copyto(y, cos[:n_y], where=mask[:n_y])
+        np.right_shift(quadrant, np.uint64(1), out=bits)
+        np.bitwise_xor(quadrant, bits, out=bits)
+        np.bitwise_and(bits, np.uint64(1), out=bits)
+        np.not_equal(bits, 0, out=mask)  # q in {1, 2}
+        np.negative(x, out=x, where=mask)
+        np.greater_equal(quadrant, np.uint64(2), out=mask)  # q in {2, 3}
+        np.negative(y, out=y, where=mask[:n_y])
+        np.multiply(x, radius, out=x)
+        np.multiply(y, radius[:n_y], out=y)
+
+
+def keyed_standard_normal(key: bytes, release: int, size: int) -> np.ndarray:
+    r"""Z_t: ``size`` i.i.d. standard normals (float64) of release t = ``release`` (≥ 1) under ``key``, a pure
+    function of (key, t): block j (:data:`BLOCK` values) is Box–Muller on the ChaCha20 keystream of key with
+    nonce (t, j) (the :mod:`cryptography` package), 53 uniform bits per uniform.
+
+    Why this is sound: ChaCha20 is a pseudo-random function of the key; for a uniformly random secret key its
+    keystream is computationally indistinguishable from uniform bytes by any efficient adversary who does not know
+    the key (distinct nonces give independent-looking streams), and Box–Muller maps two independent uniforms to two
+    independent standard normals (up to the 53-bit grid of the uniforms: tails beyond 8.57σ are cut). The released
+    noise is therefore computationally indistinguishable from the i.i.d. Gaussian noise the accounting assumes, and
+    the DP guarantee becomes a computational one with respect to the key, as with any CSPRNG (and exactly as good
+    as its secrecy: the key must come from OS entropy and stay in its 0600 file)."""
+    _check_key(key)
+    t = check_int("release", release, minimum=1)
+    n = check_int("size", size, minimum=0)
+    out = np.empty(n)
+    normals = _Normals(key)
+    for block, start in enumerate(range(0, n, BLOCK)):
+        normals.fill(t, block, out[start : start + BLOCK])
+    return out
+
+
+class BandedNoise:
+    r"""Rows of :math:`C^{-1}Z` for the banded lower-triangular Toeplitz C of ``coefficients``, one per call of
+    :meth:`next`, :math:`Z_t` = :func:`keyed_standard_normal` (key, t): the stream is a pure function of the key.
+
+    Memory O(b·d), float64: a ring of the last b−1 output rows (the recurrence needs them, not the Z) plus one
+    block of scratch. On disk only the key (:func:`save_noise_key`) and the number of releases; a restart rebuilds
+    the ring with :meth:`fast_forward` (regenerates Z_1..Z_t and replays the recurrence, O(t·b·d) once), bit-exact
+    on the same platform: every step is numpy float64 arithmetic in a fixed order (numpy's own loops, no BLAS or
+    threads), and :meth:`check_value` detects a replay on another numpy build or CPU that differs.
+
+    ``dimension``: d, the number of coordinates (the model's). ``key``: 32 secret bytes (:func:`noise_key`).
     """
 
-    def __init__(self, coefficients: Sequence[float], dimension: int) -> None:
+    def __init__(self, coefficients: Sequence[float], dimension: int, key: bytes) -> None:
         self.coefficients = _check_coefficients(coefficients)
         self.dimension = check_int("dimension", dimension, minimum=1)
+        self._normals = _Normals(key)
         self.count = 0
-        self.buffer = np.zeros((self.coefficients.size - 1, self.dimension))  # w_{t-1}, w_{t-2}, ...
+        lags = self.coefficients.size - 1
+        # w_s is kept in ring row (s - 1) % rows
+        self._rows = max(lags, 1)
+        self._ring = np.zeros((self._rows, self.dimension))
+        self._scratch = np.empty((2, min(BLOCK, self.dimension)))
 
-    def next(self, rng: RngLike = None) -> np.ndarray:
-        """:math:`w_t = (z_t - \\sum_{l=1}^{b-1} c_l w_{t-l}) / c_0` (a new array, float64, length d)."""
-        generator = resolve_rng(rng)
-        w = generator.standard_normal(self.dimension)
-        return self.push(w)
+    @property
+    def key(self) -> bytes:
+        return self._normals.key
+
+    @property
+    def buffer(self) -> np.ndarray:
+        """The last b−1 rows, newest first (a copy; zeros before the first releases)."""
+        lags = self.coefficients.size - 1
+        order = [(self.count - l) % self._rows for l in range(lags)]
+        return self._ring[order].copy() if lags else np.zeros((0, self.dimension))
+
+    def next(self) -> np.ndarray:
+        """:math:`w_t = (z_t - \\sum_{l=1}^{b-1} c_l w_{t-l}) / c_0` for t = count + 1: a read-only view (float64,
+        length d) valid until the next call (copy it to keep it)."""
+        t = self.count + 1
+        return self._step(lambda block, out: self._normals.fill(t, block, out))
 
     def push(self, z: np.ndarray) -> np.ndarray:
-        """The next row for a given :math:`z_t` (d standard normal draws)."""
-        w = np.array(z, dtype=np.float64, copy=True).reshape(-1)
-        if w.size != self.dimension:
-            raise ValueError(f"z must have dimension={self.dimension} entries, got {w.size}")
-        for lag in range(1, min(self.count, self.buffer.shape[0]) + 1):
-            w -= self.coefficients[lag] * self.buffer[lag - 1]
-        w /= self.coefficients[0]
-        if self.buffer.shape[0]:
-            self.buffer[1:] = self.buffer[:-1]
-            self.buffer[0] = w
+        """The next row for a given :math:`z_t` (d values; the recurrence alone, for tests): as :meth:`next`."""
+        z = np.asarray(z, dtype=np.float64).reshape(-1)
+        if z.size != self.dimension:
+            raise ValueError(f"z must have dimension={self.dimension} entries, got {z.size}")
+        return self._step(lambda block, out: np.copyto(out, z[block * BLOCK : block * BLOCK + out.size]))
+
+    def fast_forward(self, releases: int) -> None:
+        """Advance to ``releases`` rows made (regenerating and replaying the rows in between): a restart."""
+        target = check_int("releases", releases, minimum=self.count)
+        if self.coefficients.size == 1:  # no memory: nothing to replay
+            self.count = target
+            return
+        while self.count < target:
+            self.next()
+
+    def _step(self, fill) -> np.ndarray:
+        c = self.coefficients
+        lags = c.size - 1
+        weights = np.zeros(self._rows)  # c_l on the ring row of w_{t-l}; rows not yet written are 0 and add 0
+        for lag in range(1, lags + 1):
+            weights[(self.count - lag) % self._rows] = c[lag]
+        target = self.count % self._rows  # the oldest row (lag b−1), overwritten last
+        for block, start in enumerate(range(0, self.dimension, BLOCK)):
+            stop = min(start + BLOCK, self.dimension)
+            w, term = self._scratch[0, : stop - start], self._scratch[1, : stop - start]
+            fill(block, w)
+            if lags:  # numpy's own loops (no BLAS, no threads): the same bits on a replay
+                np.einsum("l,lj->j", weights, self._ring[:, start:stop], out=term)
+                np.subtract(w, term, out=w)
+            np.divide(w, c[0], out=self._ring[target, start:stop])
         self.count += 1
-        return w
+        out = self._ring[target].view()
+        out.flags.writeable = False
+        return out
 
-    def to_bytes(self) -> bytes:
-        """The state (count, coefficients, buffer) as one ``.npy`` array of float64 rows: [count, b, d], c, buffer."""
-        b = self.coefficients.size
-        header = np.zeros((1, max(self.dimension, b, 3)))
-        header[0, :3] = (self.count, b, self.dimension)
-        coeffs = np.zeros((1, header.shape[1]))
-        coeffs[0, :b] = self.coefficients
-        body = np.zeros((self.buffer.shape[0], header.shape[1]))
-        body[:, : self.dimension] = self.buffer
-        out = io.BytesIO()
-        np.save(out, np.concatenate([header, coeffs, body]), allow_pickle=False)
-        return out.getvalue()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> "BandedNoise":
-        """The stream :meth:`to_bytes` saved; ValueError if the bytes are not such a state."""
-        try:
-            table = np.load(io.BytesIO(data), allow_pickle=False)
-        except Exception as err:  # noqa: BLE001 - any parse failure is one error
-            raise ValueError(f"noise state is not a saved BandedNoise: {err}") from err
-        if table.ndim != 2 or table.dtype != np.float64 or table.shape[0] < 2 or not np.all(np.isfinite(table)):
-            raise ValueError("noise state is not a saved BandedNoise (shape, dtype or non-finite values)")
-        count, b, d = table[0, :3]
-        if not (count >= 0 and b >= 1 and d >= 1 and count == int(count) and b == int(b) and d == int(d)):
-            raise ValueError("noise state header must hold integers count >= 0, b >= 1, d >= 1")
-        b, d = int(b), int(d)
-        if table.shape != (1 + b, max(d, b, 3)):
-            raise ValueError(f"noise state must have {1 + b} rows of {max(d, b, 3)} values, got {table.shape}")
-        noise = cls(table[1, :b], d)
-        noise.count = int(count)
-        noise.buffer[...] = table[2:, :d]
-        return noise
+    def check_value(self) -> str:
+        """A keyed digest of the newest row's first block (HMAC-SHA-256 under a key derived from the noise key:
+        it reveals nothing of the noise), kept in the signed ledger state so that a restart whose replay differs
+        from the released stream (another numpy build or CPU) is refused instead of continued."""
+        if self.count == 0:
+            return ""
+        mac_key = hmac.new(self.key, _CHECK_DOMAIN, hashlib.sha256).digest()
+        row = self._ring[(self.count - 1) % self._rows, :BLOCK]
+        message = self.count.to_bytes(8, "little") + np.ascontiguousarray(row).tobytes()
+        return hmac.new(mac_key, message, hashlib.sha256).hexdigest()
 
 
 def state_checksum(data: bytes) -> str:
-    """The SHA-256 of a saved noise state (kept in the signed ledger file)."""
+    """The SHA-256 of a secret state file (kept in the signed ledger file)."""
     return hashlib.sha256(data).hexdigest()
 
 
-def save_noise_state(path: "os.PathLike[str] | str", noise: BandedNoise) -> str:
-    """Write ``noise``'s state to ``path`` (mode 0600, temp file + fsync + rename); returns its SHA-256."""
+def save_noise_key(path: "os.PathLike[str] | str", key: bytes) -> str:
+    """Write the noise key to ``path`` (mode 0600, temp file + fsync + rename; a few dozen bytes, once per run);
+    returns the file's SHA-256 for the signed ledger state."""
     from ..accounting.ledger_file import write_atomic
 
-    data = noise.to_bytes()
+    data = _KEY_MAGIC + _check_key(key)
     write_atomic(os.fspath(path), data)
     return state_checksum(data)
 
@@ -446,9 +588,12 @@ def read_checked(path: "os.PathLike[str] | str", checksum: str, what: str) -> by
     return data
 
 
-def load_noise_state(path: "os.PathLike[str] | str", checksum: str) -> BandedNoise:
-    """The stream saved at ``path`` (:func:`read_checked`: the correlated noise never continues from other noise)."""
-    return BandedNoise.from_bytes(read_checked(path, checksum, "noise state"))
+def load_noise_key(path: "os.PathLike[str] | str", checksum: str) -> bytes:
+    """The key saved at ``path`` (:func:`read_checked`: the correlated noise never continues under another key)."""
+    data = read_checked(path, checksum, "noise key")
+    if len(data) != len(_KEY_MAGIC) + KEY_BYTES or not data.startswith(_KEY_MAGIC):
+        raise ValueError(f"noise key {os.fspath(path)} is not a saved BandMF noise key")
+    return data[len(_KEY_MAGIC) :]
 
 
 __all__ = [
@@ -460,7 +605,11 @@ __all__ = [
     "binary_tree_factorization",
     "brute_force_sensitivity",
     "inverse_coefficients",
-    "load_noise_state",
+    "BLOCK",
+    "KEY_BYTES",
+    "keyed_standard_normal",
+    "load_noise_key",
+    "noise_key",
     "min_sep_sensitivity",
     "optimal_banded_coefficients",
     "participation_patterns",
@@ -469,7 +618,7 @@ __all__ = [
     "round_event",
     "round_increment",
     "run_event",
-    "save_noise_state",
+    "save_noise_key",
     "read_checked",
     "state_checksum",
     "strategy_coefficients",
