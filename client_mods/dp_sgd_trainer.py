@@ -40,9 +40,10 @@ validated and reset the same way (the kept model's weights are copied in place o
 Round cost. Poisson batches of a ``TensorDataset`` (what an ``(x, y)`` pair becomes) are read
 by indexing the tensors with Opacus' own sampler and generator, the same draws and examples as
 ``DPDataLoader`` (:class:`_PoissonTensorBatches`); other datasets and virtual steps use
-``DPDataLoader``. ``grad_sample_mode="auto"`` runs models made of ``nn.Linear`` layers (and parameter-free
-modules) with the fused step of :mod:`client_mods.dp_sgd_fused` (Opacus' per-step hooks and per-parameter
-loops cost ~1 ms a step on the simulation's MLP, 3x a plain SGD step; the fused step ~1.5x), other models
+``DPDataLoader``. ``grad_sample_mode="auto"`` runs models made of ``nn.Linear``, ``nn.Conv2d``,
+``nn.Embedding``, ``nn.LayerNorm`` and ``nn.GroupNorm`` layers (LoRA adapters of Linear layers included, and
+parameter-free modules) with the fused step of :mod:`client_mods.dp_sgd_fused` (Opacus' per-step hooks and
+per-parameter loops cost ~1 ms a step on the simulation's MLP, 3x a plain SGD step; the fused step ~1.5x), other models
 with Opacus, keeping per-sample gradients (hooks) for small batch x model sizes
 (:func:`choose_grad_sample_mode`). None of this changes the mechanism or its events.
 
@@ -81,7 +82,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from flwr_dp_strategies.privacy.validation import check_delta, check_int, check_nonnegative, check_positive
 
-from .dp_sgd_fused import FusedLinearDpSgd, fused_eligible
+from .dp_sgd_fused import FusedLinearDpSgd, fused_refusal
 from .dp_sgd_accounting import (
     ACCOUNTANTS,
     STATE_KEY,
@@ -437,8 +438,10 @@ class DpSgdTrainer:
         clipping: ``"flat"`` or ``"per_layer"``.
         grad_sample_mode: ``"auto"``, ``"fused"``, ``"hooks"``, ``"ghost"`` (flat clipping only) or
             ``"functorch"``. ``"fused"``: the package's DP-SGD step for models whose trainable parameters all
-            sit in ``nn.Linear`` layers (:mod:`client_mods.dp_sgd_fused`: Opacus' clipping, noise, sampling and
-            accountant, computed with closed-form per-sample norms and one matmul per layer); it needs flat
+            sit in ``nn.Linear``, ``nn.Conv2d``, ``nn.Embedding``, ``nn.LayerNorm`` or ``nn.GroupNorm`` layers
+            (:mod:`client_mods.dp_sgd_fused`: Opacus' clipping, noise, sampling and accountant, computed with
+            closed-form / ghost per-sample norms and one backward pass; other layers are refused with a
+            ``ValueError`` naming the module); it needs flat
             clipping, no virtual steps and no ``secure_mode``. ``"auto"`` picks ``"fused"`` where it applies,
             else Opacus' mode by :func:`choose_grad_sample_mode`.
         poisson_sampling: Poisson batches (True: required for the guarantee).
@@ -604,14 +607,16 @@ class DpSgdTrainer:
     def _resolve_mode(self, mode: str, probe: nn.Module) -> str:
         self._check_choice("grad_sample_mode", mode, GRAD_SAMPLE_MODES)
         fused_ok = self.clipping == "flat" and not self.max_physical_batch_size and not self.secure_mode
+        refusal = fused_refusal(probe) if mode in ("auto", "fused") else None
         if mode == "auto":
-            if fused_ok and fused_eligible(probe):
+            if fused_ok and refusal is None:
                 return "fused"
             return choose_grad_sample_mode(probe, self.clipping, self.criterion, self.batch_size)
-        if mode == "fused" and not (fused_ok and fused_eligible(probe)):
+        if mode == "fused" and not (fused_ok and refusal is None):
             raise ValueError(
                 "grad_sample_mode='fused' needs clipping='flat', no max_physical_batch_size, no secure_mode and "
-                "a model whose trainable parameters all sit in nn.Linear layers (use 'hooks' or 'ghost')"
+                "a model whose trainable parameters all sit in layers it clips (nn.Linear, nn.Conv2d, nn.Embedding, "
+                "nn.LayerNorm, nn.GroupNorm)" + (f": {refusal}" if refusal else "") + " (use 'hooks' or 'ghost')"
             )
         if mode == "ghost" and self.clipping != "flat":
             raise ValueError("grad_sample_mode='ghost' supports only clipping='flat'")

@@ -209,8 +209,10 @@ class _nothing:
 
 
 def test_auto_picks_fused_only_where_it_applies():
-    conv = lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3))  # noqa: E731
-    assert fused_eligible(_mlp()) and fused_eligible(_Shared()) and not fused_eligible(conv())
+    conv = lambda: nn.Sequential(nn.Conv1d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3))  # noqa: E731 (no fused Conv1d)
+    conv2d = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3))  # tests/test_dp_sgd_fused_layers.py
+    assert fused_eligible(_mlp()) and fused_eligible(_Shared()) and fused_eligible(conv2d)
+    assert not fused_eligible(conv())
     tied = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     tied[2].weight = tied[0].weight  # one parameter in two layers: its per-sample norm has cross terms
     mixed = _mlp().double()
