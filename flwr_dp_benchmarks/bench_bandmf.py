@@ -578,6 +578,7 @@ def scale_case(d: int, repeats: int = 3, clients: int = SCALE_CLIENTS, bands: in
         "fedavg_s": statistics.median(fed),
         "bandmf_s": statistics.median(band),
         "ratio": statistics.median(band) / statistics.median(fed),
+        "ratio_of_minima": min(band) / min(fed),
         "fedavg_s_all": fed,
         "bandmf_s_all": band,
         "first_release_written_bytes": first[1],
@@ -592,32 +593,38 @@ def scale_case(d: int, repeats: int = 3, clients: int = SCALE_CLIENTS, bands: in
 
 def scale_markdown(result: dict) -> str:
     head = (
-        "| d | FedAvg s/round | BandMF s/round | ratio | BandMF state written per round | key file | ledger file "
-        "| noise ring (RAM) | peak FedAvg | peak BandMF |\n|" + "---|" * 10 + "\n"
+        "| d | FedAvg s/round | BandMF s/round | ratio | ratio of minima | BandMF state written per round | key file "
+        "| ledger file | noise ring (RAM) | peak FedAvg | peak BandMF |\n|" + "---|" * 11 + "\n"
     )
     body = ""
     for r in result["rows"]:
         key = sum(v for k, v in r["state_on_disk_bytes"].items() if ".bandmf-" in k)
         body += (
-            f"| {r['d']:.0e} | {r['fedavg_s']:.3f} | {r['bandmf_s']:.3f} | {r['ratio']:.2f} | "
+            f"| {r['d']:.0e} | {r['fedavg_s']:.3f} | {r['bandmf_s']:.3f} | {r['ratio']:.2f} | {r['ratio_of_minima']:.2f} | "
             f"{r['bandmf_state_written_bytes_per_round']} B | {key} B | {r['state_on_disk_bytes'].get('ledger.json', 0)} B | "
             f"{r['noise_ring_bytes'] / 2**20:.0f} MiB | {r['fedavg_peak_bytes'] / 2**20:.0f} MiB | "
             f"{r['bandmf_peak_bytes'] / 2**20:.0f} MiB |\n"
         )
     return (
         f"Aggregation per round, {SCALE_CLIENTS} float32 replies of d values, b = {SCALE_BANDS} (BandMF's group is the "
-        "same replies), z = C = 1, medians of the alternated rounds; BandMF with a ledger file (PLD ledger). "
+        "same replies), z = C = 1, medians of the alternated rounds (and the ratio of the fastest of each, less "
+        "sensitive to a loaded machine); BandMF with a ledger file (PLD ledger). "
         "Peaks: tracemalloc above the replies (BandMF's ring of b − 1 float64 rows is held between rounds and "
         f"not in its peak). Machine: {result['machine'].get('cpu_affinity')} CPUs, numpy {result['machine']['numpy']}."
         "\n\n" + head + body
     )
 
 
-def model_scale(dims=SCALE_DIMS, repeats: int = 3) -> dict:
-    from flwr_dp_benchmarks._common import machine
+def model_scale(dims=SCALE_DIMS, repeats: int = 5) -> dict:
+    from flwr_dp_benchmarks._common import available_memory_bytes, machine
 
     rows = []
     for d in dims:
+        need = SCALE_CLIENTS * d * 4 * 2 + (SCALE_BANDS - 1) * d * 8  # replies (+ FedAvg's copies), the ring
+        avail = available_memory_bytes()
+        if avail is not None and need > 0.8 * avail:
+            print(f"d={d:.0e} skipped: about {need / 2**30:.1f} GiB needed, {avail / 2**30:.1f} GiB available")
+            continue
         rows.append(scale_case(d, repeats=repeats))
         print(json.dumps({k: v for k, v in rows[-1].items() if not k.endswith("_all")}), flush=True)
     return {"machine": machine(), "created": time.strftime("%Y-%m-%d %H:%M:%S %z"), "rows": rows}
@@ -636,7 +643,7 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true", help="--train: tables from the finished runs only")
     parser.add_argument("--model-scale", action="store_true", help="aggregation cost at d = 1e6, 1e7 (issue 39)")
     parser.add_argument("--with-1e8", action="store_true", help="--model-scale: also d = 1e8 (about 16 GB)")
-    parser.add_argument("--repeats", type=int, default=3, help="--model-scale: timed rounds per d")
+    parser.add_argument("--repeats", type=int, default=5, help="--model-scale: timed rounds per d")
     args = parser.parse_args()
     start = time.time()
     if args.model_scale:

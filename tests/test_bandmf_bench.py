@@ -61,3 +61,23 @@ def test_the_committed_accuracy_table_reached_its_targets():
     best = {(r["setting"], r["method"], r["target_epsilon"], r["rounds"]): r["accuracy"] for r in result["best"]}
     for row in result["runs"]:
         assert row["accuracy"] <= best[(row["setting"], row["method"], row["target_epsilon"], row["rounds"])]
+
+
+def test_the_model_scale_section_writes_no_noise_state_per_round():
+    """bench_bandmf --model-scale (issue 39 item 3) at a tiny d: the same replies for both, O(1) state on disk."""
+    row = bench.scale_case(2000, repeats=1, clients=3, bands=2)
+    assert row["fedavg_s"] > 0 and row["bandmf_s"] > 0 and row["ratio"] > 0
+    assert row["first_release_written_bytes"]["bandmf"] == 71  # the key file, once
+    assert row["bandmf_state_written_bytes_per_round"] == 0
+    assert sum(row["state_on_disk_bytes"].values()) < 1 << 20
+    assert row["noise_ring_bytes"] == 1 * 2000 * 8
+
+
+def test_the_committed_model_scale_results_keep_the_state_o1():
+    path = bench.RESULTS / "model_scale.json"
+    if not path.exists():
+        pytest.skip("no committed --model-scale results")
+    rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    assert {r["d"] for r in rows} >= {10**6, 10**7}
+    for r in rows:
+        assert r["bandmf_state_written_bytes_per_round"] == 0 and sum(r["state_on_disk_bytes"].values()) < 1 << 20

@@ -101,3 +101,12 @@ def test_the_check_value_depends_on_the_key_and_the_release():
     first = a.check_value()
     a.next()
     assert a.check_value() != first and len(first) == 64
+
+
+def test_the_rows_do_not_depend_on_the_threads():
+    c = mf.banded_sqrt_coefficients(5)
+    dimension = 3 * mf.BLOCK + 17
+    one = mf.BandedNoise(c, dimension, mf.noise_key(4), threads=1)
+    three = mf.BandedNoise(c, dimension, mf.noise_key(4), threads=3)
+    for _ in range(6):
+        np.testing.assert_array_equal(one.next(), three.next())

@@ -96,6 +96,7 @@ import math
 import os
 import secrets
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -448,6 +449,15 @@ class _Normals:
         np.multiply(y, radius[:n_y], out=y)
 
 
+def default_threads() -> int:
+    """The threads :class:`BandedNoise` uses by default: the CPUs this process may run on, at most 4."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
+
 def keyed_standard_normal(key: bytes, release: int, size: int) -> np.ndarray:
     r"""Z_t: ``size`` i.i.d. standard normals (float64) of release t = ``release`` (≥ 1) under ``key``, a pure
     function of (key, t): block j (:data:`BLOCK` values) is Box–Muller on the ChaCha20 keystream of key with
@@ -474,29 +484,37 @@ class BandedNoise:
     r"""Rows of :math:`C^{-1}Z` for the banded lower-triangular Toeplitz C of ``coefficients``, one per call of
     :meth:`next`, :math:`Z_t` = :func:`keyed_standard_normal` (key, t): the stream is a pure function of the key.
 
-    Memory O(b·d), float64: a ring of the last b−1 output rows (the recurrence needs them, not the Z) plus one
-    block of scratch. On disk only the key (:func:`save_noise_key`) and the number of releases; a restart rebuilds
+    Memory O(b·d), float64: a ring of the last b−1 output rows (the recurrence needs them, not the Z) plus a
+    few blocks of scratch per thread (``threads``, default :func:`default_threads`: the blocks are independent
+    coordinates, computed in parallel, each by the same code, so the bits do not depend on the threads). On disk only the key (:func:`save_noise_key`) and the number of releases; a restart rebuilds
     the ring with :meth:`fast_forward` (regenerates Z_1..Z_t and replays the recurrence, O(t·b·d) once), bit-exact
-    on the same platform: every step is numpy float64 arithmetic in a fixed order (numpy's own loops, no BLAS or
-    threads), and :meth:`check_value` detects a replay on another numpy build or CPU that differs.
+    on the same platform: every step is numpy float64 arithmetic in a fixed order (numpy's own loops, no BLAS),
+    and :meth:`check_value` detects a replay on another numpy build or CPU that differs.
 
     ``dimension``: d, the number of coordinates (the model's). ``key``: 32 secret bytes (:func:`noise_key`).
     """
 
-    def __init__(self, coefficients: Sequence[float], dimension: int, key: bytes) -> None:
+    def __init__(
+        self, coefficients: Sequence[float], dimension: int, key: bytes, threads: Optional[int] = None
+    ) -> None:
         self.coefficients = _check_coefficients(coefficients)
         self.dimension = check_int("dimension", dimension, minimum=1)
-        self._normals = _Normals(key)
+        self._key = _check_key(key)
         self.count = 0
         lags = self.coefficients.size - 1
         # w_s is kept in ring row (s - 1) % rows
         self._rows = max(lags, 1)
         self._ring = np.zeros((self._rows, self.dimension))
-        self._scratch = np.empty((2, min(BLOCK, self.dimension)))
+        blocks = -(-self.dimension // BLOCK)
+        threads = default_threads() if threads is None else check_int("threads", threads, minimum=1)
+        # per thread: its generator scratch and two blocks of scratch (blocks are independent coordinates)
+        self._workers = [
+            (_Normals(self._key), np.empty((2, min(BLOCK, self.dimension)))) for _ in range(min(threads, blocks))
+        ]
 
     @property
     def key(self) -> bytes:
-        return self._normals.key
+        return self._key
 
     @property
     def buffer(self) -> np.ndarray:
@@ -509,14 +527,14 @@ class BandedNoise:
         """:math:`w_t = (z_t - \\sum_{l=1}^{b-1} c_l w_{t-l}) / c_0` for t = count + 1: a read-only view (float64,
         length d) valid until the next call (copy it to keep it)."""
         t = self.count + 1
-        return self._step(lambda block, out: self._normals.fill(t, block, out))
+        return self._step(lambda normals, block, out: normals.fill(t, block, out))
 
     def push(self, z: np.ndarray) -> np.ndarray:
         """The next row for a given :math:`z_t` (d values; the recurrence alone, for tests): as :meth:`next`."""
         z = np.asarray(z, dtype=np.float64).reshape(-1)
         if z.size != self.dimension:
             raise ValueError(f"z must have dimension={self.dimension} entries, got {z.size}")
-        return self._step(lambda block, out: np.copyto(out, z[block * BLOCK : block * BLOCK + out.size]))
+        return self._step(lambda normals, block, out: np.copyto(out, z[block * BLOCK : block * BLOCK + out.size]))
 
     def fast_forward(self, releases: int) -> None:
         """Advance to ``releases`` rows made (regenerating and replaying the rows in between): a restart."""
@@ -534,14 +552,25 @@ class BandedNoise:
         for lag in range(1, lags + 1):
             weights[(self.count - lag) % self._rows] = c[lag]
         target = self.count % self._rows  # the oldest row (lag b−1), overwritten last
-        for block, start in enumerate(range(0, self.dimension, BLOCK)):
-            stop = min(start + BLOCK, self.dimension)
-            w, term = self._scratch[0, : stop - start], self._scratch[1, : stop - start]
-            fill(block, w)
-            if lags:  # numpy's own loops (no BLAS, no threads): the same bits on a replay
-                np.einsum("l,lj->j", weights, self._ring[:, start:stop], out=term)
-                np.subtract(w, term, out=w)
-            np.divide(w, c[0], out=self._ring[target, start:stop])
+        blocks = -(-self.dimension // BLOCK)
+        stride = len(self._workers)
+
+        def run(worker: int) -> None:
+            normals, scratch = self._workers[worker]
+            for block in range(worker, blocks, stride):
+                start, stop = block * BLOCK, min(block * BLOCK + BLOCK, self.dimension)
+                w, term = scratch[0, : stop - start], scratch[1, : stop - start]
+                fill(normals, block, w)
+                if lags:  # numpy's own loops (no BLAS): the same bits on a replay, whatever the threads
+                    np.einsum("l,lj->j", weights, self._ring[:, start:stop], out=term)
+                    np.subtract(w, term, out=w)
+                np.divide(w, c[0], out=self._ring[target, start:stop])
+
+        if stride == 1:
+            run(0)
+        else:  # numpy and OpenSSL release the GIL: the blocks are computed in parallel
+            with ThreadPoolExecutor(stride) as pool:
+                list(pool.map(run, range(stride)))
         self.count += 1
         out = self._ring[target].view()
         out.flags.writeable = False
@@ -607,6 +636,7 @@ __all__ = [
     "inverse_coefficients",
     "BLOCK",
     "KEY_BYTES",
+    "default_threads",
     "keyed_standard_normal",
     "load_noise_key",
     "noise_key",
