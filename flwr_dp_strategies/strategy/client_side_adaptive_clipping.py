@@ -56,7 +56,7 @@ from flwr.supercore.differential_privacy import KEY_NORM_BIT
 
 from .adaptive_clipping import AdaptiveClippingMixin
 from ..rounds.reply_screening import records_of, reply_arrays
-from ..rounds.streaming_aggregation import ClippedSum
+from ..rounds.streaming_aggregation import ClippedSum, squared_norm_float64
 from ..rounds.template import Screened
 from ..wire import KEY_UNCLIPPED_BIT
 
@@ -72,7 +72,7 @@ def clipped_norm_limit(reference: Mapping[str, np.ndarray], clipping_norm: float
     floats = [np.dtype(a.dtype) for a in reference.values() if np.dtype(a.dtype).kind == "f"]
     u = max((float(np.finfo(dtype).eps) / 2 for dtype in floats), default=0.0)
     dim = sum(int(np.size(a)) for a in reference.values())
-    w_norm = math.sqrt(math.fsum(float(np.sum(np.square(np.asarray(a, np.float64)))) for a in reference.values()))
+    w_norm = math.sqrt(math.fsum(squared_norm_float64(a) for a in reference.values()))  # float64, blockwise
     log_d = math.ceil(math.log2(max(dim, 2)))
     return clipping_norm * (1.0 + NORM_TOLERANCE) + 2.0 * u * ((log_d + 5) * clipping_norm + w_norm)
 
