@@ -110,3 +110,18 @@ def test_the_rows_do_not_depend_on_the_threads():
     three = mf.BandedNoise(c, dimension, mf.noise_key(4), threads=3)
     for _ in range(6):
         np.testing.assert_array_equal(one.next(), three.next())
+
+
+def test_a_prepared_row_is_the_next_row():
+    c = mf.banded_sqrt_coefficients(4)
+    straight, prepared = mf.BandedNoise(c, 1000, mf.noise_key(2)), mf.BandedNoise(c, 1000, mf.noise_key(2))
+    for t in range(1, 8):
+        prepared.prepare()
+        prepared.prepare()  # idempotent: one row
+        if t == 3:
+            prepared.settle()
+            assert prepared.count == 3
+        np.testing.assert_array_equal(prepared.next(), straight.next())
+        assert prepared.count == straight.count == t
+    np.testing.assert_array_equal(prepared.buffer, straight.buffer)
+    assert prepared.check_value() == straight.check_value()

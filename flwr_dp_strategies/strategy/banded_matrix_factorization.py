@@ -402,7 +402,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
 
     # ------------------------------------------------------------------ participation and noise (the round is the base's)
     def start_round(self, arrays: ArrayRecord, nodes: list[int]) -> None:
-        """The base's, then: the restored noise stream must be for this model; N fixed from the first release."""
+        """The base's, then: the restored noise stream must be for this model (a restart rebuilds its rows here);
+        the next noise row starts in the background; N fixed from the first release."""
         super().start_round(arrays, nodes)
         dimension = self.noise.dimension if self.noise is not None else self._noise_dimension
         if dimension is not None and dimension != self._dimension:
@@ -410,6 +411,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 f"the model has {self._dimension} values, the restored noise stream {dimension}: "
                 "the correlated noise cannot continue on another model"
             )
+        if not self.budget_exhausted and (self.num_rounds is None or self.releases < self.num_rounds):
+            self._noise_stream().prepare()  # the next row is made while the clients train (unused if none is released)
         if self.sampling == "cyclic-poisson" and self.population is None:
             self.population = check_int("num_clients", len(nodes), minimum=1)
 
@@ -461,10 +464,15 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         return self._generator(self._this_release())
 
     def noise_row(self, generator: np.random.Generator) -> np.ndarray:
-        """Row t of :math:`C_b^{-1}Z` under the run's key (``generator`` is unused). The first release draws the key
+        """Row t of :math:`C_b^{-1}Z` under the run's key (``generator`` is unused): made in the background since
+        the round's instructions were sent (:meth:`start_round`), collected here."""
+        return self._noise_stream().next()
+
+    def _noise_stream(self) -> BandedNoise:
+        """The stream, made at the first use: the first release draws the key
         (:func:`~flwr_dp_strategies.privacy.mechanisms.matrix_factorization.noise_key`: OS entropy unless ``rng``
-        is a test seed); after a restart the first call rebuilds the last b − 1 rows from the key (replaying the
-        releases made) and refuses a replay whose check value differs from the saved one."""
+        is a test seed); after a restart the rows are rebuilt from the key (replaying the releases made) and a
+        replay whose check value differs from the saved one is refused."""
         if self.noise is None:
             if self._key is None:
                 self._key = noise_key(self._rng)
@@ -477,7 +485,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                         f"state {STATE_NAME!r}: the noise stream replayed from the key differs from the released one "
                         "(another numpy build or CPU?): the correlated noise cannot continue",
                     )
-        return self.noise.next()
+        return self.noise
 
     def released(self, server_round: int, screened: Screened) -> None:
         """Record the participants and the release; name the noise key and keep the participation with the ledger."""

@@ -96,7 +96,7 @@ import math
 import os
 import secrets
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import numpy as np
@@ -449,6 +449,9 @@ class _Normals:
         np.multiply(y, radius[:n_y], out=y)
 
 
+_BACKGROUND = ThreadPoolExecutor(1, thread_name_prefix="bandmf-noise")  # BandedNoise.prepare
+
+
 def default_threads() -> int:
     """The threads :class:`BandedNoise` uses by default: the CPUs this process may run on, at most 4."""
     try:
@@ -501,6 +504,7 @@ class BandedNoise:
         self.dimension = check_int("dimension", dimension, minimum=1)
         self._key = _check_key(key)
         self.count = 0
+        self._pending: Optional[Future] = None  # the next row, being made in the background (prepare)
         lags = self.coefficients.size - 1
         # w_s is kept in ring row (s - 1) % rows
         self._rows = max(lags, 1)
@@ -520,17 +524,37 @@ class BandedNoise:
     def buffer(self) -> np.ndarray:
         """The last b−1 rows, newest first (a copy; zeros before the first releases)."""
         lags = self.coefficients.size - 1
-        order = [(self.count - l) % self._rows for l in range(lags)]
+        self.settle()
+        order = [(self.count - 1 - l) % self._rows for l in range(lags)]
         return self._ring[order].copy() if lags else np.zeros((0, self.dimension))
 
     def next(self) -> np.ndarray:
-        """:math:`w_t = (z_t - \\sum_{l=1}^{b-1} c_l w_{t-l}) / c_0` for t = count + 1: a read-only view (float64,
-        length d) valid until the next call (copy it to keep it)."""
+        """:math:`w_t = (z_t - \\sum_{l=1}^{b-1} c_l w_{t-l}) / c_0` for t = count + 1 (the row :meth:`prepare`
+        started, if any): a read-only view (float64, length d) valid until the next call of :meth:`next` or
+        :meth:`prepare` (copy it to keep it)."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            return pending.result()
         t = self.count + 1
         return self._step(lambda normals, block, out: normals.fill(t, block, out))
 
+    def prepare(self) -> None:
+        """Start making the next row in a background thread (nothing if it is already started), so that
+        :meth:`next` only collects it: a server calls this when it sends the round's instructions, and the
+        row is made while the clients train. The row counts as made (``count``) once the thread has finished;
+        every other method first waits for it (:meth:`settle`)."""
+        if self._pending is None:
+            t = self.count + 1
+            self._pending = _BACKGROUND.submit(self._step, lambda normals, block, out: normals.fill(t, block, out))
+
+    def settle(self) -> None:
+        """Wait for a row :meth:`prepare` started (it then counts as made; its errors are raised here)."""
+        if self._pending is not None:
+            self._pending.result()
+
     def push(self, z: np.ndarray) -> np.ndarray:
         """The next row for a given :math:`z_t` (d values; the recurrence alone, for tests): as :meth:`next`."""
+        self.settle()
         z = np.asarray(z, dtype=np.float64).reshape(-1)
         if z.size != self.dimension:
             raise ValueError(f"z must have dimension={self.dimension} entries, got {z.size}")
@@ -538,6 +562,7 @@ class BandedNoise:
 
     def fast_forward(self, releases: int) -> None:
         """Advance to ``releases`` rows made (regenerating and replaying the rows in between): a restart."""
+        self.settle()
         target = check_int("releases", releases, minimum=self.count)
         if self.coefficients.size == 1:  # no memory: nothing to replay
             self.count = target
@@ -580,6 +605,7 @@ class BandedNoise:
         """A keyed digest of the newest row's first block (HMAC-SHA-256 under a key derived from the noise key:
         it reveals nothing of the noise), kept in the signed ledger state so that a restart whose replay differs
         from the released stream (another numpy build or CPU) is refused instead of continued."""
+        self.settle()
         if self.count == 0:
             return ""
         mac_key = hmac.new(self.key, _CHECK_DOMAIN, hashlib.sha256).digest()
