@@ -266,15 +266,51 @@ def _conv_per_sample_weight(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> t
     return pw.view(n, c_out, *pw.shape[1:])
 
 
+def _conv_pixel_ghost(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """The ghost norm with the patches' Gram matrix built from the padded input's pixel Gram matrix P:
+    <U_t, U_t'> = Σ_(i,j) P[p_t + (i,j)d, p_t' + (i,j)d] over the kernel offsets, so the C_in k_h k_w-long
+    patches are never formed (cost (H_p W_p)^2 C_in instead of (H'W')^2 C_in k_h k_w: cheaper for stride 1)."""
+    n, c_in = a.shape[:2]
+    groups, (ph, pw) = m.groups, _conv_padding(m)
+    padded = F.pad(a, (pw, pw, ph, ph)) if ph or pw else a
+    hp, wp = padded.shape[2:]
+    x = padded.reshape(n, groups, c_in // groups, hp * wp)
+    pixel = torch.matmul(x.transpose(-1, -2), x).view(n, groups, hp, wp, hp, wp)
+    ho, wo = g.shape[2:]
+    (sh, sw), (dh, dw), (kh, kw) = m.stride, m.dilation, m.kernel_size
+    patches: Optional[torch.Tensor] = None
+    for i in range(kh):
+        rows = slice(i * dh, i * dh + sh * (ho - 1) + 1, sh)
+        for j in range(kw):
+            cols = slice(j * dw, j * dw + sw * (wo - 1) + 1, sw)
+            block = pixel[:, :, rows, cols, rows, cols]
+            patches = block.clone() if patches is None else patches.add_(block)
+    assert patches is not None
+    out = g.reshape(n, groups, -1, ho * wo)
+    grams = torch.matmul(out.transpose(-1, -2), out)
+    return _total(patches.view(n, groups, ho * wo, ho * wo).mul_(grams))
+
+
 def _conv_sq(m: nn.Conv2d, a: torch.Tensor, g: torch.Tensor, w: bool, b: bool) -> tuple[torch.Tensor, Any]:
     sq = None
     if w:
+        # the cheapest of three exact computations by multiply-adds per sample (Li et al.'s layer-wise choice)
         positions = g.shape[2] * g.shape[3]
-        k, c_out = m.weight[0].numel(), m.out_channels // m.groups
-        if positions * (k + c_out) < k * c_out:  # ghost norm over the unfolded patches (Li et al.'s rule)
-            sq = _ghost_or_sample(*_conv_unfold(m, a, g))
-        else:  # per-sample gradients, the batch as groups (cheaper than unfold + bmm on CPU)
+        (ph, pw), taps = _conv_padding(m), m.kernel_size[0] * m.kernel_size[1]
+        pixels = (a.shape[2] + 2 * ph) * (a.shape[3] + 2 * pw)
+        k, c_in, c_out = m.weight[0].numel(), m.in_channels // m.groups, m.out_channels // m.groups
+        costs = {
+            "sample": positions * k * c_out,  # per-sample gradients, the batch as groups
+            "unfold": positions * positions * (k + c_out),  # ghost norm over the unfolded patches
+            "pixel": pixels * pixels * c_in + positions * positions * (c_out + taps),  # ghost, pixel Gram
+        }
+        method = min(costs, key=costs.__getitem__)
+        if method == "sample":
             sq = _sq(_conv_per_sample_weight(m, a, g))
+        elif method == "unfold":
+            sq = _ghost_or_sample(*_conv_unfold(m, a, g))
+        else:
+            sq = _conv_pixel_ghost(m, a, g)
     if b:
         sb = _sq(g.sum((2, 3)))
         sq = sb if sq is None else sq.add_(sb)

@@ -60,6 +60,20 @@ def _conv_1x1_out() -> nn.Module:
     )
 
 
+def _conv_pixel() -> nn.Module:
+    """Convs where the pixel-Gram ghost norm is the cheapest (stride 1, many channels, few positions), one with
+    groups and dilation."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1),  # 8x8 -> 4x4
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1),
+        nn.Tanh(),
+        nn.Conv2d(16, 32, 3, padding=2, dilation=2, groups=2),
+        nn.Flatten(),
+        nn.Linear(32 * 16, 3),
+    )
+
+
 def _groupnorm() -> nn.Module:
     return nn.Sequential(
         nn.Conv2d(3, 6, 3, padding=1), nn.GroupNorm(3, 6), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 64, 3)
@@ -204,7 +218,13 @@ def _transformer() -> nn.Module:
     return model
 
 
-IMAGE_MODELS = {"conv": _conv, "conv_1x1": _conv_1x1_out, "groupnorm": _groupnorm, "shared_conv": _SharedConv}
+IMAGE_MODELS = {
+    "conv": _conv,
+    "conv_1x1": _conv_1x1_out,
+    "conv_pixel": _conv_pixel,
+    "groupnorm": _groupnorm,
+    "shared_conv": _SharedConv,
+}
 IMAGE_MODELS["resnet"] = _resnet
 SEQUENCE_MODELS = {"embedding": _embedding, "layernorm": _layernorm, "shared_seq": _SharedSequence}
 SEQUENCE_MODELS["transformer"] = _transformer
@@ -279,6 +299,42 @@ def test_clipped_sum_is_opacus_clipped_sum(name, clip):
     kernel.close()
     assert all(p.grad is None for p in params)
     assert not any(m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "c_in, c_out, size, kernel, stride, padding, dilation, groups",
+    [
+        (3, 8, 9, 3, 1, 1, 1, 1),
+        (4, 6, 8, 3, 2, 0, 1, 2),
+        (6, 12, 7, (3, 2), (1, 2), (2, 1), (2, 1), 3),
+        (16, 16, 4, 3, 1, 1, 1, 1),
+        (8, 8, 5, 5, 1, 0, 1, 1),
+        (8, 4, 6, 1, 1, 0, 1, 4),
+    ],
+)
+def test_conv_norm_methods_agree(c_in, c_out, size, kernel, stride, padding, dilation, groups):
+    """The three per-sample weight-norm computations of a Conv2d (per-sample gradients with the batch as
+    groups, ghost norm over unfolded patches, ghost norm from the pixel Gram matrix) agree with the norm of the
+    per-sample gradients of a per-example backward pass, whichever the step picks."""
+    from client_mods import dp_sgd_fused as fused
+
+    torch.manual_seed(0)
+    m = nn.Conv2d(c_in, c_out, kernel, stride, padding, dilation, groups, bias=False)
+    a = torch.randn(5, c_in, size, size, dtype=torch.float64)
+    m = m.double()
+    out = m(a)
+    g = torch.randn_like(out)
+    exact = torch.stack([torch.autograd.grad((m(a[i : i + 1]) * g[i : i + 1]).sum(), m.weight)[0] for i in range(5)])
+    expected = exact.reshape(5, -1).square().sum(1)
+    patches, grads = fused._conv_unfold(m, a, g)
+    for sq in (
+        fused._sq(fused._conv_per_sample_weight(m, a, g)),
+        fused._ghost_or_sample(*fused._conv_unfold(m, a, g)),
+        fused._total((patches @ patches.transpose(-1, -2)) * (grads @ grads.transpose(-1, -2))),  # ghost, always
+        fused._conv_pixel_ghost(m, a, g),
+        fused._conv_sq(m, a, g, True, False)[0],
+    ):
+        torch.testing.assert_close(sq, expected)
 
 
 def test_transformer_freezes_the_lora_base():
