@@ -30,7 +30,13 @@ Contract: the step computes exactly what Opacus' ``DPOptimizer`` computes with f
      :math:`B_i`: T x d_out output gradients), cost :math:`T^2(d_{in}+d_{out})`, where
      :math:`T(d_{in}+d_{out}) < d_{in}d_{out}`, else the per-sample gradient :math:`B_i^\top A_i`
      (cost :math:`T d_{in} d_{out}`) -- Li et al.'s layer-wise choice; the bias's
-     :math:`\lVert\sum_t B_{i,t}\rVert^2`;
+     :math:`\lVert\sum_t B_{i,t}\rVert^2`. For a Conv2d the cheapest by multiply-adds of: the per-sample
+     gradients in one weight-gradient convolution with the batch folded into the groups (Rochette et al.'s
+     trick: no unfolded copy; early layers, many positions), the ghost norm over the unfolded patches
+     (strided layers, few positions), or the ghost norm with :math:`A_iA_i^\top` summed from the padded
+     input's pixel Gram matrix over the :math:`k_hk_w` kernel offsets (cost :math:`(H_pW_p)^2 C_{in}`
+     instead of :math:`T^2 C_{in}k_hk_w`: stride-1 layers with many channels). On ResNet-18 (32x32, B = 32,
+     one CPU thread) the norms of all convolutions cost about 0.3x a plain SGD step;
    * ``nn.Embedding``: the per-sample gradient's row :math:`v` is the sum of the output gradients at the
      positions holding index :math:`v`, so :math:`\lVert G_i\rVert^2 = \sum_{t,t'} [x_{i,t} = x_{i,t'}]
      \langle B_{i,t}, B_{i,t'}\rangle` (the index counts, without the vocabulary-sized gradient); positions

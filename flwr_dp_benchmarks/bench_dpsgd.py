@@ -335,3 +335,311 @@ def _cases(
         )
     )
     return rows
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Layers beyond nn.Linear (issue 40 item 3): seconds per DP-SGD step, fused vs Opacus vs non-private.
+#
+#     python -m flwr_dp_benchmarks.bench_dpsgd [--quick] [--out flwr_dp_benchmarks/results/dpsgd_layers]
+#
+# Not part of run.py's suite (its CNN and MLP rows above are unchanged): writes results.json and results.md into
+# ``--out``. Subject per model: one DP-SGD step on a fixed batch of B examples (z = 1.1, C = 1, SGD), by
+#
+# * ``fused``: client_mods.dp_sgd_fused.FusedDpSgd.step (closed-form / ghost norms, book-keeping clipped sum,
+#   flat noise; what DpSgdTrainer runs with grad_sample_mode "fused", and "auto" for these models);
+# * ``hooks``: Opacus' GradSampleModule + DPOptimizer (per-sample gradients materialised), what the trainer ran
+#   for these models before (``"auto"`` -> Opacus' rule, "hooks" for convolutions and embeddings);
+# * ``ghost``: Opacus' fast gradient clipping (GradSampleModuleFastGradientClipping: ghost norms, then a second
+#   backward pass for the clipped sum);
+#
+# each against the non-private step (zero_grad, backward, torch SGD step) of the same model on the same batch,
+# interleaved (``_common.time_pair``), medians; target: fused <= 1.5x non-private.
+
+#: kwargs of :func:`run_layers` per mode ("tiny": smoke test only).
+LAYER_MODES: dict[str, dict[str, Any]] = {
+    "full": {"models": ("resnet18", "transformer"), "batch_size": 32, "repeats": 5},
+    "quick": {"models": ("resnet18", "transformer"), "batch_size": 32, "repeats": 3},
+    "tiny": {"models": ("resnet_tiny", "transformer_tiny"), "batch_size": 4, "repeats": 1},
+}
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's basic block with GroupNorm in place of BatchNorm (what ``opacus.validators.ModuleValidator.fix``
+    substitutes: GroupNorm(min(32, C), C)); residual sum out of place."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        norm = lambda c: nn.GroupNorm(min(32, c), c)  # noqa: E731
+        self.conv1, self.gn1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), norm(c_out)
+        self.conv2, self.gn2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False), norm(c_out)
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), norm(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.relu(self.gn1(self.conv1(x)))
+        return torch.relu(self.gn2(self.conv2(out)) + self.shortcut(x))
+
+
+def make_resnet18_gn(width: int = 64, blocks: tuple[int, ...] = (2, 2, 2, 2), classes: int = 10, seed: int = 0):
+    """ResNet-18 for 32x32x3 inputs (CIFAR stem: one 3x3 conv, no max-pool), GroupNorm, 10 classes: 11.2 M
+    parameters at width 64 (torchvision is not a dependency)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = [nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.GroupNorm(min(32, width), width)]
+        layers.append(nn.ReLU())
+        c = width
+        for i, count in enumerate(blocks):
+            c_out = width * 2**i
+            for j in range(count):
+                layers.append(_BasicBlock(c, c_out, 2 if (j == 0 and i > 0) else 1))
+                c = c_out
+        layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)]
+        return nn.Sequential(*layers)
+
+
+class _LoRAAttention(nn.Module):
+    """Multi-head self-attention from nn.Linear projections, each a LoRA-adapted frozen Linear."""
+
+    def __init__(self, d: int, heads: int, rank: int) -> None:
+        super().__init__()
+        from client_mods.dp_sgd_fused import LoRALinear
+
+        self.heads = heads
+        self.q, self.k, self.v, self.o = (LoRALinear(nn.Linear(d, d), rank, alpha=2 * rank) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        split = lambda h: h.view(n, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        out = nn.functional.scaled_dot_product_attention(split(self.q(x)), split(self.k(x)), split(self.v(x)))
+        return self.o(out.transpose(1, 2).reshape(n, t, d))
+
+
+class LoRATransformer(nn.Module):
+    """Token and position Embedding, one pre-norm transformer block (LayerNorm, LoRA attention, MLP 4d), final
+    LayerNorm, mean-pooled Linear head. Trainable: embeddings, norms, MLP, head and the LoRA adapters; frozen:
+    the attention projections' base weights."""
+
+    def __init__(self, vocab: int, seq: int, d: int, heads: int, rank: int, classes: int) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        self.ln1, self.attn = nn.LayerNorm(d), _LoRAAttention(d, heads, rank)
+        self.ln2, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.ln_f, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device).expand_as(ids).contiguous())
+        h = h + self.attn(self.ln1(h))
+        h = h + self.mlp(self.ln2(h))
+        return self.head(self.ln_f(h).mean(1))
+
+
+#: name -> (model factory, input shape per example, vocabulary for token inputs or None)
+LAYER_MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], Any]] = {
+    "resnet18": (lambda: make_resnet18_gn(), (3, 32, 32), None),
+    "transformer": (lambda: _seeded(lambda: LoRATransformer(1000, 64, 256, 4, 8, 10)), (64,), 1000),
+    "resnet_tiny": (lambda: make_resnet18_gn(width=4, blocks=(1, 1)), (3, 8, 8), None),
+    "transformer_tiny": (lambda: _seeded(lambda: LoRATransformer(50, 8, 16, 2, 2, 10)), (8,), 50),
+}
+
+
+def _seeded(make: Callable[[], nn.Module], seed: int = 0) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return make()
+
+
+def _layer_steps(name: str, batch: int, seed: int) -> dict[str, Callable[[Any], None]]:
+    """One step function per path (fused, hooks, ghost, plain), each on its own copy of the model."""
+    from opacus import PrivacyEngine
+    from opacus.accountants import RDPAccountant
+
+    from client_mods.dp_sgd_fused import FusedDpSgd
+
+    make, shape, vocab = LAYER_MODELS[name]
+    gen = torch.Generator().manual_seed(seed)
+    x = (
+        torch.randint(0, vocab, (batch, *shape), generator=gen)
+        if vocab
+        else torch.randn((batch, *shape), generator=gen)
+    )
+    y = torch.randint(0, 10, (batch,), generator=gen)
+    criterion = nn.CrossEntropyLoss()
+
+    def trainable(model: nn.Module) -> list[nn.Parameter]:
+        return [p for p in model.parameters() if p.requires_grad]
+
+    plain_model = make().train()
+    plain_opt = torch.optim.SGD(trainable(plain_model), lr=LR)
+
+    def plain(_: Any) -> None:
+        plain_opt.zero_grad()
+        criterion(plain_model(x), y).backward()
+        plain_opt.step()
+
+    fused_model = make().train()
+    kernel = FusedDpSgd(
+        fused_model,
+        torch.optim.SGD(trainable(fused_model), lr=LR),
+        nn.CrossEntropyLoss(),
+        noise_multiplier=NOISE_MULTIPLIER,
+        max_grad_norm=MAX_GRAD_NORM,
+    )
+    accountant, noise = RDPAccountant(), torch.Generator().manual_seed(seed)
+
+    def fused(_: Any) -> None:
+        kernel.step(x, y, generator=noise, expected_batch_size=batch, accountant=accountant, sample_rate=batch / 1024)
+
+    steps: dict[str, Callable[[Any], None]] = {"plain": plain, "fused": fused}
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    for mode in ("hooks", "ghost"):
+        model = make().train()
+        out = PrivacyEngine().make_private(
+            module=model,
+            optimizer=torch.optim.SGD(trainable(model), lr=LR),
+            criterion=nn.CrossEntropyLoss(),
+            data_loader=loader,
+            noise_multiplier=NOISE_MULTIPLIER,
+            max_grad_norm=MAX_GRAD_NORM,
+            grad_sample_mode=mode,
+            noise_generator=torch.Generator().manual_seed(seed),
+        )
+        module, optimizer = out[0], out[1]
+        loss_fn = out[2] if mode == "ghost" else criterion
+
+        def opacus_step(_: Any, module=module, optimizer=optimizer, loss_fn=loss_fn) -> None:
+            optimizer.zero_grad()
+            loss_fn(module(x), y).backward()
+            optimizer.step()
+
+        steps[mode] = opacus_step
+    return steps
+
+
+def _time_pair_wall_and_cpu(
+    subject: Callable[[Any], Any], baseline: Callable[[Any], Any], *, repeats: int
+) -> dict[str, tuple[list[float], list[float]]]:
+    """``_common.time_pair``'s interleaving (one warm-up each, then alternating which goes first), measuring both
+    the wall time and the calling thread's CPU time (``time.thread_time``: with one torch thread, the work itself,
+    whatever else loads the machine)."""
+    import gc
+    import time
+
+    out: dict[str, tuple[list[float], list[float]]] = {"time_s": ([], []), "cpu_time_s": ([], [])}
+
+    def once(fn: Callable[[Any], Any], slot: int, record: bool) -> None:
+        gc.collect()
+        w, c = time.perf_counter(), time.thread_time()
+        fn(None)
+        c, w = time.thread_time() - c, time.perf_counter() - w
+        if record:
+            out["time_s"][slot].append(w)
+            out["cpu_time_s"][slot].append(c)
+
+    once(subject, 0, False)
+    once(baseline, 1, False)
+    for i in range(repeats):
+        for slot in (0, 1) if i % 2 == 0 else (1, 0):
+            once(subject if slot == 0 else baseline, slot, True)
+    return out
+
+
+def run_layers(
+    *, models: tuple[str, ...] = ("resnet18", "transformer"), batch_size: int = 32, repeats: int = 3, seed: int = 0
+) -> list[dict]:
+    """Rows per model x path (fused, Opacus hooks, Opacus ghost): seconds per DP-SGD step vs the non-private
+    step (target for fused: <= 1.5x; the Opacus rows are reported)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(TORCH_THREADS)
+    rows: list[dict] = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name in models:
+                make = LAYER_MODELS[name][0]
+                probe = make()
+                params = {
+                    "model": name,
+                    "parameters": sum(p.numel() for p in probe.parameters()),
+                    "trainable": sum(p.numel() for p in probe.parameters() if p.requires_grad),
+                    "batch_size": batch_size,
+                    "noise_multiplier": NOISE_MULTIPLIER,
+                    "max_grad_norm": MAX_GRAD_NORM,
+                    "torch_threads": TORCH_THREADS,
+                }
+                steps = _layer_steps(name, batch_size, seed)
+                for path in ("fused", "hooks", "ghost"):
+                    timed = _time_pair_wall_and_cpu(steps[path], steps["plain"], repeats=repeats)
+                    fused = path == "fused"
+                    for metric, (sub, base) in timed.items():
+                        rows.append(
+                            row(
+                                NAME,
+                                f"{name} B={batch_size}: {'fused step' if fused else 'Opacus ' + path} vs non-private"
+                                + (" (thread CPU time)" if metric == "cpu_time_s" else ""),
+                                {**params, "grad_sample_mode": path},
+                                metric=metric,
+                                values=sub,
+                                baseline="torch SGD step, same model and batch",
+                                baseline_values=base,
+                                target="<= 1.5x" if fused else "report",
+                                target_ratio=1.5 if fused else None,
+                                notes="one DP-SGD step on a fixed batch (clip, noise z*C, SGD update); "
+                                + (
+                                    "wall time"
+                                    if metric == "time_s"
+                                    else "CPU time of the timing thread (one torch thread: robust to other load on the machine)"
+                                ),
+                            )
+                        )
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def layers_markdown(rows: list[dict], created: str) -> str:
+    """The rows as a markdown table (seconds per step and ratio to the non-private step)."""
+    lines = [
+        "# DP-SGD step beyond nn.Linear: fused vs Opacus vs non-private (seconds per step)",
+        "",
+        f"{created}; `python -m flwr_dp_benchmarks.bench_dpsgd`; {TORCH_THREADS} torch thread.",
+        "",
+        "| model | parameters (trainable) | B | path | clock | DP-SGD step | non-private step | ratio | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["params"]
+        lines.append(
+            f"| {p['model']} | {p['parameters']:,} ({p['trainable']:,}) | {p['batch_size']} | {p['grad_sample_mode']} "
+            f"| {'wall' if r['metric'] == 'time_s' else 'thread CPU'} "
+            f"| {r['value']:.3f} s | {r['baseline_value']:.3f} s | {r['ratio']:.2f}x | {r['target']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+    import time
+    from pathlib import Path
+
+    from ._common import machine
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "dpsgd_layers")
+    args = parser.parse_args(argv)
+    mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
+    rows = run_layers(**LAYER_MODES[mode])
+    created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"mode": mode, "created": created, "machine": machine(), "rows": rows}
+    (args.out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / "results.md").write_text(layers_markdown(rows, f"{created}, {mode} run"))
+    print(layers_markdown(rows, created))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

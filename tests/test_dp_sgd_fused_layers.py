@@ -495,3 +495,27 @@ def test_batch_not_first_is_refused_at_the_step():
     kernel = _kernel(_TimeFirst(), 1.0)
     with pytest.raises(ValueError, match="batch first: module 'fc'"):
         kernel.clipped_sum(torch.randn(8, 5, 4), torch.randint(0, 3, (8,)))
+
+
+# ---------------------------------------------------------------------------------------------- benchmark
+@pytest.mark.slow
+def test_layers_benchmark_tiny_run_writes_its_rows(tmp_path):
+    """``python -m flwr_dp_benchmarks.bench_dpsgd --tiny`` (toy sizes, meaningless timings): one row per model x
+    path x clock, the fused rows targeted at 1.5x, and its two files."""
+    import json
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from flwr_dp_benchmarks import bench_dpsgd
+
+    assert bench_dpsgd.main(["--tiny", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    keys = {(r["params"]["model"], r["params"]["grad_sample_mode"], r["metric"]) for r in rows}
+    models = bench_dpsgd.LAYER_MODES["tiny"]["models"]
+    assert len(rows) == len(keys) == len(models) * 3 * 2
+    assert all(r["target"] == "<= 1.5x" for r in rows if "fused" in r["case"])
+    assert all(r["value"] > 0 and r["baseline_value"] > 0 for r in rows)
+    assert "| fused |" in (tmp_path / "results.md").read_text()
