@@ -13,11 +13,9 @@ its own module: ``flwr_dp_strategies.federated_pca.LdpFederatedPCA``,
 
 from typing import TYPE_CHECKING
 
-from .declarations import declare_release, read_declarations
-from .privacy import PrivacyLedger
-
-#: the strategies, imported from :mod:`.strategy` on first use (PEP 562): a ClientApp that imports
-#: ``client_mods`` (which imports this package's privacy core) never loads the server's strategies.
+#: every export is imported from its module on first use (PEP 562): a ClientApp that imports ``client_mods``
+#: (which imports this package's privacy core) never loads the server's strategies, and importing this package
+#: takes no submodule's import lock (see :func:`._deprecation.resolve_lazy`)
 _STRATEGIES = (
     "AccountedAdaptiveClipping",
     "AccountedBandedMatrixFactorization",
@@ -35,6 +33,8 @@ _STRATEGIES = (
 )
 
 if TYPE_CHECKING:  # static analysers and the docs generator see the real names
+    from .declarations import declare_release, read_declarations
+    from .privacy import PrivacyLedger
     from .strategy import (
         AccountedAdaptiveClipping,
         AccountedBandedMatrixFactorization,
@@ -79,17 +79,21 @@ _MOVED = {
 }
 
 
+_LAZY = {
+    **dict.fromkeys(_STRATEGIES, ".strategy"),
+    "PrivacyLedger": ".privacy",
+    "declare_release": ".declarations",
+    "read_declarations": ".declarations",
+}
+
+
 def __getattr__(name: str):
-    if name in _STRATEGIES:
-        from . import strategy
+    from ._deprecation import resolve_lazy, resolve_moved
 
-        value = getattr(strategy, name)
-        globals()[name] = value
-        return value
-    from ._deprecation import resolve_moved
-
+    if name in _LAZY:
+        return resolve_lazy(__name__, globals(), name, _LAZY)
     return resolve_moved(__name__, name, _MOVED)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_STRATEGIES))
+    return sorted(set(globals()) | set(_LAZY))

@@ -38,7 +38,6 @@ import numpy as np
 from dp_accounting import dp_event
 
 from .custom_events import CUSTOM_EVENTS, CustomDpEvent, real
-from ..mechanisms import skellam as _skellam  # noqa: F401  (registers SkellamDpEvent for deserialisation)
 from ..validation import check_delta, check_epsilon
 
 
@@ -162,6 +161,10 @@ _NATIVE_CLASSES: dict[str, type[dp_event.DpEvent]] = {cls.__name__: cls for cls 
 def event_classes() -> dict[str, type[dp_event.DpEvent]]:
     """Every class a serialised event may name: dp-accounting's native events and each registered
     :class:`~.custom_events.CustomDpEvent`."""
+    # SkellamDpEvent lives with its mechanism and registers itself on import; importing it here, at call time,
+    # keeps accounting -> mechanisms out of the import graph (mechanisms import accounting)
+    from ..mechanisms import skellam  # noqa: F401
+
     return {**_NATIVE_CLASSES, **CUSTOM_EVENTS}
 
 
