@@ -519,31 +519,39 @@ class FusedDpSgd:
         records = self._records
         grads = torch.autograd.grad(loss, [r[2] for r in records], allow_unused=True)
         used = [(r[0], r[1], g) for r, g in zip(records, grads) if g is not None]
+        layers = self._layers
+        once = len({m for m, _, _ in used}) == len(used)
+        calls = Counter(m for m, _, _ in used) if not once else None
+        sq: Optional[torch.Tensor] = None
+        sums: dict[nn.Module, list[Optional[torch.Tensor]]] = {}
+        caches: list[Any] = []
         for m, a, g in used:
             if len(a) != n or len(g) != n or (type(m) is nn.Conv2d and a.dim() != 4):
                 raise ValueError(
                     f"the fused step needs the batch first: module {self._names[m]!r} ({type(m).__name__}) saw an "
                     f"input of shape {tuple(a.shape)} in a batch of {n}"
                 )
-        calls = Counter(m for m, _, _ in used)
-        layers = self._layers
-        sq = torch.zeros(n, dtype=self.flat.dtype, device=self.flat.device)
-        sums: dict[nn.Module, list[Optional[torch.Tensor]]] = {}
-        caches: list[Any] = []
-        for m, a, g in used:
             w, b = layers[m]
-            sq_fn, per_sample_fn, _ = _KERNELS[type(m)]
-            if calls[m] == 1:  # closed-form / ghost norm of this call
-                term, cache = sq_fn(m, a, g, w is not None, b is not None)
-                sq.add_(term)
-                caches.append(cache)
+            cache = None
+            if calls is not None and calls[m] > 1:
+                # called several times: the per-sample gradient is a sum over the calls (cross terms)
+                acc = sums.setdefault(m, [None, None])
+                for j, t in enumerate(_KERNELS[type(m)][1](m, a, g, w is not None, b is not None)):
+                    if t is not None:
+                        acc[j] = t if acc[j] is None else acc[j] + t
+                caches.append(None)
                 continue
-            # called several times: the per-sample gradient is a sum over the calls (cross terms)
-            acc = sums.setdefault(m, [None, None])
-            for j, t in enumerate(per_sample_fn(m, a, g, w is not None, b is not None)):
-                if t is not None:
-                    acc[j] = t if acc[j] is None else acc[j] + t
-            caches.append(None)
+            if type(m) is nn.Linear and g.dim() == 2:  # ||g_i||^2 (||a_i||^2 + 1), inline (the MLP's hot path)
+                term = torch.linalg.vecdot(g, g)
+                if w is not None:
+                    aa = torch.linalg.vecdot(a, a)
+                    term.mul_(aa.add_(1.0) if b is not None else aa)
+            else:  # closed-form / ghost norm of this call
+                term, cache = _KERNELS[type(m)][0](m, a, g, w is not None, b is not None)
+            sq = term if sq is None else sq.add_(term)
+            caches.append(cache)
+        if sq is None:
+            sq = torch.zeros(n, dtype=self.flat.dtype, device=self.flat.device)
         for pw, pb in sums.values():
             for t in (pw, pb):
                 if t is not None:
@@ -554,7 +562,13 @@ class FusedDpSgd:
         scale = (self.max_grad_norm / norms.add_(CLIP_EPS)).clamp_(max=1.0).mul_(n)
         for (m, a, g), cache in zip(used, caches):
             w, b = layers[m]
-            _KERNELS[type(m)][2](m, a, g, scale, w, b, cache)
+            if type(m) is nn.Linear and g.dim() == 2:
+                if w is not None:
+                    w.addmm_(g.mul(scale.unsqueeze(1)).t(), a)
+                if b is not None:
+                    b.addmv_(g.t(), scale)
+            else:
+                _KERNELS[type(m)][2](m, a, g, scale, w, b, cache)
         return loss.detach()
 
     def add_noise(self, generator: Optional[torch.Generator]) -> None:
