@@ -14,7 +14,8 @@ clipping norm, :math:`C_b` the banded lower-triangular Toeplitz strategy matrix 
 its b coefficients optimised for ``num_rounds``) and Z i.i.d. standard normal: row t is generated from the
 run's secret 256-bit key (OS entropy, drawn at the first release) and t by a counter-based cryptographic
 generator (ChaCha20 + Box–Muller: the guarantee is computational with respect to the key, as for any CSPRNG).
-The noise is generated row by row with O(b·d) memory
+The noise does not depend on the replies: row t is made in a background thread from ``configure_train`` on,
+while the clients train, and ``aggregate_train`` only collects it. It is generated row by row with O(b·d) memory
 (:class:`~flwr_dp_strategies.privacy.mechanisms.matrix_factorization.BandedNoise`): the model follows the noisy
 prefix sums :math:`A x + zC\,BZ` with :math:`B = AC_b^{-1}`, whose error grows much more slowly than the
 independent noise of DP-FedAvg (docs/bandmf.md).

@@ -489,7 +489,9 @@ class BandedNoise:
 
     Memory O(b·d), float64: a ring of the last b−1 output rows (the recurrence needs them, not the Z) plus a
     few blocks of scratch per thread (``threads``, default :func:`default_threads`: the blocks are independent
-    coordinates, computed in parallel, each by the same code, so the bits do not depend on the threads). On disk only the key (:func:`save_noise_key`) and the number of releases; a restart rebuilds
+    coordinates, computed in parallel, each by the same code, so the bits do not depend on the threads).
+    :meth:`prepare` makes the next row in the background (a server starts it when it sends the round's
+    instructions). On disk only the key (:func:`save_noise_key`) and the number of releases; a restart rebuilds
     the ring with :meth:`fast_forward` (regenerates Z_1..Z_t and replays the recurrence, O(t·b·d) once), bit-exact
     on the same platform: every step is numpy float64 arithmetic in a fixed order (numpy's own loops, no BLAS),
     and :meth:`check_value` detects a replay on another numpy build or CPU that differs.
