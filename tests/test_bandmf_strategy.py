@@ -331,3 +331,17 @@ def test_a_cyclic_poisson_restart_continues_the_secret_history_and_refuses_an_al
     secret.write_text(secret.read_text().replace("[", "[ ", 1))
     with pytest.raises(LedgerFileError, match="participation history"):
         make(m=2, rng=5, ledger_path=tmp_path / "b.json", resume=True, num_rounds=6, sampling="cyclic-poisson")
+
+
+def test_a_run_saved_with_the_per_release_noise_file_is_refused(tmp_path):
+    """The state of a run saved before the keyed stream names a .bandmf-noise.<t> file: it cannot continue."""
+    path = tmp_path / "l.json"
+    strategy, _ = _noise_run(path, 2)
+    state = dict(strategy.ledger_store.get_state("banded-matrix-factorization"))
+    state["noise"] = {"release": 2, "sha256": "0" * 64}
+    again = make(rng=9, ledger_path=path, resume=True)
+    again.ledger_store.set_state("banded-matrix-factorization", state)
+    again.ledger_store.save()
+    again.ledger_store.close()
+    with pytest.raises(LedgerFileError, match="before the keyed noise stream"):
+        make(rng=9, ledger_path=path, resume=True)
