@@ -116,12 +116,52 @@ def packed_size(length: int, bits: int) -> int:
     return (check_int("length", length, minimum=0) * check_bits(bits) + 7) // 8
 
 
+_PACK_GROUPS = 1 << 13  # groups of 8 values packed at a time (64 K values: a few hundred KiB of temporaries)
+
+
+def _pack_groups(groups: np.ndarray, bits: int, out: np.ndarray) -> None:
+    """Pack ``groups`` (G, 8) of uint64 into ``out`` (G, bits) of zeros: 8 values of b bits are exactly b bytes,
+    value r at bits [r·b, r·b + b) of its group's bytes, read little-endian. Value r shifted left by r·b mod 8
+    fits in 64 bits (b ≤ 57), so its bytes are those of one uint64 word OR-ed into ``out`` at byte ⌊r·b/8⌋."""
+    mask = np.uint64((1 << bits) - 1)
+    for r in range(8):
+        first, shift = divmod(r * bits, 8)
+        count = (shift + bits + 7) // 8
+        word = (groups[:, r] & mask).astype("<u8", copy=False)
+        if shift:
+            word <<= np.uint64(shift)
+        out[:, first : first + count] |= word.view(np.uint8).reshape(-1, 8)[:, :count]
+
+
 def pack_bits(vector: np.ndarray, bits: int) -> np.ndarray:
-    """Values in [0, 2^bits) packed into ⌈D·bits/8⌉ bytes (little-endian bit order): what a client uploads."""
+    """Values in [0, 2^bits) packed into ⌈D·bits/8⌉ bytes (little-endian bit order): what a client uploads.
+
+    Only the low ``bits`` bits of each value are read. For b ≤ 57 the values are packed 8 at a time (8·b bits
+    are b whole bytes) by shifts and ORs over blocks of :data:`_PACK_GROUPS` groups: the temporaries are a few
+    hundred KiB whatever D (the output is the only allocation of D's size); above, bit planes per block."""
     b = check_bits(bits)
     v = np.ascontiguousarray(vector, dtype="<u8").ravel()
-    planes = np.unpackbits(v.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")[:, :b]
-    return np.packbits(planes.ravel(), bitorder="little")
+    size = packed_size(v.size, b)
+    if b > 57:
+        out = np.empty(size, dtype=np.uint8)
+        step = 8 * _PACK_GROUPS  # a multiple of 8 values: every block starts on a byte
+        for start in range(0, v.size, step):
+            block = v[start : start + step]
+            planes = np.unpackbits(block.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")[:, :b]
+            packed = np.packbits(planes.ravel(), bitorder="little")
+            out[start * b // 8 : start * b // 8 + packed.size] = packed
+        return out
+    full = v.size // 8
+    out = np.zeros((-(-v.size // 8), b), dtype=np.uint8)
+    body = v[: 8 * full].reshape(full, 8)
+    for start in range(0, full, _PACK_GROUPS):
+        stop = min(start + _PACK_GROUPS, full)
+        _pack_groups(body[start:stop], b, out[start:stop])
+    if v.size > 8 * full:  # the last, partial group: zero values pad it (as packbits pads the last byte)
+        tail = np.zeros((1, 8), dtype=np.uint64)
+        tail[0, : v.size - 8 * full] = v[8 * full :]
+        _pack_groups(tail, b, out[full:])
+    return out.reshape(-1)[:size]
 
 
 def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:

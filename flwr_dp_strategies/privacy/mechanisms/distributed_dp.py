@@ -118,6 +118,15 @@ def _rotation_signs(seed: int, size: int) -> np.ndarray:
     return 1.0 - 2.0 * bits.astype(np.float64)
 
 
+def _flip_signs(vector: np.ndarray, seed: int) -> np.ndarray:
+    """``vector`` (float64, owned by the caller) times :func:`_rotation_signs` (``seed``, its length), in place:
+    the entries whose sign is −1 negated (exactly the product), with no float64 temporary of the vector's size."""
+    words = np.random.PCG64(seed).random_raw(-(-vector.size // 64)).astype("<u8")
+    negative = np.unpackbits(words.view(np.uint8), bitorder="little")[: vector.size].view(np.bool_)
+    np.negative(vector, out=vector, where=negative)
+    return vector
+
+
 def _check_seed(seed: object) -> int:
     s = check_int("rotation_seed", seed, minimum=0)
     if s >= 2**128:
@@ -211,10 +220,10 @@ def random_rotation(x: object, rotation_seed: int) -> np.ndarray:
     if v.ndim != 1 or v.size == 0:
         raise ValueError(f"x must be a non-empty 1-D array, got shape {v.shape}")
     seed = _check_seed(rotation_seed)
-    signed = v.astype(np.float64) * _rotation_signs(seed, v.size)
+    signed = _flip_signs(np.array(v, dtype=np.float64, copy=True), seed)
     if _is_power_of_two(v.size):
         return walsh_hadamard(signed) / math.sqrt(v.size)
-    return np.asarray(scipy.fft.dct(signed, type=2, norm="ortho"), dtype=np.float64)
+    return np.asarray(scipy.fft.dct(signed, type=2, norm="ortho", overwrite_x=True), dtype=np.float64)
 
 
 def inverse_random_rotation(y: object, rotation_seed: int) -> np.ndarray:
@@ -227,7 +236,7 @@ def inverse_random_rotation(y: object, rotation_seed: int) -> np.ndarray:
         back = walsh_hadamard(v) / math.sqrt(v.size)
     else:
         back = np.asarray(scipy.fft.idct(v.astype(np.float64), type=2, norm="ortho"), dtype=np.float64)
-    return back * _rotation_signs(seed, v.size)
+    return _flip_signs(back, seed)
 
 
 def l2_clip(x: object, clip_norm: float) -> np.ndarray:
@@ -274,10 +283,12 @@ def conditional_randomized_round(
     floor = np.floor(v)
     frac = v - floor
     base = floor.astype(np.int64)
+    del floor
     bound_sq = bound * bound
     for _ in range(attempts):
         k = base + (gen.random(v.shape) < frac)
-        if float(np.dot(k.ravel().astype(np.float64), k.ravel().astype(np.float64))) <= bound_sq:
+        flat = k.ravel().astype(np.float64)
+        if float(np.dot(flat, flat)) <= bound_sq:
             return k
     raise RuntimeError(f"conditional rounding found no draw with L2 norm <= {bound} in {attempts} attempts")
 
@@ -344,9 +355,11 @@ def client_integer_vector(
     share = check_nonnegative("local_noise_variance", local_noise_variance)
     gen = resolve_rng(rng)
     rotated = random_rotation(l2_clip(x, params.clip_norm), params.rotation_seed)
-    k = conditional_randomized_round(rotated * params.scale, params.rounding_bound, gen)
+    rotated *= params.scale  # in place: a fresh array of random_rotation
+    k = conditional_randomized_round(rotated, params.rounding_bound, gen)
+    del rotated
     if share > 0.0:
-        k = k + sample_skellam(share, k.size, gen)
+        k += sample_skellam(share, k.size, gen)  # k is rounding's fresh array
     return k
 
 
@@ -358,7 +371,10 @@ def to_modular(k: object, bits: int) -> np.ndarray:
     arr = np.asarray(k)
     if not np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.bool_):
         raise ValueError(f"k must be an integer array, got dtype {arr.dtype}")
-    return np.mod(arr.astype(np.int64), np.int64(1 << b)).astype(np.uint64)
+    # k mod 2^b = the low b bits of k in two's complement: one int64 copy, reinterpreted and masked in place
+    out = arr.astype(np.int64, copy=True).view(np.uint64)
+    out &= np.uint64((1 << b) - 1)
+    return out
 
 
 def encode_update(
