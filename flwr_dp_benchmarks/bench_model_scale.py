@@ -231,7 +231,7 @@ def bench_size(
     for name, case in CASES.items():
         if cases is not None and name not in cases:
             continue
-        label = f"{name} n={n} d={d:.0e}"
+        label = f"{name}{', RDP-only ledger' if rdp_ledger else ''} n={n} d={d:.0e}"
         if case.max_d is not None and d > case.max_d:
             rows.append(_not_run_row(n, d, f"{name}: not run above d = {case.max_d:.0e} (column only)", name))
             continue

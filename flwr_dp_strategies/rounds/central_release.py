@@ -35,7 +35,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedYog
 
 from ..privacy import PrivacyLedger
 from ..privacy.mechanisms.discrete_gaussian import gaussian_grid, secure_gaussian_mechanism
-from .streaming_aggregation import ClippedSum, add_gaussian_noise, add_scaled, noisy_mean_inplace, to_array
+from .streaming_aggregation import ClippedSum, add_gaussian_noise, to_array
 
 #: Label of the clients' (un-noised) train metrics when a strategy is told to publish them anyway.
 NON_PRIVATE_METRICS_LABEL = "client train metrics (published un-noised: non-private)"
@@ -59,27 +59,21 @@ def fixed_denominator_release(
     discrete Gaussian noise (:func:`secure_release_event` is then the event to book).
     """
     out, start = {}, 0
-    sums, offset = summed.raw()
-    for key, total in sums.items():
-        reference = summed.reference[key]
-        if correlated is None and secure_bound is None:
-            if noisy_mean_inplace(total, reference, offset, denominator, sigma, generator):  # one pass
-                out[key] = to_array(total.astype(reference.dtype, copy=False))
-                continue
-        if offset:
-            add_scaled(total, reference, -offset, lambda total=total: np.empty_like(total))
+    for key, total in summed.result().items():
         np.divide(total, denominator, out=total)
         if correlated is not None:
             flat = total.reshape(-1)
             flat += sigma * correlated[start : start + flat.size]
             start += flat.size
         elif secure_bound is None:
-            add_gaussian_noise(total, sigma, generator)
+            if sigma:  # sigma = 0 (Flower's sampler adds the noise afterwards): no d draws scaled by 0
+                add_gaussian_noise(total, sigma, generator)
         else:
             noisy = secure_gaussian_mechanism(
                 total, noise_multiplier=1.0, sensitivity=sigma, value_bound=secure_bound, rng=generator
             ).value
             total[...] = noisy.reshape(total.shape)
+        reference = summed.reference[key]
         np.add(total, reference, out=total, casting="same_kind")
         out[key] = to_array(total.astype(reference.dtype, copy=False))
     return ArrayRecord(out)

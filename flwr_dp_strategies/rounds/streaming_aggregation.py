@@ -447,58 +447,12 @@ class ClippedSum:
 
     def result(self) -> dict[str, np.ndarray]:
         """:math:`S` per key, in the accumulators (consumes them: call once, after the last :meth:`add`)."""
-        sums, offset = self.raw()
-        for acc, ref in zip(sums.values(), self.reference.values()):
-            if offset:
-                add_scaled(acc, ref, -offset, lambda acc=acc: np.empty_like(acc))
-        return sums
-
-    def raw(self) -> tuple[dict[str, np.ndarray], float]:
-        r"""The accumulators :math:`\sum_i c_i x_i` per key and :math:`\sum_i c_i`, so that
-        :math:`S = acc - (\sum_i c_i)\,w` (consumes them, as :meth:`result`): for a caller that applies the
-        offset in the same pass as what follows (:func:`noisy_mean_inplace`)."""
         self._scratch.clear()
-        offset, self._offset = self._offset, 0.0
-        return self._sums, offset
-
-
-def noisy_mean_inplace(
-    acc: np.ndarray,
-    reference: np.ndarray,
-    offset: float,
-    denominator: float,
-    sigma: float,
-    rng: np.random.Generator,
-) -> bool:
-    r"""In place :math:`acc \leftarrow (acc - offset\cdot w)/m + \mathcal N(0, \sigma^2 I) + w` (w = ``reference``,
-    m = ``denominator``), in one pass of :data:`_NOISE_CHUNK` elements that stay in cache; False (nothing done)
-    where ``acc`` and ``reference`` are not contiguous arrays of one shape (then call the steps one by one).
-
-    Each chunk runs the same operations as :meth:`ClippedSum.result`, ``np.divide``, :func:`add_gaussian_noise`
-    and ``np.add`` (the reference) over the whole array, in that order, so the values are those of the separate
-    passes; the noise is the same draws: :math:`\sigma z`, z from ``rng.standard_normal`` in float64, written
-    into one reused chunk buffer (``rng.normal(0, sigma, k)`` returns exactly :math:`0 + \sigma z` of the same
-    z), added to the float32 (or wider) values in float64 and rounded once. ``sigma = 0`` draws nothing.
-    Three passes over the model are saved (measured in ``flwr_dp_benchmarks/bench_model_scale.py``).
-    """
-    if acc.shape != reference.shape or not (acc.flags.c_contiguous and reference.flags.c_contiguous):
-        return False
-    flat, ref = acc.reshape(-1), reference.reshape(-1)
-    size = min(_NOISE_CHUNK, flat.size)
-    noise = np.empty(size, dtype=np.float64) if sigma else None
-    scratch = _Scratch()
-    for start in range(0, flat.size, _NOISE_CHUNK):
-        part, base = flat[start : start + _NOISE_CHUNK], ref[start : start + _NOISE_CHUNK]
-        if offset:
-            add_scaled(part, base, -offset, lambda part=part: scratch.get(part.dtype, part.shape))
-        np.divide(part, denominator, out=part)
-        if noise is not None:
-            draws = noise[: part.size]
-            rng.standard_normal(out=draws)
-            draws *= sigma
-            np.add(part, draws, out=part, casting="same_kind")
-        np.add(part, base, out=part, casting="same_kind")
-    return True
+        for acc, ref in zip(self._sums.values(), self.reference.values()):
+            if self._offset:
+                add_scaled(acc, ref, -self._offset, lambda acc=acc: np.empty_like(acc))
+        self._offset = 0.0
+        return self._sums
 
 
 def add_gaussian_noise(values: np.ndarray, sigma: float, rng: np.random.Generator) -> None:
@@ -528,7 +482,6 @@ __all__ = [
     "cast_mean",
     "mean_dtype",
     "mean_of_records",
-    "noisy_mean_inplace",
     "non_finite_records",
     "npy_view",
     "squared_norm",
