@@ -170,17 +170,22 @@ def unpack_bits(data: np.ndarray, bits: int, length: int) -> np.ndarray:
     raw = np.asarray(data)
     if raw.dtype != np.uint8 or raw.ndim != 1 or raw.size != packed_size(length, b):
         raise ValueError(f"packed data must be {packed_size(length, b)} uint8 values, got {raw.dtype} {raw.shape}")
-    if b <= 57:  # every value lies within 8 bytes from its first byte: gather 8 bytes, shift, mask
-        padded = np.zeros(raw.size + 8, dtype=np.uint8)
+    if b <= 57:  # 8 values are b whole bytes; value r of group g is in the 8 bytes from byte g·b + ⌊r·b/8⌋
+        groups = -(-length // 8)
+        padded = np.zeros(groups * b + 8, dtype=np.uint8)  # whole groups, and 8 bytes to read the last word
         padded[: raw.size] = raw
-        start = np.arange(length, dtype=np.uint64) * np.uint64(b)
-        first = (start >> np.uint64(3)).astype(np.intp)
-        words = np.zeros(length, dtype=np.uint64)
-        for j in range(8):
-            words |= padded[first + j].astype(np.uint64) << np.uint64(8 * j)
-        words >>= start & np.uint64(7)
-        words &= np.uint64((1 << b) - 1)
-        return words
+        out = np.empty((groups, 8), dtype=np.uint64)
+        mask = np.uint64((1 << b) - 1)
+        for start in range(0, groups, _PACK_GROUPS):
+            stop = min(start + _PACK_GROUPS, groups)
+            for r in range(8):
+                first, shift = divmod(r * b, 8)
+                # an (unaligned) uint64 word per group, read in place: a strided view of the bytes
+                words = np.ndarray((stop - start,), dtype="<u8", buffer=padded, offset=start * b + first, strides=(b,))
+                value = words >> np.uint64(shift)
+                value &= mask
+                out[start:stop, r] = value
+        return out.reshape(-1)[:length]
     planes = np.unpackbits(raw, bitorder="little", count=length * b).reshape(length, b)
     out = np.zeros(length, dtype=np.uint64)
     for bit in range(b):

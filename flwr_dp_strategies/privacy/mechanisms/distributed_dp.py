@@ -219,8 +219,13 @@ def random_rotation(x: object, rotation_seed: int) -> np.ndarray:
     v = as_finite_array("x", x)
     if v.ndim != 1 or v.size == 0:
         raise ValueError(f"x must be a non-empty 1-D array, got shape {v.shape}")
-    seed = _check_seed(rotation_seed)
-    signed = _flip_signs(np.array(v, dtype=np.float64, copy=True), seed)
+    return _rotate_owned(np.array(v, dtype=np.float64, copy=True), _check_seed(rotation_seed))
+
+
+def _rotate_owned(v: np.ndarray, seed: int) -> np.ndarray:
+    """:func:`random_rotation` of a 1-D float64 ``v`` the caller owns and gives up (its signs are flipped in
+    place and the DCT may overwrite it): no copy of the input."""
+    signed = _flip_signs(v, seed)
     if _is_power_of_two(v.size):
         return walsh_hadamard(signed) / math.sqrt(v.size)
     return np.asarray(scipy.fft.dct(signed, type=2, norm="ortho", overwrite_x=True), dtype=np.float64)
@@ -244,7 +249,13 @@ def l2_clip(x: object, clip_norm: float) -> np.ndarray:
     v = as_finite_array("x", x)
     c = check_positive("clip_norm", clip_norm)
     norm = float(np.linalg.norm(v.ravel()))
-    return v * (c / norm) if norm > c else v.copy()
+    owned = v is not x and v.flags.owndata  # converted here (a fresh float64 array), never the caller's buffer
+    if norm <= c:
+        return v if owned else v.copy()
+    if owned:
+        v *= c / norm
+        return v
+    return v * (c / norm)
 
 
 def rounded_l2_norm_bound(scaled_norm_bound: float, dim: int, beta: float = DEFAULT_BETA) -> float:
@@ -266,6 +277,9 @@ def _check_beta(beta: object) -> float:
     return b
 
 
+_ROUND_BLOCK = 1 << 16  # values rounded (and noised) at a time: temporaries of ~0.5 MiB whatever d
+
+
 def conditional_randomized_round(
     x: object, norm_bound: float, rng: RngLike = None, *, max_attempts: int = 10_000
 ) -> np.ndarray:
@@ -280,16 +294,23 @@ def conditional_randomized_round(
     if v.size and float(np.max(np.abs(v))) > _MAX_SCALED_NORM:
         raise ValueError(f"x must have entries of magnitude at most 2**50 to round exactly, got {np.max(np.abs(v))!r}")
     gen = resolve_rng(rng)
-    floor = np.floor(v)
-    frac = v - floor
-    base = floor.astype(np.int64)
-    del floor
+    flat = v.ravel()
+    k = np.empty(flat.size, dtype=np.int64)
     bound_sq = bound * bound
     for _ in range(attempts):
-        k = base + (gen.random(v.shape) < frac)
-        flat = k.ravel().astype(np.float64)
-        if float(np.dot(flat, flat)) <= bound_sq:
-            return k
+        # block by block (the same uniforms, in the same order, as one draw of v's size): no temporary of
+        # the vector's size besides k; the squared norm summed over blocks
+        squared = 0.0
+        for start in range(0, flat.size, _ROUND_BLOCK):
+            block = flat[start : start + _ROUND_BLOCK]
+            floor = np.floor(block)
+            chunk = k[start : start + block.size]
+            np.copyto(chunk, floor, casting="unsafe")  # floor(x) is an integer below 2**50: exact in int64
+            chunk += gen.random(block.size) < (block - floor)
+            values = chunk.astype(np.float64)
+            squared += float(np.dot(values, values))
+        if squared <= bound_sq:
+            return k.reshape(v.shape)
     raise RuntimeError(f"conditional rounding found no draw with L2 norm <= {bound} in {attempts} attempts")
 
 
@@ -354,12 +375,18 @@ def client_integer_vector(
         raise ValueError(f"update must have params.dim = {params.dim} entries, got {x.size}")
     share = check_nonnegative("local_noise_variance", local_noise_variance)
     gen = resolve_rng(rng)
-    rotated = random_rotation(l2_clip(x, params.clip_norm), params.rotation_seed)
-    rotated *= params.scale  # in place: a fresh array of random_rotation
+    clipped = l2_clip(x, params.clip_norm)
+    if np.may_share_memory(clipped, x):  # l2_clip copies or scales into a new array: only a safety net
+        clipped = clipped.copy()
+    rotated = _rotate_owned(clipped, _check_seed(params.rotation_seed))
+    del clipped
+    rotated *= params.scale  # in place: a fresh array
     k = conditional_randomized_round(rotated, params.rounding_bound, gen)
     del rotated
-    if share > 0.0:
-        k += sample_skellam(share, k.size, gen)  # k is rounding's fresh array
+    if share > 0.0:  # i.i.d. Sk(share) per coordinate, drawn block by block into k (rounding's fresh array)
+        for start in range(0, k.size, _ROUND_BLOCK):
+            chunk = k[start : start + _ROUND_BLOCK]
+            chunk += sample_skellam(share, chunk.size, gen)
     return k
 
 
