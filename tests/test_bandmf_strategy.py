@@ -345,3 +345,61 @@ def test_a_run_saved_with_the_per_release_noise_file_is_refused(tmp_path):
     again.ledger_store.close()
     with pytest.raises(LedgerFileError, match="before the keyed noise stream"):
         make(rng=9, ledger_path=path, resume=True)
+
+
+def _epsilon(*events) -> float:
+    ledger = PrivacyLedger(1e-5)
+    for event in events:
+        ledger.record(event, server_round=1)
+    return ledger.epsilon()
+
+
+def test_cyclic_poisson_books_the_un_amplified_analysis_where_the_cap_makes_it_smaller(tmp_path):
+    """Issue 39 item 4: the amplified analysis ignores k. k = 1, q = 2·3/12 = 0.5, z = 0.8, T = 9, b = 3: before,
+    3 Poisson-sampled epochs were booked (ε 8.10); the un-amplified bound, valid under any sampling with k and
+    b-min-separation enforced, is one Gaussian of z / sens_T = 0.8 (ε 5.68). The run books the smaller, chosen
+    once, and a restart keeps it."""
+    from dp_accounting.dp_event import PoissonSampledDpEvent, SelfComposedDpEvent
+
+    amplified = _epsilon(SelfComposedDpEvent(PoissonSampledDpEvent(0.5, GaussianDpEvent(0.8)), 3))
+    unamplified = _epsilon(GaussianDpEvent(0.8))
+    assert unamplified < 0.75 * amplified  # 5.68 against 8.10
+    path = tmp_path / "ledger.json"
+    kw = dict(z=0.8, m=2, rng=3, num_rounds=9, max_participations=1, sampling="cyclic-poisson")
+    strategy = make(ledger_path=path, **kw)
+    grid = LoopbackGrid.of(N)
+    for r in range(1, 5):
+        run_round(strategy, r, grid)
+    assert strategy.analysis() == "unamplified"
+    strategy.ledger_store.close()
+    resumed = make(ledger_path=path, resume=True, **kw)
+    assert resumed.analysis() == "unamplified"
+    for r in range(5, 10):
+        run_round(resumed, r, grid)
+    assert resumed.ledger.epsilon() == pytest.approx(unamplified, rel=1e-6)
+    assert resumed.ledger.epsilon() < amplified
+
+
+def test_cyclic_poisson_keeps_the_amplified_analysis_where_it_is_smaller():
+    """The other way round (k = ⌈T/b⌉ = 4, q = 0.25, z = 1, T = 12): 4 amplified epochs beat G(z / 2)."""
+    strategy = make(m=5, rng=8, num_rounds=12, sampling="cyclic-poisson")
+    grid = LoopbackGrid.of(60)
+    run_round(strategy, 1, grid)
+    assert strategy.analysis() == "amplified"
+
+
+def test_a_restart_keeps_the_analysis_of_its_first_release(tmp_path):
+    """The two analyses each bound the whole prefix, so a run never switches: a restart with another T (whose
+    planned totals would choose the other analysis) continues with the saved one."""
+    path = tmp_path / "ledger.json"
+    kw = dict(z=0.8, m=2, rng=3, max_participations=1, sampling="cyclic-poisson")
+    strategy = make(ledger_path=path, num_rounds=9, **kw)
+    grid = LoopbackGrid.of(N)
+    run_round(strategy, 1, grid)
+    assert strategy.analysis() == "unamplified"
+    strategy.ledger_store.close()
+    fresh_choice = make(num_rounds=3, **kw)  # one epoch: amplified 4.79 < 5.68
+    fresh_choice.population = N
+    assert fresh_choice.analysis() == "amplified"
+    resumed = make(ledger_path=path, resume=True, num_rounds=3, **kw)
+    assert resumed.analysis() == "unamplified"

@@ -46,6 +46,13 @@ member of the release's group is asked independently with probability q = m·b/N
 default the nodes connected at the first release), from OS entropy; the cohort is never published. Each
 epoch of b releases then books ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` at its first release
 (⌈T/b⌉ in all; what this assumes is spelled out in :mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`).
+That analysis ignores the participation cap k, and the un-amplified one above stays valid under any sampling (it
+needs only b-min-separation and at most k participations, both enforced): with ``num_rounds`` given, the strategy
+books whichever of the two gives the smaller ε for the whole planned run at the ledger's δ (e.g. k = 1, q = 0.5,
+z = 0.8, T = 9, b = 3: 5.68 un-amplified against 8.10 amplified). The choice is made once, at the first
+release, from public values only (z, q, b, k, T, the coefficients, δ), is kept in the signed state and never
+changes within a run (the two analyses cannot be mixed: each bounds the whole prefix). Without ``num_rounds``
+the amplified analysis is booked.
 Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
 
 Restart. The participation history, the number of releases, the model's dimension, a keyed check value of
@@ -208,6 +215,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self._seed = int(rng) if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) else None
         self.participation = CyclicParticipation(b, k, rng)
         self.releases = 0  # releases made so far in the run (restarts included)
+        self._analysis: Optional[str] = None  # the analysis booked (chosen at the first release, or restored)
         self.noise: Optional[BandedNoise] = None
         self._rng = rng
         self._key: Optional[bytes] = None  # the noise key: drawn at the first release, or restored
@@ -270,6 +278,13 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                         f"{key} was {state.get(key)!r} in the saved run, this run has {value!r}: the restored noise "
                         f"stream is in the saved run's units (a restart must keep z, C and m)"
                     )
+            analysis = state.get("analysis")
+            if analysis is None and releases and self.sampling == "cyclic-poisson":
+                analysis = "amplified"  # a run saved before the choice existed booked the amplified analysis
+            if analysis not in (None, "amplified", "unamplified") or (
+                analysis == "amplified" and self.sampling != "cyclic-poisson"
+            ):
+                raise ValueError(f"analysis must be 'amplified' or 'unamplified' for this sampling, got {analysis!r}")
             self.participation.load_state(self._load_participation(state.get(PARTICIPATION), releases))
             population = state.get("num_clients")
             if population is not None:
@@ -294,6 +309,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         except ValueError as err:
             raise LedgerFileError(path, f"state {STATE_NAME!r}: {err}") from err
         self.releases = releases
+        if analysis is not None:
+            self._analysis = analysis  # the run keeps the analysis it booked from its first release
         log(
             INFO,
             "BandMF: continuing after release %d (noise stream and participation restored from %s)",
@@ -366,6 +383,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "sampling": self.sampling,
                 "num_clients": self.population,
                 "releases": self.releases,
+                "analysis": self._analysis,
                 "noise": noise_entry,
                 PARTICIPATION: self._participation_entry(),
                 **self._stream_units(),
@@ -379,10 +397,52 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
 
     def event_of_release(self, release: int) -> Any:
         """The event release t books: its sensitivity increment (un-amplified), or the epoch's Poisson-sampled
-        Gaussian at t ≡ 1 mod b (``"cyclic-poisson"``; q needs N, known from the first release on)."""
-        if self.sampling == "cyclic-poisson":
+        Gaussian at t ≡ 1 mod b (``"cyclic-poisson"`` booked amplified; q needs N, known from the first release
+        on)."""
+        if self.analysis() == "amplified":
             return amplified_round_event(release, self.noise_multiplier, self.num_bands, self._check_rate())
         return round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
+
+    def analysis(self) -> str:
+        """``"unamplified"`` or ``"amplified"``: the analysis this run books (module docstring), chosen once."""
+        if self._analysis is None:
+            self._analysis = self._choose_analysis()
+        return self._analysis
+
+    def _choose_analysis(self) -> str:
+        """The analysis whose ε for the whole planned run is the smaller at the ledger's δ (public values only)."""
+        if self.sampling != "cyclic-poisson":
+            return "unamplified"
+        q = self._check_rate()
+        if self.num_rounds is None:
+            return "amplified"
+        ledger = self.ledger
+        epsilons = {}
+        for analysis in ("amplified", "unamplified"):
+            scratch = PrivacyLedger(
+                ledger.target_delta, neighboring_relation=ledger.neighboring_relation, accounting=ledger.accounting
+            )
+            for t in range(1, self.num_rounds + 1):
+                event = (
+                    amplified_round_event(t, self.noise_multiplier, self.num_bands, q)
+                    if analysis == "amplified"
+                    else round_event(
+                        self.coefficients, t, self.noise_multiplier, self.num_bands, self.max_participations
+                    )
+                )
+                if event is not None:
+                    scratch.record(event, server_round=t)
+            epsilons[analysis] = scratch.epsilon()
+        choice = "unamplified" if epsilons["unamplified"] < epsilons["amplified"] else "amplified"
+        log(
+            INFO,
+            "BandMF (cyclic-poisson): booking the %s analysis: its ε for the planned %d releases is %.4g against %.4g",
+            choice,
+            self.num_rounds,
+            epsilons[choice],
+            epsilons["amplified" if choice == "unamplified" else "unamplified"],
+        )
+        return choice
 
     def add_remove_event(self) -> Any:
         event = self.release_event()
