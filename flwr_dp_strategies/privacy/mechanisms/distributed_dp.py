@@ -122,8 +122,14 @@ def _flip_signs(vector: np.ndarray, seed: int) -> np.ndarray:
     """``vector`` (float64, owned by the caller) times :func:`_rotation_signs` (``seed``, its length), in place:
     the entries whose sign is −1 negated (exactly the product), with no float64 temporary of the vector's size."""
     words = np.random.PCG64(seed).random_raw(-(-vector.size // 64)).astype("<u8")
-    negative = np.unpackbits(words.view(np.uint8), bitorder="little")[: vector.size].view(np.bool_)
-    np.negative(vector, out=vector, where=negative)
+    negative = np.unpackbits(words.view(np.uint8), bitorder="little")[: vector.size]
+    if vector.dtype != np.float64 or vector.ndim != 1 or not vector.flags.c_contiguous:
+        np.negative(vector, out=vector, where=negative.view(np.bool_))
+        return vector
+    raw = vector.view(np.uint64)  # negating a float64 is flipping its sign bit (bit 63), exactly
+    for start in range(0, vector.size, _ROUND_BLOCK):
+        block = raw[start : start + _ROUND_BLOCK]
+        block ^= negative[start : start + block.size].astype(np.uint64) << np.uint64(63)
     return vector
 
 
@@ -248,14 +254,16 @@ def l2_clip(x: object, clip_norm: float) -> np.ndarray:
     """``x`` scaled by min(1, C/‖x‖₂)."""
     v = as_finite_array("x", x)
     c = check_positive("clip_norm", clip_norm)
-    norm = float(np.linalg.norm(v.ravel()))
     owned = v is not x and v.flags.owndata  # converted here (a fresh float64 array), never the caller's buffer
-    if norm <= c:
-        return v if owned else v.copy()
-    if owned:
+    return _clip_in_place(v if owned else v.copy(), c)
+
+
+def _clip_in_place(v: np.ndarray, c: float) -> np.ndarray:
+    """:func:`l2_clip` of a float64 ``v`` the caller owns, scaled in place."""
+    norm = float(np.linalg.norm(v.ravel()))
+    if norm > c:
         v *= c / norm
-        return v
-    return v * (c / norm)
+    return v
 
 
 def rounded_l2_norm_bound(scaled_norm_bound: float, dim: int, beta: float = DEFAULT_BETA) -> float:
@@ -370,20 +378,35 @@ def client_integer_vector(
     """
     if not isinstance(params, DistributedDpParams):
         raise ValueError(f"params must be a DistributedDpParams, got {type(params).__name__}")
-    x = as_finite_array("update", update).ravel()
+    x = as_finite_array("update", update)
     if x.size != params.dim:
         raise ValueError(f"update must have params.dim = {params.dim} entries, got {x.size}")
     share = check_nonnegative("local_noise_variance", local_noise_variance)
     gen = resolve_rng(rng)
-    clipped = l2_clip(x, params.clip_norm)
-    if np.may_share_memory(clipped, x):  # l2_clip copies or scales into a new array: only a safety net
-        clipped = clipped.copy()
-    rotated = _rotate_owned(clipped, _check_seed(params.rotation_seed))
-    del clipped
-    rotated *= params.scale  # in place: a fresh array
+    # one float64 copy of the update (the conversion from float32 is one; a float64 update is copied), clipped,
+    # signed and rotated in place, then scaled in place
+    owned = x is not update and x.flags.owndata and x.flags.c_contiguous
+    rotated = _rotate_owned(
+        _clip_in_place(x.reshape(-1) if owned else np.array(x, dtype=np.float64).reshape(-1), params.clip_norm),
+        _check_seed(params.rotation_seed),
+    )
+    del x
+    rotated *= params.scale
     k = conditional_randomized_round(rotated, params.rounding_bound, gen)
     del rotated
-    if share > 0.0:  # i.i.d. Sk(share) per coordinate, drawn block by block into k (rounding's fresh array)
+    if share > 0.0:
+        _add_skellam_share(k, share, gen)
+    return k
+
+
+def _add_skellam_share(k: np.ndarray, variance: float, rng: RngLike = None) -> np.ndarray:
+    """``k`` (1-D int64) += i.i.d. Sk(``variance``) per coordinate, in place, drawn block by block
+    (:func:`~.skellam.sample_skellam` of 64 K values at a time: no temporary of k's size); returns k."""
+    if k.dtype != np.int64 or k.ndim != 1:
+        raise ValueError(f"k must be a 1-D int64 array, got {k.dtype} {k.shape}")
+    share = check_nonnegative("variance", variance)
+    gen = resolve_rng(rng)
+    if share > 0.0:
         for start in range(0, k.size, _ROUND_BLOCK):
             chunk = k[start : start + _ROUND_BLOCK]
             chunk += sample_skellam(share, chunk.size, gen)
@@ -409,7 +432,9 @@ def encode_update(
 ) -> np.ndarray:
     """Steps (a)–(f): what a client hands to secure aggregation (uint64 in [0, 2^b), length D = d)."""
     k = client_integer_vector(update, params, local_noise_variance=local_noise_variance, rng=rng)
-    return to_modular(k, params.bits)
+    out = k.view(np.uint64)  # to_modular(k, b) in place: k is this call's own int64 array
+    out &= np.uint64(params.modulus - 1)
+    return out
 
 
 def modular_sum(encoded: Iterable[object], params: DistributedDpParams) -> np.ndarray:
