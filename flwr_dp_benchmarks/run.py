@@ -25,7 +25,7 @@ if str(ROOT) not in sys.path:
 
 from flwr_dp_benchmarks import bench_aggregation, bench_ledger, bench_noise, bench_signds  # noqa: E402
 from flwr_dp_benchmarks import bench_audit, bench_dpsgd, bench_scale, bench_simulation  # noqa: E402
-from flwr_dp_benchmarks import bench_model_scale  # noqa: E402
+from flwr_dp_benchmarks import bench_model_scale, bench_secagg_model_scale  # noqa: E402
 from flwr_dp_benchmarks._common import machine, write_outputs  # noqa: E402
 
 #: name -> (function, kwargs per mode). "tiny" is for the smoke test only (not meaningful timings).
@@ -57,6 +57,9 @@ BENCHMARKS = {
     # Server aggregation at model scale (issue 40 item 1): every central strategy vs Flower's FedAvg on the same
     # replies at d = 1e6-1e8 float32, 10 and 100 clients; its own table: bench_model_scale.py, results/model_scale/.
     "model_scale": (bench_model_scale.run, bench_model_scale.MODES),
+    # Secure aggregation at model scale (issue 40 item 2): a distributed-DP client's upload stage by stage and the
+    # server's unmask of 100 clients at d = 1e6, 1e7; its own table: bench_secagg_model_scale.py, distributed_dp/.
+    "secagg_model_scale": (bench_secagg_model_scale.suite_run, bench_secagg_model_scale.MODES),
     "noise": (
         bench_noise.run,
         {
