@@ -244,9 +244,16 @@ def inverse_random_rotation(y: object, rotation_seed: int) -> np.ndarray:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {v.shape}")
     seed = _check_seed(rotation_seed)
     if _is_power_of_two(v.size):
-        back = walsh_hadamard(v) / math.sqrt(v.size)
-    else:
-        back = np.asarray(scipy.fft.idct(v.astype(np.float64), type=2, norm="ortho"), dtype=np.float64)
+        return _flip_signs(walsh_hadamard(v) / math.sqrt(v.size), seed)
+    return _inverse_rotate_owned(np.array(v, dtype=np.float64, copy=True), seed)
+
+
+def _inverse_rotate_owned(v: np.ndarray, seed: int) -> np.ndarray:
+    """:func:`inverse_random_rotation` of a 1-D float64 ``v`` the caller owns and gives up (the inverse DCT may
+    overwrite it; the signs are flipped in the result, in place)."""
+    if _is_power_of_two(v.size):
+        return _flip_signs(walsh_hadamard(v) / math.sqrt(v.size), seed)
+    back = np.asarray(scipy.fft.idct(v, type=2, norm="ortho", overwrite_x=True), dtype=np.float64)
     return _flip_signs(back, seed)
 
 
@@ -466,8 +473,11 @@ def decode_sum(summed: object, params: DistributedDpParams) -> np.ndarray:
     if v.size and (int(v.min()) < 0 or int(v.max()) >= params.modulus):
         raise ValueError(f"summed must hold values in [0, 2**{params.bits})")
     signed = v.astype(np.int64)
-    signed = np.where(signed >= params.modulus // 2, signed - params.modulus, signed)
-    return inverse_random_rotation(signed.astype(np.float64) / params.scale, params.rotation_seed)
+    signed[signed >= params.modulus // 2] -= params.modulus  # centred in place
+    values = signed.astype(np.float64)
+    del signed
+    values /= params.scale
+    return _inverse_rotate_owned(values, _check_seed(params.rotation_seed))
 
 
 @dataclass(frozen=True)
