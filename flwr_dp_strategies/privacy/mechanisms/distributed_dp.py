@@ -323,7 +323,9 @@ def conditional_randomized_round(
             np.copyto(chunk, floor, casting="unsafe")  # floor(x) is an integer below 2**50: exact in int64
             chunk += gen.random(block.size) < (block - floor)
             values = chunk.astype(np.float64)
-            squared += float(np.dot(values, values))
+            # einsum's own loop, not BLAS: a multi-threaded BLAS dot per 64 K block spins its threads (1.1 s of
+            # CPU at d = 1e7 on 2 busy cores, against 0.03 s)
+            squared += float(np.einsum("i,i->", values, values))
         if squared <= bound_sq:
             return k.reshape(v.shape)
     raise RuntimeError(f"conditional rounding found no draw with L2 norm <= {bound} in {attempts} attempts")
