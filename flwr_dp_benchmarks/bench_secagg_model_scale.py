@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -498,7 +499,9 @@ def markdown(result: dict) -> str:
     m = result["machine"]
     return (
         f"## Secure aggregation at model scale (issue 40 item 2; {result['mode']} run, {result['created']})\n\n"
-        f"Machine: {m['platform']}, {m['cpu_count']} CPUs (shared), numpy {m['numpy']}. "
+        f"Machine: {m['platform']}, {m['cpu_count']} CPUs (shared; 1-minute load average "
+        f"{' → '.join(f'{x:.1f}' for x in result.get('load_average_1min', []))} at the start and end), "
+        f"numpy {m['numpy']}. "
         "b = 20, C = 1, z = 1, m = 100, k = 24 pairwise masks per client. CPU: `time.process_time` (median of the "
         "repeats); peak: traced allocations (tracemalloc: numpy buffers and Python bytes) above what was live before "
         "the call, the stage's input not counted; see the module docstring of "
@@ -517,8 +520,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--note", action="append", default=[], help="a line for the markdown (repeatable)")
     args = parser.parse_args(argv)
     mode = "tiny" if args.tiny else ("quick" if args.quick else "full")
+    load = [os.getloadavg()[0]]
     rows = run(**MODES[mode])
+    load.append(os.getloadavg()[0])
     result = {
+        "load_average_1min": load,
         "mode": mode,
         "machine": machine(),
         "created": time.strftime("%Y-%m-%d %H:%M:%S %z"),
