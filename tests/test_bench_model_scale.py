@@ -12,9 +12,12 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import pytest  # noqa: E402
+
 from flwr_dp_benchmarks import bench_model_scale as bench  # noqa: E402
 
 
+@pytest.mark.slow  # 10-24 s on 2 cores: every central strategy and its memory pass
 def test_every_strategy_gets_a_time_row_and_a_memory_row(tmp_path):
     assert bench.main(["--tiny", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "results.json").read_text())
