@@ -51,6 +51,8 @@ class CustomDpEvent(dp_event.DpEvent):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if cls.__name__.startswith("_"):  # a private base that shares rules is not an event of its own
+            return
         known = CUSTOM_EVENTS.get(cls.__name__)
         if known is not None and known.__module__ != cls.__module__:
             raise TypeError(f"a custom DpEvent named {cls.__name__} is already registered (from {known.__module__})")

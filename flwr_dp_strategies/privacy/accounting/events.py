@@ -50,13 +50,12 @@ def _pure_pld(epsilon: float, delta: float, interval: float) -> Any:
 
 
 @attr.s(frozen=True)
-class ExponentialMechanismDpEvent(CustomDpEvent):
-    """One draw of the ε exponential mechanism (ε-DP, ε-bounded-range).
-
-    RDP ``min(ε, α ε²/8)`` (ε-bounded range ⇒ ε²/8-zCDP, Cesar & Rogers 2021); PLD of (ε, 0); replace-one: 2ε
-    (group privacy of size 2)."""
+class _PureEpsilonEvent(CustomDpEvent):
+    """The rules the pure ε-DP events share: ε in (0, ∞); RDP ``min(ε, α ε² · RDP_FACTOR)``; PLD of (ε, 0); pure
+    ε; replace-one: the same event at 2ε (group privacy of size 2); textbook (ε, 0). Not registered itself."""
 
     FIELDS: ClassVar[dict] = {"epsilon": real(0.0)}
+    RDP_FACTOR: ClassVar[float]
     epsilon: float = attr.ib()
 
     def __attrs_post_init__(self) -> None:
@@ -64,7 +63,7 @@ class ExponentialMechanismDpEvent(CustomDpEvent):
 
     def rdp(self, orders: np.ndarray) -> np.ndarray:
         eps = float(self.epsilon)
-        return np.minimum(eps, np.asarray(orders) * eps * eps / 8.0)
+        return np.minimum(eps, np.asarray(orders) * eps * eps * self.RDP_FACTOR)
 
     def pld(self, value_discretization_interval: float) -> Any:
         return _pure_pld(float(self.epsilon), 0.0, value_discretization_interval)
@@ -73,39 +72,29 @@ class ExponentialMechanismDpEvent(CustomDpEvent):
         return float(self.epsilon)
 
     def replace_one(self) -> dp_event.DpEvent:
-        return ExponentialMechanismDpEvent(2.0 * float(self.epsilon))
+        return type(self)(2.0 * float(self.epsilon))
 
     def textbook(self, delta: float) -> tuple[float, float]:
         return float(self.epsilon), 0.0
 
 
 @attr.s(frozen=True)
-class PureDpEvent(CustomDpEvent):
+class ExponentialMechanismDpEvent(_PureEpsilonEvent):
+    """One draw of the ε exponential mechanism (ε-DP, ε-bounded-range).
+
+    RDP ``min(ε, α ε²/8)`` (ε-bounded range ⇒ ε²/8-zCDP, Cesar & Rogers 2021); PLD of (ε, 0); replace-one: 2ε
+    (group privacy of size 2)."""
+
+    RDP_FACTOR: ClassVar[float] = 1.0 / 8.0
+
+
+@attr.s(frozen=True)
+class PureDpEvent(_PureEpsilonEvent):
     """A release that is ε-DP and about which nothing finer is known.
 
     RDP ``min(ε, α ε²/2)`` (ε-DP ⇒ ε²/2-zCDP, Bun & Steinke 2016, Prop. 3.3); PLD of (ε, 0); replace-one: 2ε."""
 
-    FIELDS: ClassVar[dict] = {"epsilon": real(0.0)}
-    epsilon: float = attr.ib()
-
-    def __attrs_post_init__(self) -> None:
-        check_epsilon(self.epsilon)
-
-    def rdp(self, orders: np.ndarray) -> np.ndarray:
-        eps = float(self.epsilon)
-        return np.minimum(eps, np.asarray(orders) * eps * eps / 2.0)
-
-    def pld(self, value_discretization_interval: float) -> Any:
-        return _pure_pld(float(self.epsilon), 0.0, value_discretization_interval)
-
-    def pure_epsilon(self) -> float:
-        return float(self.epsilon)
-
-    def replace_one(self) -> dp_event.DpEvent:
-        return PureDpEvent(2.0 * float(self.epsilon))
-
-    def textbook(self, delta: float) -> tuple[float, float]:
-        return float(self.epsilon), 0.0
+    RDP_FACTOR: ClassVar[float] = 1.0 / 2.0
 
 
 @attr.s(frozen=True)
