@@ -96,6 +96,7 @@ def test_run_demo_reads_the_federation(example):
     args = demo.parse_args(["--size", "reduced", "--set", "lr=0.5", "--set", "freeze-a=false"])
     settings = demo.settings_from(args, 4)
     assert settings["size"] == "reduced" and settings["num-partitions"] == 4 and settings["lr"] == 0.5
+    assert settings["freeze-a"] is False
     assert set(settings) - {"freeze-a"} <= set(pyproject(example)["tool"]["flwr"]["app"]["config"])
 
 

@@ -67,6 +67,9 @@ def settings_from(args: argparse.Namespace, clients: int) -> dict[str, Any]:
     }
     for item in args.set:
         key, _, value = item.partition("=")
+        if value in ("true", "false"):  # TOML's booleans
+            settings[key] = value == "true"
+            continue
         try:
             settings[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):
