@@ -14,6 +14,7 @@ sharing inside ``configure_train`` and the unmasking inside ``aggregate_train``,
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,7 +152,18 @@ class Entry:
     restart: dict = field(default_factory=dict)
     resumes_stream: bool = False
     central: bool = False
-    """A central-DP wrapper: ``make(inner=...)`` wraps that Flower strategy instead of FedAvg."""
+    """A central-DP wrapper (its ``make(inner=...)`` wraps that Flower strategy instead of FedAvg)."""
+    drop_in: Optional[str] = None
+    """The one line an ordinary Flower app changes to use this strategy: an expression over ``FedAvg``,
+    ``FEDAVG_ARGS`` (FedAvg's node counts for ``NODES`` = 4 nodes) and the package's exports, evaluated by
+    ``tests/plain_app/app.py`` (``test_drop_in.py`` runs every such line in one ``flwr run``)."""
+    not_drop_in: Optional[str] = None
+    """Why no plain app can run this strategy unchanged (its clients need a protocol or another reply)."""
+
+    @property
+    def wraps(self) -> bool:
+        """``make(inner=...)`` wraps that Flower strategy (the wrapped-configure suite derives its cases from it)."""
+        return "inner" in inspect.signature(self.make).parameters
 
     @property
     def secure(self) -> bool:
@@ -205,29 +217,46 @@ class Entry:
 def _entries() -> list[Entry]:
     n, s = N, N_SECURE
     return [
-        Entry("AccountedFedAvg", AccountedFedAvg, lambda **kw: AccountedFedAvg(**kwargs(), **kw)),
+        Entry(
+            "AccountedFedAvg",
+            AccountedFedAvg,
+            lambda **kw: AccountedFedAvg(**kwargs(), **kw),
+            drop_in="AccountedFedAvg(**FEDAVG_ARGS)",
+        ),
         Entry(
             "ShuffleAmplifiedFedAvg",
             ShuffleAmplifiedFedAvg,
             lambda **kw: ShuffleAmplifiedFedAvg(**kwargs(), shuffler=LayerShuffler(0), **kw),
             randomised=True,
+            drop_in="ShuffleAmplifiedFedAvg(**FEDAVG_ARGS)",
         ),
         Entry(
             "MinDivergenceExpSampling",
             MinDivergenceExpSampling,
             lambda **kw: MinDivergenceExpSampling(num_selected=2, epsilon=None, **kwargs(), **kw),
+            drop_in="MinDivergenceExpSampling(num_selected=NODES, epsilon=1.0, **FEDAVG_ARGS)",
         ),
-        Entry("SignDS", SignDS, lambda **kw: SignDS(sign_k=0.05, sign_eps=10.0, **kwargs(), **kw), kind="signds"),
+        Entry(
+            "SignDS",
+            SignDS,
+            lambda **kw: SignDS(sign_k=0.05, sign_eps=10.0, **kwargs(), **kw),
+            kind="signds",
+            drop_in="SignDS(sign_k=0.05, sign_eps=10.0, **FEDAVG_ARGS)",
+        ),
         Entry(
             "NoisyObjectiveSum",
             NoisyObjectiveSum,
             lambda **kw: NoisyObjectiveSum(num_classes=2, ridge=1e-3, **kwargs(), **kw),
             kind="objective",
+            not_drop_in="its clients upload objective coefficients, not a model (examples/delm)",
         ),
         Entry(
             "ClusterEvaluation(FedAvg)",
             ClusterEvaluation,
-            lambda **kw: ClusterEvaluation(FedAvg(**kwargs()), book_unaccounted_training=False, **kw),
+            lambda inner=None, **kw: ClusterEvaluation(
+                inner or FedAvg(**kwargs()), book_unaccounted_training=False, **kw
+            ),
+            drop_in="ClusterEvaluation(FedAvg(**FEDAVG_ARGS))",
         ),
         Entry(
             "ClusterEvaluation(AccountedFedAvg)",
@@ -243,6 +272,7 @@ def _entries() -> list[Entry]:
                 inner or FedAvg(**kwargs()), 1.0, 1.0, n, **{"rng": 7, **kw}
             ),
             central=True,
+            drop_in="AccountedServerSideFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES)",
         ),
         Entry(
             "AccountedPoissonFixedClipping",
@@ -251,6 +281,7 @@ def _entries() -> list[Entry]:
                 inner or FedAvg(**kwargs()), 1.0, 1.0, n, **{"num_clients": n, "rng": 7, **kw}
             ),
             central=True,
+            drop_in="AccountedPoissonFixedClipping(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, 2)",
         ),
         Entry(
             "AccountedAdaptiveClipping",
@@ -266,6 +297,7 @@ def _entries() -> list[Entry]:
                 **kw,
             ),
             central=True,
+            drop_in="AccountedAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1, NODES)",
         ),
         Entry(
             "AccountedClientSideAdaptiveClipping",
@@ -282,6 +314,7 @@ def _entries() -> list[Entry]:
             ),
             kind="clipped-bit",
             central=True,
+            drop_in="AccountedClientSideAdaptiveClipping(FedAvg(**FEDAVG_ARGS), 0.1, NODES)",
         ),
         Entry(  # b = 1: every node in every round (the suites expect all N nodes); b > 1 in test_bandmf_strategy.py
             "AccountedBandedMatrixFactorization",
@@ -293,6 +326,7 @@ def _entries() -> list[Entry]:
             randomised=True,
             restart={"num_bands": 2},  # the restart suite: a noise buffer and a participation rule to continue
             resumes_stream=True,
+            drop_in="AccountedBandedMatrixFactorization(FedAvg(**FEDAVG_ARGS), 1.0, 1.0, NODES // 2, num_bands=2, num_rounds=2)",
         ),
         Entry(
             "DistributedDpFedAvg",
@@ -302,6 +336,7 @@ def _entries() -> list[Entry]:
             ),
             kind="secagg-dense",
             nodes=s,
+            not_drop_in="its clients run the secure-aggregation protocol (distributed_dp_mod)",
         ),
         Entry(
             "SecureObjectiveSum",
@@ -311,6 +346,7 @@ def _entries() -> list[Entry]:
             ),
             kind="secagg-objective",
             nodes=s,
+            not_drop_in="its clients run the secure-aggregation protocol (SecureObjectiveTrainer)",
         ),
     ]
 
@@ -326,6 +362,7 @@ def _example_entries() -> list[Entry]:
                 **kwargs(), clipping_norm=1.0, noise_multiplier=1.0, num_sampled_clients=N, **{"rng": 7, **kw}
             ),
             randomised=True,
+            not_drop_in="the worked example of docs/architecture.md, outside the package",
         ),
     ]
 

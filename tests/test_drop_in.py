@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -10,27 +11,29 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-#: Registry strategies the plain app cannot run unchanged, and why (their own suites run them in an app).
-NOT_DROP_IN = {
-    "NoisyObjectiveSum": "its clients upload objective coefficients, not a model (examples/private-objective)",
-    "DistributedDpFedAvg": "its clients run the secure-aggregation protocol (distributed_dp_mod)",
-    "SecureObjectiveSum": "its clients run the secure-aggregation protocol (SecureObjectiveTrainer)",
-    "NoisyClippedMean": "the worked example of docs/architecture.md, outside the package",
-}
+def drop_in_lines() -> dict[str, str]:
+    """``{strategy name: the line}`` of every registry entry with a ``drop_in`` line, and Flower's FedAvg."""
+    from strategy_registry import REGISTRY
+
+    lines = {"FedAvg": "FedAvg(**FEDAVG_ARGS)"}
+    lines.update({entry.covers.__name__: entry.drop_in for entry in REGISTRY.values() if entry.drop_in})
+    return lines
 
 
-def test_the_drop_in_app_covers_every_registry_strategy():
-    """tests/strategy_registry.py drives the coverage: a new strategy is in the plain app or says why not."""
+def test_every_registry_strategy_has_a_drop_in_line_or_says_why_not():
+    """tests/strategy_registry.py drives the plain app: each strategy's entry gives its one line (``drop_in``),
+    or why no plain app can run it (``not_drop_in``); each line builds a strategy of the class it names."""
     import sys
 
     from strategy_registry import REGISTRY
 
     sys.path.insert(0, HERE)
-    from plain_app.app import DROP_IN
+    from plain_app.app import make_strategy
 
-    registry = {entry.covers.__name__ for entry in REGISTRY.values()}
-    assert registry - set(NOT_DROP_IN) <= set(DROP_IN), sorted(registry - set(NOT_DROP_IN) - set(DROP_IN))
-    assert set(NOT_DROP_IN) <= registry  # no stale exemption
+    covered = {entry.covers for entry in REGISTRY.values() if entry.drop_in or entry.not_drop_in}
+    assert {entry.covers for entry in REGISTRY.values()} == covered
+    for name, line in drop_in_lines().items():
+        assert type(make_strategy(line)).__name__ == name, line
 
 
 @pytest.mark.integration
@@ -38,16 +41,17 @@ def test_each_strategy_runs_in_an_unchanged_flower_app(tmp_path):
     from flwr_dp_experiments.simulation import prepare_process, run_app
 
     prepare_process([HERE])
-    from plain_app.app import DROP_IN
-
+    lines = drop_in_lines()
+    spec = tmp_path / "strategies.json"
+    spec.write_text(json.dumps(lines), encoding="utf-8")
     out = tmp_path / "metrics.json"
     results = run_app(
         os.path.join(HERE, "plain_app"),
-        {"strategies": ",".join(DROP_IN), "out": str(out)},
+        {"strategies": str(spec), "out": str(out)},
         num_supernodes=4,
         results_path=out,
     )
-    assert set(results) == set(DROP_IN)
+    assert set(results) == set(lines)
     for name, result in results.items():
         assert result["changed"], name  # the model was trained and released
         if name == "FedAvg":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
@@ -144,13 +145,23 @@ def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keywor
             p.name
             for p in mine[len(theirs) :]
             if p.kind is not inspect.Parameter.KEYWORD_ONLY
-            and not (ours is fds.AccountedFedAvg and p.kind is inspect.Parameter.VAR_KEYWORD)
+            and (p.kind, p.name) != _ACCOUNTING[ours is fds.AccountedFedAvg]
         ]
-        assert not extra, (ours.__name__, extra)  # AccountedFedAvg's **kwargs: the MRO's next class (FedProx)
+        assert not extra, (ours.__name__, extra)
+        assert mine[-1].kind is inspect.Parameter.VAR_KEYWORD, ours.__name__  # the accounting options, last
     # a wrapper of any strategy, as Flower's DP wrappers: the wrapped strategy first, the rest keyword-only
     wrapper = list(inspect.signature(fds.ClusterEvaluation).parameters.values())
     assert (wrapper[0].name, wrapper[0].kind) == ("strategy", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in wrapper[1:])
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in wrapper[1:-1])
+    assert (wrapper[-1].kind, wrapper[-1].name) == _ACCOUNTING[False]
+
+
+#: the accounting options, keyword-only by construction (``**accounting``; AccountedFedAvg's ``**kwargs`` also
+#: carries a combined Flower class's own arguments, e.g. FedProx's ``proximal_mu``)
+_ACCOUNTING = {
+    False: (inspect.Parameter.VAR_KEYWORD, "accounting"),
+    True: (inspect.Parameter.VAR_KEYWORD, "kwargs"),
+}
 
 
 def test_positional_fedavg_arguments_keep_fedavg_meaning():

@@ -17,7 +17,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from loopback import LoopbackGrid, run_round
-from strategy_registry import REGISTRY, rejection_counts
+from strategy_registry import REGISTRY, Entry, kwargs, rejection_counts
 from flwr_dp_strategies.rounds.template import RoundRelease
 from flwr_dp_strategies import AccountedFedAvg, ClusterEvaluation, ShuffleAmplifiedFedAvg, SignDS, declare_release
 from flwr_dp_strategies.layer_shuffler import LayerShuffler
@@ -291,6 +291,26 @@ def test_max_reply_bytes_equal_to_the_model_size_accepts_valid_replies():
     msgs = configure_train(small, current)
     _, metrics = small.aggregate_train(1, [reply(m, [np.ones_like(a) for a in current]) for m in msgs])
     assert small.rejections["train"]["oversized"] == N
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_strategy_honours_max_reply_bytes(name):
+    """``max_reply_bytes`` is an accounting option of every strategy and the template checks it before the
+    strategy's own screening: a limit below a valid reply's payload rejects every train reply as ``oversized``;
+    the same strategy without a limit (positive control) accepts them."""
+    entry = REGISTRY[name]
+    # ClusterEvaluation hands the train replies to a wrapped accounting strategy, which screens them itself
+    if name == "ClusterEvaluation(AccountedFedAvg)":
+        with pytest.raises(ValueError, match="max_reply_bytes must be given to the wrapped"):
+            entry.build(max_reply_bytes=1)
+        entry = Entry(name, ClusterEvaluation, lambda **kw: ClusterEvaluation(FedAvg(**kwargs()), **kw))
+    for limit, expected in ((None, 0), (1, entry.nodes)):
+        strategy, grid = entry.build(**({} if limit is None else {"max_reply_bytes": limit})), entry.grid()
+        msgs = list(strategy.configure_train(1, entry.model(), ConfigRecord(), grid))
+        replies = entry.train_replies(grid, msgs)
+        _, metrics = strategy.aggregate_train(1, replies)
+        counts = rejection_counts(strategy, metrics, "train")
+        assert counts.get("oversized", 0) == (expected if limit is not None else 0), (limit, counts)
 
 
 # ---------------------------------------------------------------------- 5. SignDS

@@ -15,18 +15,12 @@ from flwr.serverapp.strategy import FedAvg
 
 import flwr_dp_strategies
 from loopback import LoopbackGrid
-from flwr_dp_strategies import (
-    AccountedAdaptiveClipping,
-    AccountedBandedMatrixFactorization,
-    AccountedClientSideAdaptiveClipping,
-    AccountedPoissonFixedClipping,
-    AccountedServerSideFixedClipping,
-    ClusterEvaluation,
-)
+from flwr_dp_strategies import AccountedAdaptiveClipping, AccountedClientSideAdaptiveClipping
+from strategy_registry import N, REGISTRY
 
 pytestmark = pytest.mark.usefixtures("task_identity")
 
-N = 10  # nodes; every wrapper samples all of them (m = N: q = 1 under Poisson sampling)
+# N: the registry's nodes; every wrapper samples all of them (m = N: q = 1 under Poisson sampling)
 
 
 class LrScheduleFedAvg(FedAvg):
@@ -56,22 +50,16 @@ class PerNodeFedAvg(FedAvg):
 
 
 def wrappers(make_inner) -> dict[str, object]:
-    """One instance of every wrapper (each sampling mode), around a fresh wrapped strategy each."""
-    return {
-        "AccountedServerSideFixedClipping": AccountedServerSideFixedClipping(make_inner(), 1.0, 1.0, N),
-        "AccountedPoissonFixedClipping": AccountedPoissonFixedClipping(make_inner(), 1.0, 1.0, N, rng=1),
-        "AccountedAdaptiveClipping": AccountedAdaptiveClipping(make_inner(), 0.5, N, rng=2),
-        "AccountedAdaptiveClipping/fixed": AccountedAdaptiveClipping(make_inner(), 0.5, N, sampling="fixed", rng=3),
-        "AccountedClientSideAdaptiveClipping": AccountedClientSideAdaptiveClipping(make_inner(), 0.5, N, rng=4),
-        "AccountedClientSideAdaptiveClipping/fixed": AccountedClientSideAdaptiveClipping(
-            make_inner(), 0.5, N, sampling="fixed", rng=5
-        ),
-        "ClusterEvaluation": ClusterEvaluation(make_inner()),
-        # one band: the whole grid is the round's group (b > 1 asks a group of N/b, tests/test_bandmf_strategy.py)
-        "AccountedBandedMatrixFactorization": AccountedBandedMatrixFactorization(
-            make_inner(), 1.0, 1.0, N, num_bands=1, num_rounds=4, rng=6
-        ),
-    }
+    """One instance of every wrapper in the registry (``make(inner=...)``), around a fresh wrapped strategy each,
+    and the adaptive strategies with fixed-size sampling too."""
+    cases = {entry.covers.__name__: entry.make(inner=make_inner()) for entry in REGISTRY.values() if entry.wraps}
+    cases["AccountedAdaptiveClipping/fixed"] = AccountedAdaptiveClipping(
+        make_inner(), 0.5, N, sampling="fixed", clipped_count_stddev=1.0, rng=3
+    )
+    cases["AccountedClientSideAdaptiveClipping/fixed"] = AccountedClientSideAdaptiveClipping(
+        make_inner(), 0.5, N, sampling="fixed", clipped_count_stddev=1.0, rng=5
+    )
+    return cases
 
 
 def test_every_exported_wrapper_is_covered():

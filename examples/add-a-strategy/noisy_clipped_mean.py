@@ -9,16 +9,15 @@ federation. Screening, booking, saving the ledger and publishing ε are the temp
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from dp_accounting.dp_event import GaussianDpEvent
 from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 
-from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.rng import RngSource
 from flwr_dp_strategies.rounds.central_release import fixed_denominator_release
-from flwr_dp_strategies.rounds.client_metrics import AccountedMetrics, EvaluateMetrics
+from flwr_dp_strategies.rounds.options import split_accounting
 from flwr_dp_strategies.rounds.reply_screening import array_spec, screen_train_content
 from flwr_dp_strategies.rounds.streaming_aggregation import ClippedSum, npy_view
 from flwr_dp_strategies.rounds.template import AccountedRound, Booking, RoundRelease, Screened
@@ -33,21 +32,12 @@ class NoisyClippedMean(AccountedRound, FedAvg):
         clipping_norm: float,
         noise_multiplier: float,
         num_sampled_clients: int,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
         rng: Any = None,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
         **kwargs: Any,
     ) -> None:
-        super().__init__(*args, **kwargs)
-        self.init_accounted_round(
-            ledger=ledger,
-            ledger_path=ledger_path,
-            resume=resume,
-            neighboring_relation="add_or_remove_one",
-            evaluate_metrics=evaluate_metrics,  # the clients' evaluate metrics: noised and booked when declared
-        )
+        accounting, flower = split_accounting(kwargs)  # ledger, ledger_path, resume, ... (AccountingOptions)
+        super().__init__(*args, **flower)
+        self.init_accounted_round(neighboring_relation="add_or_remove_one", **accounting)
         self.clipping_norm, self.noise_multiplier = float(clipping_norm), float(noise_multiplier)
         self.num_sampled_clients = int(num_sampled_clients)
         self.rng = RngSource(rng)  # OS entropy unless a seed is given (tests)

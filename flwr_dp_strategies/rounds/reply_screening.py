@@ -36,7 +36,8 @@ Reasons (:data:`REJECTION_REASONS`; the first failing check names the rejection)
 * ``keys`` - the ArrayRecord's keys differ from those the server sent;
 * ``oversized`` - an array's payload exceeds what the server sent for it, or the
   reply's *payload* bytes (array data without the ``.npy`` headers) exceed
-  ``max_reply_bytes``: a limit equal to the model's size accepts a valid reply;
+  ``max_reply_bytes`` (an accounting option of every strategy, checked by the template
+  before the strategy's own check): a limit equal to the model's size accepts a valid reply;
 * ``shape`` - an array's shape or dtype differs from the one the server sent
   (both the ``Array``'s metadata and its ``.npy`` header are compared), or its
   payload is not a readable numeric ``.npy`` (complex, string, object dtypes are
@@ -194,15 +195,14 @@ def screen_train_content(
     content: RecordDict,
     spec: Optional[ArraySpec],
     weighted_by_key: str,
-    max_reply_bytes: Optional[int] = None,
     check_values: bool = True,
     *,
     max_weight: float = DEFAULT_MAX_WEIGHT,
 ) -> Optional[str]:
     """``None`` if a train reply's content is well formed for averaging with ``spec``, else the reason.
 
-    ``check_values=False`` skips the NaN/inf scan (the caller's aggregation must detect them).
-    ``max_reply_bytes`` bounds the sum of the arrays' payloads (``.npy`` headers not counted).
+    ``check_values=False`` skips the NaN/inf scan (the caller's aggregation must detect them). The size limit
+    (``max_reply_bytes``, :func:`oversized`) is the template's, checked before this.
     """
     array_records = records_of(content, ArrayRecord)
     if len(array_records) != 1:
@@ -213,19 +213,27 @@ def screen_train_content(
     arrays = array_records[0]
     if spec is not None and set(arrays.keys()) != set(spec.keys()):
         return "keys"
-    if max_reply_bytes is not None and sum(len(arr.data) for arr in arrays.values()) > max_reply_bytes + 1024 * len(
-        arrays
-    ):
-        return "oversized"  # even without headers too large: refused before anything is parsed
-    payload = 0
     for key, arr in arrays.items():
         reason = _check_array(arr, None if spec is None else spec[key], check_values)
         if reason is not None:
             return reason
-        payload += npy_view(arr).nbytes
-    if max_reply_bytes is not None and payload > max_reply_bytes:
-        return "oversized"
     return None
+
+
+def oversized(content: RecordDict, max_reply_bytes: int) -> bool:
+    """True when the arrays of ``content`` (every ArrayRecord) carry more than ``max_reply_bytes`` of payload
+    (``.npy`` headers not counted; an array that does not parse counts its raw bytes). Raw bytes beyond the limit
+    plus 1 KiB of header per array are refused before anything is parsed."""
+    arrays = [arr for record in records_of(content, ArrayRecord) for arr in record.values()]
+    if sum(len(arr.data) for arr in arrays) > max_reply_bytes + 1024 * len(arrays):
+        return True
+    payload = 0
+    for arr in arrays:
+        try:
+            payload += npy_view(arr).nbytes
+        except Exception:  # noqa: BLE001 - malformed: its raw size counts; the strategy's check rejects it
+            payload += len(arr.data)
+    return payload > max_reply_bytes
 
 
 def decode_real(arr: Array) -> Optional[np.ndarray]:

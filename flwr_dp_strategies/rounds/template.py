@@ -37,13 +37,12 @@ runs SecAgg stages); it cannot replace the template: defining ``configure_train`
 from __future__ import annotations
 
 import io
-import os
 import time
 from logging import INFO, WARNING
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, cast
+from typing import Any, Optional, Unpack, cast
 
 from dp_accounting.dp_event import NonPrivateDpEvent
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -53,12 +52,13 @@ from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from ..declarations import Declaration
-from ..privacy import PrivacyLedger
 from ..privacy.rng import RngSource
+from ..privacy.validation import check_bool
 from .client_accounting import Booking, ClientAccountingMixin, ContentCheck, undeclared_replies
 from .exchange import exchange
-from .client_metrics import AccountedMetrics, EvaluateMetrics, check_evaluate_metrics, release_evaluate_metrics
-from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, reply_arrays
+from .options import AccountingOptions, check_accounting
+from .client_metrics import AccountedMetrics, check_evaluate_metrics, release_evaluate_metrics
+from .reply_screening import DEFAULT_MAX_WEIGHT, check_weight, oversized, reply_arrays
 from .streaming_aggregation import ClippedSum, NonFiniteReplies, single_threaded_blas
 
 TEMPLATE_METHODS = ("configure_train", "configure_evaluate", "aggregate_train", "aggregate_evaluate")
@@ -191,36 +191,34 @@ class AccountedRound(ClientAccountingMixin):
     def init_accounted_round(
         self,
         *,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional["os.PathLike[str] | str"] = None,
-        resume: bool = False,
-        high_water_path: Optional["os.PathLike[str] | str"] = None,
-        per_client_metrics: bool = False,
-        max_reply_bytes: Optional[int] = None,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
         neighboring_relation: str = "replace_one",
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
         rng: Any = None,
+        wrapped: object = None,
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
-        """Open the strategy's ledger (restored from ``ledger_path``, see
-        :func:`~.client_accounting.open_ledgers`) and set the screening limits; call it in ``__init__``
-        after the Flower strategy's own constructor. ``neighboring_relation``: the default ledger's
-        (``add_or_remove_one`` for central DP, ``replace_one`` for client-declared releases);
-        ``evaluate_metrics``: how the clients' evaluate metrics are released (:mod:`.client_metrics`), its
-        noise from ``rng`` (None: OS entropy; a seed or Generator in tests only)."""
-        self.evaluate_metrics = check_evaluate_metrics(evaluate_metrics)
+        """Open the strategy's ledger and set the screening limits from the accounting options
+        (:class:`.options.AccountingOptions`: validated here, defaults applied here, nowhere else); call it in
+        ``__init__`` after the Flower strategy's own constructor. ``neighboring_relation``: the default ledger's
+        (``add_or_remove_one`` for central DP, ``replace_one`` for client-declared releases); the clients'
+        evaluate metrics are noised from ``rng`` (None: OS entropy; a seed or Generator in tests only). ``wrapped``: a
+        strategy this one wraps (``ClusterEvaluation``), whose ledger store is shared and whose ``max_weight`` is
+        the default."""
+        options = check_accounting(accounting, type(self).__name__)
+        self.evaluate_metrics = check_evaluate_metrics(options.get("evaluate_metrics", AccountedMetrics()))
         self._metrics_rng = RngSource(rng)
         self._withheld_logged: set[str] = set()
         self._init_accounting(
-            ledger,
-            ledger_path,
-            per_client_metrics,
-            max_reply_bytes,
+            options.get("ledger"),
+            options.get("ledger_path"),
+            check_bool("per_client_metrics", options.get("per_client_metrics", False)),
+            options.get("max_reply_bytes"),
             neighboring_relation,
-            resume=resume,
-            high_water_path=high_water_path,
+            wrapped=wrapped,
+            resume=options.get("resume", False),
+            high_water_path=options.get("high_water_path"),
         )
-        self._init_screening(max_weight)
+        max_weight = options.get("max_weight")
+        self._init_screening(getattr(wrapped, "max_weight", DEFAULT_MAX_WEIGHT) if max_weight is None else max_weight)
 
     # ------------------------------------------------------------------ hooks
     @property
@@ -526,6 +524,9 @@ class AccountedRound(ClientAccountingMixin):
         undeclared_label: Optional[str],
     ) -> Screened:
         replies = list(replies)
+        limit = self.max_reply_bytes
+        if phase == "train" and limit is not None:  # every strategy's replies, before its own check
+            check = _within_size(check, limit)
         undeclared = undeclared_replies(replies)
         declarations: dict[int, list[Declaration]] = {}
         accepted, rejected, bookings = self.screen(
@@ -538,6 +539,18 @@ class AccountedRound(ClientAccountingMixin):
     def _book(self, server_round: int, bookings: list[Booking]) -> None:
         """The book and save steps: every booking under :meth:`booking_round`, every ledger saved (once)."""
         self.book(self.booking_round(server_round), bookings)
+
+
+def _within_size(check: Optional[ContentCheck], limit: int) -> ContentCheck:
+    """``check`` after :func:`.reply_screening.oversized` (``max_reply_bytes``): an oversized reply is rejected as
+    ``oversized`` before the strategy reads it."""
+
+    def checked(content: RecordDict) -> Optional[str]:
+        if oversized(content, limit):
+            return "oversized"
+        return None if check is None else check(content)
+
+    return checked
 
 
 def reply_contents(replies: Iterable[Message]) -> list[RecordDict]:

@@ -1,8 +1,7 @@
 r"""FedAvg that accounts what its clients release and survives malformed replies.
 
 Drop-in for :class:`flwr.serverapp.strategy.FedAvg`: FedAvg's arguments in FedAvg's
-order, plus the keyword-only ``ledger``, ``ledger_path``, ``per_client_metrics``,
-``max_reply_bytes`` and ``max_weight``.
+order, plus the keyword-only accounting options (:mod:`flwr_dp_strategies.rounds.options`).
 Use it with the client mods of :mod:`client_mods` (local update noise, Laplace
 inference protection, label DP, DP-SGD): each declares its releases in the
 reply, and this strategy books them per node and publishes the ε spent in every
@@ -52,12 +51,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from ..privacy import PrivacyLedger
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.client_accounting import ContentCheck
+from ..rounds.options import split_accounting
 from ..rounds.metrics import aggregate_reply_metrics
 from ..rounds.reply_screening import (
-    DEFAULT_MAX_WEIGHT,
     ArraySpec,
     array_spec,
     reply_arrays,
@@ -98,24 +95,10 @@ class AccountedFedAvg(AccountedRound, FedAvg):
     Args:
         fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s,
             in FedAvg's order and with its meaning and defaults.
-        ledger: the ledger to book into (default: a new ``PrivacyLedger(1e-5)``).
-        ledger_path: JSON file the ledger is saved to after every booking (authenticated with
-            ``$FLWR_DP_LEDGER_KEY`` when set), so a restarted ServerApp loses nothing.
-        resume: False (default): a new run; a ledger file already at ``ledger_path`` is refused,
-            never overwritten. True: continue the run whose ledger is at ``ledger_path``; no file
-            there, or one that is not the latest save of that run at that path, is refused
-            (never a fresh start). Every strategy with ``ledger_path`` takes it.
-        high_water_path: where the ledger's high-water mark is kept (default
-            ``<ledger_path>.hwm``); on storage the attacker cannot write, a rollback of the
-            ledger file is refused even together with the default location's copy (see
-            :mod:`flwr_dp_strategies.privacy.accounting.ledger_file`).
-        per_client_metrics: also publish ``privacy/epsilon/node-<id>`` per node.
-        max_reply_bytes: reject train replies whose arrays' payloads (``.npy`` headers
-            not counted) exceed this many bytes.
-        max_weight: reject replies whose ``weighted_by_key`` exceeds this (default
-            1e9, see :data:`.reply_screening.DEFAULT_MAX_WEIGHT`).
-        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
-        **kwargs: passed on to the next constructor of the MRO, for a FedAvg variant combined
+        **kwargs: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`:
+            ``ledger``, ``ledger_path``, ``resume``, ``high_water_path``, ``per_client_metrics``,
+            ``max_reply_bytes``, ``max_weight``, ``evaluate_metrics``); any other keyword is passed on to the next
+            constructor of the MRO, for a FedAvg variant combined
             with this class (``class AccountedFedProx(AccountedFedAvg, FedProx)`` takes
             ``proximal_mu=``); FedAvg itself accepts none.
     """
@@ -137,28 +120,11 @@ class AccountedFedAvg(AccountedRound, FedAvg):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
         evaluate_metrics_aggr_fn: Optional[MetricsAggregationFn] = None,
-        *,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_reply_bytes: Optional[int] = None,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
         **kwargs: Any,
     ) -> None:
-        super().__init__(**fedavg_arguments(locals()), **kwargs)
-        self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
-            max_reply_bytes=max_reply_bytes,
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
-        )
+        accounting, flower = split_accounting(kwargs)
+        super().__init__(**fedavg_arguments(locals()), **flower)
+        self.init_accounted_round(**accounting)
         self._spec: Optional[ArraySpec] = None
 
     def instruct_train(
@@ -175,7 +141,6 @@ class AccountedFedAvg(AccountedRound, FedAvg):
             content,
             self._spec,
             self.weighted_by_key,
-            self.max_reply_bytes,
             check_values=self.screens_values,
             max_weight=self.max_weight,
         )

@@ -67,22 +67,19 @@ as the ledger's does.
 
 from __future__ import annotations
 
-import os
 from logging import INFO, WARNING
-from typing import Optional
+from typing import Optional, Unpack
 
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, Strategy
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
+from ..rounds.options import AccountingOptions
 from ..rounds.central_release import check_mean_based
-from ..privacy import PrivacyLedger
 from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import NOISE_SAMPLERS, CentralGaussianRound
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 
 EVENT_LABEL = "central-gaussian/server-side-fixed-clipping"
 
@@ -93,14 +90,6 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
     Same arguments as :class:`DifferentialPrivacyServerSideFixedClipping`, plus (keyword-only):
 
     Args:
-        ledger: the :class:`PrivacyLedger` that records one central ``GaussianDpEvent(z)``
-            (add/remove-one client) per released aggregate (default: a new add/remove
-            ``PrivacyLedger(1e-5)``). Its ``max_epsilon`` is the budget.
-        ledger_path: optional ledger file (locked while the strategy lives). If it exists
-            at construction the ledger is restored from it (into ``ledger``, which must then
-            be empty with the same delta and relation; see ``open_ledgers``) and round
-            numbers continue after the last recorded round; after every recorded
-            round the ledger is saved there atomically.
         rng: the noise generator: None (fresh OS entropy, the default), a seed or a Generator (tests).
         noise_sampler: ``"os-entropy"`` (default), ``"secure"`` (the floating-point-safe discrete
             Gaussian on a grid, CKS 2020, booked as ``ZCDpEvent`` with the rounding included; the
@@ -108,9 +97,9 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
             ``np.random`` helper).
         publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
             booking every such round as non-private (default False).
-        max_weight: replies whose ``weighted_by_key`` value is not in (0, max_weight] are rejected.
-        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
-        per_client_metrics, max_reply_bytes: as :class:`AccountedFedAvg`.
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`); a new
+            ledger is add/remove-one and records one central ``GaussianDpEvent(z)`` per released aggregate; its
+            ``max_epsilon`` is the budget; one restored from ``ledger_path`` continues its round numbers.
 
     Behaviour per round:
 
@@ -130,17 +119,10 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         num_sampled_clients: int,
         *,
         accountant: PrivacyAccountant | None = None,
-        ledger: PrivacyLedger | None = None,
-        ledger_path: str | os.PathLike[str] | None = None,
-        resume: bool = False,
-        high_water_path: str | os.PathLike[str] | None = None,
         rng: RngLike = None,
         noise_sampler: str = "os-entropy",
         publish_client_metrics: bool = False,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        per_client_metrics: bool = False,
-        max_reply_bytes: Optional[int] = None,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         check_positive("noise_multiplier", noise_multiplier)
         check_positive("clipping_norm", clipping_norm)
@@ -153,15 +135,8 @@ class AccountedServerSideFixedClipping(CentralGaussianRound, DifferentialPrivacy
         super().__init__(strategy, noise_multiplier, clipping_norm, num_sampled_clients)
         self.accountant = accountant
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
-            max_reply_bytes=max_reply_bytes,
             neighboring_relation=ADD_OR_REMOVE_ONE,
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._init_central(
             sampling="fixed",

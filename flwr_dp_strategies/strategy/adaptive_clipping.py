@@ -98,16 +98,14 @@ rejected (``non-finite``) before any of it is added, and the round goes on.
 
 from __future__ import annotations
 
-import os
 from logging import INFO
-from typing import Any, Optional, Union, cast
+from typing import Any, Optional, Unpack, cast
 
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
 
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
+from ..rounds.options import AccountingOptions
 from ..rounds.central_release import check_mean_based
-from ..privacy import PrivacyLedger
 from ..privacy.accounting.ledger_file import LedgerFileError
 from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
@@ -124,7 +122,6 @@ from ..rounds.central_gaussian import (
     noisy_unclipped_fraction,
     update_noise_multiplier,
 )
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 
 EVENT_LABEL = "central-gaussian/adaptive-clipping"
 STATE_NAME = "adaptive-clipping"  # the learnt C, public, saved in the ledger file's signed envelope
@@ -150,15 +147,12 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         num_clients: N >= m (default: the nodes connected at round 1); q = m/N (``sampling="poisson"``).
         sampling: ``"poisson"`` (default, amplified accounting) or ``"fixed"`` (the wrapped FedAvg's
             sample, booked without amplification).
-        ledger, ledger_path, resume, high_water_path, per_client_metrics: as
-            :class:`AccountedServerSideFixedClipping` (a ledger
-            restored from ``ledger_path`` continues its round numbers and the learnt C, saved with it: public,
-            it costs nothing; C₀ applies only to a new run).
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`); a
+            ledger restored from ``ledger_path`` continues its round numbers and the learnt C, saved with it: public, it
+            costs nothing; C₀ applies only to a new run.
         rng: sampling and noise generator (default: fresh OS entropy per use).
         publish_client_metrics: also publish the clients' aggregated train metrics, booking every such
             round as non-private.
-        max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
-        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
     """
 
     event_label = EVENT_LABEL
@@ -176,15 +170,9 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         *,
         num_clients: Optional[int] = None,
         sampling: str = "poisson",
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Union[str, "os.PathLike[str]", None] = None,
-        resume: bool = False,
-        high_water_path: Union[str, "os.PathLike[str]", None] = None,
-        per_client_metrics: bool = False,
         rng: RngLike = None,
         publish_client_metrics: bool = False,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         check_mean_based(strategy, type(self).__name__)
         z = check_positive("noise_multiplier", noise_multiplier)
@@ -203,16 +191,10 @@ class AdaptiveClippingMixin(CentralGaussianRound):
         self.update_noise_multiplier = z_update
         self.clipped_count_stddev = sigma_b
         self.target_unclipped_quantile = 1.0 - clipped_target
-        check_ledger_arguments(ledger, ledger_path, sampling)
+        check_ledger_arguments(accounting.get("ledger"), accounting.get("ledger_path"), sampling)
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=check_bool('per_client_metrics', per_client_metrics),
             neighboring_relation=ADD_OR_REMOVE_ONE,
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._init_central(
             sampling=sampling,

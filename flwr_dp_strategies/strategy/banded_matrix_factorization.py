@@ -73,13 +73,14 @@ import json
 import math
 import os
 from logging import INFO
-from typing import Any, Optional
+from typing import Any, Optional, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 
+from ..rounds.options import AccountingOptions
 from ..privacy import PrivacyLedger
 from ..privacy.accounting.ledger_file import LedgerFileError, write_atomic
 from ..privacy.mechanisms.matrix_factorization import (
@@ -98,10 +99,8 @@ from ..privacy.accounting.participation import CyclicParticipation
 from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.central_gaussian import CentralGaussianRound
 from ..rounds.central_release import check_mean_based, poisson_sample
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.template import Screened
 
 EVENT_LABEL = "central-gaussian/banded-matrix-factorization"
@@ -130,13 +129,11 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         sampling: ``"cyclic"`` (default: the whole group, un-amplified) or ``"cyclic-poisson"`` (each member of
             the group with q = m·b/N, amplified).
         num_clients: N for ``"cyclic-poisson"`` (default: the nodes at the first release); q = m·b/N <= 1.
-        ledger, ledger_path, resume, high_water_path, per_client_metrics: as
-            :class:`AccountedServerSideFixedClipping`; the noise key is saved beside ``ledger_path``.
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`); the
+            noise key is saved beside ``ledger_path``.
         rng: noise key and group assignment (default: OS entropy; an int seed gives the public key
             ``noise_key(seed)`` and the sampling of release t ``default_rng([seed, t, 1])``, reproducible across a
             restart: tests and benchmarks only).
-        max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
-        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
     """
 
     def __init__(
@@ -153,14 +150,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         factorization: str = "banded-sqrt",
         sampling: str = "cyclic",
         num_clients: Optional[int] = None,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional["os.PathLike[str] | str"] = None,
-        resume: bool = False,
-        high_water_path: Optional["os.PathLike[str] | str"] = None,
-        per_client_metrics: bool = False,
         rng: RngLike = None,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         check_mean_based(strategy, 'AccountedBandedMatrixFactorization')
         if accountant is not None:
@@ -191,14 +182,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self.coefficients = strategy_coefficients(factorization, b, rounds)
         super().__init__(strategy, z, clip, m)
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
             neighboring_relation=ADD_OR_REMOVE_ONE,
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._init_central(
             sampling=sampling,

@@ -83,7 +83,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from logging import WARNING
-from typing import Any, Optional
+from typing import Any, Optional, Unpack
 
 import numpy as np
 from dp_accounting.dp_event import NonPrivateDpEvent
@@ -93,16 +93,14 @@ from flwr.common.logger import log
 from flwr.serverapp.strategy import FedAvg, Strategy
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
+from ..rounds.options import AccountingOptions
 from ..cluster_scores import EVAL_TYPES, METRIC_NAMES, check_eval_type, cluster_scores
-from ..privacy import PrivacyLedger
-from ..privacy.rng import RngSource
 from ..privacy.validation import check_epsilon, check_int
 from ..declarations import Declaration
 from ..rounds.client_accounting import ContentCheck, replies_already_logged
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics, check_evaluate_metrics, release_evaluate_metrics
+from ..rounds.client_metrics import AccountedMetrics, check_evaluate_metrics, release_evaluate_metrics
 from ..rounds.metrics import aggregate_reply_metrics, failed_replies
 from ..rounds.reply_screening import (
-    DEFAULT_MAX_WEIGHT,
     MAX_INFERENCE_ABS,
     ArraySpec,
     array_spec,
@@ -141,20 +139,18 @@ class ClusterEvaluation(AccountedRound, Strategy):
         laplace_eval_eps: ε in (0, inf) sent to clients in LAPLACE mode.
         cluster_client_num: at most this many points are scored per round (>= 3).
         inference_key: ArrayRecord key of the inference result in replies.
-        ledger, ledger_path, resume, high_water_path, per_client_metrics: as :class:`AccountedFedAvg`; a wrapped
-            accounting strategy's ledgers and file are shared (one ``ledger_store``): give
-            ``ledger_path`` to either (or the same to both), a ledger to one of them only.
         num_classes: the inference vectors' length (None: pinned by the first round whose
             points agree, see the module docstring).
         max_inference_abs: largest accepted |value| of an inference vector, > 0.
-        max_weight: largest accepted ``weighted_by_key`` of an evaluate reply (default: the
-            wrapped strategy's, else 1e9).
         book_unaccounted_training: book the train replies of a wrapped strategy without a
             ledger as non-private (default True; see the module docstring).
-        evaluate_metrics: how the clients' evaluate metrics are published when the wrapped strategy is not one
-            of this package's (a Flower FedAvg, ...): as :class:`AccountedFedAvg`'s (default: declared metrics
-            only, noised and booked; ``"flower"``: Flower's mean, booked non-private). A wrapped strategy of
-            this package releases its own (give it ``evaluate_metrics``).
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`). A
+            wrapped accounting strategy's ledgers and file are shared (one ``ledger_store``): give ``ledger_path``
+            to either (or the same to both), a ledger to one of them only. ``max_weight`` bounds an evaluate
+            reply's ``weighted_by_key`` (default: the wrapped strategy's, else 1e9). ``evaluate_metrics`` applies
+            and ``max_reply_bytes`` apply when the wrapped strategy is not one of this package's (a Flower FedAvg,
+            ...); a wrapped strategy of this package releases its own metrics and screens its own train replies
+            (give it ``evaluate_metrics`` and ``max_reply_bytes``).
     """
 
     def __init__(
@@ -166,30 +162,27 @@ class ClusterEvaluation(AccountedRound, Strategy):
         laplace_eval_eps: float = 230260.0,
         cluster_client_num: int = 1000,
         inference_key: str = "inference",
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
         num_classes: Optional[int] = None,
         max_inference_abs: float = MAX_INFERENCE_ABS,
-        max_weight: Optional[float] = None,
         book_unaccounted_training: bool = True,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         if not isinstance(strategy, Strategy):
             raise TypeError(
                 f"strategy must be a Flower Strategy instance (e.g. FedAvg()), got {type(strategy).__name__} {strategy!r}"
             )
         self.strategy = strategy
-        self.evaluate_metrics = check_evaluate_metrics(evaluate_metrics)
-        if isinstance(strategy, AccountedRound) and self.evaluate_metrics != AccountedMetrics():
+        evaluate_metrics = check_evaluate_metrics(accounting.get("evaluate_metrics", AccountedMetrics()))
+        if isinstance(strategy, AccountedRound) and evaluate_metrics != AccountedMetrics():
             raise ValueError(
                 f"evaluate_metrics must be given to the wrapped {type(strategy).__name__}, not to ClusterEvaluation: "
                 "the wrapped strategy releases (and books) its own evaluate metrics"
             )
-        self._metrics_rng = RngSource(None)
-        self._withheld_logged: set[str] = set()
+        if isinstance(strategy, AccountedRound) and accounting.get("max_reply_bytes") is not None:
+            raise ValueError(
+                f"max_reply_bytes must be given to the wrapped {type(strategy).__name__}, not to ClusterEvaluation: "
+                "the wrapped strategy screens its own train replies"
+            )
         self.eval_type = "NOT_EVAL" if str(eval_type).upper() == "NOT_EVAL" else check_eval_type(eval_type)
         self.privacy_eval_type = str(privacy_eval_type).upper()
         if self.privacy_eval_type not in PRIVACY_EVAL_TYPES:
@@ -198,18 +191,7 @@ class ClusterEvaluation(AccountedRound, Strategy):
         self.cluster_client_num = check_int("cluster_client_num", cluster_client_num, minimum=3)
         self.inference_key = inference_key
         # the wrapped strategy's ledgers and file are shared (one store), or its ledger if it has no store
-        self._init_accounting(
-            ledger,
-            ledger_path,
-            per_client_metrics,
-            None,
-            wrapped=strategy,
-            resume=resume,
-            high_water_path=high_water_path,
-        )
-        self._init_screening(
-            max_weight if max_weight is not None else getattr(strategy, "max_weight", DEFAULT_MAX_WEIGHT)
-        )
+        self.init_accounted_round(wrapped=strategy, **accounting)
         self.num_classes = None if num_classes is None else check_int("num_classes", num_classes, minimum=1)
         self.max_inference_abs = float(max_inference_abs)
         if (

@@ -63,7 +63,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 from logging import INFO, WARNING
-from typing import Optional
+from typing import Optional, Unpack
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -71,8 +71,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ..rounds.options import AccountingOptions
 from ..npy_codec import npy_view, to_array
-from ..privacy import PrivacyLedger
 from ..privacy.mechanisms.distributed_dp import (
     DEFAULT_BETA,
     DEFAULT_OVERFLOW_SIGMAS,
@@ -85,8 +85,6 @@ from ..privacy.mechanisms.distributed_dp import (
 from ..privacy.validation import check_int, check_positive
 from ..secure_aggregation.masks import check_bits, packed_size
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
 from ..rounds.template import Booking, RoundRelease, Screened
 
@@ -123,7 +121,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             replies; default: the ``timeout`` given to ``Strategy.start`` (3600 s by default), which
             also bounds the collect stage (Flower's own train round). A node that misses a stage
             is dropped from the round.
-        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as :class:`AccountedFedAvg`.
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`).
     """
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
@@ -153,13 +151,7 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
         beta: float = DEFAULT_BETA,
         overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
         stage_timeout: Optional[float] = None,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         super().__init__(**fedavg_arguments(locals()))
         self.noise_multiplier = check_positive("noise_multiplier", noise_multiplier)
@@ -180,14 +172,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             failure_probability=failure_probability,
         )
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
             neighboring_relation='add_or_remove_one',
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._current: Optional[ArrayRecord] = None
         self._spec: Optional[ArrayRecord] = None

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from logging import WARNING
-from typing import Optional
+from typing import Optional, Unpack
 
 import numpy as np
 from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent, SelfComposedDpEvent
@@ -80,15 +80,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from ..rounds.options import AccountingOptions
 from ..privacy import ExponentialMechanismDpEvent, PrivacyLedger
 from ..privacy.mechanisms.exponential import gumbel_top_k
 from ..privacy.rng import RngLike, RngSource
 from ..privacy.validation import check_epsilon, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.template import Booking, RoundRelease, Screened
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, reply_arrays, reply_weight
+from ..rounds.reply_screening import reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, all_finite, npy_view
 from ..wire import default_layer_of, layer_groups as group_layers
 
@@ -181,8 +181,7 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         selection_ledger: where the selection's events are booked (default:
             ``PrivacyLedger(1e-5, neighboring_relation="replace_one")``).
         rng: None (fresh OS entropy for every draw), an int seed or a numpy Generator.
-        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_reply_bytes, max_weight: as
-            :class:`AccountedFedAvg`.
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`).
     """
 
     # pylint: disable=too-many-arguments,too-many-locals
@@ -204,25 +203,11 @@ class MinDivergenceExpSampling(AccountedFedAvg):
         layer_of: Optional[Callable[[str], str]] = None,
         selection_ledger: Optional[PrivacyLedger] = None,
         rng: RngLike = None,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_reply_bytes: Optional[int] = None,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         super().__init__(
-            evaluate_metrics=evaluate_metrics,
             **fedavg_arguments(locals()),
-            ledger=ledger,
-            ledger_path=ledger_path,
-            resume=resume,
-            high_water_path=high_water_path,
-            per_client_metrics=per_client_metrics,
-            max_reply_bytes=max_reply_bytes,
-            max_weight=max_weight,
+            **accounting,
         )
         self.num_selected = check_int("num_selected", num_selected, minimum=1)
         self.epsilon = None if epsilon is None else check_epsilon(epsilon, "epsilon")

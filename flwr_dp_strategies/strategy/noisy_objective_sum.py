@@ -48,20 +48,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Optional
+from typing import Optional, Unpack
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
+from ..rounds.options import AccountingOptions
 from ..npy_codec import npy_view
-from ..privacy import PrivacyLedger
 from ..privacy.mechanisms.functional_mechanism import LOSSES, QuadraticStatistics, noisy_sum_ridge, solve_noisy_sum
 from ..privacy.validation import check_int, check_nonnegative, check_positive
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, array_spec, records_of, reply_weight
+from ..rounds.reply_screening import array_spec, records_of, reply_weight
 from ..rounds.streaming_aggregation import NonFiniteReplies
 from ..rounds.template import RoundRelease, Screened
 from ..wire import LINEAR_KEY, QUADRATIC_KEY
@@ -75,9 +74,9 @@ class NoisyObjectiveSum(AccountedFedAvg):
     """Server-side solve of the summed noisy FM objectives (one head key in, the head out).
 
     Args:
-        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order; ``ledger``,
-            ``ledger_path``, ``per_client_metrics``, ``max_reply_bytes``, ``max_weight``: as
-            :class:`~.accounted_fedavg.AccountedFedAvg`. Every other argument is keyword-only.
+        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order; every other
+            argument is keyword-only, the accounting options too
+            (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`).
         num_classes: c ≥ 2 of the head (``loss="logistic"``: c = 2, head of shape (q, 1)); required.
         ridge: λ ≥ 0 of the solved objective f̄/n + ½λ‖W‖² (n = the summed
             ``weighted_by_key`` of the contributors).
@@ -115,25 +114,11 @@ class NoisyObjectiveSum(AccountedFedAvg):
         psd_floor: float = 0.0,
         loss: str = "softmax",
         weights_key: str = "head.weight",
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_reply_bytes: Optional[int] = None,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         super().__init__(
-            evaluate_metrics=evaluate_metrics,
             **fedavg_arguments(locals()),
-            ledger=ledger,
-            ledger_path=ledger_path,
-            resume=resume,
-            high_water_path=high_water_path,
-            per_client_metrics=per_client_metrics,
-            max_reply_bytes=max_reply_bytes,
-            max_weight=max_weight,
+            **accounting,
         )
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
         if loss not in LOSSES:

@@ -55,20 +55,18 @@ is rejected (``non-finite``) before any of it is added.
 from __future__ import annotations
 
 from logging import INFO
-from typing import Optional
+from typing import Optional, Unpack
 
 from flwr.common.logger import log
 from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
+from ..rounds.options import AccountingOptions
 from ..rounds.central_release import check_mean_based
-from ..privacy import PrivacyLedger
 from ..privacy.accounting.relations import ADD_OR_REMOVE_ONE
 from ..privacy.rng import RngLike
 from ..privacy.validation import check_int, check_positive
 from ..rounds.central_gaussian import CentralGaussianRound
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 
 EVENT_LABEL = "central-gaussian/poisson-fixed-clipping"
 
@@ -93,13 +91,11 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
             Poisson(q = m/N)-sampled Gaussian, and its ``max_epsilon`` stops training like the ledger's.
         num_clients: N (default: the accountant's ``population_size``, else the nodes connected
             at round 1); q = m/N.
-        ledger, ledger_path, resume, high_water_path, per_client_metrics: as :class:`AccountedFedAvg`.
         rng: sampling and noise generator (default: OS entropy).
         publish_client_metrics: also publish FedAvg's aggregate of the clients' train metrics,
             booking every such round as non-private (default False: un-noised client metrics
             next to a DP release would void it).
-        max_weight: replies whose weight is not in (0, max_weight] are rejected (``weight``).
-        evaluate_metrics: how the clients' evaluate metrics are published (:mod:`flwr_dp_strategies.rounds.client_metrics`): ``AccountedMetrics(ranges, noise_multiplier)`` (default: no declared range, so none) releases each declared metric as a noised bounded mean booked in the ledger; ``"flower"`` publishes Flower's mean un-noised and books the round non-private.
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`).
     """
 
     def __init__(
@@ -111,15 +107,9 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
         *,
         accountant: Optional[PrivacyAccountant] = None,
         num_clients: Optional[int] = None,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
         rng: RngLike = None,
         publish_client_metrics: bool = False,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         check_mean_based(strategy, 'AccountedPoissonFixedClipping')
         check_positive("noise_multiplier", noise_multiplier)
@@ -130,14 +120,8 @@ class AccountedPoissonFixedClipping(CentralGaussianRound, DifferentialPrivacySer
             num_clients = _check_poisson_accountant(accountant, num_clients)
         self.accountant = accountant
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
             neighboring_relation=ADD_OR_REMOVE_ONE,
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._init_central(
             sampling="poisson",

@@ -43,7 +43,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from logging import INFO
-from typing import Optional
+from typing import Optional, Unpack
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -51,7 +51,7 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
-from ..privacy import PrivacyLedger
+from ..rounds.options import AccountingOptions
 from ..privacy.mechanisms.functional_mechanism import LOSSES, QuadraticStatistics, solve_noisy_sum
 from ..privacy.mechanisms.secure_objective import (
     DEFAULT_BITS,
@@ -63,8 +63,6 @@ from ..privacy.mechanisms.secure_objective import (
 from ..privacy.validation import check_epsilon, check_int, check_nonnegative, check_positive
 from ..secure_aggregation.masks import check_bits
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT
 from ..rounds.secure_aggregation import ProtocolSizes, SecureAggregationMixin
 from ..rounds.template import Booking, RoundRelease, Screened
 
@@ -92,8 +90,8 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             failure_probability, stage_timeout: the same trust model; the noise is split over the m − c
             honest survivors).
         overflow_sigmas: noise standard deviations of headroom in the modular range.
-        ledger, ledger_path, resume, high_water_path, per_client_metrics, max_weight: as
-            :class:`~.accounted_fedavg.AccountedFedAvg` (a new ledger is add/remove, record level).
+        **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`); a new
+            ledger is add/remove, record level.
     """
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
@@ -128,13 +126,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
         failure_probability: float = 1e-6,
         overflow_sigmas: float = DEFAULT_OVERFLOW_SIGMAS,
         stage_timeout: Optional[float] = None,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         super().__init__(**fedavg_arguments(locals()))
         self.num_classes = check_int("num_classes", num_classes, minimum=2)
@@ -166,14 +158,8 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             failure_probability=failure_probability,
         )
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
             neighboring_relation='add_or_remove_one',
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._spec: Optional[ArrayRecord] = None
         self._calibration: Optional[SecureObjectiveCalibration] = None

@@ -65,12 +65,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Any, Optional
+from typing import Any, Optional, Unpack
 
 from dp_accounting.dp_event import DpEvent, NonPrivateDpEvent
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common.logger import log
 
+from ..rounds.options import AccountingOptions
 from ..declarations import Declaration
 from ..privacy.accounting.relations import convert_event
 from ..layer_shuffler import LayerShuffler, layer_groups
@@ -80,10 +81,9 @@ from ..privacy.accounting.events import event_key
 from ..privacy.analyses.shuffle import shuffle_amplified_event
 from ..privacy.validation import check_delta, check_int
 from .accounted_fedavg import AccountedFedAvg, MetricsAggregationFn, fedavg_arguments
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.template import Booking, RoundRelease, Screened
 from ..rounds.metrics import aggregate_reply_metrics
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, metric_scalar, records_of, reply_arrays
+from ..rounds.reply_screening import metric_scalar, records_of, reply_arrays
 from ..rounds.streaming_aggregation import NonFiniteReplies, WeightedMean, non_finite_records
 
 AMPLIFICATIONS: tuple[str, ...] = ("fmt", "none", "paper")
@@ -103,9 +103,9 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
     """AccountedFedAvg whose accepted updates are layer-wise shuffled before averaging.
 
     Args:
-        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order; ``ledger``,
-            ``ledger_path``, ``per_client_metrics``, ``max_reply_bytes``, ``max_weight``: as
-            :class:`AccountedFedAvg` (keyword-only, like every argument below).
+        fraction_train ... evaluate_metrics_aggr_fn: FedAvg's, in FedAvg's order; the accounting
+            options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`) keyword-only, like every
+            argument below.
         shuffler: the :class:`LayerShuffler` (default: OS-entropy randomness).
         layer_of: key → layer name (default: the part before the last ``.``).
         amplification: ``"fmt"`` (sound, see the module docstring), ``"none"``,
@@ -141,27 +141,13 @@ class ShuffleAmplifiedFedAvg(AccountedFedAvg):
         shuffle_ledger: Optional[PrivacyLedger] = None,
         shuffle_round_delta: Optional[float] = None,
         planned_rounds: Optional[int] = None,
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_reply_bytes: Optional[int] = None,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         if amplification not in AMPLIFICATIONS:
             raise ValueError(f"amplification must be one of {AMPLIFICATIONS}, got {amplification!r}")
         super().__init__(
-            evaluate_metrics=evaluate_metrics,
             **fedavg_arguments(locals()),
-            ledger=ledger,
-            ledger_path=ledger_path,
-            resume=resume,
-            high_water_path=high_water_path,
-            per_client_metrics=per_client_metrics,
-            max_reply_bytes=max_reply_bytes,
-            max_weight=max_weight,
+            **accounting,
         )
         self.shuffler = shuffler if shuffler is not None else LayerShuffler()
         self.layer_of = layer_of

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from logging import WARNING
-from typing import Any, Optional
+from typing import Any, Optional, Unpack
 
 import numpy as np
 from dp_accounting.dp_event import NonPrivateDpEvent
@@ -71,17 +71,16 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 
+from ..rounds.options import AccountingOptions
 from ..declarations import Declaration
-from ..privacy import PrivacyLedger
 from ..privacy.accounting.events import event_key
 from ..signds import MAX_DIM_OUT, MagRRConfig, MagRRState, SignDSParams, check_global_lr, round_event, step_size
 from ..signds import update_state
 from ..privacy.validation import check_int
-from ..rounds.client_metrics import AccountedMetrics, EvaluateMetrics
 from ..rounds.client_accounting import ContentCheck
 from ..rounds.metrics import aggregate_reply_metrics
 from .accounted_fedavg import MetricsAggregationFn, fedavg_arguments
-from ..rounds.reply_screening import DEFAULT_MAX_WEIGHT, check_weight, records_of, reply_arrays, reply_weight
+from ..rounds.reply_screening import check_weight, records_of, reply_arrays, reply_weight
 from ..rounds.streaming_aggregation import npy_view, to_array
 from ..rounds.template import AccountedRound, Booking, RoundRelease, Screened
 from ..wire import SIGNDS_CONFIG_KEYS, SIGNDS_EVENT_LABEL
@@ -102,8 +101,8 @@ class SignDS(AccountedRound, FedAvg):
 
     Arguments: FedAvg's (``fraction_train`` ... ``evaluate_metrics_aggr_fn``, in FedAvg's order and
     meaning), then keyword-only: the SignDS parameters (domains as MindSpore), ``max_dim_out``
-    (most indices a client may send), ``magrr`` (MagRR constants), the ledger options of
-    :class:`AccountedFedAvg` and ``max_weight`` (largest accepted ``weighted_by_key``, default 1e9).
+    (most indices a client may send), ``magrr`` (MagRR constants), and the accounting options
+    (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`).
     """
 
     # pylint: disable=too-many-arguments,too-many-locals
@@ -127,13 +126,7 @@ class SignDS(AccountedRound, FedAvg):
         sign_dim_out: int = 0,
         max_dim_out: int = MAX_DIM_OUT,
         magrr: MagRRConfig = MagRRConfig(),
-        ledger: Optional[PrivacyLedger] = None,
-        ledger_path: Optional[str] = None,
-        resume: bool = False,
-        high_water_path: Optional[str] = None,
-        per_client_metrics: bool = False,
-        max_weight: float = DEFAULT_MAX_WEIGHT,
-        evaluate_metrics: EvaluateMetrics = AccountedMetrics(),
+        **accounting: Unpack[AccountingOptions],
     ) -> None:
         super().__init__(**fedavg_arguments(locals()))
         self.params = SignDSParams(sign_k, sign_eps, sign_thr_ratio, sign_dim_out)
@@ -142,13 +135,7 @@ class SignDS(AccountedRound, FedAvg):
         self.magrr = magrr
         self.state = MagRRState(r_est=magrr.initial_r_est)
         self.init_accounted_round(
-            evaluate_metrics=evaluate_metrics,
-            ledger=ledger,
-            ledger_path=ledger_path,
-            per_client_metrics=per_client_metrics,
-            resume=resume,
-            high_water_path=high_water_path,
-            max_weight=max_weight,
+            **accounting,
         )
         self._current: Optional[ArrayRecord] = None
         self._asked = 0
