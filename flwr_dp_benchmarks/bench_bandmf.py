@@ -81,6 +81,7 @@ from dp_accounting import LowerEndpointAndGuess, calibrate_dp_mechanism
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
+from flwr_dp_strategies.privacy.accounting import bandmf_amplification as ba
 from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
 
 NAME = "bandmf"
@@ -88,6 +89,7 @@ EPSILONS = (1.0, 2.0, 8.0)
 ROUNDS = (40, 200)
 CLIENTS, COHORT, BANDS, DELTA = 1000, 100, 10, 1e-5
 AMPLIFIED_BANDS = (1, 2, 5, 10)
+WINDOW_CONFIGS = ((2, 5, 6), (2, 5, 3), (5, 2, 9), (5, 2, 5))  # (groups G, window w, bands b <= (G-1)w + 1), G·w = N/m
 RESULTS = Path(__file__).resolve().parent / "results" / "bandmf"
 
 
@@ -105,13 +107,57 @@ def calibrate(event_of, epsilon: float, delta: float = DELTA) -> float:
     )
 
 
+def window_allocation_epsilon(
+    z: float, rounds: int, groups: int, window: int, bands: int, delta: float = DELTA
+) -> float:
+    """ε at δ of BandMF under window allocation (sampling="window-allocation"): the smaller of the sampling-free RDP
+    bound of ⌈T/(G·w)⌉ cycles (:mod:`flwr_dp_strategies.privacy.accounting.bandmf_amplification`, converted as the
+    ledger's RDP accountant does) and the un-amplified Gaussian of sensitivity √k, k = the cycles (PLD)."""
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    cycles = math.ceil(rounds / (groups * window))
+    coefficients = mf.banded_sqrt_coefficients(bands)
+    accountant = RdpAccountant()
+    orders = np.asarray(accountant._orders, dtype=np.float64)
+    rdp = cycles * ba.window_allocation_rdp(coefficients, window, z, orders)
+    amplified = float(rdp_epsilon(orders, rdp, delta))
+    pld = PLDAccountant(value_discretization_interval=1e-3)
+    pld.compose(GaussianDpEvent(z / math.sqrt(cycles)))
+    return min(amplified, float(pld.get_epsilon(delta)))
+
+
+def rdp_epsilon(orders: np.ndarray, rdp: np.ndarray, delta: float) -> float:
+    from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+    return float(compute_epsilon(orders, rdp, delta)[0])
+
+
+def calibrate_window(epsilon: float, rounds: int, groups: int, window: int, bands: int) -> float:
+    """The smallest z (relative tolerance 1e-3, bisection in log z) with :func:`window_allocation_epsilon` ≤ ε."""
+    lo, hi = 0.05, 200.0
+    while hi / lo > 1.001:
+        mid = math.sqrt(lo * hi)
+        if window_allocation_epsilon(mid, rounds, groups, window, bands) > epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 def rms_rows(matrix: np.ndarray) -> float:
     """RMS over rows of the row norms."""
     return float(math.sqrt(np.mean(np.sum(matrix * matrix, axis=1))))
 
 
-def table(epsilons=EPSILONS, rounds=ROUNDS, amplified_bands=AMPLIFIED_BANDS, poisson: bool = True) -> list[dict]:
-    """One row per (T, ε); ``amplified_bands=()`` / ``poisson=False`` leave out the (slow) amplified rows."""
+def table(
+    epsilons=EPSILONS,
+    rounds=ROUNDS,
+    amplified_bands=AMPLIFIED_BANDS,
+    poisson: bool = True,
+    window_configs=WINDOW_CONFIGS,
+) -> list[dict]:
+    """One row per (T, ε); ``amplified_bands=()`` / ``poisson=False`` / ``window_configs=()`` leave out the (slow)
+    amplified rows."""
     rows = []
     for t in rounds:
         k = math.ceil(t / BANDS)
@@ -137,6 +183,7 @@ def table(epsilons=EPSILONS, rounds=ROUNDS, amplified_bands=AMPLIFIED_BANDS, poi
                     epsilon,
                 )
                 row["dp-fedavg poisson (amplified)"] = z_poisson * base_shape / base
+                row["z poisson"] = z_poisson
             best = None
             for bands in amplified_bands:
                 rate, epochs = COHORT * bands / CLIENTS, math.ceil(t / bands)
@@ -148,27 +195,68 @@ def table(epsilons=EPSILONS, rounds=ROUNDS, amplified_bands=AMPLIFIED_BANDS, poi
                 )
                 ratio = z_amp * mf.toeplitz_prefix_error(mf.banded_sqrt_coefficients(bands), t) / base
                 if best is None or ratio < best[0]:
-                    best = (ratio, bands)
+                    best = (ratio, bands, z_amp)
             if best is not None:
-                row["amplified banded-sqrt (best b')"], row["amplified b'"] = best
+                row["amplified banded-sqrt (best b')"], row["amplified b'"], row["z amplified"] = best
+            best = None
+            for groups, window, bands in window_configs:
+                z_win = calibrate_window(epsilon, t, groups, window, bands)
+                ratio = z_win * mf.toeplitz_prefix_error(mf.banded_sqrt_coefficients(bands), t) / base
+                row[f"window G={groups} w={window} b={bands}"] = ratio
+                row[f"z window G={groups} w={window} b={bands}"] = z_win
+                if best is None or ratio < best[0]:
+                    best = (ratio, f"G={groups} w={window} b={bands}", z_win)
+            if best is not None:
+                row["window allocation (best)"], row["window config"], row["z window"] = best
             rows.append(row)
     return rows
 
 
 def markdown(rows: list[dict]) -> str:
     skip = ("rounds", "k", "epsilon", "delta", "z_dp_fedavg")
-    names = list(dict.fromkeys(n for r in rows for n in r if n not in skip))
+    names = [
+        n
+        for n in dict.fromkeys(n for r in rows for n in r if n not in skip)
+        if not n.startswith("z ") and not n.startswith("window G=")
+    ]
     head = "| T | k | ε | z (DP-FedAvg) | " + " | ".join(names) + " |\n|" + "---|" * (4 + len(names)) + "\n"
     body = "".join(
         f"| {r['rounds']} | {r['k']} | {r['epsilon']:g} | {r['z_dp_fedavg']:.3f} | "
-        + " | ".join(("–" if n not in r else f"{r[n]}" if isinstance(r[n], int) else f"{r[n]:.2f}") for n in names)
+        + " | ".join(
+            ("–" if n not in r else f"{r[n]}" if isinstance(r[n], (int, str)) else f"{r[n]:.2f}") for n in names
+        )
         + " |\n"
         for r in rows
     )
-    return (
+    text = (
         "Prefix-sum noise (RMS over rounds) as a multiple of un-amplified DP-FedAvg's at the same (ε, δ = 1e-5); "
         f"N = {CLIENTS}, m = {COHORT}, b = {BANDS}.\n\n" + head + body
     )
+    configs = [n[len("window ") :] for n in dict.fromkeys(n for r in rows for n in r) if n.startswith("window G=")]
+    if configs:
+        text += (
+            "\nWindow allocation (``sampling=\"window-allocation\"``: G groups, each member asked in one secret uniformly "
+            "random release of its group's window of w releases per cycle of G·w = N/m; banded square root of b <= "
+            "(G-1)w + 1 bands; sampling-free RDP bound, or the un-amplified Gaussian when smaller): noise multiplier z "
+            "and prefix-sum noise as a multiple of un-amplified DP-FedAvg's, against Poisson DP-FedAvg (q = 0.1) and the "
+            "best cyclic-poisson BandMF (Choquette-Choo et al. 2023, Thm 4, PLD).\n\n"
+            "| T | ε | Poisson z | Poisson noise | cyclic-poisson best b' | its z | its noise | "
+            + " | ".join(f"{c}: z / noise" for c in configs)
+            + " |\n|"
+            + "---|" * (7 + len(configs))
+            + "\n"
+        )
+        nan = float("nan")
+        for r in rows:
+            cyclic_b, cyclic_noise = r.get("amplified b'", "–"), r.get("amplified banded-sqrt (best b')", nan)
+            text += (
+                f"| {r['rounds']} | {r['epsilon']:g} | {r.get('z poisson', nan):.3f} | "
+                f"{r.get('dp-fedavg poisson (amplified)', nan):.3f} | {cyclic_b} | "
+                f"{r.get('z amplified', nan):.3f} | {cyclic_noise:.3f} | "
+                + " | ".join(f"{r['z window ' + c]:.3f} / {r['window ' + c]:.3f}" for c in configs)
+                + " |\n"
+            )
+    return text
 
 
 # ============================================================================ --train: accuracy (issue 30 item 4)

@@ -214,7 +214,9 @@ def test_the_committed_benchmark_cell_reproduces():
 
     from flwr_dp_benchmarks import bench_bandmf
 
-    (row,) = bench_bandmf.table(epsilons=(8.0,), rounds=(40,), amplified_bands=(), poisson=False)  # the fast rows
+    (row,) = bench_bandmf.table(
+        epsilons=(8.0,), rounds=(40,), amplified_bands=(), poisson=False, window_configs=()
+    )  # the fast rows
     shape = mf.toeplitz_prefix_error(mf.banded_sqrt_coefficients(10), 40)
     assert row["banded-sqrt"] == pytest.approx(shape / math.sqrt(np.mean(np.arange(1, 41))), rel=1e-3)
     committed = json.loads((Path(bench_bandmf.__file__).parent / "results" / "bandmf" / "results.json").read_text())

@@ -53,6 +53,18 @@ z = 0.8, T = 9, b = 3: 5.68 un-amplified against 8.10 amplified). The choice is 
 release, from public values only (z, q, b, k, T, the coefficients, δ), is kept in the signed state and never
 changes within a run (the two analyses cannot be mixed: each bounds the whole prefix). Without ``num_rounds``
 the amplified analysis is booked.
+
+With ``sampling="window-allocation"`` (random allocation, Schuchardt & Kalinin 2026; ``allocation_window`` = w) the
+nodes are split into G = ⌈(b − 1)/w⌉ + 1 groups; cycle c of G·w releases gives group g the window of releases
+c·G·w + g·w + 1 .. c·G·w + g·w + w, and each member of the group is asked in exactly one release of its window: the
+slot :func:`~flwr_dp_strategies.privacy.accounting.bandmf_amplification.window_slot` (an HMAC of the node and the
+cycle under a key derived from the run's secret noise key: uniform, independent across nodes and cycles, secret,
+the same after a restart). A reply from any other node is refused (``participation``). Two releases of a node are
+at least (G − 1)·w + 1 ≥ b apart, so the un-amplified analysis holds; the amplified one books, at the first release
+of each cycle, a ``WindowAllocationDpEvent`` (the sampling-free RDP bound of the mixture over the secret slot,
+derived and checked in :mod:`~flwr_dp_strategies.privacy.accounting.bandmf_amplification`; RDP only, so a PLD-only
+ledger books the un-amplified analysis), and the smaller of the two is chosen as above. The participation history
+is kept in the secret file, as for ``"cyclic-poisson"``.
 Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
 
 Restart. The participation history, the number of releases, the model's dimension, a keyed check value of
@@ -82,6 +94,12 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 
 from ..rounds.options import AccountingOptions
 from ..privacy import PrivacyLedger
+from ..privacy.accounting.bandmf_amplification import (
+    MAX_WINDOW,
+    WindowAllocationDpEvent,
+    check_coefficients,
+    window_slot,
+)
 from ..privacy.accounting.ledger_file import LedgerFileError, write_atomic
 from ..privacy.mechanisms.matrix_factorization import (
     FACTORIZATIONS,
@@ -106,7 +124,8 @@ from ..rounds.template import Screened
 EVENT_LABEL = "central-gaussian/banded-matrix-factorization"
 STATE_NAME = "banded-matrix-factorization"
 PARTICIPATION = "participation"
-SAMPLINGS = ("cyclic", "cyclic-poisson")
+SAMPLINGS = ("cyclic", "cyclic-poisson", "window-allocation")
+AMPLIFIED_SAMPLINGS = ("cyclic-poisson", "window-allocation")  # the sample is secret (amplification)
 
 
 class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPrivacyServerSideFixedClipping):
@@ -126,8 +145,12 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             default k); releases past T are refused.
         max_participations: k >= 1 (default ⌈T/b⌉).
         factorization: ``"banded-sqrt"`` (default) or ``"banded-optimal"``.
-        sampling: ``"cyclic"`` (default: the whole group, un-amplified) or ``"cyclic-poisson"`` (each member of
-            the group with q = m·b/N, amplified).
+        sampling: ``"cyclic"`` (default: the whole group, un-amplified), ``"cyclic-poisson"`` (each member of
+            the group with q = m·b/N, amplified) or ``"window-allocation"`` (each member of the group in one secret,
+            uniformly random release of its window of ``allocation_window`` releases per cycle; amplified by the
+            sampling-free RDP bound of :mod:`~flwr_dp_strategies.privacy.accounting.bandmf_amplification`).
+        allocation_window: w for ``"window-allocation"`` (1..6): G = ⌈(b − 1)/w⌉ + 1 groups, cycles of G·w releases,
+            so two releases of a client are at least (G − 1)·w + 1 ≥ b apart; choose w with N/(G·w) ≈ m.
         num_clients: N for ``"cyclic-poisson"`` (default: the nodes at the first release); q = m·b/N <= 1.
         **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`); the
             noise key is saved beside ``ledger_path``.
@@ -150,6 +173,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         factorization: str = "banded-sqrt",
         sampling: str = "cyclic",
         num_clients: Optional[int] = None,
+        allocation_window: Optional[int] = None,
         rng: RngLike = None,
         **accounting: Unpack[AccountingOptions],
     ) -> None:
@@ -180,13 +204,26 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 f"m={m}, b={b}, N={population}"
             )
         self.coefficients = strategy_coefficients(factorization, b, rounds)
+        window = None
+        if sampling == "window-allocation":
+            if allocation_window is None:
+                raise ValueError("allocation_window must be an integer in [1, 6] with sampling='window-allocation'")
+            window = check_int("allocation_window", allocation_window, minimum=1)
+            if window > MAX_WINDOW:
+                raise ValueError(
+                    f"allocation_window must be an integer in [1, {MAX_WINDOW}], got {allocation_window!r}"
+                )
+            check_coefficients(self.coefficients)  # the window-allocation bound needs C >= 0
+        elif allocation_window is not None:
+            raise ValueError(f"allocation_window is only for sampling='window-allocation', got sampling={sampling!r}")
         super().__init__(strategy, z, clip, m)
         self.init_accounted_round(
             neighboring_relation=ADD_OR_REMOVE_ONE,
             **accounting,
         )
         self._init_central(
-            sampling=sampling,
+            # the round base knows the cyclic schedules (neither Poisson nor fixed-size); window allocation is one
+            sampling="cyclic-poisson" if sampling == "window-allocation" else sampling,
             clipping="fixed",
             num_clients=None,
             rng=rng,
@@ -194,11 +231,15 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             event_label=EVENT_LABEL,
             noise_sampler="banded",
         )
+        self.sampling = sampling
         self.num_bands, self.num_rounds, self.max_participations = b, rounds, k
+        self.allocation_window = window
+        # window allocation: G groups own windows of w releases in turn (cycles of G·w); otherwise b groups, one release
+        self.num_groups = (math.ceil((b - 1) / window) + 1) if window is not None else b
         self.factorization = factorization
         self.population = population
         self._seed = int(rng) if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool) else None
-        self.participation = CyclicParticipation(b, k, rng)
+        self.participation = CyclicParticipation(self.num_groups, k, rng)
         self.releases = 0  # releases made so far in the run (restarts included)
         self._analysis: Optional[str] = None  # the analysis booked (chosen at the first release, or restored)
         self.noise: Optional[BandedNoise] = None
@@ -247,6 +288,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "coefficients": [float(c) for c in self.coefficients],
                 "sampling": self.sampling,
             }
+            if self.allocation_window is not None:  # absent from the states of the other samplings
+                expected["allocation_window"] = self.allocation_window
             for key, value in expected.items():
                 if state.get(key) != value:
                     raise ValueError(f"{key} was {state.get(key)!r} in the saved run, this run has {value!r}")
@@ -267,7 +310,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             if analysis is None and releases and self.sampling == "cyclic-poisson":
                 analysis = "amplified"  # a run saved before the choice existed booked the amplified analysis
             if analysis not in (None, "amplified", "unamplified") or (
-                analysis == "amplified" and self.sampling != "cyclic-poisson"
+                analysis == "amplified" and self.sampling not in AMPLIFIED_SAMPLINGS
             ):
                 raise ValueError(f"analysis must be 'amplified' or 'unamplified' for this sampling, got {analysis!r}")
             self.participation.load_state(self._load_participation(state.get(PARTICIPATION), releases))
@@ -313,7 +356,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         own file, ``<ledger_path>.bandmf-participation.<t>`` (mode 0600, beside the secret noise key), and the
         ledger holds only its release and SHA-256; without a ledger file they stay in memory."""
         state = self.participation.to_state()
-        if self.sampling != "cyclic-poisson":
+        if self.sampling not in AMPLIFIED_SAMPLINGS:
             return state
         if self.ledger_path is None:
             return {"secret": None}
@@ -329,8 +372,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         """The participation state an entry of :meth:`_participation_entry` names (ValueError when its file is
         missing, altered or of another release)."""
         if not (isinstance(entry, dict) and set(entry) == {"secret"}):
-            if self.sampling == "cyclic-poisson" and releases:
-                raise ValueError("the participation history of a cyclic-poisson run must be kept in its secret file")
+            if self.sampling in AMPLIFIED_SAMPLINGS and releases:
+                raise ValueError(f"the participation history of a {self.sampling} run must be kept in its secret file")
             return entry
         secret = entry["secret"]
         if secret is None:
@@ -366,6 +409,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 "max_participations": self.max_participations,
                 "coefficients": [float(c) for c in self.coefficients],
                 "sampling": self.sampling,
+                **({"allocation_window": self.allocation_window} if self.allocation_window is not None else {}),
                 "num_clients": self.population,
                 "releases": self.releases,
                 "analysis": self._analysis,
@@ -385,8 +429,20 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         Gaussian at t ≡ 1 mod b (``"cyclic-poisson"`` booked amplified; q needs N, known from the first release
         on)."""
         if self.analysis() == "amplified":
-            return amplified_round_event(release, self.noise_multiplier, self.num_bands, self._check_rate())
+            return self._amplified_event(release)
         return round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
+
+    def _amplified_event(self, release: int) -> Any:
+        """The amplified analysis's event of release t: cyclic-poisson's epoch event (Thm 4), or window allocation's
+        cycle event at the first release of each cycle of G·w releases (None otherwise)."""
+        if self.sampling == "window-allocation":
+            cycle_length = self.num_groups * self.allocation_window
+            if (check_int("release", release, minimum=1) - 1) % cycle_length:
+                return None
+            return WindowAllocationDpEvent(
+                float(self.noise_multiplier), int(self.allocation_window), tuple(float(c) for c in self.coefficients)
+            )
+        return amplified_round_event(release, self.noise_multiplier, self.num_bands, self._check_rate())
 
     def analysis(self) -> str:
         """``"unamplified"`` or ``"amplified"``: the analysis this run books (module docstring), chosen once."""
@@ -396,9 +452,12 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
 
     def _choose_analysis(self) -> str:
         """The analysis whose ε for the whole planned run is the smaller at the ledger's δ (public values only)."""
-        if self.sampling != "cyclic-poisson":
+        if self.sampling not in AMPLIFIED_SAMPLINGS:
             return "unamplified"
-        q = self._check_rate()
+        if self.sampling == "cyclic-poisson":
+            self._check_rate()
+        elif self.ledger.accounting == "pld":
+            return "unamplified"  # the window-allocation bound is an RDP curve: a PLD-only ledger cannot use it
         if self.num_rounds is None:
             return "amplified"
         ledger = self.ledger
@@ -409,7 +468,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             )
             for t in range(1, self.num_rounds + 1):
                 event = (
-                    amplified_round_event(t, self.noise_multiplier, self.num_bands, q)
+                    self._amplified_event(t)
                     if analysis == "amplified"
                     else round_event(
                         self.coefficients, t, self.noise_multiplier, self.num_bands, self.max_participations
@@ -421,7 +480,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         choice = "unamplified" if epsilons["unamplified"] < epsilons["amplified"] else "amplified"
         log(
             INFO,
-            "BandMF (cyclic-poisson): booking the %s analysis: its ε for the planned %d releases is %.4g against %.4g",
+            "BandMF (%s): booking the %s analysis: its ε for the planned %d releases is %.4g against %.4g",
+            self.sampling,
             choice,
             self.num_rounds,
             epsilons[choice],
@@ -474,7 +534,10 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         """The group of the next release (the nodes the rule admits); each member with q = m·b/N under
         ``"cyclic-poisson"``."""
         release = self.releases + 1
-        chosen = self.participation.select(nodes, release)
+        if self.sampling == "window-allocation":
+            chosen = self._window_nodes(nodes, release)
+        else:
+            chosen = self.participation.select(nodes, release)
         if self.sampling == "cyclic-poisson":
             chosen = poisson_sample(chosen, self._check_rate(), self._generator(release, "sample"))
         self._release = release
@@ -482,11 +545,49 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             INFO,
             "configure_train: release %d, group %d of %d: %d nodes",
             release,
-            self.participation.group_of_release(release),
-            self.num_bands,
+            self._group_of_release(release),
+            self.num_groups,
             len(chosen),
         )
         return chosen
+
+    def _window_position(self, release: int) -> tuple[int, int, int]:
+        """(cycle, group, slot) of release t under window allocation: cycle c = ⌊(t−1)/(G·w)⌋, then group g owns
+        releases g·w .. g·w + w − 1 of the cycle, slot = the release's place in that window."""
+        cycle, position = divmod(release - 1, self.num_groups * self.allocation_window)
+        group, slot = divmod(position, self.allocation_window)
+        return cycle, group, slot
+
+    def _group_of_release(self, release: int) -> int:
+        if self.sampling == "window-allocation":
+            return self._window_position(release)[1]
+        return self.participation.group_of_release(release)
+
+    def _window_key(self) -> bytes:
+        """The run's secret key (the noise key, drawn now if this is the first use): the slots are keyed by it."""
+        if self._key is None:
+            self._key = noise_key(self._rng)
+        return self._key
+
+    def _window_refusal(self, node: int, release: int) -> Optional[str]:
+        """Why ``node`` may not take part in release t under window allocation (None: it may): not of the window's
+        group, not its secret slot of the cycle, the rule's cap or separation, or less than b releases since its
+        last."""
+        cycle, group, slot = self._window_position(release)
+        if self.participation.groups.get(int(node)) != group:
+            return f"node {node} is not in group {group}, whose window release {release} is in"
+        if window_slot(self._window_key(), int(node), cycle, self.allocation_window) != slot:
+            return f"release {release} is not node {node}'s slot of cycle {cycle}"
+        last = self.participation.last.get(int(node))
+        if last is not None and release - last < self.num_bands:
+            return f"node {node} trained in release {last}, less than b={self.num_bands} releases before {release}"
+        return self.participation.violation(int(node), release)
+
+    def _window_nodes(self, nodes: list[int], release: int) -> list[int]:
+        """The nodes asked in release t: the members of the window's group whose secret slot of the cycle it is."""
+        nodes = sorted({int(n) for n in nodes})
+        self.participation.assign(nodes)
+        return [n for n in nodes if self._window_refusal(n, release) is None]
 
     def _generator(self, release: int, purpose: str = "noise") -> np.random.Generator:
         if self._seed is not None:
@@ -499,11 +600,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     def admit(self, server_round: int, screened: Screened) -> None:
         """Reject (``participation``) every reply from a node the rule does not admit to this release."""
         release = self._this_release()
-        refused = [
-            reply
-            for reply in screened.accepted
-            if self.participation.violation(int(reply.metadata.src_node_id), release) is not None
-        ]
+        refuse = self._window_refusal if self.sampling == "window-allocation" else self.participation.violation
+        refused = [reply for reply in screened.accepted if refuse(int(reply.metadata.src_node_id), release) is not None]
         screened.reject(refused, PARTICIPATION)
 
     def noise_generator(self, server_round: int) -> np.random.Generator:

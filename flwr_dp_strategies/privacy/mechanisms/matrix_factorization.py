@@ -103,6 +103,7 @@ import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
 
+from ..accounting import bandmf_amplification as _window_allocation  # noqa: F401  (registers its event)
 from ..rng import RngLike, resolve_rng
 from ..validation import check_int, check_positive, check_probability
 
