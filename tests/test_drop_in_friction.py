@@ -145,7 +145,7 @@ def test_every_strategy_takes_its_flower_parents_arguments_first_and_only_keywor
             p.name
             for p in mine[len(theirs) :]
             if p.kind is not inspect.Parameter.KEYWORD_ONLY
-            and (p.kind, p.name) != _ACCOUNTING[ours is fds.AccountedFedAvg]
+            and (p.kind, p.name) != _ACCOUNTING[ours.__init__ is fds.AccountedFedAvg.__init__]
         ]
         assert not extra, (ours.__name__, extra)
         assert mine[-1].kind is inspect.Parameter.VAR_KEYWORD, ours.__name__  # the accounting options, last
