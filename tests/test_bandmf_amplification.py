@@ -260,3 +260,31 @@ def test_window_allocation_arguments():
 
     with pytest.raises(ValueError, match="allocation_window"):
         AccountedBandedMatrixFactorization(FedAvg(), 1.0, 1.0, 3, num_bands=3, num_rounds=6, allocation_window=2)
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_window_allocation_counts_a_node_when_asked_so_the_cap_bounds_its_cycles():
+    """k = 1 over 3 cycles: a node is asked once in the run even when it does not reply (it cannot keep its cap for a
+    later cycle), so one cycle event is booked, not three."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    from loopback import LoopbackGrid
+
+    strategy = _window_strategy(rng=5, num_rounds=12, max_participations=1)
+    grid = LoopbackGrid.of(12)
+    arrays = ArrayRecord({"w": Array(np.zeros(4, np.float32))})
+    asked = []
+    for r in range(1, 13):
+        msgs = list(strategy.configure_train(r, arrays, ConfigRecord(), grid))
+        asked += [int(m.metadata.dst_node_id) for m in msgs]
+        update = ArrayRecord({"w": Array(np.full(4, 0.01, np.float32))})
+        replies = [
+            Message(RecordDict({"arrays": update, "metrics": MetricRecord({"num-examples": 5})}), reply_to=m)
+            for m in msgs[::2]  # every other asked node does not reply
+        ]
+        strategy.aggregate_train(r, replies)
+    assert sorted(asked) == sorted(strategy.participation.groups)  # each node asked exactly once
+    assert all(count == 1 for count in strategy.participation.counts.values())
+    assert strategy.analysis() == "amplified"
+    cycle = [e for _, e, _ in strategy.ledger.events() if isinstance(e, ba.WindowAllocationDpEvent)]
+    assert len(cycle) == 1

@@ -61,8 +61,9 @@ slot :func:`~flwr_dp_strategies.privacy.accounting.bandmf_amplification.window_s
 cycle under a key derived from the run's secret noise key: uniform, independent across nodes and cycles, secret,
 the same after a restart). A reply from any other node is refused (``participation``). Two releases of a node are
 at least (G − 1)·w + 1 ≥ b apart, so the un-amplified analysis holds; the amplified one books, at the first release
-of each cycle, a ``WindowAllocationDpEvent`` (the sampling-free RDP bound of the mixture over the secret slot,
-derived and checked in :mod:`~flwr_dp_strategies.privacy.accounting.bandmf_amplification`; RDP only, so a PLD-only
+of each of the first k cycles (a node counts a participation when it is *asked*, replying or not, so it is asked in at
+most k cycles whatever it does), a ``WindowAllocationDpEvent`` (the sampling-free RDP bound of the mixture over the
+secret slot, derived and checked in :mod:`~flwr_dp_strategies.privacy.accounting.bandmf_amplification`; RDP only, so a PLD-only
 ledger books the un-amplified analysis), and the smaller of the two is chosen as above. The participation history
 is kept in the secret file, as for ``"cyclic-poisson"``.
 Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
@@ -249,6 +250,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self._noise_dimension: Optional[int] = None  # d of the restored stream (its rows are rebuilt lazily)
         self._check_value: Optional[str] = None  # the restored stream's keyed check value
         self._release: Optional[int] = None  # the release the configured round makes
+        self._asked: Optional[tuple[int, list[int]]] = None  # window allocation: (release, the nodes asked in it)
         self._restore()
 
     @property
@@ -436,8 +438,10 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         """The amplified analysis's event of release t: cyclic-poisson's epoch event (Thm 4), or window allocation's
         cycle event at the first release of each cycle of G·w releases (None otherwise)."""
         if self.sampling == "window-allocation":
-            cycle_length = self.num_groups * self.allocation_window
-            if (check_int("release", release, minimum=1) - 1) % cycle_length:
+            cycle, position = divmod(
+                check_int("release", release, minimum=1) - 1, self.num_groups * self.allocation_window
+            )
+            if position or cycle >= self.max_participations:  # a node is asked in k cycles at most (counted when asked)
                 return None
             return WindowAllocationDpEvent(
                 float(self.noise_multiplier), int(self.allocation_window), tuple(float(c) for c in self.coefficients)
@@ -536,6 +540,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         release = self.releases + 1
         if self.sampling == "window-allocation":
             chosen = self._window_nodes(nodes, release)
+            self._asked = (release, list(chosen))
         else:
             chosen = self.participation.select(nodes, release)
         if self.sampling == "cyclic-poisson":
@@ -634,7 +639,20 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
     def released(self, server_round: int, screened: Screened) -> None:
         """Record the participants and the release; name the noise key and keep the participation with the ledger."""
         release = self._this_release()
-        self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
+        if self.sampling == "window-allocation":
+            # a node counts when it is asked, replying or not: each node is then asked in at most k cycles,
+            # whatever it does, and the amplified analysis books min(k, cycles) cycles (_amplified_event)
+            if self._asked is None or self._asked[0] != release:
+                nodes = [n for n in self.participation.groups if self._window_refusal(n, release) is None]
+            else:
+                nodes = self._asked[1]
+            accepted = {int(r.metadata.src_node_id) for r in screened.accepted}
+            if not accepted <= set(nodes):
+                raise ValueError(f"release {release} aggregated nodes it did not ask: {sorted(accepted - set(nodes))}")
+            self.participation.record(nodes, release)
+            self._asked = None
+        else:
+            self.participation.record([int(r.metadata.src_node_id) for r in screened.accepted], release)
         self.releases = release
         self._release = None
         self._save_state()

@@ -55,8 +55,11 @@ Assumptions: the allocation is secret, uniform, independent across clients and c
 secret key from OS entropy: computationally indistinguishable from that); the groups and windows are fixed before
 the run; the coefficients are non-negative (the banded square root's are; a factorisation with a negative
 coefficient is refused); the server's noise is secret; a client that is not asked is never aggregated (enforced by
-the strategy). The cap k is not used (a client that drops out of an early cycle keeps its later ones: bounding every
-cycle is what holds whatever it does); the un-amplified analysis, which uses k, is booked instead when smaller.
+the strategy). The cap k: the strategy counts a participation when a node is *asked* (replying or not), so every
+node is asked in at most k cycles, whatever the data and whatever the client does:
+the bound composes min(k, cycles) cycles (a client that could skip a cycle without spending its cap would make the
+number of its cycles depend on its behaviour). The un-amplified analysis, which also uses k, is booked instead
+when smaller.
 
 Checked against independent computations (tests/test_bandmf_amplification.py): the remove moment equals a direct
 quadrature of the non-adaptive worst case, the add bound is never below it, and the ε booked is never below the
