@@ -11,7 +11,9 @@ steps and per-layer clipping) and returns
     which :func:`dp_sgd_train_reply` declares in the reply
     (:func:`flwr_dp_strategies.declarations.declare_release`) so that
     :class:`flwr_dp_strategies.strategy.AccountedFedAvg` composes it in its
-    :class:`~flwr_dp_strategies.privacy.PrivacyLedger`;
+    :class:`~flwr_dp_strategies.privacy.PrivacyLedger`, with the unit ``"record"`` (it bounds
+    what one training example changes, not the client's whole data; so do the ``NonPrivateDpEvent``
+    declarations beside it), which lets the ledger publish ``privacy/epsilon-record-level`` apart;
 (c) the client's **cumulative** ε over all its rounds from Opacus' own
     accountant (metric ``dp-sgd/epsilon-opacus``), next to the ε of this round
     alone (``dp-sgd/epsilon-round-only``: what Flower's Opacus example reports,
@@ -133,11 +135,15 @@ def dp_sgd_train_reply(
             "metrics": MetricRecord(metrics),
         }
     )
-    declare_release(content, result.event, label=label, neighboring_relation=result.neighboring_relation)
+    declare_release(content, result.event, label=label, neighboring_relation=result.neighboring_relation, unit="record")
     if result.reveals_dataset_size:
         _warn_dataset_size_once()
         declare_release(
-            content, NonPrivateDpEvent(), label=DATASET_SIZE_LABEL, neighboring_relation=result.neighboring_relation
+            content,
+            NonPrivateDpEvent(),
+            label=DATASET_SIZE_LABEL,
+            neighboring_relation=result.neighboring_relation,
+            unit="record",
         )
     if release_metrics:
         declare_release(
@@ -145,6 +151,7 @@ def dp_sgd_train_reply(
             NonPrivateDpEvent(),
             label=NON_PRIVATE_METRICS_LABEL,
             neighboring_relation=result.neighboring_relation,
+            unit="record",
         )
     return Message(content=content, reply_to=msg)
 
@@ -206,6 +213,7 @@ def declare_opacus_round(
         dp_sgd_event(entries, poisson_sampling),
         label=label,
         neighboring_relation=dp_sgd_relation(poisson_sampling),
+        unit="record",
     )
     if poisson_sampling and not public_sample_rate:
         declare_release(
@@ -213,6 +221,7 @@ def declare_opacus_round(
             NonPrivateDpEvent(),
             label=DATASET_SIZE_LABEL,
             neighboring_relation=dp_sgd_relation(poisson_sampling),
+            unit="record",
         )
     return content
 

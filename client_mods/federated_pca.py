@@ -4,7 +4,8 @@ r"""Client side of LDP federated PCA (DELM Algorithm 2, lines 1-5 and 10-12).
   client's second-moment matrix :math:`\sum_r x_r x_r^\top` (rows clipped to unit
   norm) plus noise, and declares the release (Analyze Gauss by default,
   ``GaussianDpEvent``; the paper's Wishart noise is not DP and is declared as
-  ``NonPrivateDpEvent``, see :mod:`flwr_dp_strategies.privacy.mechanisms.covariance`).
+  ``NonPrivateDpEvent``, see :mod:`flwr_dp_strategies.privacy.mechanisms.covariance`), with the unit
+  ``"record"``: the sensitivity is that of one row (one record) of the client.
 * :func:`store_projection` keeps the server's projection :math:`\tilde V_{[k]}`
   (message ``train.pca_projection``) in ``context.state``; :func:`project` maps a
   client's rows to :math:`x^\top\tilde V` for the functional-mechanism trainer.
@@ -74,6 +75,7 @@ def covariance_reply(
         replace_one_event=covariance_replace_one_event(release.event)
         if neighboring_relation == "add_or_remove_one"
         else None,
+        unit="record",
     )
     return Message(content, reply_to=msg)
 

@@ -39,6 +39,7 @@ What leaves the client, and why it is private:
 
 Guarantee: the client's whole participation is ε_FM-DP (record level, under the
 chosen relation), plus whatever its feature map cost, whatever the number of rounds.
+The release is declared with the unit ``"record"``.
 """
 
 from __future__ import annotations
@@ -241,6 +242,7 @@ class FunctionalMechanismTrainer:
             event if event is not None else dp_event.NoOpDpEvent(),
             label=EVENT_LABEL if event is not None else EVENT_LABEL + " (reused)",
             neighboring_relation=self.neighboring_relation,
+            unit="record",
         )
         return Message(content, reply_to=msg)
 

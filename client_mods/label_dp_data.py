@@ -31,7 +31,9 @@ num_buckets=k)``. Its ledger must use ``neighboring_relation="replace_one"``
 ``add_or_remove_one`` ledger rejects the declaration). The ε it reports for that
 node is **label-level**: the privacy of each single label of the node against
 replacement of that label, not of the node's whole dataset, and the features
-are not protected. Everything the client computes from the noisy labels later
+are not protected. The declaration's unit is therefore ``"record"`` (one label is one record's; a client
+holds many), never ``"client"``: in ``privacy/epsilon-record-level`` it bounds the label of one record,
+the features being public as label DP assumes. Everything the client computes from the noisy labels later
 (model updates in every round) is post-processing and costs nothing more.
 
 Caveat: the declaration is marked as made when it is attached to a reply; call
@@ -246,7 +248,11 @@ def declare_label_release(context: Context, content: RecordDict, *, key: str = D
     if bool(meta["declared"]):
         if not any(d.label.startswith("label-dp/") for d in read_declarations(content)):
             declare_release(
-                content, dp_event.NoOpDpEvent(), label=POST_PROCESSING_DECLARATION, neighboring_relation="replace_one"
+                content,
+                dp_event.NoOpDpEvent(),
+                label=POST_PROCESSING_DECLARATION,
+                neighboring_relation="replace_one",
+                unit="record",
             )
         return False
     declare_release(
@@ -254,6 +260,7 @@ def declare_label_release(context: Context, content: RecordDict, *, key: str = D
         rr_event(float(meta["epsilon"]), int(meta["num-classes"])),
         label=LABEL_DP_DECLARATION,
         neighboring_relation="replace_one",
+        unit="record",
     )
     meta["declared"] = True
     return True

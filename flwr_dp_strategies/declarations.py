@@ -14,10 +14,18 @@ tighter ``replace_one_event`` the client gives) and refuses a replace-one event
 in an add/remove ledger (see :mod:`flwr_dp_strategies.privacy.accounting.relations`). A
 declaration without a relation is malformed.
 
+Every declaration also has a unit of privacy (``unit``, :mod:`flwr_dp_strategies.privacy.accounting.units`):
+``"client"`` (the default: the release is DP for the client's whole data, e.g. local DP on its update) or
+``"record"`` (DP for one record of the client: DP-SGD, label DP, the functional mechanism). The server books
+it with that unit, and a ledger holding record-level bookings publishes the two guarantees apart
+(``privacy/epsilon-record-level``, ``privacy/epsilon-client-level``) beside their composition. Any other
+value makes the declaration malformed.
+
 The declarations travel in one :class:`flwr.app.ConfigRecord` under the key
 :data:`PRIVACY_RECORD` (field ``"events"``: a list of JSON strings, each
 ``{"event": <event_to_dict>, "label": str, "relation": str}`` and optionally
-``"replace_one_event"``). A ConfigRecord does not disturb
+``"replace_one_event"`` and ``"unit"``, written only when it is ``"record"``: a declaration without it
+is client-level, as every declaration made before units existed). A ConfigRecord does not disturb
 Flower's aggregation (FedAvg checks only ArrayRecords and MetricRecords).
 
 The server reads them with :func:`read_declarations` and books them in its
@@ -45,6 +53,7 @@ from .privacy import Release
 from .privacy.accounting.events import event_from_dict, event_to_dict
 from .privacy.accounting.event_validation import validate_event
 from .privacy.accounting.relations import ADD_OR_REMOVE_ONE, check_relation
+from .privacy.accounting.units import CLIENT, check_unit
 
 PRIVACY_RECORD = "privacy-declarations"
 EVENTS_FIELD = "events"
@@ -59,17 +68,19 @@ class MalformedDeclaration(ValueError):
 
 @dataclass(frozen=True)
 class Declaration:
-    """One declared release: the event, a short label saying what it was, and its relation.
+    """One declared release: the event, a short label saying what it was, its relation and its unit.
 
     ``neighboring_relation`` is the relation ``event``'s sensitivity was computed
     for; ``replace_one_event`` an optional tighter form of an add/remove event
-    under replacement. Pass all three to :meth:`PrivacyLedger.record`.
+    under replacement; ``unit`` what one neighbour differs in (``"record"`` or ``"client"``).
+    Pass them all to :meth:`PrivacyLedger.record`.
     """
 
     event: DpEvent
     label: str
     neighboring_relation: str
     replace_one_event: Optional[DpEvent] = None
+    unit: str = CLIENT
 
 
 def declare_release(
@@ -79,6 +90,7 @@ def declare_release(
     label: str,
     neighboring_relation: str,
     replace_one_event: Optional[DpEvent] = None,
+    unit: str = CLIENT,
 ) -> None:
     """Append ``event`` (or a Release's event) to the declarations in ``content``.
 
@@ -89,12 +101,17 @@ def declare_release(
         neighboring_relation: ``"add_or_remove_one"`` or ``"replace_one"``, the relation the
             event's sensitivity was computed for.
         replace_one_event: optional tighter replace-one form of an add/remove event.
+        unit: ``"client"`` (default: the event bounds what the client's whole data changes) or ``"record"``
+            (it bounds what one record of the client changes: DP-SGD, label DP, the functional mechanism).
     """
     if isinstance(event, Release):
         event = event.event
     validate_event(event)
     relation = check_relation(neighboring_relation)
+    unit = check_unit(unit)
     data = {"event": event_to_dict(event), "label": str(label), "relation": relation}
+    if unit != CLIENT:
+        data["unit"] = unit
     if replace_one_event is not None:
         if relation != ADD_OR_REMOVE_ONE:
             raise ValueError("replace_one_event is only meaningful with neighboring_relation='add_or_remove_one'")
@@ -115,7 +132,7 @@ def read_declarations(content: RecordDict) -> list[Declaration]:
     :data:`MAX_EVENTS` JSON strings of at most :data:`MAX_EVENT_CHARS` characters
     nested at most :data:`MAX_JSON_DEPTH` deep, each holding a known event type with
     valid parameters (:func:`~flwr_dp_strategies.privacy.accounting.event_validation.validate_event`)
-    and a neighbouring relation.
+    and a neighbouring relation, and no unit other than ``"record"`` or ``"client"``.
     """
     record = content.config_records.get(PRIVACY_RECORD)
     if record is None:
@@ -164,12 +181,17 @@ def _parse(entry: object) -> Declaration:
         if replace_one_event is not None and relation != ADD_OR_REMOVE_ONE:
             raise ValueError("replace_one_event given for an event not calibrated under 'add_or_remove_one'")
         label = data.get("label", "")
+        unit = check_unit(data.get("unit", CLIENT), "declaration unit")
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
         raise MalformedDeclaration(f"unreadable privacy declaration: {err}") from err
     if not isinstance(label, str):
         raise MalformedDeclaration("a declaration's label must be a string")
     return Declaration(
-        event=event, label=label[:200], neighboring_relation=relation, replace_one_event=replace_one_event
+        event=event,
+        label=label[:200],
+        neighboring_relation=relation,
+        replace_one_event=replace_one_event,
+        unit=unit,
     )
 
 

@@ -153,6 +153,8 @@ class CentralGaussianRound(AccountedRound):
     sampling: str = "fixed"
     clipping: str = "fixed"
     clipping_side: str = "server"
+    #: every accepted reply reaches the model only clipped, summed and noised by the booked central event
+    central_covers_replies = True
     noise_sampler: str = "os-entropy"
     event_label: str = "central-gaussian"
     state_name: Optional[str] = None  # the name the learnt C is saved under in the ledger file (adaptive)

@@ -40,7 +40,10 @@
   cannot account, so it is not aggregated);
 * the ledger's figures (``privacy/epsilon``, ``privacy/delta``, ...) in every
   round's train and evaluate metrics, and per node
-  (``privacy/epsilon/node-<id>``) with ``per_client_metrics=True``.
+  (``privacy/epsilon/node-<id>``) with ``per_client_metrics=True``; when clients declare
+  record-level releases (``unit="record"``: DP-SGD, label DP), also ``privacy/epsilon-record-level`` and
+  ``privacy/epsilon-client-level`` (:meth:`PrivacyLedger.metrics`; the latter counts a client's
+  record-level replies as covered only in a strategy with :attr:`ClientAccountingMixin.central_covers_replies`).
 
 Composition: a client's declared events of every round are composed in the ledger
 (RDP and PLD, adaptively); the federation's ``privacy/epsilon`` is the worst
@@ -104,7 +107,8 @@ class Booking:
     ``client``: the node whose data it is about (None: a central event, every client's);
     ``neighboring_relation``: the relation ``event`` is stated under (None: the ledger's);
     ``replace_one_event``: its tighter replace-one form, if the mechanism has one;
-    ``ledger``: the ledger to book it in (None: the strategy's main ledger).
+    ``ledger``: the ledger to book it in (None: the strategy's main ledger);
+    ``unit``: what it protects, ``"client"`` (default) or ``"record"`` (a client's own release only).
     """
 
     event: DpEvent
@@ -113,6 +117,7 @@ class Booking:
     neighboring_relation: Optional[str] = None
     replace_one_event: Optional[DpEvent] = None
     ledger: Optional[PrivacyLedger] = None
+    unit: str = "client"
 
 
 class ClientAccountingMixin:
@@ -128,6 +133,11 @@ class ClientAccountingMixin:
     per_client_metrics: bool
     max_reply_bytes: Optional[int]
     max_weight: float = DEFAULT_MAX_WEIGHT
+    #: whether every train reply reaches the published outputs only through a central client-level release this
+    #: strategy books (clipped replies, noise on the sum): then a client's record-level replies are covered by it
+    #: at the client level (:meth:`PrivacyLedger.client_level_report`); False: nothing says so, and a client with
+    #: record-level bookings has an infinite ``privacy/epsilon-client-level``
+    central_covers_replies: bool = False
 
     def _init_accounting(
         self,
@@ -252,6 +262,7 @@ class ClientAccountingMixin:
                 label=booking.label,
                 neighboring_relation=booking.neighboring_relation,
                 replace_one_event=booking.replace_one_event,
+                unit=booking.unit,
             )
         self.save_ledger()
 
@@ -322,8 +333,8 @@ class ClientAccountingMixin:
         return screened, rejected, bookings
 
     def declaration_bookings(self, node: int, declarations: list[Declaration], phase: Optional[str]) -> list[Booking]:
-        """What to book for ``node``'s declarations (each under its own relation); a subclass may book more,
-        never less."""
+        """What to book for ``node``'s declarations (each under its own relation and unit); a subclass may book
+        more, never less."""
         return [
             Booking(
                 d.event,
@@ -331,6 +342,7 @@ class ClientAccountingMixin:
                 client=node,
                 neighboring_relation=d.neighboring_relation,
                 replace_one_event=d.replace_one_event,
+                unit=d.unit,
             )
             for d in declarations
         ]
@@ -381,7 +393,7 @@ class ClientAccountingMixin:
         ``per_client_metrics``). ``rejected`` (failed replies under ``error``) is recorded by
         :meth:`note_rejections`, not published."""
         self.note_rejections(rejected)
-        merged = with_privacy_metrics(metrics, self.ledger)
+        merged = with_privacy_metrics(metrics, self.ledger, central_covers_replies=self.central_covers_replies)
         self._log_non_private()
         if self.per_client_metrics:
             for client in self.ledger.clients:

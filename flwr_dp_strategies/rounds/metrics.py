@@ -30,25 +30,30 @@ from ..privacy import PrivacyLedger, privacy_metrics
 from .reply_screening import records_of
 
 
-def privacy_metric_record(ledger: PrivacyLedger) -> MetricRecord:
+def privacy_metric_record(ledger: PrivacyLedger, *, central_covers_replies: bool = False) -> MetricRecord:
     """The ledger's round metrics as a :class:`MetricRecord` (all values ``float``).
 
     Keys: ``privacy/epsilon``, ``privacy/delta``, ``privacy/epsilon-rdp``,
     ``privacy/clients`` and, when available, ``privacy/epsilon-pld`` and
-    ``privacy/max-epsilon``. MetricRecord rejects ``bool``, so every value is
+    ``privacy/max-epsilon``; with record-level bookings also ``privacy/epsilon-record-level`` and
+    ``privacy/epsilon-client-level`` (``central_covers_replies``: see
+    :meth:`PrivacyLedger.client_level_report`). MetricRecord rejects ``bool``, so every value is
     cast to ``float``.
     """
-    return MetricRecord({key: float(value) for key, value in privacy_metrics(ledger).items()})
+    figures = privacy_metrics(ledger, central_covers_replies=central_covers_replies)
+    return MetricRecord({key: float(value) for key, value in figures.items()})
 
 
-def with_privacy_metrics(metrics: MetricRecord | None, ledger: PrivacyLedger) -> MetricRecord:
+def with_privacy_metrics(
+    metrics: MetricRecord | None, ledger: PrivacyLedger, *, central_covers_replies: bool = False
+) -> MetricRecord:
     """A new MetricRecord: ``metrics`` (may be None) updated with the ledger's privacy metrics.
 
     Privacy keys overwrite client-reported keys of the same name, so a client
     cannot report its own ``privacy/epsilon``.
     """
     merged = MetricRecord(dict(metrics) if metrics is not None else {})
-    for key, value in privacy_metric_record(ledger).items():
+    for key, value in privacy_metric_record(ledger, central_covers_replies=central_covers_replies).items():
         merged[key] = value
     return merged
 

@@ -94,6 +94,9 @@ EVENT_LABEL = "distributed DP: Skellam sum under secure aggregation"
 class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
     """FedAvg + SecAgg+ + Skellam distributed DP; clients must run ``client_mods.distributed_dp_mod``.
 
+    Its booked release (one client's clipped update added or removed) covers every reply at the client level
+    (:attr:`central_covers_replies`; not so ``SecureObjectiveSum``, whose noise is calibrated for one record).
+
     Args:
         fraction_train ... evaluate_metrics_aggr_fn: :class:`flwr.serverapp.strategy.FedAvg`'s, in
             FedAvg's order and meaning (``weighted_by_key`` is not used for training: under DP
@@ -123,6 +126,8 @@ class DistributedDpFedAvg(SecureAggregationMixin, FedAvg):
             is dropped from the round.
         **accounting: the accounting options (:class:`~flwr_dp_strategies.rounds.options.AccountingOptions`).
     """
+
+    central_covers_replies = True
 
     # pylint: disable=too-many-arguments,too-many-locals,too-many-instance-attributes
     def __init__(

@@ -8,15 +8,19 @@ each sampled client's update (its DP-SGD-trained adapters minus the global ones)
 (``client-noise-multiplier``) is added and the sum is divided by m. The strategy books that release for the
 federation and each reply's declared DP-SGD event under its node, in one ledger.
 
-Round metrics: the strategy's train metrics carry the ledger's ``privacy/epsilon`` (per node: the composition
-of the central releases and the node's own DP-SGD events; see :mod:`.privacy`); the server-side evaluation of
-every round (``evaluate_fn``) adds the central test accuracy and the two guarantees apart,
-``privacy/epsilon-client-level`` and ``privacy/epsilon-record-level``. One line per round is printed and
-``results.json`` / ``results.png`` are written to ``results-dir``.
+Round metrics: the strategy's train metrics carry the ledger's figures: ``privacy/epsilon`` (per node the
+composition of the central releases and the node's own DP-SGD events, a bound on either loss) and, since the
+clients declare their DP-SGD releases with ``unit="record"``, the two guarantees apart, published by the
+library (:meth:`~flwr_dp_strategies.privacy.PrivacyLedger.metrics`): ``privacy/epsilon-client-level`` (the
+central releases: they take every reply clipped and noised) and ``privacy/epsilon-record-level`` (each
+node's own DP-SGD events, worst node). The server-side evaluation of every round (``evaluate_fn``) adds the
+central test accuracy. One line per round is printed, and ``results.json`` / ``results.png`` (the accuracy
+and the three published figures per round) are written to ``results-dir``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +28,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 
 from flwr_dp_experiments.results import write_run_results
 from flwr_dp_strategies.privacy import PrivacyLedger
@@ -32,7 +36,6 @@ from flwr_dp_strategies.strategy import AccountedPoissonFixedClipping
 
 from . import task
 from .config import resolve_run_config
-from .privacy import privacy_split, published
 
 app = ServerApp()
 
@@ -99,13 +102,11 @@ def evaluate(model: torch.nn.Module, x, y, batch_size: int = 250) -> tuple[float
 
 @dataclass
 class RoundLog:
-    """``evaluate_fn``: central test accuracy and both guarantees after every round."""
+    """``evaluate_fn``: central test accuracy after every round."""
 
     config: dict[str, Any]
-    ledger: PrivacyLedger
     initial_accuracy: float | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
-    latest: dict[str, Any] | None = None  # the privacy split after the last round
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         model = _model(self.config)
@@ -121,15 +122,8 @@ class RoundLog:
         if server_round == 0:
             self.initial_accuracy = accuracy
             return metrics
-        split = self.latest = privacy_split(self.ledger)
-        metrics.update(published(split))
-        self.rows.append({"round": server_round, "accuracy": accuracy, "loss": loss, **_row(split)})
-        print(
-            f"round {server_round}  accuracy {accuracy:.3f}  client-level epsilon {_fmt(split['client_level'])}  "
-            f"record-level epsilon {_fmt(split['record_level'])}  ledger (combined) {_fmt(split['combined'])}  "
-            f"(delta {split['delta']:g})",
-            flush=True,
-        )
+        self.rows.append({"round": server_round, "accuracy": accuracy, "loss": loss})
+        print(f"round {server_round}  accuracy {accuracy:.3f}", flush=True)
         return metrics
 
 
@@ -137,22 +131,49 @@ def _model(config: dict[str, Any]):
     return task.build_model(str(config["size"]), int(config["base-seed"]), bool(config["freeze-a"]))
 
 
-def _row(split: dict[str, Any]) -> dict[str, Any]:
+#: results.json's column -> the key the strategy publishes in every round's train metrics
+PRIVACY_COLUMNS = {
+    "epsilon_client_level": "privacy/epsilon-client-level",
+    "epsilon_record_level": "privacy/epsilon-record-level",
+    "epsilon_ledger": "privacy/epsilon",
+}
+
+
+def _finite(value: Any) -> float | None:
+    """A published ε for JSON (None stands for ε = ∞)."""
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
+def privacy_figures(result: Result, ledger: PrivacyLedger) -> dict[str, Any]:
+    """Each round's published figures joined to its row's columns, and those of the last round."""
+    rounds = {
+        rnd: {column: _finite(record.get(key)) for column, key in PRIVACY_COLUMNS.items()}
+        for rnd, record in sorted(result.train_metrics_clientapp.items())
+    }
+    last = rounds[max(rounds)] if rounds else {column: None for column in PRIVACY_COLUMNS}
     return {
-        "epsilon_client_level": split["client_level"],
-        "epsilon_record_level": split["record_level"],
-        "epsilon_ledger": split["combined"],
-        "central_releases": split["central_releases"],
-        "dp_sgd_releases": split["dp_sgd_releases"],
+        "rounds": rounds,
+        "delta": ledger.target_delta,
+        "client_level": last["epsilon_client_level"],
+        "record_level": last["epsilon_record_level"],
+        "combined": last["epsilon_ledger"],
+        "keys": dict(PRIVACY_COLUMNS),
     }
 
 
-def _fmt(value: float | None) -> str:
-    return "inf" if value is None else f"{value:.3g}"
-
-
-def write_results(log: RoundLog, results_dir: str) -> str:
-    """results.json (rows, config, the final privacy split) and results.png."""
+def write_results(log: RoundLog, results_dir: str, result: Result, ledger: PrivacyLedger) -> str:
+    """results.json (rows with the published figures, config, the last round's figures) and results.png."""
+    figures = privacy_figures(result, ledger)
+    for row in log.rows:
+        row.update(figures["rounds"].get(row["round"], {}))
+    for row in log.rows:
+        print(
+            f"round {row['round']}  accuracy {row['accuracy']:.3f}  client-level epsilon "
+            f"{_fmt(row.get('epsilon_client_level'))}  record-level epsilon {_fmt(row.get('epsilon_record_level'))}  "
+            f"ledger (composed) {_fmt(row.get('epsilon_ledger'))}  (delta {ledger.target_delta:g})",
+            flush=True,
+        )
+    privacy = {key: value for key, value in figures.items() if key != "rounds"}
     return write_run_results(
         results_dir,
         "lora-dp",
@@ -161,15 +182,15 @@ def write_results(log: RoundLog, results_dir: str) -> str:
         extra={
             "config": log.config,
             "parameters": task.count_parameters(_model(log.config)),
-            "privacy": log.latest if log.latest is not None else privacy_split(log.ledger),
+            "privacy": privacy,
         },
         title=f"LoRA transformer ({log.config['size']}): DP-SGD clients, central DP server",
         epsilon_series={
-            "client level (central releases only)": "epsilon_client_level",
-            "record level (DP-SGD events only, worst node)": "epsilon_record_level",
-            "ledger: both composed (worst node)": "epsilon_ledger",
+            "privacy/epsilon-client-level (central releases)": "epsilon_client_level",
+            "privacy/epsilon-record-level (DP-SGD events, worst node)": "epsilon_record_level",
+            "privacy/epsilon: both composed (worst node)": "epsilon_ledger",
         },
-        epsilon_title=f"epsilon at delta={log.ledger.target_delta:g}",
+        epsilon_title=f"epsilon at delta={ledger.target_delta:g}",
     )
 
 
@@ -179,13 +200,17 @@ def main(grid: Grid, context: Context) -> None:
     config = resolve_run_config(context)
     strategy = build_strategy(config)
     model = _model(config)
-    log = RoundLog(config, strategy.ledger)
-    strategy.start(
+    log = RoundLog(config)
+    result = strategy.start(
         grid=grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=int(config["num-server-rounds"]),
         train_config=client_config(config),
         evaluate_fn=log,
     )
-    path = write_results(log, os.path.abspath(str(config["results-dir"])))
+    path = write_results(log, os.path.abspath(str(config["results-dir"])), result, strategy.ledger)
     print(f"results written to {path}", flush=True)
+
+
+def _fmt(value: float | None) -> str:
+    return "inf" if value is None else f"{value:.3g}"

@@ -22,6 +22,13 @@ valid upper bound, so their minimum is too.
 The worst case over clients only computes PLD for compositions whose RDP ε
 exceeds the best worst case found so far (min(RDP, PLD) ≤ RDP).
 
+Unit of privacy. Each client booking also has a unit (:mod:`.units`): ``"client"`` (the default, and
+what every booking made before units existed means) or ``"record"`` (one record of that client: DP-SGD,
+label DP, the functional mechanism). ``privacy/epsilon`` composes every booking whatever its unit; when
+the ledger holds record-level bookings, :meth:`PrivacyLedger.metrics` also reports the two guarantees
+apart (:meth:`PrivacyLedger.record_level_report`, :meth:`PrivacyLedger.client_level_report`; why each is
+sound, and when it alone is a guarantee for the whole pipeline, is said there).
+
 Neighbouring relation. One per ledger (``add_or_remove_one`` for central DP,
 ``replace_one`` for local DP and label DP, where randomized response is only
 defined under replacement). Events the accountants cannot handle under that
@@ -63,6 +70,7 @@ from .ledger_file import _ORIGIN, MAIN, LedgerFileError, LedgerStore, canonical_
 from ..mechanisms.release import Release
 from .event_validation import validate_event
 from .relations import ADD_OR_REMOVE_ONE, REPLACE_ONE, check_relation, convert_event
+from .units import CLIENT, RECORD, check_unit
 from ..validation import check_delta, check_int, check_positive
 
 ClientId = Union[int, str]
@@ -121,6 +129,8 @@ class PrivacyLedger:
         self._key_cache: dict[dp_event.DpEvent, str] = {}
         self._central: dict[str, list[int]] = {}
         self._clients: dict[str, dict[str, list[int]]] = {}
+        #: the record-level part of ``_clients`` (same keys and rounds, a sub-multiset); the rest is client-level
+        self._record: dict[str, dict[str, list[int]]] = {}
         self._labels: dict[str, str] = {}
         self._rdp_cache: dict[str, Optional[tuple[np.ndarray, float, float]]] = {}
         self._pld_cache: dict[tuple[str, float], object] = {}
@@ -136,8 +146,12 @@ class PrivacyLedger:
         label: str = "",
         neighboring_relation: Optional[str] = None,
         replace_one_event: Optional[dp_event.DpEvent] = None,
+        unit: str = CLIENT,
     ) -> None:
         """Record that ``event`` was released in ``server_round`` (for ``client``, or centrally if None).
+
+        ``unit``: what the event protects (:mod:`.units`): ``"client"`` (default) or ``"record"`` (one
+        record of ``client``; refused for a central event, which is the federation's).
 
         ``neighboring_relation`` is the relation the event was calibrated under
         (default: this ledger's). An event from another relation is converted
@@ -152,12 +166,15 @@ class PrivacyLedger:
         if isinstance(event, Release):
             event = event.event
         rnd = check_int("server_round", server_round, minimum=0)
+        unit = _booking_unit(unit, client is None)
         event, label = self._in_own_relation(event, neighboring_relation, replace_one_event, label)
         key = self._register(event)
         if label:
             self._labels.setdefault(key, label)
         target = self._central if client is None else self._clients.setdefault(_client_id(client), {})
         target.setdefault(key, []).append(rnd)
+        if unit == RECORD:
+            self._record.setdefault(_client_id(client), {}).setdefault(key, []).append(rnd)
 
     def record_clients(
         self,
@@ -167,15 +184,20 @@ class PrivacyLedger:
         clients: Iterable[ClientId],
         label: str = "",
         neighboring_relation: Optional[str] = None,
+        unit: str = CLIENT,
     ) -> None:
         """Record the same event for every client in ``clients`` (one call per round, not per client)."""
         rnd = check_int("server_round", server_round, minimum=0)
+        unit = _booking_unit(unit, False)
         event, label = self._in_own_relation(event, neighboring_relation, None, label)
         key = self._register(event)
         if label:
             self._labels.setdefault(key, label)
         for client in clients:
-            self._clients.setdefault(_client_id(client), {}).setdefault(key, []).append(rnd)
+            name = _client_id(client)
+            self._clients.setdefault(name, {}).setdefault(key, []).append(rnd)
+            if unit == RECORD:
+                self._record.setdefault(name, {}).setdefault(key, []).append(rnd)
 
     def _in_own_relation(
         self, event: object, relation: Optional[str], replace_one_event: Optional[dp_event.DpEvent], label: str
@@ -281,11 +303,42 @@ class PrivacyLedger:
         source = self._central if client is None else self._clients.get(str(client), {})
         return sorted({r for rounds in source.values() for r in rounds})
 
-    def events(self, client: Optional[ClientId] = None) -> list[tuple[int, dp_event.DpEvent, str]]:
-        """(round, event, label) of ``client``'s own events (central ones if None), by round."""
-        source = self._central if client is None else self._clients.get(str(client), {})
+    def events(
+        self, client: Optional[ClientId] = None, *, unit: Optional[str] = None
+    ) -> list[tuple[int, dp_event.DpEvent, str]]:
+        """(round, event, label) of ``client``'s own events (central ones if None), by round; with ``unit``,
+        only those of that unit (central events are all ``"client"``)."""
+        if unit is not None:
+            unit = check_unit(unit)
+        if client is None:
+            source = self._central if unit in (None, CLIENT) else {}
+        elif unit is None:
+            source = self._clients.get(str(client), {})
+        else:
+            source = self._unit_bookings(str(client), unit)
         rows = [(r, self._events[k], self._labels.get(k, "")) for k, rs in source.items() for r in rs]
         return sorted(rows, key=lambda row: row[0])
+
+    def has_record_level(self) -> bool:
+        """Whether any client booking has the unit ``"record"``."""
+        return bool(self._record)
+
+    def units(self, client: ClientId) -> dict[str, int]:
+        """How many of ``client``'s own bookings have each unit: ``{"record": n, "client": m}``."""
+        name = str(client)
+        return {unit: sum(len(r) for r in self._unit_bookings(name, unit).values()) for unit in (RECORD, CLIENT)}
+
+    def _unit_bookings(self, client: str, unit: str) -> dict[str, list[int]]:
+        """``client``'s own bookings of ``unit`` (rounds per event key)."""
+        record = self._record.get(client, {})
+        if unit == RECORD:
+            return record
+        rest: dict[str, list[int]] = {}
+        for key, rounds in self._clients.get(client, {}).items():
+            left = Counter(rounds) - Counter(record.get(key, []))
+            if left:
+                rest[key] = sorted(left.elements())
+        return rest
 
     def _signature(self, client: Optional[str], extra: Sequence[dp_event.DpEvent] = ()) -> Signature:
         counts: Counter[str] = Counter({k: len(r) for k, r in self._central.items()})
@@ -497,11 +550,103 @@ class PrivacyLedger:
             return self.report()
         return self._worst(self._method(None), self.target_delta, exclude=excluded)
 
-    def metrics(self, prefix: str = "privacy/") -> dict[str, float]:
+    # ------------------------------------------------------------------ units
+    def record_level_report(self) -> PrivacyReport:
+        r"""The record-level ε: the worst, over the clients that followed the protocol (as
+        :meth:`protocol_report`), of the composition of each client's **own record-level** bookings alone
+        (plus every ``NonPrivateDpEvent`` that reached its data, central or its own of either unit: a
+        non-private release is non-private for every unit). ``client`` names the worst client.
+
+        Why it is sound. A record-level neighbour changes one record of one client c. Everything c sends
+        that is computed from its data is, when c follows a record-level protocol (DP-SGD, the functional
+        mechanism, label DP), a function of its record-level releases, which its own record-level events
+        bound; everything the server releases afterwards (the central noise, the next global models, the
+        other clients' replies to them) is computed from the replies, so it is post-processing of those
+        releases and costs nothing more. The other clients' data do not change.
+
+        When it alone is a guarantee for the whole pipeline: exactly when (1) each client's every reply is
+        computed only from its record-level releases and public values (no client-level declaration of c
+        is a separate release of its data, nothing undeclared leaves c), and (2) every central event is a
+        release computed from the replies alone (the central strategies' noise on the clipped sum; not one
+        computed from the clients' data by another path). Then it holds against the server too. When a
+        client also declares client-level releases of its data (local DP on another output, SignDS, a
+        Laplace inference), or a central release reads the clients' data otherwise, its own record-level
+        events do not bound everything that depends on one record: read ``privacy/epsilon``
+        (:meth:`protocol_report`), which composes every booking.
+        """
+        return self._scoped_worst(RECORD, True)
+
+    def client_level_report(self, *, central_covers_replies: bool = False) -> PrivacyReport:
+        r"""The client-level ε: the worst, over the clients that followed the protocol, of the composition of
+        the central events and each client's **own client-level** bookings (plus every ``NonPrivateDpEvent``
+        that reached its data, whatever its unit).
+
+        Why it is sound. A client-level neighbour adds, removes or replaces one client's whole data; the
+        central events (noise on the sum of the clipped updates) and the client's own client-level releases
+        (local DP on its whole update) are calibrated for exactly that. A client's record-level releases
+        bound nothing at this unit (one client holds many records), so they count only through what covers
+        them: ``central_covers_replies=True`` says that every reply reaches the published outputs only
+        through a central client-level release booked in this ledger (the strategy clips each reply and
+        noises the sum: the central Gaussian strategies, distributed DP), so a client's record-level
+        replies are that release's input and are covered by its event. With ``False`` (the default: the
+        ledger alone cannot know what the server publishes) a client with record-level bookings has
+        client-level ε = ∞: nothing bounds what its whole data changes in a model averaged from its
+        record-level replies (``AccountedFedAvg`` over DP-SGD clients). The guarantee is for whoever sees
+        the published outputs; the server, which sees each reply before the central noise, is trusted for
+        it (record-level DP, :meth:`record_level_report`, is what protects against the server).
+        """
+        return self._scoped_worst(CLIENT, bool(central_covers_replies))
+
+    def _scoped_signature(self, client: Optional[str], unit: str) -> Signature:
+        """The composition of ``client``'s bookings of ``unit`` (with the central events when ``unit`` is
+        client) and every ``NonPrivateDpEvent`` that reached its data."""
+        central = Counter({k: len(r) for k, r in self._central.items()})
+        own: Counter[str] = Counter()
+        other: Counter[str] = Counter()
+        if client is not None:
+            own.update({k: len(r) for k, r in self._unit_bookings(client, unit).items()})
+            other.update(
+                {k: len(r) for k, r in self._unit_bookings(client, RECORD if unit == CLIENT else CLIENT).items()}
+            )
+        counts = own + central if unit == CLIENT else own + self._non_private(central)
+        counts += self._non_private(other)
+        return tuple(sorted(counts.items()))
+
+    def _non_private(self, counts: Counter[str]) -> Counter[str]:
+        return Counter({k: n for k, n in counts.items() if isinstance(self._events[k], dp_event.NonPrivateDpEvent)})
+
+    def _scoped_worst(self, unit: str, covered: bool) -> PrivacyReport:
+        method, delta = self._method(None), self.target_delta
+        excluded = set(self.non_private_clients())
+        names = sorted(self._clients) if excluded == set(self._clients) else sorted(set(self._clients) - excluded)
+        if unit == CLIENT and not covered:
+            uncovered = [name for name in names if name in self._record]
+            if uncovered:
+                return self._make_report(float("inf"), float("inf"), method, delta, uncovered[0])
+        by_signature: dict[Signature, Optional[str]] = {}
+        for name in names or [None]:
+            by_signature.setdefault(self._scoped_signature(name, unit), name)
+        best: Optional[PrivacyReport] = None
+        for sig, name in by_signature.items():
+            rdp, pld = self._evaluate(sig, method, delta)
+            report = self._make_report(rdp, pld, method, delta, name)
+            if best is None or report.epsilon > best.epsilon:
+                best = report
+        assert best is not None
+        return best
+
+    def metrics(self, prefix: str = "privacy/", *, central_covers_replies: bool = False) -> dict[str, float]:
         """Round metrics: the worst ε of the clients that followed the protocol (:meth:`protocol_report`; one
         client that sends a raw update must not set the federation's figure to ∞ for the rest of the run, its
         own ε stays ∞ in :meth:`epsilon` and the per-node figures) and δ, both accountants' values and the
-        client count."""
+        client count.
+
+        With record-level bookings (:meth:`has_record_level`) also ``epsilon-record-level``
+        (:meth:`record_level_report`) and ``epsilon-client-level`` (:meth:`client_level_report`, given
+        ``central_covers_replies``); ``epsilon`` stays the composition of everything: at least each of
+        the two, so a bound for a unit whenever that unit's figure is one, and the one to read when the
+        record-level figure's conditions do not hold. Without record-level bookings the keys are those of a
+        ledger without units."""
         rep = self.protocol_report()
         out = {
             f"{prefix}epsilon": float(rep.epsilon),
@@ -513,25 +658,33 @@ class PrivacyLedger:
             out[f"{prefix}epsilon-pld"] = float(rep.epsilon_pld)
         if self.max_epsilon is not None:
             out[f"{prefix}max-epsilon"] = float(self.max_epsilon)
+        if self._record:  # both units in one ledger: the two guarantees apart, next to their composition
+            out[f"{prefix}epsilon-record-level"] = float(self.record_level_report().epsilon)
+            out[f"{prefix}epsilon-client-level"] = float(
+                self.client_level_report(central_covers_replies=central_covers_replies).epsilon
+            )
         return out
 
     # ------------------------------------------------------------------ persistence
     def to_json(self) -> str:
         """Serialise the whole ledger (configuration, events, clients, rounds) as canonical JSON
-        (no whitespace, ASCII, no NaN): the body a ledger file checksums."""
-        return canonical_json(
-            {
-                "format": LEDGER_FORMAT,
-                "target_delta": self.target_delta,
-                "neighboring_relation": self.neighboring_relation,
-                "max_epsilon": self.max_epsilon,
-                "accounting": self.accounting,
-                "events": {k: event_to_dict(e) for k, e in self._events.items()},
-                "labels": self._labels,
-                "central": self._central,
-                "clients": self._clients,
-            }
-        )
+        (no whitespace, ASCII, no NaN): the body a ledger file checksums. The record-level bookings go in
+        a field ``record_level`` (client → event key → rounds, a part of ``clients``), written only when
+        there are any: a ledger without them has the body it had before units existed."""
+        body: dict[str, object] = {
+            "format": LEDGER_FORMAT,
+            "target_delta": self.target_delta,
+            "neighboring_relation": self.neighboring_relation,
+            "max_epsilon": self.max_epsilon,
+            "accounting": self.accounting,
+            "events": {k: event_to_dict(e) for k, e in self._events.items()},
+            "labels": self._labels,
+            "central": self._central,
+            "clients": self._clients,
+        }
+        if self._record:
+            body["record_level"] = self._record
+        return canonical_json(body)
 
     @classmethod
     def from_json(cls, text: Union[str, bytes]) -> "PrivacyLedger":
@@ -541,7 +694,8 @@ class PrivacyLedger:
         writes, the configuration checked by the constructor, and every event rebuilt from
         the allow-list and registered through :meth:`_register` (so validated by
         :func:`~.event_validation.validate_event` and refused if it cannot be accounted under
-        the ledger's relation). Bookings of event descriptions that turn out equal are merged.
+        the ledger's relation). Bookings of event descriptions that turn out equal are merged. A body
+        without ``record_level`` (every ledger saved before units existed) books everything as client-level.
         """
         data = parse_body(text)
         if data["format"] != LEDGER_FORMAT:
@@ -563,6 +717,10 @@ class PrivacyLedger:
             ledger._central.setdefault(keymap[old], []).extend(rounds)
         for client, bookings in data["clients"].items():
             target = ledger._clients.setdefault(_client_id(client), {})
+            for old, rounds in bookings.items():
+                target.setdefault(keymap[old], []).extend(rounds)
+        for client, bookings in data.get("record_level", {}).items():  # absent in files saved before units
+            target = ledger._record.setdefault(_client_id(client), {})
             for old, rounds in bookings.items():
                 target.setdefault(keymap[old], []).extend(rounds)
         return ledger
@@ -627,6 +785,14 @@ def _upper_bound(epsilon: float) -> float:
     return float("inf") if math.isnan(epsilon) else max(0.0, float(epsilon))
 
 
+def _booking_unit(unit: object, central: bool) -> str:
+    """``unit`` checked (:func:`~.units.check_unit`); a central event cannot be record-level."""
+    unit = check_unit(unit)
+    if central and unit == RECORD:
+        raise ValueError("a central event (client=None) is the federation's: its unit is 'client', not 'record'")
+    return unit
+
+
 def _client_id(client: object) -> str:
     """A client id as the ledger keys it: a node id (int) or a non-empty name, as a string."""
     if isinstance(client, bool) or not isinstance(client, (int, str, np.integer)) or client == "":
@@ -644,9 +810,10 @@ def _pld_interval(rdp_epsilon: float) -> float:
     return 2.0 ** math.ceil(math.log2(target))
 
 
-def privacy_metrics(ledger: PrivacyLedger) -> dict[str, float]:
-    """The helper every strategy calls: ``privacy/epsilon`` and ``privacy/delta`` (worst client so far)."""
-    return ledger.metrics()
+def privacy_metrics(ledger: PrivacyLedger, *, central_covers_replies: bool = False) -> dict[str, float]:
+    """The helper every strategy calls: ``privacy/epsilon`` and ``privacy/delta`` (worst client so far), and the
+    two scoped figures when the ledger holds record-level bookings (:meth:`PrivacyLedger.metrics`)."""
+    return ledger.metrics(central_covers_replies=central_covers_replies)
 
 
 __all__ = ["PrivacyLedger", "PrivacyReport", "PrivacyBudgetExceeded", "privacy_metrics"]

@@ -102,6 +102,7 @@ import secrets
 import stat
 import threading
 import weakref
+from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Optional, Protocol, Union
 
@@ -174,6 +175,8 @@ _BODY_FIELDS = (
     "neighboring_relation",
     "target_delta",
 )
+#: optional: the record-level part of ``clients`` (absent in bodies saved before units existed: all client-level)
+_OPTIONAL_BODY_FIELDS = ("record_level",)
 
 
 def _rounds(value: Any, where: str) -> list[int]:
@@ -205,8 +208,11 @@ def parse_body(text: Union[str, bytes]) -> dict[str, Any]:
     data = strict_loads(text)
     if not isinstance(data, dict):
         raise ValueError("a ledger must be a JSON object")
-    if sorted(data) != sorted(_BODY_FIELDS):
-        raise ValueError(f"a ledger holds exactly the fields {list(_BODY_FIELDS)}, got {sorted(data)}")
+    if sorted(set(data) - set(_OPTIONAL_BODY_FIELDS)) != sorted(_BODY_FIELDS):
+        raise ValueError(
+            f"a ledger holds exactly the fields {list(_BODY_FIELDS)} (and optionally {list(_OPTIONAL_BODY_FIELDS)}),"
+            f" got {sorted(data)}"
+        )
     events = data["events"]
     if not isinstance(events, dict) or not all(isinstance(e, dict) for e in events.values()):
         raise ValueError("'events' must map keys to event descriptions")
@@ -221,7 +227,24 @@ def parse_body(text: Union[str, bytes]) -> dict[str, Any]:
         if not client:
             raise ValueError("'clients' holds an empty client id")
         _bookings(bookings, events, f"clients[{client}]")
+    if "record_level" in data:
+        _record_level(data["record_level"], clients, events)
     return data
+
+
+def _record_level(value: Any, clients: Mapping[str, Any], events: Mapping[str, Any]) -> None:
+    """``record_level``: a non-empty part of ``clients`` (every round of it booked there for the same event)."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError("'record_level' must be a non-empty object (absent when there is no record-level booking)")
+    for client, bookings in value.items():
+        if client not in clients:
+            raise ValueError("'record_level' names a client that is not in 'clients'")
+        _bookings(bookings, events, f"record_level[{client}]")
+        if not bookings:
+            raise ValueError(f"record_level[{client}] is empty")
+        for key, rounds in bookings.items():
+            if Counter(rounds) - Counter(clients[client].get(key, [])):
+                raise ValueError(f"record_level[{client}][{key}] holds rounds not booked in clients[{client}]")
 
 
 # ---------------------------------------------------------------------- file encoding
