@@ -30,6 +30,21 @@ ROW_KEYS = (
 )
 
 
+_HEAP_FROZEN = False
+
+
+def _freeze_heap() -> None:
+    """Collect once, then move every object alive (the imported libraries: torch, Flower, scipy) to the
+    collector's permanent generation (``gc.freeze``), so the full collection before each timed call scans only
+    what the benchmark allocated since: 77 ms a call with torch loaded, about 0.1 ms after. Objects are still
+    freed by reference counting; only cycles among the frozen ones are never collected."""
+    global _HEAP_FROZEN
+    if not _HEAP_FROZEN:
+        gc.collect()
+        gc.freeze()
+        _HEAP_FROZEN = True
+
+
 def time_pair(
     subject: Callable[[Any], Any],
     baseline: Callable[[Any], Any],
@@ -43,6 +58,8 @@ def time_pair(
 
     ``setup()`` (untimed) builds a fresh state for each call; without it the state is None.
     """
+
+    _freeze_heap()
 
     def once(fn: Callable[[Any], Any], make: Optional[Callable[[], Any]]) -> float:
         state = make() if make is not None else None

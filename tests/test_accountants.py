@@ -128,3 +128,42 @@ def test_replace_one_gaussian_is_read_against_the_relations_own_sensitivity(roun
     ledger = PrivacyLedger(1e-5, neighboring_relation="replace_one")
     ledger.record(GaussianDpEvent(0.9 * z), server_round=0, client="a")
     assert ledger.epsilon() > 1.08  # 10 % less noise is visible
+
+
+@pytest.mark.parametrize("relation", ["add_or_remove_one", "replace_special"])
+def test_the_cached_sampled_gaussian_composes_exactly_as_dp_accounting(relation):
+    """The per-process cache of the Poisson-sampled Gaussian's RDP curve and PLD changes no figure: the ledger's
+    accountants give dp-accounting's own ε, bit for bit, for a mixed history with repeats (and a cache hit is
+    served for the repeats: each (q, z, count) is built once)."""
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
+
+    from flwr_dp_strategies.privacy.accounting import accountants
+
+    rel = NeighboringRelation[relation.upper()]
+    history = [
+        dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.3)),
+        dp_event.SelfComposedDpEvent(dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.3)), 3),
+        dp_event.PoissonSampledDpEvent(0.25, dp_event.GaussianDpEvent(0.9)),
+        dp_event.GaussianDpEvent(4.0),
+        dp_event.PoissonSampledDpEvent(0.1, dp_event.GaussianDpEvent(1.3)),
+    ]
+    ours, theirs = LedgerRdpAccountant(neighboring_relation=rel), RdpAccountant(neighboring_relation=rel)
+    for event in history:
+        ours.compose(event)
+        theirs.compose(event)
+    np.testing.assert_array_equal(ours._rdp, theirs._rdp)
+    assert ours.get_epsilon(1e-5) == theirs.get_epsilon(1e-5)
+    if rel is NeighboringRelation.ADD_OR_REMOVE_ONE:  # dp-accounting's PLD: add/remove (and replace-one) only
+        before = accountants._sampled_gaussian_pld.cache_info()
+        pld_ours = accountants.LedgerPldAccountant(neighboring_relation=rel, value_discretization_interval=1e-3)
+        pld_theirs = PLDAccountant(neighboring_relation=rel, value_discretization_interval=1e-3)
+        for event in history:
+            pld_ours.compose(event)
+            pld_theirs.compose(event)
+        assert pld_ours.get_epsilon(1e-5) == pld_theirs.get_epsilon(1e-5)
+        after = accountants._sampled_gaussian_pld.cache_info()
+        assert after.hits > before.hits  # the repeated (0.1, 1.3, count 1) was served from the cache
+    with pytest.raises(ValueError):  # read-only: a cached curve cannot be changed by a caller
+        accountants._sampled_gaussian_rdp(0.1, 1.3, tuple(float(a) for a in ours._orders))[0] = 0.0

@@ -26,10 +26,16 @@ PLD (Meiser & Mohammadi 2018; Doroshenko et al. 2022), pessimistic estimates:
   which dominates every ε-DP mechanism (Kairouz, Oh & Viswanath 2015). This is
   looser than the bounded-range PLD that dp-accounting's main branch has.
 * ``ApproxDpEvent(ε, δ)``: the pessimistic (ε, δ) PLD (mass δ at +∞).
+
+A Poisson-sampled Gaussian (the central strategies' event of every round) is composed exactly as dp-accounting
+composes it, from a per-process cache of its RDP curve and its PLD keyed by every argument (q, z, the orders or
+the discretisation, the relation, the count): a ledger that re-composes its history on every report then pays for
+each distinct (q, z) once, not once per round and report.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -71,6 +77,37 @@ def basic_pure_epsilon(event: dp_event.DpEvent) -> Optional[float]:
     return pure_epsilon(event)
 
 
+def _sampled_gaussian(event: dp_event.DpEvent) -> Optional[tuple[float, float]]:
+    """``(q, z)`` of a ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` with 0 < q and z > 0, else None (every
+    other form is left to dp-accounting)."""
+    if not isinstance(event, dp_event.PoissonSampledDpEvent) or not isinstance(event.event, dp_event.GaussianDpEvent):
+        return None
+    q, z = float(event.sampling_probability), float(event.event.noise_multiplier)
+    return (q, z) if q > 0 and z > 0 else None
+
+
+@lru_cache(maxsize=512)
+def _sampled_gaussian_rdp(q: float, z: float, orders: tuple[float, ...]) -> np.ndarray:
+    """dp-accounting's RDP curve of the Poisson-sampled Gaussian (Mironov, Talwar & Zhang 2019), read-only."""
+    curve = np.asarray(
+        rdp_privacy_accountant._compute_rdp_poisson_subsampled_gaussian(
+            q=q, noise_multiplier=z, orders=np.asarray(orders)
+        ),
+        dtype=float,
+    )
+    curve.setflags(write=False)
+    return curve
+
+
+@lru_cache(maxsize=512)
+def _sampled_gaussian_pld(q: float, z: float, interval: float, relation: NeighboringRelation, count: int):
+    """dp-accounting's PLD of ``count`` compositions of the Poisson-sampled Gaussian, built as its PLDAccountant
+    builds it (PLDs are immutable: composing returns a new one)."""
+    return pld_lib.from_gaussian_mechanism(
+        standard_deviation=z, value_discretization_interval=interval, sampling_prob=q, neighboring_relation=relation
+    ).self_compose(count)
+
+
 class LedgerRdpAccountant(rdp_privacy_accountant.RdpAccountant):
     """RdpAccountant that also composes EM, pure-ε, discrete-Laplace and (ε, δ) events."""
 
@@ -80,6 +117,14 @@ class LedgerRdpAccountant(rdp_privacy_accountant.RdpAccountant):
         self.approx_delta = 0.0
 
     def _maybe_compose(self, event, count, do_compose):
+        sampled = _sampled_gaussian(event)
+        if sampled is not None and self._neighboring_relation in (
+            NeighboringRelation.ADD_OR_REMOVE_ONE,
+            NeighboringRelation.REPLACE_SPECIAL,
+        ):
+            if do_compose:
+                self._rdp += count * _sampled_gaussian_rdp(*sampled, tuple(float(a) for a in self._orders))
+            return None
         if isinstance(event, CustomDpEvent):
             curve, approx = event.rdp(self._orders), event.approx_dp()
             if curve is None and approx is None:
@@ -127,6 +172,14 @@ class LedgerPldAccountant(pld_privacy_accountant.PLDAccountant):
     """
 
     def _maybe_compose(self, event, count, do_compose):
+        sampled = _sampled_gaussian(event)
+        if sampled is not None:
+            if do_compose:
+                pld = _sampled_gaussian_pld(
+                    *sampled, float(self._value_discretization_interval), self.neighboring_relation, int(count)
+                )
+                self._pld = self._pld.compose(pld)
+            return None
         if isinstance(event, dp_event.GaussianDpEvent) and self.neighboring_relation == NeighboringRelation.REPLACE_ONE:
             if do_compose:
                 if event.noise_multiplier == 0:
