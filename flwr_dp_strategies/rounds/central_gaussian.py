@@ -80,7 +80,7 @@ from .template import AccountedRound, Booking, RoundRelease, Screened
 SAMPLING = ("poisson", "fixed")
 #: every participation rule of the round: SAMPLING (a user's choice) and the cyclic schedules of a banded
 #: factorisation (b-min-separation, :class:`~flwr_dp_strategies.privacy.accounting.participation.CyclicParticipation`)
-PARTICIPATION = SAMPLING + ("cyclic", "cyclic-poisson")
+PARTICIPATION = SAMPLING + ("cyclic", "cyclic-poisson", "window-allocation")
 CLIPPING = ("fixed", "adaptive")
 NOISE_SAMPLERS = ("os-entropy", "secure", "flower")
 #: the round's noise: NOISE_SAMPLERS (i.i.d., a user's choice) and "banded" (correlated across rounds)

@@ -223,8 +223,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             **accounting,
         )
         self._init_central(
-            # the round base knows the cyclic schedules (neither Poisson nor fixed-size); window allocation is one
-            sampling="cyclic-poisson" if sampling == "window-allocation" else sampling,
+            sampling=sampling,
             clipping="fixed",
             num_clients=None,
             rng=rng,
@@ -232,7 +231,6 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             event_label=EVENT_LABEL,
             noise_sampler="banded",
         )
-        self.sampling = sampling
         self.num_bands, self.num_rounds, self.max_participations = b, rounds, k
         self.allocation_window = window
         # window allocation: G groups own windows of w releases in turn (cycles of G·w); otherwise b groups, one release
