@@ -21,11 +21,16 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """End-to-end runs (``integration``) are ``slow`` too: ``-m "not slow"`` is the fast subset CI
-    runs again on the second Flower version."""
+    """End-to-end runs (``integration``) are ``slow`` too; a test whose module can run no Flower code is
+    ``flower_independent`` (tests/flower_use.py). CI runs ``-m "not slow and not flower_independent"`` again on the
+    other Flower versions: the other tests give the same result on every version."""
+    from flower_use import flower_independent
+
     for item in items:
         if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+        if flower_independent(Path(str(item.fspath))):
+            item.add_marker(pytest.mark.flower_independent)
 
 
 @pytest.fixture(autouse=True)

@@ -311,3 +311,29 @@ def test_bandmf_is_the_central_round_with_a_banded_stream_not_a_second_implement
         assert stage in vars(CentralGaussianRound), stage
     source = (ROOT / "flwr_dp_strategies/strategy/banded_matrix_factorization.py").read_text()
     assert "ClippedSum" not in source and "fixed_denominator_release" not in source
+
+
+def test_the_flower_independent_test_modules_load_no_flower_module_at_run_time():
+    """The ``flower_independent`` marker (tests/flower_use.py) lets CI's extra Flower-version lanes skip a module;
+    checked here in ``sys.modules`` of a fresh interpreter: importing every module it calls independent loads no
+    ``flwr``. A positive control: the rule calls a module that imports Flower through a helper dependent."""
+    import json
+    import subprocess
+    import sys
+
+    from flower_use import flower_independent
+
+    tests = ROOT / "tests"
+    independent = sorted(p.stem for p in tests.glob("test_*.py") if flower_independent(p))
+    assert len(independent) >= 10 and "test_ledger" in independent
+    assert not flower_independent(tests / "test_screening.py")  # imports loopback, which imports flwr
+    assert not flower_independent(tests / "test_deployment.py")  # starts SuperNodes in subprocesses
+    code = (
+        "import importlib, json, sys\n"
+        f"sys.path.insert(0, {str(tests)!r})\n"
+        f"for name in {independent!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'flwr' or m.startswith('flwr.'))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

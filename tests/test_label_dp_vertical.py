@@ -199,17 +199,17 @@ def test_vertical_run_end_to_end(tmp_path):
         "--repeats",
         "1",
         "--rounds",
-        "20",
-        "--eval-every",
         "10",
+        "--eval-every",
+        "5",
         "--results-dir",
         str(tmp_path),
     ]
-    app_rounds = 6
+    app_rounds = 4
     app_settings = {
         "label-epsilon": 4.0,
         "num-server-rounds": app_rounds,
-        "eval-every": 3,
+        "eval-every": 2,
         "results-dir": str(tmp_path / "app"),
     }
     env = dict(os.environ, FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1", RAY_DISABLE_USAGE_STATS="1")
@@ -233,7 +233,7 @@ def test_vertical_run_end_to_end(tmp_path):
     # the ServerApp of `flwr run` (not the sweep): its results JSON and plot, and a progress line per round
     app_run = json.loads((tmp_path / "app" / "run-eps-4.0.json").read_text())
     assert (tmp_path / "app" / "run-eps-4.0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert [row["round"] for row in app_run["rounds"]] == [3, 6]
+    assert [row["round"] for row in app_run["rounds"]] == [2, 4]
     for row in app_run["rounds"]:
         assert 0.0 <= row["accuracy"] <= 1.0 and row["elapsed_s"] > 0
         assert row["epsilon"] == app_run["privacy"]["ledger_epsilon"] == pytest.approx(4.0, rel=1e-3)
@@ -245,7 +245,7 @@ def test_vertical_run_end_to_end(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert (tmp_path / "accuracy_vs_eps.png").stat().st_size > 0
     dp_run, plain_run = results["runs"]
-    assert [row["round"] for row in plain_run["rounds"]] == [10, 20]
+    assert [row["round"] for row in plain_run["rounds"]] == [5, 10]
     assert plain_run["final_accuracy"] > 0.6  # chance is 0.1
 
     assert plain_run["privacy"]["events"] == [] and plain_run["privacy"]["ledger_epsilon"] is None
