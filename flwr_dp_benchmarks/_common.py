@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
 import platform
 import statistics
 import time
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -31,6 +33,21 @@ ROW_KEYS = (
 
 
 _HEAP_FROZEN = False
+
+
+@contextmanager
+def quiet_loggers(*names: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Set the loggers ``names`` (default ``flwr``) to ``level`` inside the block, or the decorated call, and
+    restore their levels after it: a benchmark run in process (a test, a notebook) leaves logging as it found it."""
+    loggers = [logging.getLogger(name) for name in names or ("flwr",)]
+    saved = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, saved):
+            logger.setLevel(old)
 
 
 def _freeze_heap() -> None:

@@ -53,7 +53,7 @@ from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.signds import encode_update
 from flwr_dp_strategies.rounds.streaming_aggregation import npy_view
 
-from ._common import available_memory_bytes, peak_bytes, row, time_pair
+from ._common import available_memory_bytes, peak_bytes, quiet_loggers, row, time_pair
 
 NAME = "aggregation"
 
@@ -382,19 +382,13 @@ def run(
     busy: int = 0,
 ) -> list[dict]:
     """Rows per strategy and n: aggregate_train time vs stacked mean (target ≤ 1.2×), and peak memory."""
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.WARNING)
     rows = []
-    try:
-        with _TaskIdentity():
-            for n in ns:
-                dim = d if n < 1000 or d_large_n is None else d_large_n
-                note = "" if dim == d else f"d={dim:.0e} for n={n} (set by the run configuration)"
-                dim, mem_note = choose_d(n, dim)
-                note = "; ".join(x for x in (note, mem_note) if x)
-                reps = repeats if n * dim <= 2 * 10**8 else max(3, repeats // 2)
-                rows += _bench_one(n, dim, reps, seed, note, busy=busy if n < 1000 else 0)
-    finally:
-        flwr_logger.setLevel(level)
+    with quiet_loggers(level=logging.WARNING), _TaskIdentity():
+        for n in ns:
+            dim = d if n < 1000 or d_large_n is None else d_large_n
+            note = "" if dim == d else f"d={dim:.0e} for n={n} (set by the run configuration)"
+            dim, mem_note = choose_d(n, dim)
+            note = "; ".join(x for x in (note, mem_note) if x)
+            reps = repeats if n * dim <= 2 * 10**8 else max(3, repeats // 2)
+            rows += _bench_one(n, dim, reps, seed, note, busy=busy if n < 1000 else 0)
     return rows

@@ -448,14 +448,11 @@ def audit_rows(
     *, canaries: int, ddp_canaries: int, rounds: int, real: int, dim: int, seed: int = 0, only: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """Every configuration's audited run (``only``: kinds or broken names to keep)."""
-    import logging
+    from flwr_dp_benchmarks._common import quiet_loggers
 
     size = {"canaries": canaries, "ddp_canaries": ddp_canaries, "rounds": rounds, "real": real, "dim": dim}
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.ERROR)  # the audit's summary and the alarm's WARNING are in the rows
-    try:
-        out = []
+    out = []
+    with quiet_loggers():  # the audit's summary and the alarm's WARNING are in the rows
         for i, cfg in enumerate(configurations(size)):
             if only and cfg["kind"] not in only and cfg["broken"] not in only:
                 continue
@@ -465,8 +462,6 @@ def audit_rows(
                 file=sys.stderr,
                 flush=True,
             )
-    finally:
-        flwr_logger.setLevel(level)
     return out
 
 
@@ -593,13 +588,13 @@ def _one_run_cap(size: dict[str, int]) -> float:
 def run(*, canaries: int, ddp_canaries: int, rounds: int, real: int, dim: int, seed: int = 0) -> list[dict]:
     """run.py's rows: per configuration, the audited run's wall time vs the same run without canaries; the audit's
     figures ride along in ``audit`` (and the notes)."""
-    from flwr_dp_benchmarks._common import row
+    from flwr_dp_benchmarks._common import quiet_loggers, row
 
     size = {"canaries": canaries, "ddp_canaries": ddp_canaries, "rounds": rounds, "real": real, "dim": dim}
     rows = []
     for result in audit_rows(seed=seed, **size):
         i = result["index"]
-        with _quiet():
+        with quiet_loggers():
             base = baseline_seconds(configurations(size)[i], size, seed + i)
         params = {
             k: result[k]
@@ -631,18 +626,6 @@ def run(*, canaries: int, ddp_canaries: int, rounds: int, real: int, dim: int, s
         r["audit"] = result
         rows.append(r)
     return rows
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        import logging
-
-        self._logger = logging.getLogger("flwr")
-        self._level = self._logger.level
-        self._logger.setLevel(logging.ERROR)
-
-    def __exit__(self, *exc: Any) -> None:
-        self._logger.setLevel(self._level)
 
 
 def _note(r: dict[str, Any]) -> str:

@@ -81,6 +81,7 @@ from dp_accounting import LowerEndpointAndGuess, calibrate_dp_mechanism
 from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent, SelfComposedDpEvent
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
+from flwr_dp_benchmarks._common import quiet_loggers
 from flwr_dp_strategies.privacy.accounting import bandmf_amplification as ba
 from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
 
@@ -300,9 +301,9 @@ def method_bands(method: str, num_clients: int) -> int:
     return {"bandmf": BANDS, "bandmf-amplified": AMPLIFIED_TRAIN_BANDS}.get(method, 1)
 
 
+@quiet_loggers()
 def train_one(method: str, target: float, rounds: int, clip: Optional[float], num_clients: int, seed: int = 0) -> dict:
     """One training run on bench_user_level's protocol: z calibrated on the strategy's own ledger, accuracy."""
-    import logging
     import random
 
     from flwr.serverapp.strategy import FedAvg
@@ -312,7 +313,6 @@ def train_one(method: str, target: float, rounds: int, clip: Optional[float], nu
     from flwr_dp_benchmarks.bench_privacy_utility import calibrate as bisect, ledger_epsilon, make_federation
     from flwr_dp_strategies import PrivacyLedger
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)
     cfg = {**ul.CONFIG, "rounds": rounds, "num_clients": num_clients}
     fed = make_federation("mnist", num_clients)
     n = fed.num_clients

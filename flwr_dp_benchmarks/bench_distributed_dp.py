@@ -82,7 +82,6 @@ import contextlib
 import csv
 import functools
 import json
-import logging
 import math
 import os
 import random
@@ -91,7 +90,7 @@ import sys
 import time
 import warnings
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Optional
@@ -106,6 +105,7 @@ for _path in (ROOT, ROOT / "tests"):
 
 import numpy as np  # noqa: E402
 
+from flwr_dp_benchmarks._common import quiet_loggers  # noqa: E402
 from flwr_dp_benchmarks.bench_privacy_utility import (  # noqa: E402
     DELTA,
     Federation,
@@ -180,9 +180,12 @@ def _digits_on_mnist_canvas(num_clients: int, max_train: int) -> Federation:
     return Federation("digits-28x28", shards, canvas(x_te), y_te, 10)
 
 
-def _quiet() -> None:
-    logging.getLogger("flwr").setLevel(logging.ERROR)
-    warnings.simplefilter("ignore")
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Flower's logger at ERROR and warnings off inside the call; both restored after it."""
+    with quiet_loggers(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def _one_thread() -> tuple[int, Any]:
@@ -280,13 +283,13 @@ def _clip(x: np.ndarray, c: float) -> np.ndarray:
     return x * (c / norm) if norm > c else x
 
 
+@_quiet()
 def run_accuracy(method: str, target: float, z: float, cfg: dict[str, Any], seed: int) -> dict:
     """T rounds of one method (``fedavg``, ``central`` or ``ddp-<b>``) at noise multiplier z; accuracy per round."""
     from flwr_dp_experiments.baselines import evaluate, get_params, make_mlp
 
     from flwr_dp_strategies.privacy.mechanisms.distributed_dp import decode_sum, encode_update, modular_sum
 
-    _quiet()
     fed = _federation(cfg["num_clients"], cfg.get("max_train"))
     n, m, rounds, clip = fed.num_clients, cfg["clients_per_round"], cfg["rounds"], cfg["clip"]
     params = get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed))
@@ -555,6 +558,7 @@ def _strategies(cfg: dict[str, Any], z: float, n: int) -> dict[str, Callable[[],
     return out
 
 
+@_quiet()
 def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
     """Wall time of single rounds of each strategy on one LoopbackGrid (alternated), split by who does what.
 
@@ -568,7 +572,6 @@ def time_rounds(cfg: dict[str, Any], z: float, seed: int) -> dict:
 
     from flwr_dp_strategies.secure_aggregation.protocol import MASKED_KEY, MASKED_RECORD
 
-    _quiet()
     n = cfg["timing_clients"]
     fed = _federation(cfg["num_clients"], cfg.get("max_train"))
     init = mlp_arrays(get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed)))
@@ -783,6 +786,7 @@ def shamir_micro(sizes: list[tuple[int, int]], repeats: int = 5) -> list[dict]:
     return rows
 
 
+@_quiet()
 def time_scale(
     cfg: dict[str, Any],
     z: float,
@@ -815,7 +819,6 @@ def time_scale(
     from flwr_dp_strategies.secure_aggregation.server_protocol import SecureAggregationRound
     from flwr_dp_strategies.strategy.distributed_dp_fedavg import DistributedDpFedAvg
 
-    _quiet()
     fed = _federation(max(max(clients), cfg["num_clients"]), cfg.get("max_train"))
     init = mlp_arrays(get_params(make_mlp(fed.input_dim, cfg["hidden"], fed.num_classes, seed=seed)))
     dim = sum(a.numpy().size for a in init.values())

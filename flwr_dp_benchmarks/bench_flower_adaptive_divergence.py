@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from flwr_dp_benchmarks._common import quiet_loggers  # noqa: E402
 from flwr_dp_benchmarks.bench_privacy_utility import Grid, _TaskIdentity  # noqa: E402
 
 CLIENTS = 50
@@ -70,16 +72,14 @@ def _round(strategy: Any, rnd: int, current: np.ndarray, updates: list[np.ndarra
     return strategy.aggregate_train(rnd, replies)
 
 
+@quiet_loggers(level=logging.WARNING)  # Flower logs one INFO line per reply
 def run(rounds: int = 60, seed: int = 0) -> dict:
     """C after each round for Flower's strategy and ours on the same replies."""
-    import logging
-
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideAdaptiveClipping, FedAvg
 
     from flwr_dp_strategies import AccountedAdaptiveClipping
     from flwr_dp_strategies.privacy import PrivacyLedger
 
-    logging.getLogger("flwr").setLevel(logging.WARNING)  # Flower logs one INFO line per reply
     args = (
         SETUP["noise_multiplier"],
         CLIENTS,

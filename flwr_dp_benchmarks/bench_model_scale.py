@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import sys
 import time
@@ -66,7 +65,7 @@ from flwr_dp_strategies import (  # noqa: E402
 from flwr_dp_strategies.privacy import PrivacyLedger  # noqa: E402
 from flwr_dp_strategies.wire import KEY_UNCLIPPED_BIT  # noqa: E402
 
-from ._common import available_memory_bytes, machine, peak_bytes, row, time_pair  # noqa: E402
+from ._common import available_memory_bytes, machine, peak_bytes, quiet_loggers, row, time_pair  # noqa: E402
 from .bench_aggregation import _FakeGrid, _TaskIdentity  # noqa: E402
 
 NAME = "model_scale"
@@ -317,18 +316,12 @@ def run(
     rdp_ledger: bool = False,
 ) -> list[dict]:
     """Rows for every (n, d) of ``sizes`` (see the module docstring), and a not-run row per ``not_run``."""
-    flwr_logger = logging.getLogger("flwr")
-    level = flwr_logger.level
-    flwr_logger.setLevel(logging.ERROR)  # not each reply BandMF's schedule leaves out of a repeated round
     rows = []
-    try:
-        with _TaskIdentity():
-            for n, d in sizes:
-                t0 = time.perf_counter()
-                rows += bench_size(n, d, seed=seed, repeats=repeats, cases=cases, rdp_ledger=rdp_ledger)
-                print(f"[model_scale] n={n} d={d:.0e} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    finally:
-        flwr_logger.setLevel(level)
+    with quiet_loggers(), _TaskIdentity():  # not each reply BandMF's schedule leaves out of a repeated round
+        for n, d in sizes:
+            t0 = time.perf_counter()
+            rows += bench_size(n, d, seed=seed, repeats=repeats, cases=cases, rdp_ledger=rdp_ledger)
+            print(f"[model_scale] n={n} d={d:.0e} in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     for n, d in not_run:
         size = n * d * 4 / 1e9
         rows.append(_not_run_row(n, d, f"{size:.0f} GB of float32 replies do not fit this machine's memory"))

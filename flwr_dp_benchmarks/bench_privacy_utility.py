@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import random
@@ -96,6 +95,8 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 from dp_accounting import dp_event  # noqa: E402
+
+from flwr_dp_benchmarks._common import quiet_loggers  # noqa: E402
 
 DELTA = 1e-5
 EPSILONS = (0.1, 0.5, 1.0, 2.0, 8.0)
@@ -915,13 +916,11 @@ def run(
 
     importlib.import_module("flwr.serverapp.strategy")  # configures Flower's logger: quieten it afterwards
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)
-    logging.getLogger("absl").setLevel(logging.ERROR)  # dp-accounting's fractional-order warnings
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rows: list[dict] = []
-    try:
-        with _TaskIdentity(), warnings.catch_warnings():
+    try:  # Flower's logger and dp-accounting's fractional-order warnings (absl) at ERROR
+        with quiet_loggers("flwr", "absl"), _TaskIdentity(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for dataset in datasets:
                 cfg = {**DATASET_CONFIG[dataset], **(overrides or {}).get(dataset, {})}

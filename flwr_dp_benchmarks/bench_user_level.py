@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 import random
@@ -79,6 +78,7 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from flwr_dp_benchmarks._common import quiet_loggers  # noqa: E402
 from flwr_dp_benchmarks.bench_privacy_utility import (  # noqa: E402
     DELTA,
     Federation,
@@ -167,6 +167,7 @@ def _count_std(z: float, m: int) -> float:
     return max(m / 20.0, float(z))
 
 
+@quiet_loggers()
 def run_one(method: str, target: float, cfg: dict[str, Any], seed: int, clip: Optional[float] = None) -> dict:
     """One (method, ε) run: the calibrated z, the achieved ledger ε, accuracy and C per round."""
     from dp_accounting.dp_event import GaussianDpEvent, PoissonSampledDpEvent
@@ -175,7 +176,6 @@ def run_one(method: str, target: float, cfg: dict[str, Any], seed: int, clip: Op
     import flwr_dp_strategies as fds
     from flwr_dp_strategies import PrivacyLedger
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)
     fed = make_federation("mnist", cfg["num_clients"], max_train=cfg.get("max_train"))
     n, rounds = fed.num_clients, cfg["rounds"]
     m = max(1, int(round(cfg["sample_rate"] * n)))

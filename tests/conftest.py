@@ -26,25 +26,51 @@ def pytest_collection_modifyitems(config, items):
     other Flower versions: the other tests give the same result on every version."""
     from flower_use import flower_independent
 
+    tier: dict[str, int] = {}
     for item in items:
         if item.get_closest_marker("integration") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
         if flower_independent(Path(str(item.fspath))):
             item.add_marker(pytest.mark.flower_independent)
+        module = str(item.fspath)
+        rank = 0 if item.get_closest_marker("integration") else 1 if item.get_closest_marker("slow") else 2
+        tier[module] = min(tier.get(module, 2), rank)
+    # Longest work first: with ``-n`` each module is one unit of work, handed out in this order
+    # (``--no-loadscope-reorder``), so the end-to-end runs start at once and the short modules fill in around
+    # them; handed out last (xdist's default puts one-test modules last) they left a core idle for minutes.
+    items.sort(key=lambda item: tier[str(item.fspath)])  # stable: each module keeps its own order
+
+
+@pytest.fixture(scope="session")
+def _flower_logging_baseline():
+    """The ``flwr`` logger as Flower's import configures it (level, propagation, enabled)."""
+    import logging
+
+    import flwr.common.logger  # noqa: F401 - configures the logger
+
+    flwr_logger = logging.getLogger("flwr")
+    return flwr_logger.level, flwr_logger.propagate, flwr_logger.disabled
 
 
 @pytest.fixture(autouse=True)
-def _restore_logging():
-    """Whatever a test does to the ``flwr`` logger (a script it runs sets it to ERROR, Flower's simulation
-    turns its propagation off) is undone after it, so ``caplog`` captures the same in any order and process."""
+def _restore_logging(_flower_logging_baseline):
+    """Every test starts and ends with the ``flwr`` logger as Flower's import left it, so ``caplog`` captures the same
+    in any order and process: whatever came before (a script a test runs sets the logger to ERROR, Flower's simulation
+    turns its propagation off, a module fixture runs a benchmark before the module's first test) is undone. Restoring
+    only the state found at the test's start kept what a module fixture had changed before it."""
     import logging
 
     flwr_logger = logging.getLogger("flwr")
-    saved = (flwr_logger.level, flwr_logger.propagate, flwr_logger.disabled, logging.root.manager.disable)
+
+    def reset() -> None:
+        level, propagate, disabled = _flower_logging_baseline
+        flwr_logger.setLevel(level)
+        flwr_logger.propagate, flwr_logger.disabled = propagate, disabled
+        logging.disable(logging.NOTSET)
+
+    reset()
     yield
-    flwr_logger.setLevel(saved[0])
-    flwr_logger.propagate, flwr_logger.disabled = saved[1], saved[2]
-    logging.disable(saved[3])
+    reset()
 
 
 @pytest.fixture
