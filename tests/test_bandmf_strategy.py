@@ -234,7 +234,7 @@ def test_a_restart_at_another_noise_scale_is_refused(tmp_path, change):
     "kwargs, name",
     [
         ({"num_bands": 0}, "num_bands"),
-        ({"factorization": "tree"}, "factorization"),
+        ({"factorization": "toeplitz"}, "factorization"),
         ({"num_rounds": None}, "max_participations"),
         ({"max_participations": 0}, "max_participations"),
         ({"num_rounds": 0}, "num_rounds"),

@@ -103,9 +103,18 @@ from ..privacy.accounting.bandmf_amplification import (
 )
 from ..privacy.accounting.ledger_file import LedgerFileError, write_atomic
 from ..privacy.mechanisms.matrix_factorization import (
+    BANDED_FACTORIZATIONS,
     FACTORIZATIONS,
+    MAX_BUFFERS,
     BandedNoise,
+    BltNoise,
+    TreeNoise,
     amplified_round_event,
+    blt_coefficients,
+    increment_event,
+    optimal_blt_parameters,
+    toeplitz_prefix_sensitivities,
+    tree_prefix_sensitivities,
     load_noise_key,
     noise_key,
     round_event,
@@ -172,6 +181,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         num_rounds: Optional[int] = None,
         max_participations: Optional[int] = None,
         factorization: str = "banded-sqrt",
+        num_buffers: Optional[int] = None,
         sampling: str = "cyclic",
         num_clients: Optional[int] = None,
         allocation_window: Optional[int] = None,
@@ -204,7 +214,44 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 f"num_sampled_clients must be in [1, N/b] with sampling='cyclic-poisson' (q = m·b/N <= 1), got "
                 f"m={m}, b={b}, N={population}"
             )
-        self.coefficients = strategy_coefficients(factorization, b, rounds)
+        buffers = None
+        if factorization == "blt":
+            buffers = check_int("num_buffers", 3 if num_buffers is None else num_buffers, minimum=1)
+            if buffers > MAX_BUFFERS:
+                raise ValueError(f"num_buffers must be an integer in [1, {MAX_BUFFERS}], got {num_buffers!r}")
+        elif num_buffers is not None:
+            raise ValueError(f"num_buffers is only for factorization='blt', got factorization={factorization!r}")
+        # the non-banded factorisations: C's columns b apart share rows, so the amplified analyses (which need the
+        # slots' columns to be orthogonal) do not hold; the prefix sensitivities are computed for T releases
+        self._increments: Optional[np.ndarray] = None
+        self.factorization_parameters: Optional[dict[str, Any]] = None
+        if factorization not in BANDED_FACTORIZATIONS:
+            if sampling != "cyclic":
+                raise ValueError(
+                    f"factorization={factorization!r} needs sampling='cyclic': the amplified analyses of "
+                    f"sampling={sampling!r} assume a banded C (the columns of one client's slots share no row), "
+                    f"and {factorization!r} is not banded"
+                )
+            if rounds is None:
+                raise ValueError(f"num_rounds must be an integer in [1, inf) for factorization={factorization!r}")
+            if factorization == "tree":
+                sens = tree_prefix_sensitivities(rounds, b, k)
+                self.factorization_parameters = {"num_rounds": rounds}
+            else:
+                lambdas, thetas = optimal_blt_parameters(rounds, buffers, b, k)
+                sens = toeplitz_prefix_sensitivities(blt_coefficients(lambdas, thetas, rounds), b, k)
+                self.factorization_parameters = {
+                    "num_rounds": rounds,
+                    "num_buffers": buffers,
+                    "lambdas": [float(v) for v in lambdas],
+                    "thetas": [float(v) for v in thetas],
+                }
+            squared = sens * sens
+            self._increments = np.diff(squared, prepend=0.0)
+            self.coefficients: Optional[np.ndarray] = None
+        else:
+            self.coefficients = strategy_coefficients(factorization, b, rounds)
+        self.num_buffers = buffers
         window = None
         if sampling == "window-allocation":
             if allocation_window is None:
@@ -241,7 +288,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         self.participation = CyclicParticipation(self.num_groups, k, rng)
         self.releases = 0  # releases made so far in the run (restarts included)
         self._analysis: Optional[str] = None  # the analysis booked (chosen at the first release, or restored)
-        self.noise: Optional[BandedNoise] = None
+        self.noise: Optional[Any] = None  # BandedNoise, TreeNoise or BltNoise
         self._rng = rng
         self._key: Optional[bytes] = None  # the noise key: drawn at the first release, or restored
         self._key_entry: Optional[dict] = None  # {"sha256": ...} of the key file once written
@@ -285,9 +332,25 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             expected = {
                 "num_bands": self.num_bands,
                 "max_participations": self.max_participations,
-                "coefficients": [float(c) for c in self.coefficients],
+                "coefficients": self._coefficients_state(),
                 "sampling": self.sampling,
             }
+            if self.factorization not in BANDED_FACTORIZATIONS or "factorization" in state:
+                # a tree or BLT run keeps its factorisation and its parameters (T; the BLT's n, λ, θ): the noise
+                # stream and the booked sensitivities are theirs, a restart with any of them different is refused
+                if state.get("factorization") != self.factorization:
+                    raise ValueError(
+                        f"factorization was {state.get('factorization')!r} in the saved run, this run has "
+                        f"{self.factorization!r}"
+                    )
+                saved = state.get("factorization_parameters")
+                for key, value in (self.factorization_parameters or {}).items():
+                    if not isinstance(saved, dict) or saved.get(key) != value:
+                        raise ValueError(
+                            f"{key} of factorization={self.factorization!r} was "
+                            f"{saved.get(key) if isinstance(saved, dict) else None!r} in the saved run, this run has "
+                            f"{value!r}"
+                        )
             if self.allocation_window is not None:  # absent from the states of the other samplings
                 expected["allocation_window"] = self.allocation_window
             for key, value in expected.items():
@@ -332,7 +395,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
                 self._key = load_noise_key(self._key_path(), noise["key_sha256"])
                 self._key_entry = {"sha256": noise["key_sha256"]}
                 self._noise_dimension, self._check_value = dimension, noise["check"]
-            elif releases and self.num_bands > 1:
+            elif releases and self._stream_has_memory():
                 raise ValueError("the saved run has releases but no noise key")
         except ValueError as err:
             raise LedgerFileError(path, f"state {STATE_NAME!r}: {err}") from err
@@ -382,6 +445,20 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             raise ValueError(f"participation must name the secret file of release {releases}, got {secret!r}")
         return json.loads(read_checked(self._participation_path(releases), secret["sha256"], "participation history"))
 
+    def _coefficients_state(self) -> Optional[list[float]]:
+        """The banded coefficients (None for the tree and BLT, whose parameters are in ``factorization_parameters``)."""
+        return None if self.coefficients is None else [float(c) for c in self.coefficients]
+
+    def _factorization_state(self) -> dict[str, Any]:
+        """The factorisation and its parameters, for the tree and BLT (the banded states keep their old form)."""
+        if self.factorization in BANDED_FACTORIZATIONS:
+            return {}
+        return {"factorization": self.factorization, "factorization_parameters": self.factorization_parameters}
+
+    def _stream_has_memory(self) -> bool:
+        """Whether the noise of a release depends on the earlier ones (then a restart needs the key and a replay)."""
+        return self.num_bands > 1 or self.factorization not in BANDED_FACTORIZATIONS
+
     def _stream_units(self) -> dict[str, Any]:
         """What the noise stream's scale z·C/m depends on, kept in the signed state and checked on a restart."""
         return {
@@ -407,7 +484,8 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
             {
                 "num_bands": self.num_bands,
                 "max_participations": self.max_participations,
-                "coefficients": [float(c) for c in self.coefficients],
+                "coefficients": self._coefficients_state(),
+                **self._factorization_state(),
                 "sampling": self.sampling,
                 **({"allocation_window": self.allocation_window} if self.allocation_window is not None else {}),
                 "num_clients": self.population,
@@ -430,6 +508,11 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         on)."""
         if self.analysis() == "amplified":
             return self._amplified_event(release)
+        if self._increments is not None:  # tree, BLT: the computed prefix sensitivities' increments
+            t = check_int("release", release, minimum=1)
+            return (
+                increment_event(self._increments[t - 1], self.noise_multiplier) if t <= self._increments.size else None
+            )
         return round_event(self.coefficients, release, self.noise_multiplier, self.num_bands, self.max_participations)
 
     def _amplified_event(self, release: int) -> Any:
@@ -615,7 +698,7 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         the round's instructions were sent (:meth:`start_round`), collected here."""
         return self._noise_stream().next()
 
-    def _noise_stream(self) -> BandedNoise:
+    def _noise_stream(self) -> Any:
         """The stream, made at the first use: the first release draws the key
         (:func:`~flwr_dp_strategies.privacy.mechanisms.matrix_factorization.noise_key`: OS entropy unless ``rng``
         is a test seed); after a restart the rows are rebuilt from the key (replaying the releases made) and a
@@ -623,10 +706,16 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         if self.noise is None:
             if self._key is None:
                 self._key = noise_key(self._rng)
-            self.noise = BandedNoise(self.coefficients, self._dimension, self._key)
+            if self.factorization == "tree":
+                self.noise = TreeNoise(self._dimension, self._key)
+            elif self.factorization == "blt":
+                parameters = self.factorization_parameters
+                self.noise = BltNoise(parameters["lambdas"], parameters["thetas"], self._dimension, self._key)
+            else:
+                self.noise = BandedNoise(self.coefficients, self._dimension, self._key)
             if self.releases:
                 self.noise.fast_forward(self.releases)
-                if self.num_bands > 1 and self.noise.check_value() != self._check_value:
+                if self._stream_has_memory() and self.noise.check_value() != self._check_value:
                     raise LedgerFileError(
                         self.ledger_store.path,
                         f"state {STATE_NAME!r}: the noise stream replayed from the key differs from the released one "

@@ -85,6 +85,59 @@ memory: O(b·d), float64. :math:`z_t` = :func:`keyed_standard_normal` (key, t), 
 releases, O(1): :func:`save_noise_key` writes the key once to its own file (mode 0600, atomic), whose SHA-256
 the caller keeps in the signed ledger file, and :meth:`BandedNoise.fast_forward` rebuilds the rows after a
 restart. The key is secret: whoever reads it can subtract all the noise.
+
+Two non-banded factorisations, streamed with O(log T) and O(n) rows of memory.
+
+Binary tree (``"tree"``; Dwork et al. 2010, Chan et al. 2011, DP-FTRL of Kairouz et al. 2021), the *plain*
+streaming tree, not Honaker's decoder (which reads nodes completed later). Its nodes are the dyadic intervals
+:math:`[j2^h, (j+1)2^h)` of rounds that lie inside ``[0, T)``; C (:func:`tree_factorization`) has one row per node
+(the sum of its interval's rounds), each node gets :math:`\sigma Z_{node}`, and the prefix sum after t rounds is
+estimated from the nodes of the binary decomposition of t (B: :math:`B_{t,node} = 1` for them), so A = BC and the
+prefix noise is :math:`N_t = \sum_{node \in dec(t)} Z_{node}` (popcount(t) nodes). Release t adds
+:math:`w_t = N_t - N_{t-1}`: with r the number of trailing zero bits of t, :math:`w_t = Z_{(r, t)} - \sum_{h<r}
+Z_{(h, \lfloor (t-1)/2^h\rfloor 2^h)}` (node named (level, 1-based end)), a pure function of the key and t:
+no state at all (:class:`TreeNoise`), covariance :math:`A^{-1}BB^\top A^{-\top}`.
+
+BLT (``"blt"``; Dvijotham, McKenna, Choquette-Choo, Kairouz et al. 2024, "Efficient and near-optimal noise
+generation for streaming differential privacy"): the lower-triangular Toeplitz C with :math:`c_0 = 1`,
+:math:`c_i = \sum_{j=1}^n \lambda_j \theta_j^{i-1}` (i ≥ 1), i.e. :math:`C(x) = 1 + \sum_j \lambda_j x/(1-\theta_j x)`.
+Row t of :math:`C^{-1}Z` solves :math:`\sum_i c_i w_{t-i} = z_t`: with buffers :math:`S_{j,t} = \sum_{i\ge1}
+\theta_j^{i-1} w_{t-i}`, :math:`w_t = z_t - \sum_j \lambda_j S_{j,t}` and :math:`S_{j,t+1} = \theta_j S_{j,t} + w_t`
+(:class:`BltNoise`: n·d floats). Here :math:`\lambda_j > 0`, :math:`0 < \theta_j < 1` and :math:`\sum_j\lambda_j
+\le 1`, so :math:`1 = c_0 \ge c_1 \ge c_2 \ge \dots > 0`: C ≥ 0 with non-increasing coefficients.
+
+Sensitivity of a Toeplitz C ≥ 0 with non-increasing coefficients under b-min-separation and at most k
+participations (:func:`toeplitz_prefix_sensitivities`). Restricted to its first t rows C is the t×t Toeplitz matrix
+of the same coefficients, so it suffices to show that among the patterns of t rounds the earliest tight one,
+:math:`\pi^* = \{0, b, 2b, \dots\}` (its first min(k, ⌈t/b⌉) rounds, 0-based), is the worst. The Gram matrix is ≥ 0,
+so (Cauchy–Schwarz) :math:`\max_{\lVert g_i\rVert\le1} \lVert CG\rVert_F^2 = \lVert v_\pi\rVert^2` with
+:math:`v_\pi = \sum_{i\in\pi} C_{:,i}`, :math:`v_\pi[r] = \sum_{i\in\pi} c_{r-i}` (c of a negative index is 0). (1)
+Moving the whole pattern one round earlier never decreases :math:`\lVert v_\pi\rVert`: the entries are shifted up,
+one more (non-negative) entry enters at the bottom, none leaves at the top (rows before min π are 0). (2) Closing a
+gap wider than b, i.e. moving the participations after the gap one round earlier, never decreases it: with u the part
+of v of the participations before the gap and w that of the ones after, :math:`\lVert u + w'\rVert^2 = \lVert
+u\rVert^2 + \lVert w'\rVert^2 + 2\langle u, w'\rangle`, :math:`\lVert w'\rVert \ge \lVert w\rVert` by (1), and
+:math:`\langle u, w'\rangle = \sum_r u[r-1] w[r] \ge \sum_r u[r] w[r]` because w ≥ 0 is zero before the first
+participation p after the gap and u is non-increasing from the last participation before it (p − 1 ≥ that one: each
+term :math:`c_{r-i}` is non-increasing in r once r ≥ i). (3) Adding a participation adds a non-negative vector.
+Repeating (1)–(3) turns any allowed pattern into :math:`\pi^*` without decreasing the norm, so
+:math:`\mathrm{sens}_t^2 = \sum_{r<t} v_{\pi^*}[r]^2` exactly (the tests check it against
+:func:`brute_force_sensitivity`), and the increment of release t is :math:`v_{\pi^*}[t-1]^2`.
+
+Sensitivity of the tree (:func:`tree_prefix_sensitivities`), an upper bound computed from the rule, valid for
+every b-min-separated pattern with at most k participations (the cyclic groups are one such rule). The first t
+releases reveal the nodes completed by round t: at level h the :math:`N_h = \lfloor t/2^h\rfloor` nodes covering
+the first :math:`L_h = N_h 2^h` rounds. C ≥ 0 is 0/1 with :math:`(C^\top C)_{ij}` = the number of nodes holding i
+and j, so by Cauchy–Schwarz :math:`\mathrm{sens}_t^2 = \max_\pi \sum_{node} n_{node}^2`, :math:`n_{node} = |\pi \cap
+node|`. At level h each node holds at most :math:`m_h = \min(k, \lceil 2^h/b\rceil)` rounds of a pattern
+(b-separated rounds in 2^h consecutive ones) and all of them together at most :math:`p_h = \min(k, \lceil
+L_h/b\rceil)`; a sum of squares of :math:`N_h` integers in [0, m_h] with total ≤ p_h is largest when they are
+filled greedily, :math:`q m_h^2 + r^2` (q = min(N_h, ⌊p_h/m_h⌋) full nodes, r = the rest, ≤ m_h, in one more
+node if there is one). Summing over the levels bounds :math:`\mathrm{sens}_t^2`; the bound is non-decreasing in
+t and exact for k = 1 and for b = 1 with k ≥ t; the tests compare it with the brute force.
+
+Booking is as for the banded matrices: release t books ``GaussianDpEvent(z / sqrt(sens_t² − sens_{t−1}²))``
+(:func:`increment_event`), the composition of the first t is exactly one Gaussian of multiplier z / sens_t.
 """
 
 from __future__ import annotations
@@ -107,7 +160,10 @@ from ..accounting import bandmf_amplification as _window_allocation  # noqa: F40
 from ..rng import RngLike, resolve_rng
 from ..validation import check_int, check_positive, check_probability
 
-FACTORIZATIONS = ("banded-sqrt", "banded-optimal")
+BANDED_FACTORIZATIONS = ("banded-sqrt", "banded-optimal")
+FACTORIZATIONS = BANDED_FACTORIZATIONS + ("tree", "blt")
+"""The strategy matrices :class:`~flwr_dp_strategies.AccountedBandedMatrixFactorization` streams: the banded
+Toeplitz ones, the plain binary tree (:class:`TreeNoise`) and BLT (:class:`BltNoise`)."""
 
 
 # ---------------------------------------------------------------------- strategy matrices
@@ -206,7 +262,9 @@ def strategy_coefficients(factorization: str, num_bands: int, num_rounds: Option
         if num_rounds is None:
             raise ValueError("num_rounds must be an integer in [1, inf) for factorization='banded-optimal'")
         return optimal_banded_coefficients(num_rounds, num_bands)
-    raise ValueError(f"factorization must be one of {FACTORIZATIONS}, got {factorization!r}")
+    raise ValueError(
+        f"factorization must be one of {BANDED_FACTORIZATIONS} for banded coefficients, got {factorization!r}"
+    )
 
 
 def binary_tree_factorization(num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
@@ -617,6 +675,326 @@ class BandedNoise:
         return hmac.new(mac_key, message, hashlib.sha256).hexdigest()
 
 
+# ---------------------------------------------------------------------- tree and BLT (non-banded factorisations)
+_TREE_DOMAIN = b"flwr-dp-strategies bandmf tree node key\x00"
+MAX_BUFFERS = 8
+"""The most BLT buffers :func:`optimal_blt_parameters` fits."""
+
+
+def tree_factorization(num_rounds: int) -> tuple[np.ndarray, np.ndarray]:
+    """(B, C) of the plain streaming binary tree over T = ``num_rounds`` rounds (module docstring): C has one row per
+    dyadic interval inside [0, T) (level by level, left to right), B one row per prefix (1 on the nodes of the
+    binary decomposition of t), A = B C. The released noise :class:`TreeNoise` has covariance
+    :math:`A^{-1}BB^\\top A^{-\\top}` per coordinate."""
+    t = check_int("num_rounds", num_rounds, minimum=1)
+    nodes = [(h, start) for h in range(t.bit_length()) for start in range(0, t - 2**h + 1, 2**h)]
+    index = {node: i for i, node in enumerate(nodes)}
+    c = np.zeros((len(nodes), t))
+    for i, (h, start) in enumerate(nodes):
+        c[i, start : start + 2**h] = 1.0
+    b = np.zeros((t, len(nodes)))
+    for prefix in range(1, t + 1):
+        start = 0
+        for h in reversed(range(prefix.bit_length())):
+            if prefix >> h & 1:
+                b[prefix - 1, index[(h, start)]] = 1.0
+                start += 2**h
+    return b, c
+
+
+def tree_prefix_sensitivities(num_rounds: int, min_separation: int, max_participations: int) -> np.ndarray:
+    """An upper bound on sens_t (unit clip), t = 1..T, of the plain tree's first t releases under b-min-separation
+    and at most k participations (the bound of the module docstring; sound for every allowed pattern, non-decreasing)."""
+    t_max = check_int("num_rounds", num_rounds, minimum=1)
+    b, k = _check_participation(min_separation, max_participations)
+    out = np.empty(t_max)
+    for t in range(1, t_max + 1):
+        total = 0
+        for h in range(t.bit_length()):
+            count = t >> h
+            cap = min(k, -(-(2**h) // b))
+            budget = min(k, -(-(count * 2**h) // b))
+            full = min(count, budget // cap)
+            rest = min(budget - full * cap, cap) if full < count else 0
+            total += full * cap * cap + rest * rest
+        out[t - 1] = math.sqrt(total)
+    return np.maximum.accumulate(out)
+
+
+def tree_prefix_error(num_rounds: int) -> float:
+    """The RMS over t = 1..T of the tree's prefix-noise standard deviation per coordinate, noise multiplier 1:
+    :math:`\\sqrt{\\mathrm{mean}_t\\,\\mathrm{popcount}(t)}`."""
+    t = check_int("num_rounds", num_rounds, minimum=1)
+    return math.sqrt(sum(bin(i).count("1") for i in range(1, t + 1)) / t)
+
+
+def check_blt_parameters(lambdas: object, thetas: object) -> tuple[np.ndarray, np.ndarray]:
+    """(λ, θ) as float64 arrays after checking what the accounting needs: the same length n ≥ 1, every θ_j in
+    (0, 1), every λ_j > 0 and Σλ_j ≤ 1 (so 1 = c_0 ≥ c_1 ≥ ... > 0); ValueError naming ``lambdas``/``thetas``."""
+    lam = np.asarray(lambdas, dtype=np.float64)
+    theta = np.asarray(thetas, dtype=np.float64)
+    if theta.ndim != 1 or theta.size < 1 or not np.all(np.isfinite(theta)) or not np.all((theta > 0) & (theta < 1)):
+        raise ValueError(f"thetas must be a non-empty 1-D array of numbers in (0, 1), got {thetas!r}")
+    if lam.shape != theta.shape or not np.all(np.isfinite(lam)) or not np.all(lam > 0) or not float(np.sum(lam)) <= 1.0:
+        raise ValueError(
+            f"lambdas must be {theta.size} numbers in (0, inf) with sum <= 1 (C >= 0, non-increasing), got {lambdas!r}"
+        )
+    return lam, theta
+
+
+def blt_coefficients(lambdas: Sequence[float], thetas: Sequence[float], length: int) -> np.ndarray:
+    """c_0..c_{length−1} of the BLT C: c_0 = 1, c_i = Σ_j λ_j θ_j^(i−1)."""
+    lam, theta = check_blt_parameters(lambdas, thetas)
+    n = check_int("length", length, minimum=1)
+    c = np.ones(n)
+    if n > 1:
+        c[1:] = (lam[:, None] * theta[:, None] ** np.arange(n - 1)[None, :]).sum(axis=0)
+    return c
+
+
+def _blt_inverse(lam: np.ndarray, theta: np.ndarray, length: int) -> np.ndarray:
+    """The first column of C⁻¹ for the BLT: the impulse response of Q(x)/P(x), Q = Π(1 − θ_j x), P = C(x)·Q(x)."""
+    from scipy.signal import lfilter
+
+    q = np.array([1.0])
+    for th in theta:
+        q = np.convolve(q, [1.0, -th])
+    p = np.concatenate((q, [0.0]))
+    for j, lj in enumerate(lam):
+        others = np.array([1.0])
+        for l, th in enumerate(theta):
+            if l != j:
+                others = np.convolve(others, [1.0, -th])
+        p[1 : 1 + others.size] += lj * others
+    impulse = np.zeros(length)
+    impulse[0] = 1.0
+    return lfilter(q, p, impulse)
+
+
+def _earliest_pattern_column(coefficients: np.ndarray, min_separation: int, max_participations: int) -> np.ndarray:
+    """v_{π*}[r] = Σ_{j<k, jb ≤ r} c_{r−jb}: the worst pattern's column sum (module docstring), r = 0..T−1."""
+    t = coefficients.size
+    v = np.zeros(t)
+    for j in range(min(max_participations, -(-t // min_separation))):
+        v[j * min_separation :] += coefficients[: t - j * min_separation]
+    return v
+
+
+def toeplitz_prefix_sensitivities(
+    coefficients: Sequence[float], min_separation: int, max_participations: int
+) -> np.ndarray:
+    """sens_t (unit clip), t = 1..len(coefficients), of the lower-triangular Toeplitz C of ``coefficients``
+    (c_0..c_{T−1}, not banded) restricted to its first t rows, under b-min-separation and at most k
+    participations: exactly :math:`\\sqrt{\\sum_{r<t} v_{\\pi^*}[r]^2}` (the earliest tight pattern is the worst,
+    proved in the module docstring). ValueError (naming ``coefficients``) unless they are ≥ 0 and non-increasing."""
+    c = _check_coefficients(coefficients)
+    b, k = _check_participation(min_separation, max_participations)
+    if np.any(c < 0) or np.any(np.diff(c) > 0):
+        raise ValueError("coefficients must be >= 0 and non-increasing for the earliest-pattern sensitivity")
+    v = _earliest_pattern_column(c, b, k)
+    return np.sqrt(np.cumsum(v * v))
+
+
+def blt_prefix_error(lambdas: Sequence[float], thetas: Sequence[float], num_rounds: int) -> float:
+    """The RMS over t of the BLT's prefix-noise standard deviation per coordinate, noise multiplier 1:
+    :math:`\\lVert AC^{-1}\\rVert_F/\\sqrt T` (as :func:`toeplitz_prefix_error`, without its ‖c‖ factor)."""
+    lam, theta = check_blt_parameters(lambdas, thetas)
+    t = check_int("num_rounds", num_rounds, minimum=1)
+    s = np.cumsum(_blt_inverse(lam, theta, t))
+    return float(math.sqrt(np.dot(np.arange(t, 0, -1), s * s) / t))
+
+
+@functools.lru_cache(maxsize=32)
+def _optimal_blt(num_rounds: int, num_buffers: int, b: int, k: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    from scipy.optimize import minimize
+
+    n, t = num_buffers, num_rounds
+
+    def unpack(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        theta = 1.0 / (1.0 + np.exp(-x[:n]))
+        weights = np.exp(x[n : 2 * n] - np.max(x[n : 2 * n]))
+        lam = weights / weights.sum() * (1.0 - 1e-9) / (1.0 + math.exp(-x[2 * n]))
+        return lam, np.clip(theta, 1e-9, 1 - 1e-9)
+
+    def objective(x: np.ndarray) -> float:
+        lam, theta = unpack(x)
+        if not (np.all(lam > 0) and np.all((theta > 0) & (theta < 1)) and lam.sum() <= 1.0):
+            return 1e30
+        c = blt_coefficients(lam, theta, t)
+        sens = math.sqrt(float(np.sum(_earliest_pattern_column(c, b, k) ** 2)))
+        s = np.cumsum(_blt_inverse(lam, theta, t))
+        value = sens * math.sqrt(float(np.dot(np.arange(t, 0, -1), s * s)) / t)
+        return math.log(value) if np.isfinite(value) and value > 0 else 1e30
+
+    # deterministic starts (public, no randomness): timescales spread geometrically over [2, T], [2, √T] and
+    # [√T, T], with equal weights summing to 1/2 or 1/10
+    def start(low: float, high: float, total: float) -> np.ndarray:
+        theta0 = 1.0 - 1.0 / np.geomspace(low, max(high, low * 1.5), n)
+        return np.concatenate((np.log(theta0 / (1 - theta0)), np.zeros(n), [math.log(total / (1 - total))]))
+
+    root = max(2.0, math.sqrt(t))
+    base = start(2.0, max(4.0, float(t)), 0.5)
+    starts = [base, start(2.0, root, 0.5), start(root, max(4.0, float(t)), 0.5), start(2.0, max(4.0, float(t)), 0.1)]
+    x, best = base, objective(base)
+    for x0 in starts:
+        result = minimize(objective, x0, method="L-BFGS-B", options={"maxiter": 500})
+        if result.fun < best:
+            x, best = result.x, result.fun
+    lam, theta = unpack(x)
+    order = np.argsort(theta)
+    return tuple(float(v) for v in lam[order]), tuple(float(v) for v in theta[order])
+
+
+def optimal_blt_parameters(
+    num_rounds: int, num_buffers: int, min_separation: int, max_participations: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(λ, θ) of a BLT with n = ``num_buffers`` buffers minimising sens_T · RMS prefix-sum error for T =
+    ``num_rounds`` under b-min-separation and at most k participations (the loss at a fixed ε: the noise multiplier
+    scales with sens_T). A small L-BFGS run over θ = sigmoid, λ = sigmoid·softmax (so λ > 0, Σλ < 1, 0 < θ < 1:
+    C ≥ 0, non-increasing, whatever the optimiser does), started from timescales spread geometrically over [2, T];
+    computed once per (T, n, b, k) and cached. Deterministic (a fixed start, no randomness): the same arguments
+    give the same parameters on the same platform, and a restart checks them in the signed state."""
+    t = check_int("num_rounds", num_rounds, minimum=1)
+    n = check_int("num_buffers", num_buffers, minimum=1)
+    if n > MAX_BUFFERS:
+        raise ValueError(f"num_buffers must be an integer in [1, {MAX_BUFFERS}], got {num_buffers!r}")
+    b, k = _check_participation(min_separation, max_participations)
+    lam, theta = _optimal_blt(t, n, b, k)
+    return np.array(lam), np.array(theta)
+
+
+def increment_event(increment: float, noise_multiplier: float) -> Optional[GaussianDpEvent]:
+    """``GaussianDpEvent(z / sqrt(increment))`` for a release whose squared sensitivity grows by ``increment``
+    (None when it does not grow)."""
+    z = check_positive("noise_multiplier", noise_multiplier)
+    return None if not increment > 0.0 else GaussianDpEvent(z / math.sqrt(increment))
+
+
+def _check_digest(key: bytes, count: int, row: np.ndarray) -> str:
+    mac_key = hmac.new(key, _CHECK_DOMAIN, hashlib.sha256).digest()
+    message = count.to_bytes(8, "little") + np.ascontiguousarray(row[:BLOCK]).tobytes()
+    return hmac.new(mac_key, message, hashlib.sha256).hexdigest()
+
+
+class _KeyedStream:
+    """Shared by :class:`TreeNoise` and :class:`BltNoise`: rows made one by one (:meth:`next`), optionally in the
+    background (:meth:`prepare`), a keyed check value of the newest row and :meth:`fast_forward` after a restart;
+    the same interface as :class:`BandedNoise`."""
+
+    def __init__(self, dimension: int, key: bytes) -> None:
+        self.dimension = check_int("dimension", dimension, minimum=1)
+        self._key = _check_key(key)
+        self.count = 0
+        self._pending: Optional[Future] = None
+        self._row = np.zeros(self.dimension)
+        self._scratch = np.empty(min(BLOCK, self.dimension))
+
+    @property
+    def key(self) -> bytes:
+        return self._key
+
+    def next(self) -> np.ndarray:
+        """Row t = count + 1: a read-only view (float64, length d) valid until the next :meth:`next`/:meth:`prepare`."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            return pending.result()
+        return self._advance()
+
+    def prepare(self) -> None:
+        """Start making the next row in a background thread (as :meth:`BandedNoise.prepare`)."""
+        if self._pending is None:
+            self._pending = _BACKGROUND.submit(self._advance)
+
+    def settle(self) -> None:
+        if self._pending is not None:
+            self._pending.result()
+
+    def fast_forward(self, releases: int) -> None:
+        """Advance to ``releases`` rows made (regenerating and replaying the rows in between): a restart."""
+        self.settle()
+        target = check_int("releases", releases, minimum=self.count)
+        while self.count < target:
+            self.next()
+
+    def check_value(self) -> str:
+        """As :meth:`BandedNoise.check_value`: a keyed digest of the newest row's first block."""
+        self.settle()
+        return "" if self.count == 0 else _check_digest(self.key, self.count, self._row)
+
+    def _advance(self) -> np.ndarray:
+        self._make(self.count + 1)
+        self.count += 1
+        out = self._row.view()
+        out.flags.writeable = False
+        return out
+
+    def _make(self, release: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class TreeNoise(_KeyedStream):
+    r"""Rows :math:`w_t = N_t - N_{t-1}` of the plain binary tree (module docstring): the node (level h, 1-based end e)
+    gets the normals :func:`keyed_standard_normal` would give release ``e·64 + h`` under the key HMAC(key, tree
+    domain) (one nonce per node, separated from the banded stream's), so row t is a pure function of (key, t):
+    no state across rows (memory: the row and one block of scratch), and a restart is bit-exact by construction
+    (:meth:`fast_forward` only moves the counter)."""
+
+    def __init__(self, dimension: int, key: bytes) -> None:
+        super().__init__(dimension, key)
+        self._normals = _Normals(hmac.new(self._key, _TREE_DOMAIN, hashlib.sha256).digest())
+
+    @staticmethod
+    def nodes(release: int) -> tuple[tuple[int, int], list[tuple[int, int]]]:
+        """(the node added, the nodes subtracted) of release t, each as (level, 1-based end)."""
+        t = check_int("release", release, minimum=1)
+        r = (t & -t).bit_length() - 1
+        return (r, t), [(h, ((t - 1) >> h) << h) for h in range(r)]
+
+    def fast_forward(self, releases: int) -> None:
+        self.settle()
+        target = check_int("releases", releases, minimum=self.count)
+        if target > self.count:
+            self.count = target - 1
+            self.next()
+
+    def _make(self, release: int) -> None:
+        added, subtracted = self.nodes(release)
+        for start in range(0, self.dimension, BLOCK):
+            out = self._row[start : start + BLOCK]
+            scratch = self._scratch[: out.size]
+            block = start // BLOCK
+            self._normals.fill((added[1] << 6) | added[0], block, out)
+            for h, end in subtracted:
+                self._normals.fill((end << 6) | h, block, scratch)
+                np.subtract(out, scratch, out=out)
+
+
+class BltNoise(_KeyedStream):
+    r"""Rows of :math:`C^{-1}Z` for the BLT C of (λ, θ) (module docstring), :math:`Z_t` = :func:`keyed_standard_normal`
+    (key, t): :math:`w_t = z_t - \sum_j \lambda_j S_j`, then :math:`S_j \leftarrow \theta_j S_j + w_t`. Memory: the
+    n buffers and the row, (n + 1)·d float64. A restart replays Z_1..Z_t (:meth:`fast_forward`, O(t·n·d) once),
+    bit-exact on the same platform: numpy float64 element-wise operations in a fixed order, no BLAS."""
+
+    def __init__(self, lambdas: Sequence[float], thetas: Sequence[float], dimension: int, key: bytes) -> None:
+        super().__init__(dimension, key)
+        self.lambdas, self.thetas = check_blt_parameters(lambdas, thetas)
+        self.buffers = np.zeros((self.lambdas.size, self.dimension))
+        self._normals = _Normals(self._key)
+
+    def _make(self, release: int) -> None:
+        for start in range(0, self.dimension, BLOCK):
+            out = self._row[start : start + BLOCK]
+            scratch = self._scratch[: out.size]
+            self._normals.fill(release, start // BLOCK, out)
+            buffers = self.buffers[:, start : start + BLOCK]
+            for lam, buffer in zip(self.lambdas, buffers):
+                np.multiply(buffer, lam, out=scratch)
+                np.subtract(out, scratch, out=out)
+            for theta, buffer in zip(self.thetas, buffers):
+                np.multiply(buffer, theta, out=buffer)
+                np.add(buffer, out, out=buffer)
+
+
 def state_checksum(data: bytes) -> str:
     """The SHA-256 of a secret state file (kept in the signed ledger file)."""
     return hashlib.sha256(data).hexdigest()
@@ -655,7 +1033,20 @@ def load_noise_key(path: "os.PathLike[str] | str", checksum: str) -> bytes:
 
 
 __all__ = [
+    "BANDED_FACTORIZATIONS",
     "BandedNoise",
+    "BltNoise",
+    "MAX_BUFFERS",
+    "TreeNoise",
+    "blt_coefficients",
+    "blt_prefix_error",
+    "check_blt_parameters",
+    "increment_event",
+    "optimal_blt_parameters",
+    "toeplitz_prefix_sensitivities",
+    "tree_factorization",
+    "tree_prefix_error",
+    "tree_prefix_sensitivities",
     "amplified_round_event",
     "FACTORIZATIONS",
     "bandwidth",
