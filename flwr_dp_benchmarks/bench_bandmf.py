@@ -16,6 +16,10 @@ division by m), reported as a multiple of un-amplified DP-FedAvg's:
 * **Binary tree** with Honaker's least-squares decoder B = A C⁺: one ``GaussianDpEvent(z / sens)`` with sens the
   maximum over every b-min-separated pattern of at most k rounds of :math:`\sqrt{\sum_{i,j\in\pi}(C^\top C)_{ij}}`
   (brute force; T = 40 only: at T = 200 the patterns are too many); prefix noise z times the row norms of B.
+* **Tree (streaming)** and **BLT** (``factorization="tree"`` / ``"blt"`` of the strategy): the plain binary tree
+  (no Honaker decoder: it reads later nodes) with its sound prefix-sensitivity bound, and a buffered linear Toeplitz
+  C with 3 buffers optimised for (T, b, k) with its exact sensitivity
+  (:mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`); one ``GaussianDpEvent(z / sens)`` each.
 * **DP-FedAvg with Poisson sampling** (amplified, what ``AccountedPoissonFixedClipping`` books): T rounds of
   ``PoissonSampledDpEvent(q = m/N, GaussianDpEvent(z))``; prefix noise :math:`z\sqrt t`.
 * **Amplified BandMF** (``sampling="cyclic-poisson"``, banded square root with b' bands): b' groups of N/b',
@@ -145,6 +149,9 @@ def calibrate_window(epsilon: float, rounds: int, groups: int, window: int, band
     return hi
 
 
+BLT_BUFFERS = 3  # the strategy's default num_buffers
+
+
 def rms_rows(matrix: np.ndarray) -> float:
     """RMS over rows of the row norms."""
     return float(math.sqrt(np.mean(np.sum(matrix * matrix, axis=1))))
@@ -170,6 +177,14 @@ def table(
         if t <= 64:
             decoder, tree = mf.binary_tree_factorization(t)
             shapes["tree (Honaker)"] = (rms_rows(decoder), mf.brute_force_sensitivity(tree, BANDS, k))
+        # what the strategy streams: factorization="tree" (plain tree, its sound prefix-sensitivity bound) and
+        # factorization="blt" (BLT_BUFFERS buffers, optimised for (T, b, k), exact earliest-pattern sensitivity)
+        shapes["tree (streaming)"] = (mf.tree_prefix_error(t), mf.tree_prefix_sensitivities(t, BANDS, k)[-1])
+        lambdas, thetas = mf.optimal_blt_parameters(t, BLT_BUFFERS, BANDS, k)
+        shapes[f"blt (n={BLT_BUFFERS})"] = (
+            mf.blt_prefix_error(lambdas, thetas, t),
+            mf.toeplitz_prefix_sensitivities(mf.blt_coefficients(lambdas, thetas, t), BANDS, k)[-1],
+        )
         for epsilon in epsilons:
             z_fedavg = calibrate(lambda z, k=k: SelfComposedDpEvent(GaussianDpEvent(z), k), epsilon)
             z_unit = calibrate(lambda z: GaussianDpEvent(z), epsilon)  # one Gaussian of sensitivity 1
