@@ -41,6 +41,22 @@ coefficients have unit norm). Release t books ``GaussianDpEvent(z / c_p)``, p = 
 ⌊(t−1)/b⌋ < k, nothing after: composed, the ledger holds exactly ``GaussianDpEvent(z / sens_t)`` after
 every release. No amplification is claimed (the cohort may be public).
 
+Non-banded factorisations (``factorization="tree"`` or ``"blt"``; then :math:`C_b` above stands for their C and
+b = ``num_bands`` is only the min-separation and the number of groups). ``"tree"``: the plain streaming binary tree
+(not Honaker's decoder, which reads later nodes): each dyadic node's Gaussian is regenerated from the key and the
+node, and release t adds the difference of the tree's consecutive prefix noises (no state besides the row).
+``"blt"``: a buffered linear Toeplitz C with n = ``num_buffers`` buffers (default 3), :math:`c_0 = 1`,
+:math:`c_i = \sum_j \lambda_j\theta_j^{i-1}`, its parameters optimised for (T, b, k) at the first use (cached), so
+that C ≥ 0 with non-increasing coefficients; its noise rows come from the BLT recurrence with n·d floats. Their
+columns b apart share rows, so the prefix sensitivities are computed, not the banded closed form: for BLT exactly
+(the earliest b-separated pattern is the worst for a Toeplitz C ≥ 0 with non-increasing coefficients), for the tree
+as a sound per-level upper bound over every b-separated pattern of at most k rounds (derivations in
+:mod:`flwr_dp_strategies.privacy.mechanisms.matrix_factorization`, both checked against the brute force over every
+pattern). Release t books ``GaussianDpEvent(z / sqrt(sens_t² − sens_{t−1}²))``, so the ledger again holds exactly
+``GaussianDpEvent(z / sens_t)`` after every release. Both need ``num_rounds`` (the sensitivities are for T releases;
+past T nothing is released) and ``sampling="cyclic"``: the amplified analyses below assume that the columns of one
+client's slots share no row, which only a banded C with at most b bands gives, so they are refused for these.
+
 With ``sampling="cyclic-poisson"`` (amplified BandMF, Choquette-Choo et al., NeurIPS 2023, Theorem 4) each
 member of the release's group is asked independently with probability q = m·b/N (N = ``num_clients``,
 default the nodes connected at the first release), from OS entropy; the cohort is never published. Each
@@ -69,7 +85,9 @@ is kept in the secret file, as for ``"cyclic-poisson"``.
 Training stops cleanly before a release would exceed ``ledger.max_epsilon``.
 
 Restart. The participation history, the number of releases, the model's dimension, a keyed check value of
-the newest noise row and the SHA-256 of the noise key file are kept in the ledger file's signed state; the key
+the newest noise row and the SHA-256 of the noise key file are kept in the ledger file's signed state (with, for
+the tree and BLT, the factorisation and its parameters: T, and the BLT's n, λ and θ; a restart with any of them
+different is refused); the key
 itself (secret) goes to its own file beside the ledger, ``<ledger_path>.bandmf-key`` (mode 0600, atomic,
 written once, at the first release, before the ledger that names it): O(1) bytes on disk whatever d, nothing
 rewritten per release but the ledger. The last b − 1 noise rows stay in memory; a restarted ServerApp given
@@ -154,7 +172,12 @@ class AccountedBandedMatrixFactorization(CentralGaussianRound, DifferentialPriva
         num_rounds: T >= 1, the planned releases (needed for ``factorization="banded-optimal"`` and for the
             default k); releases past T are refused.
         max_participations: k >= 1 (default ⌈T/b⌉).
-        factorization: ``"banded-sqrt"`` (default) or ``"banded-optimal"``.
+        factorization: ``"banded-sqrt"`` (default), ``"banded-optimal"``, ``"tree"`` (the plain streaming binary
+            tree) or ``"blt"`` (buffered linear Toeplitz); the last two need ``num_rounds`` and ``sampling="cyclic"``
+            (module docstring). z is the multiplier of the i.i.d. Z in every case; the booked ε uses each
+            factorisation's own sensitivity (for the tree √(levels) per participation, not 1).
+        num_buffers: n for ``factorization="blt"`` (1..8, default 3): the BLT's buffers, n·d floats of noise state;
+            its (λ, θ) are optimised for (T, b, k) and kept in the signed ledger state. Refused for the others.
         sampling: ``"cyclic"`` (default: the whole group, un-amplified), ``"cyclic-poisson"`` (each member of
             the group with q = m·b/N, amplified) or ``"window-allocation"`` (each member of the group in one secret,
             uniformly random release of its window of ``allocation_window`` releases per cycle; amplified by the
