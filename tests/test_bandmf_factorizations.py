@@ -159,6 +159,12 @@ def test_a_stream_rebuilt_from_the_key_continues_bit_exactly(factorization, dime
     assert restarted.check_value() == whole.check_value() != ""
     restarted.prepare()
     np.testing.assert_array_equal(restarted.next(), whole.next())
+    restarted.prepare()  # a prepared row, then a fast-forward past it
+    restarted.fast_forward(12)
+    for _ in range(2):
+        whole.next()
+    assert restarted.count == whole.count == 12
+    np.testing.assert_array_equal(restarted.next(), whole.next())
 
 
 # ---------------------------------------------------------------------- the sensitivities

@@ -951,7 +951,9 @@ class TreeNoise(_KeyedStream):
         return (r, t), [(h, ((t - 1) >> h) << h) for h in range(r)]
 
     def fast_forward(self, releases: int) -> None:
+        """Advance to ``releases`` rows made: only the newest is computed (the rows are pure functions of t)."""
         self.settle()
+        self._pending = None  # a prepared row is made and counted: nothing to collect
         target = check_int("releases", releases, minimum=self.count)
         if target > self.count:
             self.count = target - 1
