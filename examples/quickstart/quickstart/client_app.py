@@ -12,15 +12,19 @@ FedAvg uses under central DP so that all clients weigh the same).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable
 from torch import nn
 
 from client_mods import LocalUpdateNoiseMod
-from client_mods.dp_sgd import DpSgdTrainer, dp_sgd_train_reply
 
 from . import task
+
+if TYPE_CHECKING:
+    from client_mods.dp_sgd import DpSgdTrainer
 
 app = ClientApp()
 
@@ -51,8 +55,11 @@ def dp_sgd_trainer(config: ConfigRecord) -> DpSgdTrainer:
     """DP-SGD (Opacus) with the server's hyperparameters; per-sample clipping norm = ``clipping-norm``.
 
     The noise is drawn from OS entropy (no seed): the data-order seed of the
-    non-private path does not apply to the privacy noise.
+    non-private path does not apply to the privacy noise. Opacus is imported here, when DP-SGD is asked for: a
+    deployed SuperNode starts a fresh ClientApp process for every message, and the other mechanisms need none of it.
     """
+    from client_mods.dp_sgd import DpSgdTrainer
+
     return DpSgdTrainer(
         lambda: task.build_model(str(config["model"])),
         lr=float(config["lr"]),
@@ -72,6 +79,8 @@ def train(msg: Message, context: Context) -> Message:
     partition_id, num_partitions = _partition(context)
     x, y = task.load_partition(partition_id, num_partitions, "train")
     if config.get("mechanism") == "dp-sgd":
+        from client_mods.dp_sgd import dp_sgd_train_reply
+
         return dp_sgd_train_reply(msg, context, dp_sgd_trainer(config), (x, y))
     seed = int(config["seed"]) + 1000 * int(config["server-round"]) + partition_id
     loss = task.train(
