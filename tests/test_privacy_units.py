@@ -14,6 +14,7 @@ import logging
 import numpy as np
 import pytest
 from dp_accounting.dp_event import (
+    ComposedDpEvent,
     GaussianDpEvent,
     LaplaceDpEvent,
     NonPrivateDpEvent,
@@ -117,6 +118,26 @@ def test_a_non_private_release_is_non_private_at_every_unit():
     assert ledger.non_private_clients() == ["2"]  # left out of every worst case, as of privacy/epsilon
     assert np.isfinite(ledger.record_level_report().epsilon)
     assert ledger.record_level_report().client == "1"
+
+
+def test_a_non_private_release_inside_a_composed_event_is_non_private_too():
+    """Before: only a top-level ``NonPrivateDpEvent`` was recognised; one composed into a declaration left the
+    record-level figure finite and its client among the protocol-following ones."""
+    nested = ComposedDpEvent([GaussianDpEvent(2.0), NonPrivateDpEvent()])
+    ledger = mixed_ledger()
+    ledger.record(nested, server_round=3, label="metrics and a model")  # central
+    assert ledger.record_level_report().epsilon == np.inf
+    assert ledger.client_level_report(central_covers_replies=True).epsilon == np.inf
+    ledger = mixed_ledger()
+    ledger.record(nested, server_round=3, client=3, label="inference and raw metrics")  # client level, node 3
+    assert ledger.non_private_clients() == ["3"]
+    ledger = mixed_ledger()
+    ledger.record(SelfComposedDpEvent(NonPrivateDpEvent(), 2), server_round=3, client=2, label="raw", unit="record")
+    assert ledger.non_private_clients() == ["2"]
+    # positive control: a composition without one stays private
+    ledger = mixed_ledger()
+    ledger.record(ComposedDpEvent([GaussianDpEvent(2.0)]), server_round=3, client=2, label="private", unit="record")
+    assert ledger.non_private_clients() == [] and np.isfinite(ledger.record_level_report().epsilon)
 
 
 def test_the_ledger_refuses_a_bad_unit():

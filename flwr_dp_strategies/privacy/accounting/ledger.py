@@ -290,12 +290,13 @@ class PrivacyLedger:
         return list(self._clients)
 
     def non_private_clients(self) -> list[str]:
-        """Ids of the clients with a ``NonPrivateDpEvent`` of their own (a raw or undeclared release reached the
-        server): their ε is infinite, whatever else is booked."""
+        """Ids of the clients with a non-private event of their own (:func:`non_private_event`: a raw or undeclared
+        release reached the server, alone or inside a composed or sampled declaration): their ε is infinite,
+        whatever else is booked."""
         return [
             client
             for client, keys in self._clients.items()
-            if any(isinstance(self._events[key], dp_event.NonPrivateDpEvent) for key in keys)
+            if any(non_private_event(self._events[key]) for key in keys)
         ]
 
     def rounds(self, client: Optional[ClientId] = None) -> list[int]:
@@ -613,7 +614,7 @@ class PrivacyLedger:
         return tuple(sorted(counts.items()))
 
     def _non_private(self, counts: Counter[str]) -> Counter[str]:
-        return Counter({k: n for k, n in counts.items() if isinstance(self._events[k], dp_event.NonPrivateDpEvent)})
+        return Counter({k: n for k, n in counts.items() if non_private_event(self._events[k])})
 
     def _scoped_worst(self, unit: str, covered: bool) -> PrivacyReport:
         method, delta = self._method(None), self.target_delta
@@ -783,6 +784,24 @@ def _upper_bound(epsilon: float) -> float:
     only come from a numerical failure and must never read as 0 or as a number.
     """
     return float("inf") if math.isnan(epsilon) else max(0.0, float(epsilon))
+
+
+def non_private_event(event: dp_event.DpEvent) -> bool:
+    """Whether ``event`` holds a release with no guarantee: a ``NonPrivateDpEvent`` itself, or one composed into it,
+    self-composed at least once, or sampled into it with a positive probability or sample size. Its ε is then ∞ at
+    the ledger's δ (for a sampled one, at every δ below the sampling probability: the ledger books it as ∞, an
+    over-count where q ≤ δ), at every unit of privacy it reached."""
+    if isinstance(event, dp_event.NonPrivateDpEvent):
+        return True
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(non_private_event(inner) for inner in event.events)
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count > 0 and non_private_event(event.event)
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return event.sampling_probability > 0 and non_private_event(event.event)
+    if isinstance(event, (dp_event.SampledWithReplacementDpEvent, dp_event.SampledWithoutReplacementDpEvent)):
+        return event.sample_size > 0 and non_private_event(event.event)
+    return False
 
 
 def _booking_unit(unit: object, central: bool) -> str:
