@@ -144,14 +144,113 @@ def test_the_ledger_refuses_a_bad_unit():
     ledger = PrivacyLedger(DELTA)
     with pytest.raises(ValueError, match="unit"):
         ledger.record(CENTRAL, server_round=1, client=1, unit="household")
-    with pytest.raises(ValueError, match="central"):
-        ledger.record(CENTRAL, server_round=1, unit="record")  # the federation's event is client level
+    with pytest.raises(ValueError, match="unit"):
+        ledger.record(CENTRAL, server_round=1, unit=None)  # a central event's unit is checked too
     with pytest.raises(ValueError, match="unit"):
         ledger.events(1, unit="records")
     assert not ledger.clients and not ledger.rounds()
 
 
+#: a central release calibrated for one record of any client (SecureObjectiveSum's Skellam sum)
+CENTRAL_RECORD = GaussianDpEvent(3.0)
+
+
+def with_central_record(ledger: PrivacyLedger, rnd: int = 3) -> PrivacyLedger:
+    ledger.record(CENTRAL_RECORD, server_round=rnd, label="central record-level", unit="record")
+    return ledger
+
+
+def test_a_central_record_level_event_counts_at_the_record_level_and_bounds_no_client():
+    ledger = with_central_record(mixed_ledger())
+    assert ledger.has_record_level()
+    assert [(r, e) for r, e, _ in ledger.events(unit="record")] == [(3, CENTRAL_RECORD)]
+    assert [r for r, _, _ in ledger.events(unit="client")] == [1, 2]  # CENTRAL, client level
+    assert len(ledger.events()) == 3
+    records = PrivacyLedger(DELTA)  # each node's own record-level events and the central record-level one
+    records.record(CENTRAL_RECORD, server_round=3)
+    for node in ledger.clients:
+        for rnd, event, label in ledger.events(node, unit="record"):
+            records.record(event, server_round=rnd, client=node, label=label)
+    record_level = ledger.record_level_report()
+    assert record_level.epsilon == pytest.approx(records.epsilon(), rel=1e-12)
+    assert record_level.epsilon > mixed_ledger().record_level_report().epsilon  # it was left out
+    for covered in (False, True):  # one record of any client bounds nothing about a client's whole data
+        assert ledger.client_level_report(central_covers_replies=covered).epsilon == np.inf
+    composed = PrivacyLedger(DELTA)  # privacy/epsilon: everything composed, whatever the unit
+    for node in [None, *ledger.clients]:
+        for rnd, event, label in ledger.events(node):
+            composed.record(event, server_round=rnd, client=node, label=label)
+    assert ledger.epsilon() == pytest.approx(composed.epsilon(), rel=1e-12)
+    metrics = ledger.metrics(central_covers_replies=True)
+    assert metrics[RECORD_KEY] == pytest.approx(record_level.epsilon) and metrics[CLIENT_KEY] == np.inf
+    assert metrics["privacy/epsilon"] == pytest.approx(composed.epsilon())
+
+
+def test_a_central_record_level_event_alone_publishes_both_figures():
+    ledger = with_central_record(PrivacyLedger(DELTA), rnd=1)
+    only = PrivacyLedger(DELTA)
+    only.record(CENTRAL_RECORD, server_round=1)
+    assert ledger.has_record_level() and ledger.units(1) == {"record": 0, "client": 0}
+    metrics = ledger.metrics()
+    assert metrics[RECORD_KEY] == pytest.approx(only.epsilon()) and 0 < metrics[RECORD_KEY] < np.inf
+    assert metrics[CLIENT_KEY] == np.inf
+    assert metrics["privacy/epsilon"] == pytest.approx(only.epsilon())
+    ledger.record(NonPrivateDpEvent(), server_round=2, label="raw metrics")  # non-private: at every unit
+    assert ledger.record_level_report().epsilon == np.inf
+
+
 # ---------------------------------------------------------------------------------------------- persistence
+
+
+def test_save_and_load_keep_a_central_record_level_event(tmp_path):
+    ledger = with_central_record(mixed_ledger())
+    body = json.loads(ledger.to_json())
+    assert list(body["central_record_level"].values()) == [[3]]
+    assert "central_record_level" not in mixed_ledger().to_json()  # written only when there is one
+    path = tmp_path / "ledger.json"
+    ledger.save(path)
+    loaded = PrivacyLedger.load(path)
+    assert loaded.to_json() == ledger.to_json()
+    assert [(r, e) for r, e, _ in loaded.events(unit="record")] == [(3, CENTRAL_RECORD)]
+    assert loaded.metrics() == pytest.approx(ledger.metrics())
+    assert loaded.client_level_report(central_covers_replies=True).epsilon == np.inf
+
+
+def test_a_body_without_the_central_record_level_field_loads_as_before():
+    ledger = with_central_record(mixed_ledger())
+    body = json.loads(ledger.to_json())
+    del body["central_record_level"]  # what a body saved before central record-level events holds
+    old = PrivacyLedger.from_json(json.dumps(body))
+    assert old.events(unit="record") == [] and len(old.events(unit="client")) == 3
+    assert old.epsilon() == pytest.approx(ledger.epsilon())
+    assert np.isfinite(old.client_level_report(central_covers_replies=True).epsilon)
+    assert json.loads(old.to_json()) == body  # and it writes the body it was loaded from
+
+
+@pytest.mark.parametrize(
+    "central_record_level",
+    [
+        {},  # written only when non-empty
+        [],
+        {"K": "3"},
+        {"K": []},
+        {"K": [4]},  # a round not booked for that central event
+        {"K": [3, 3]},  # more bookings than the central event has
+        {"unknown-event": [3]},
+        {"C": [1]},  # an event booked for a client, not centrally
+    ],
+)
+def test_a_malformed_central_record_level_field_is_refused(central_record_level):
+    body = json.loads(with_central_record(mixed_ledger()).to_json())
+    parse_body(json.dumps(body))  # the well-formed field is accepted
+    key = next(iter(body["central_record_level"]))
+    client_key = next(k for k in body["clients"]["1"])
+    text = json.dumps(central_record_level).replace('"K"', json.dumps(key)).replace('"C"', json.dumps(client_key))
+    body["central_record_level"] = json.loads(text)
+    with pytest.raises(ValueError, match="central_record_level"):
+        parse_body(json.dumps(body))
+    with pytest.raises(ValueError):
+        PrivacyLedger.from_json(json.dumps(body))
 
 
 def test_a_ledger_body_without_units_loads_as_client_level():
@@ -367,6 +466,62 @@ def test_a_restarted_strategy_keeps_the_units(tmp_path):
     arrays, metrics = run_round(again, LoopbackGrid.of(N, _client("record")), _model(), 2).result
     assert all(again.ledger.units(n) == {"record": 2, "client": 0} for n in again.ledger.clients)
     assert metrics[RECORD_KEY] > before[RECORD_KEY]
+
+
+def _secure_objective_sum(**kwargs):
+    from flwr_dp_strategies import SecureObjectiveSum
+
+    return SecureObjectiveSum(num_classes=3, max_records=1000, epsilon=1.0, bits=32, min_survivors=8, **kwargs)
+
+
+def _secure_objective_round(strategy) -> dict[str, float]:
+    from client_mods.secure_objective import SecureObjectiveTrainer
+    from flwr.clientapp import ClientApp
+    from secagg_harness import TEST_FLOOR, LazyRoster
+    from secagg_harness import LoopbackGrid as SecAggGrid
+
+    nodes, q, c = list(range(201, 211)), 6, 3
+    rng = np.random.default_rng(1)
+    data = {n: (rng.normal(size=(30, q)), rng.integers(0, c, size=30)) for n in nodes}
+    roster = LazyRoster(len(nodes) + 8)
+    trainers = {
+        n: SecureObjectiveTrainer(num_classes=c, rng=n, min_noise_multiplier=TEST_FLOOR, identity=roster) for n in nodes
+    }
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        node = int(context.node_id)
+        return trainers[node].train(msg, context, *data[node])
+
+    _, _, (arrays, metrics) = run_round(
+        strategy, SecAggGrid(app, nodes), ArrayRecord({"head.weight": Array(np.zeros((q, c)))})
+    )
+    assert arrays is not None
+    return dict(metrics)
+
+
+def test_secure_objective_sum_books_a_record_level_event_with_no_client_level_bound(tmp_path):
+    from flwr_dp_strategies.strategy.secure_objective_sum import EVENT_LABEL
+
+    path = str(tmp_path / "ledger.json")
+    strategy = _secure_objective_sum(ledger_path=path)
+    metrics = _secure_objective_round(strategy)
+    ledger = strategy.ledger
+    ((rnd, event, label),) = ledger.events(unit="record")  # central (client=None), record level
+    assert label == EVENT_LABEL and ledger.events(unit="client") == [] and not ledger.clients
+    fresh = PrivacyLedger(DELTA)
+    fresh.record(event, server_round=rnd)
+    assert 0 < fresh.epsilon() <= 1.0 + 1e-9
+    assert metrics[RECORD_KEY] == pytest.approx(fresh.epsilon())  # the Skellam event's ε, one record of any client
+    assert metrics[CLIENT_KEY] == np.inf  # calibrated for one record: nothing bounds a client's whole data
+    assert metrics["privacy/epsilon"] == pytest.approx(fresh.epsilon())  # unchanged
+    saved = ledger.to_json()
+    del strategy, ledger
+    gc.collect()  # the file's lock is released with its store
+    again = _secure_objective_sum(ledger_path=path, resume=True)
+    assert again.ledger.to_json() == saved and again.ledger.has_record_level()
+    assert again.ledger.metrics() == pytest.approx({k: v for k, v in metrics.items() if k.startswith("privacy/")})
 
 
 def test_which_strategies_cover_every_reply_with_a_client_level_release():

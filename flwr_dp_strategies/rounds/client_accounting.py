@@ -108,7 +108,8 @@ class Booking:
     ``neighboring_relation``: the relation ``event`` is stated under (None: the ledger's);
     ``replace_one_event``: its tighter replace-one form, if the mechanism has one;
     ``ledger``: the ledger to book it in (None: the strategy's main ledger);
-    ``unit``: what it protects, ``"client"`` (default) or ``"record"`` (a client's own release only).
+    ``unit``: what it protects, ``"client"`` (default) or ``"record"`` (one record of ``client``; of any client for a
+    central event).
     """
 
     event: DpEvent

@@ -34,15 +34,17 @@ PUBLISHED: dict[str, tuple[str, str]] = {
     "privacy/epsilon/node-<id>": (LEDGER, "a node's own ε (per_client_metrics=True)"),
     "privacy/epsilon-record-level": (
         LEDGER,
-        "with record-level declarations only: worst ε over the protocol-following nodes of each node's own "
-        "record-level events (one record of one client; a guarantee for the whole pipeline only when every reply "
-        "is computed from those releases, see PrivacyLedger.record_level_report)",
+        "with record-level bookings only: worst ε over the protocol-following nodes of each node's own "
+        "record-level events and the central record-level ones (one record of one client; a guarantee for the "
+        "whole pipeline only when every reply is computed from those releases, see "
+        "PrivacyLedger.record_level_report)",
     ),
     "privacy/epsilon-client-level": (
         LEDGER,
-        "with record-level declarations only: worst ε of the central events and each node's own client-level "
-        "events (one whole client, the server trusted; ∞ for a node with record-level events unless the "
-        "strategy's central release covers every reply, see PrivacyLedger.client_level_report)",
+        "with record-level bookings only: worst ε of the central client-level events and each node's own "
+        "client-level events (one whole client, the server trusted; ∞ for a node with record-level events unless "
+        "the strategy's central release covers every reply, and ∞ for all with a central record-level event, "
+        "see PrivacyLedger.client_level_report)",
     ),
     # the clients' evaluate metrics, every strategy (evaluate_metrics=AccountedMetrics(ranges, z))
     "dp-eval/<key>": (

@@ -29,8 +29,11 @@ or removed (or replaced, for a replace-one ledger); integer sensitivity Δ₂ = 
 record's coefficient vector, norm ≤ Δ, plus the randomized rounding, by a shared-uniform
 coupling), Δ₁ = min(⌊Δ₂²⌋, √D·Δ₂); noise at least Sk(μ) (|U₃| ≥ m′ clients each add μ/m′);
 event ``SkellamDpEvent(Δ₁, Δ₂, μ)`` (RDP, Agarwal et al. 2021 Thm 3.5), booked once, centrally
-(``client=None``: it covers every record of every client), under ``add_or_remove_one`` with its
-replace-one form; composition: the ledger's. Decoding, repair and the solve are post-processing.
+(``client=None``: it covers every record of every client) and **record-level** (``unit="record"``), under
+``add_or_remove_one`` with its replace-one form; composition: the ledger's. Decoding, repair and the solve are
+post-processing. The booked figure is a record-level ε: ``privacy/epsilon-record-level`` is the Skellam event's ε
+(the clients book nothing of their own), and ``privacy/epsilon-client-level`` is ∞ (the sum is calibrated for one
+record, and a client holds many: nothing bounds what a client's whole data changes in the head).
 
 Trust model: as :class:`~flwr_dp_strategies.DistributedDpFedAvg`'s (the same SecAgg+ and client rules): ε
 holds against an active server with up to c colluding clients, for clients with an operator-signed
@@ -252,6 +255,7 @@ class SecureObjectiveSum(SecureAggregationMixin, FedAvg):
             EVENT_LABEL,
             neighboring_relation="add_or_remove_one",
             replace_one_event=calibration.replace_one_event,
+            unit="record",  # one record of any client: a record-level event, booked for every client
         )
         self.objective = decode_objective(total, calibration.params)
         noise_std = math.sqrt(len(secure.survivors) * calibration.local_mu) / calibration.params.scale

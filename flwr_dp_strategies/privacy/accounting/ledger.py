@@ -22,12 +22,14 @@ valid upper bound, so their minimum is too.
 The worst case over clients only computes PLD for compositions whose RDP ε
 exceeds the best worst case found so far (min(RDP, PLD) ≤ RDP).
 
-Unit of privacy. Each client booking also has a unit (:mod:`.units`): ``"client"`` (the default, and
+Unit of privacy. Each booking also has a unit (:mod:`.units`): ``"client"`` (the default, and
 what every booking made before units existed means) or ``"record"`` (one record of that client: DP-SGD,
-label DP, the functional mechanism). ``privacy/epsilon`` composes every booking whatever its unit; when
-the ledger holds record-level bookings, :meth:`PrivacyLedger.metrics` also reports the two guarantees
-apart (:meth:`PrivacyLedger.record_level_report`, :meth:`PrivacyLedger.client_level_report`; why each is
-sound, and when it alone is a guarantee for the whole pipeline, is said there).
+label DP, the functional mechanism; or, for a central event, one record of any client: a Skellam sum of
+the clients' record-level contributions under secure aggregation). ``privacy/epsilon`` composes every
+booking whatever its unit; when the ledger holds record-level bookings (a client's or central),
+:meth:`PrivacyLedger.metrics` also reports the two guarantees apart (:meth:`PrivacyLedger.record_level_report`,
+:meth:`PrivacyLedger.client_level_report`; why each is sound, and when it alone is a guarantee for the whole
+pipeline, is said there).
 
 Neighbouring relation. One per ledger (``add_or_remove_one`` for central DP,
 ``replace_one`` for local DP and label DP, where randomized response is only
@@ -131,6 +133,8 @@ class PrivacyLedger:
         self._clients: dict[str, dict[str, list[int]]] = {}
         #: the record-level part of ``_clients`` (same keys and rounds, a sub-multiset); the rest is client-level
         self._record: dict[str, dict[str, list[int]]] = {}
+        #: the record-level part of ``_central`` (same keys and rounds, a sub-multiset); the rest is client-level
+        self._central_record: dict[str, list[int]] = {}
         self._labels: dict[str, str] = {}
         self._rdp_cache: dict[str, Optional[tuple[np.ndarray, float, float]]] = {}
         self._pld_cache: dict[tuple[str, float], object] = {}
@@ -151,7 +155,8 @@ class PrivacyLedger:
         """Record that ``event`` was released in ``server_round`` (for ``client``, or centrally if None).
 
         ``unit``: what the event protects (:mod:`.units`): ``"client"`` (default) or ``"record"`` (one
-        record of ``client``; refused for a central event, which is the federation's).
+        record of ``client``; for a central event, one record of any client: it is booked for every client
+        and bounds nothing at the client level, see :meth:`client_level_report`).
 
         ``neighboring_relation`` is the relation the event was calibrated under
         (default: this ledger's). An event from another relation is converted
@@ -166,7 +171,7 @@ class PrivacyLedger:
         if isinstance(event, Release):
             event = event.event
         rnd = check_int("server_round", server_round, minimum=0)
-        unit = _booking_unit(unit, client is None)
+        unit = check_unit(unit)
         event, label = self._in_own_relation(event, neighboring_relation, replace_one_event, label)
         key = self._register(event)
         if label:
@@ -174,7 +179,8 @@ class PrivacyLedger:
         target = self._central if client is None else self._clients.setdefault(_client_id(client), {})
         target.setdefault(key, []).append(rnd)
         if unit == RECORD:
-            self._record.setdefault(_client_id(client), {}).setdefault(key, []).append(rnd)
+            record = self._central_record if client is None else self._record.setdefault(_client_id(client), {})
+            record.setdefault(key, []).append(rnd)
 
     def record_clients(
         self,
@@ -188,7 +194,7 @@ class PrivacyLedger:
     ) -> None:
         """Record the same event for every client in ``clients`` (one call per round, not per client)."""
         rnd = check_int("server_round", server_round, minimum=0)
-        unit = _booking_unit(unit, False)
+        unit = check_unit(unit)
         event, label = self._in_own_relation(event, neighboring_relation, None, label)
         key = self._register(event)
         if label:
@@ -308,11 +314,11 @@ class PrivacyLedger:
         self, client: Optional[ClientId] = None, *, unit: Optional[str] = None
     ) -> list[tuple[int, dp_event.DpEvent, str]]:
         """(round, event, label) of ``client``'s own events (central ones if None), by round; with ``unit``,
-        only those of that unit (central events are all ``"client"``)."""
+        only those of that unit."""
         if unit is not None:
             unit = check_unit(unit)
         if client is None:
-            source = self._central if unit in (None, CLIENT) else {}
+            source = self._central if unit is None else self._central_unit(unit)
         elif unit is None:
             source = self._clients.get(str(client), {})
         else:
@@ -321,8 +327,8 @@ class PrivacyLedger:
         return sorted(rows, key=lambda row: row[0])
 
     def has_record_level(self) -> bool:
-        """Whether any client booking has the unit ``"record"``."""
-        return bool(self._record)
+        """Whether any booking, a client's or central, has the unit ``"record"``."""
+        return bool(self._record or self._central_record)
 
     def units(self, client: ClientId) -> dict[str, int]:
         """How many of ``client``'s own bookings have each unit: ``{"record": n, "client": m}``."""
@@ -331,15 +337,11 @@ class PrivacyLedger:
 
     def _unit_bookings(self, client: str, unit: str) -> dict[str, list[int]]:
         """``client``'s own bookings of ``unit`` (rounds per event key)."""
-        record = self._record.get(client, {})
-        if unit == RECORD:
-            return record
-        rest: dict[str, list[int]] = {}
-        for key, rounds in self._clients.get(client, {}).items():
-            left = Counter(rounds) - Counter(record.get(key, []))
-            if left:
-                rest[key] = sorted(left.elements())
-        return rest
+        return _of_unit(self._clients.get(client, {}), self._record.get(client, {}), unit)
+
+    def _central_unit(self, unit: str) -> dict[str, list[int]]:
+        """The central bookings of ``unit`` (rounds per event key)."""
+        return _of_unit(self._central, self._central_record, unit)
 
     def _signature(self, client: Optional[str], extra: Sequence[dp_event.DpEvent] = ()) -> Signature:
         counts: Counter[str] = Counter({k: len(r) for k, r in self._central.items()})
@@ -554,33 +556,43 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ units
     def record_level_report(self) -> PrivacyReport:
         r"""The record-level ε: the worst, over the clients that followed the protocol (as
-        :meth:`protocol_report`), of the composition of each client's **own record-level** bookings alone
-        (plus every ``NonPrivateDpEvent`` that reached its data, central or its own of either unit: a
-        non-private release is non-private for every unit). ``client`` names the worst client.
+        :meth:`protocol_report`), of the composition of each client's **own record-level** bookings and the
+        **central record-level** events (plus every ``NonPrivateDpEvent`` that reached its data, central or its
+        own of either unit: a non-private release is non-private for every unit). ``client`` names the worst
+        client.
 
         Why it is sound. A record-level neighbour changes one record of one client c. Everything c sends
         that is computed from its data is, when c follows a record-level protocol (DP-SGD, the functional
         mechanism, label DP), a function of its record-level releases, which its own record-level events
         bound; everything the server releases afterwards (the central noise, the next global models, the
         other clients' replies to them) is computed from the replies, so it is post-processing of those
-        releases and costs nothing more. The other clients' data do not change.
+        releases and costs nothing more. The other clients' data do not change. A central **record-level**
+        event (``record(..., client=None, unit="record")``: a Skellam sum under secure aggregation of the
+        clients' exact contributions, calibrated for one record of any client) is different: it is computed from
+        the clients' data, not from noised record-level releases of theirs (its clients book none), so it is not
+        post-processing of anything bounded; it is the bound, for every client at once, and counts in full. A
+        central **client-level** event counts only if non-private: a client-level guarantee implies a record-level
+        one, but under the conditions below it is post-processing of the replies, which the clients' own
+        record-level events already bound, and counting it would be an over-count.
 
         When it alone is a guarantee for the whole pipeline: exactly when (1) each client's every reply is
         computed only from its record-level releases and public values (no client-level declaration of c
         is a separate release of its data, nothing undeclared leaves c), and (2) every central event is a
         release computed from the replies alone (the central strategies' noise on the clipped sum; not one
-        computed from the clients' data by another path). Then it holds against the server too. When a
-        client also declares client-level releases of its data (local DP on another output, SignDS, a
-        Laplace inference), or a central release reads the clients' data otherwise, its own record-level
-        events do not bound everything that depends on one record: read ``privacy/epsilon``
-        (:meth:`protocol_report`), which composes every booking.
+        computed from the clients' data by another path) or is itself booked record-level. Then it holds
+        against the server too (for a central record-level release: against whoever its trust model names;
+        secure aggregation hides each contribution). When a client also declares client-level releases of its
+        data (local DP on another output, SignDS, a Laplace inference), or a central client-level release
+        reads the clients' data otherwise, its own record-level events do not bound everything that depends
+        on one record: read ``privacy/epsilon`` (:meth:`protocol_report`), which composes every booking.
         """
         return self._scoped_worst(RECORD, True)
 
     def client_level_report(self, *, central_covers_replies: bool = False) -> PrivacyReport:
         r"""The client-level ε: the worst, over the clients that followed the protocol, of the composition of
-        the central events and each client's **own client-level** bookings (plus every ``NonPrivateDpEvent``
-        that reached its data, whatever its unit).
+        the central client-level events and each client's **own client-level** bookings (plus every
+        ``NonPrivateDpEvent`` that reached its data, whatever its unit); ∞ when the ledger holds a central
+        record-level event.
 
         Why it is sound. A client-level neighbour adds, removes or replaces one client's whole data; the
         central events (noise on the sum of the clipped updates) and the client's own client-level releases
@@ -595,22 +607,28 @@ class PrivacyLedger:
         record-level replies (``AccountedFedAvg`` over DP-SGD clients). The guarantee is for whoever sees
         the published outputs; the server, which sees each reply before the central noise, is trusted for
         it (record-level DP, :meth:`record_level_report`, is what protects against the server).
+
+        A central **record-level** event (``record(..., client=None, unit="record")``) is calibrated for one
+        record of any client: it bounds nothing at this unit (one client holds many records; a client-level
+        neighbour changes the released sum by up to all of them), and it is a release of every client's data.
+        So while the ledger holds one, the client-level ε is ∞ for every client, whatever
+        ``central_covers_replies`` says (that flag is about central client-level releases only).
         """
         return self._scoped_worst(CLIENT, bool(central_covers_replies))
 
     def _scoped_signature(self, client: Optional[str], unit: str) -> Signature:
-        """The composition of ``client``'s bookings of ``unit`` (with the central events when ``unit`` is
-        client) and every ``NonPrivateDpEvent`` that reached its data."""
-        central = Counter({k: len(r) for k, r in self._central.items()})
+        """The composition of ``client``'s bookings of ``unit``, the central events of ``unit`` (so central
+        client-level events count in the record-level figure only if non-private) and every
+        ``NonPrivateDpEvent`` that reached its data."""
+        other_unit = RECORD if unit == CLIENT else CLIENT
+        central = Counter({k: len(r) for k, r in self._central_unit(unit).items()})
+        central_other = Counter({k: len(r) for k, r in self._central_unit(other_unit).items()})
         own: Counter[str] = Counter()
         other: Counter[str] = Counter()
         if client is not None:
             own.update({k: len(r) for k, r in self._unit_bookings(client, unit).items()})
-            other.update(
-                {k: len(r) for k, r in self._unit_bookings(client, RECORD if unit == CLIENT else CLIENT).items()}
-            )
-        counts = own + central if unit == CLIENT else own + self._non_private(central)
-        counts += self._non_private(other)
+            other.update({k: len(r) for k, r in self._unit_bookings(client, other_unit).items()})
+        counts = own + central + self._non_private(central_other) + self._non_private(other)
         return tuple(sorted(counts.items()))
 
     def _non_private(self, counts: Counter[str]) -> Counter[str]:
@@ -620,6 +638,8 @@ class PrivacyLedger:
         method, delta = self._method(None), self.target_delta
         excluded = set(self.non_private_clients())
         names = sorted(self._clients) if excluded == set(self._clients) else sorted(set(self._clients) - excluded)
+        if unit == CLIENT and self._central_record:  # a central record-level release bounds no client's data
+            return self._make_report(float("inf"), float("inf"), method, delta, names[0] if names else None)
         if unit == CLIENT and not covered:
             uncovered = [name for name in names if name in self._record]
             if uncovered:
@@ -642,7 +662,7 @@ class PrivacyLedger:
         own ε stays ∞ in :meth:`epsilon` and the per-node figures) and δ, both accountants' values and the
         client count.
 
-        With record-level bookings (:meth:`has_record_level`) also ``epsilon-record-level``
+        With record-level bookings, a client's or central (:meth:`has_record_level`), also ``epsilon-record-level``
         (:meth:`record_level_report`) and ``epsilon-client-level`` (:meth:`client_level_report`, given
         ``central_covers_replies``); ``epsilon`` stays the composition of everything: at least each of
         the two, so a bound for a unit whenever that unit's figure is one, and the one to read when the
@@ -659,7 +679,7 @@ class PrivacyLedger:
             out[f"{prefix}epsilon-pld"] = float(rep.epsilon_pld)
         if self.max_epsilon is not None:
             out[f"{prefix}max-epsilon"] = float(self.max_epsilon)
-        if self._record:  # both units in one ledger: the two guarantees apart, next to their composition
+        if self.has_record_level():  # both units in one ledger: the two guarantees apart, next to their composition
             out[f"{prefix}epsilon-record-level"] = float(self.record_level_report().epsilon)
             out[f"{prefix}epsilon-client-level"] = float(
                 self.client_level_report(central_covers_replies=central_covers_replies).epsilon
@@ -670,8 +690,10 @@ class PrivacyLedger:
     def to_json(self) -> str:
         """Serialise the whole ledger (configuration, events, clients, rounds) as canonical JSON
         (no whitespace, ASCII, no NaN): the body a ledger file checksums. The record-level bookings go in
-        a field ``record_level`` (client → event key → rounds, a part of ``clients``), written only when
-        there are any: a ledger without them has the body it had before units existed."""
+        a field ``record_level`` (client → event key → rounds, a part of ``clients``), the central ones in
+        ``central_record_level`` (event key → rounds, a part of ``central``), each written only when there are
+        any: a ledger without them has the body it had before units existed (before central record-level
+        events existed)."""
         body: dict[str, object] = {
             "format": LEDGER_FORMAT,
             "target_delta": self.target_delta,
@@ -685,6 +707,8 @@ class PrivacyLedger:
         }
         if self._record:
             body["record_level"] = self._record
+        if self._central_record:
+            body["central_record_level"] = self._central_record
         return canonical_json(body)
 
     @classmethod
@@ -696,7 +720,8 @@ class PrivacyLedger:
         the allow-list and registered through :meth:`_register` (so validated by
         :func:`~.event_validation.validate_event` and refused if it cannot be accounted under
         the ledger's relation). Bookings of event descriptions that turn out equal are merged. A body
-        without ``record_level`` (every ledger saved before units existed) books everything as client-level.
+        without ``record_level`` (every ledger saved before units existed) books every client's events as
+        client-level, one without ``central_record_level`` every central event.
         """
         data = parse_body(text)
         if data["format"] != LEDGER_FORMAT:
@@ -724,6 +749,8 @@ class PrivacyLedger:
             target = ledger._record.setdefault(_client_id(client), {})
             for old, rounds in bookings.items():
                 target.setdefault(keymap[old], []).extend(rounds)
+        for old, rounds in data.get("central_record_level", {}).items():  # absent without central record-level
+            ledger._central_record.setdefault(keymap[old], []).extend(rounds)
         return ledger
 
     def save(
@@ -804,12 +831,16 @@ def non_private_event(event: dp_event.DpEvent) -> bool:
     return False
 
 
-def _booking_unit(unit: object, central: bool) -> str:
-    """``unit`` checked (:func:`~.units.check_unit`); a central event cannot be record-level."""
-    unit = check_unit(unit)
-    if central and unit == RECORD:
-        raise ValueError("a central event (client=None) is the federation's: its unit is 'client', not 'record'")
-    return unit
+def _of_unit(bookings: Mapping[str, list[int]], record: Mapping[str, list[int]], unit: str) -> dict[str, list[int]]:
+    """The bookings of ``unit`` among ``bookings`` whose record-level part is ``record`` (rounds per event key)."""
+    if unit == RECORD:
+        return dict(record)
+    rest: dict[str, list[int]] = {}
+    for key, rounds in bookings.items():
+        left = Counter(rounds) - Counter(record.get(key, []))
+        if left:
+            rest[key] = sorted(left.elements())
+    return rest
 
 
 def _client_id(client: object) -> str:

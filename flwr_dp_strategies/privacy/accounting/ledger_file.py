@@ -176,7 +176,8 @@ _BODY_FIELDS = (
     "target_delta",
 )
 #: optional: the record-level part of ``clients`` (absent in bodies saved before units existed: all client-level)
-_OPTIONAL_BODY_FIELDS = ("record_level",)
+#: and of ``central`` (absent in bodies without a central record-level event: every central event client-level)
+_OPTIONAL_BODY_FIELDS = ("central_record_level", "record_level")
 
 
 def _rounds(value: Any, where: str) -> list[int]:
@@ -229,6 +230,8 @@ def parse_body(text: Union[str, bytes]) -> dict[str, Any]:
         _bookings(bookings, events, f"clients[{client}]")
     if "record_level" in data:
         _record_level(data["record_level"], clients, events)
+    if "central_record_level" in data:
+        _central_record_level(data["central_record_level"], data["central"], events)
     return data
 
 
@@ -245,6 +248,19 @@ def _record_level(value: Any, clients: Mapping[str, Any], events: Mapping[str, A
         for key, rounds in bookings.items():
             if Counter(rounds) - Counter(clients[client].get(key, [])):
                 raise ValueError(f"record_level[{client}][{key}] holds rounds not booked in clients[{client}]")
+
+
+def _central_record_level(value: Any, central: Mapping[str, Any], events: Mapping[str, Any]) -> None:
+    """``central_record_level``: a non-empty part of ``central`` (every round of it booked there for the same
+    event)."""
+    if not isinstance(value, dict) or not value:
+        raise ValueError(
+            "'central_record_level' must be a non-empty object (absent when there is no central record-level booking)"
+        )
+    _bookings(value, events, "central_record_level")
+    for key, rounds in value.items():
+        if Counter(rounds) - Counter(central.get(key, [])):
+            raise ValueError(f"central_record_level[{key}] holds rounds not booked in central")
 
 
 # ---------------------------------------------------------------------- file encoding

@@ -12,8 +12,19 @@ replaced); its unit says *what* that element is:
   randomized response on labels protect this unit; they bound nothing about a client's data as a
   whole (a client has many records).
 
-Only a client's own releases can have the unit ``"record"``: a central event is the federation's,
-booked for every client at once, and is always client-level.
+A central event (booked for the federation, ``client=None``) is client-level by default (noise on the sum of
+clipped updates: one client's whole update added or removed). It is record-level when its sensitivity is that of
+one record of any client (the Skellam sum of the clients' exact functional-mechanism coefficients under secure
+aggregation, ``SecureObjectiveSum``). How each unit's figure composes them (``PrivacyLedger.record_level_report``,
+``client_level_report``):
+
+* record level: a client's own record-level events, every central record-level event (computed from every
+  client's data, and the only bound of that release: it is no post-processing of a client's record-level
+  release), and a central client-level event only if non-private (otherwise it is post-processing of the replies,
+  which the clients' record-level events bound);
+* client level: a client's own client-level events and the central client-level events; a central record-level
+  event bounds nothing about a client's whole data (a client holds many records), so while the ledger holds one
+  the client-level ε of every client is ∞.
 """
 
 from __future__ import annotations
