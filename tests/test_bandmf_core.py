@@ -13,6 +13,7 @@ from dp_accounting.rdp.rdp_privacy_accountant import RdpAccountant
 
 from flwr_dp_strategies.privacy import PrivacyLedger
 from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
+from noise_stats import covariance_z_scores
 
 T, B = 6, 3
 SAMPLES = 200_000  # coordinates of one stream: each is an independent draw of the T-vector (C^{-1} Z)_{:, j}
@@ -22,14 +23,6 @@ Z_LIMIT = 5.0  # |z-score| bound per covariance entry: P(|N(0,1)| > 5) = 5.7e-7,
 def stream(coefficients, rounds=T, dimension=SAMPLES, seed=3):
     noise = mf.BandedNoise(coefficients, dimension, mf.noise_key(seed))
     return np.stack([noise.next().copy() for _ in range(rounds)])
-
-
-def covariance_z_scores(samples: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """(Σ̂ − Σ)/se entrywise, Σ̂ = W Wᵀ/n (mean 0 known): for Gaussian rows Var(Σ̂_ij) = (Σ_ii Σ_jj + Σ_ij²)/n."""
-    n = samples.shape[1]
-    empirical = samples @ samples.T / n
-    se = np.sqrt((np.outer(np.diag(expected), np.diag(expected)) + expected**2) / n)
-    return (empirical - expected) / se
 
 
 def expected_covariance(coefficients, rounds=T):

@@ -18,6 +18,7 @@ from flwr_dp_strategies import AccountedBandedMatrixFactorization
 from flwr_dp_strategies.privacy.accounting.ledger_file import LedgerFileError
 from flwr_dp_strategies.privacy.mechanisms import matrix_factorization as mf
 from loopback import LoopbackGrid
+from noise_stats import covariance_z_scores
 
 N, BANDS, ROUNDS = 12, 3, 6
 SAMPLES = 200_000  # coordinates of one stream: each an independent draw of the T-vector of noise rows
@@ -30,14 +31,6 @@ LAMBDAS, THETAS = (0.45, 0.45), (0.75, 0.55)
 # ---------------------------------------------------------------------- the streams
 def rows(noise, rounds=ROUNDS) -> np.ndarray:
     return np.stack([noise.next().copy() for _ in range(rounds)])
-
-
-def covariance_z_scores(samples: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    """(Σ̂ − Σ)/se entrywise, Σ̂ = W Wᵀ/n (mean 0 known): for Gaussian rows Var(Σ̂_ij) = (Σ_ii Σ_jj + Σ_ij²)/n."""
-    n = samples.shape[1]
-    empirical = samples @ samples.T / n
-    se = np.sqrt((np.outer(np.diag(expected), np.diag(expected)) + expected**2) / n)
-    return (empirical - expected) / se
 
 
 def tree_covariance(rounds=ROUNDS) -> np.ndarray:
